@@ -1,0 +1,75 @@
+"""Single-tier decode speed: mlxswitch's engine vs mlx-lm's own stream_generate, same model, one run.
+
+    uv run python bench/bench_single_tier.py [--model embedded] [--tokens 64] [--rounds 3]
+
+Rounds alternate the two paths so machine noise hits both alike; the ratio is
+(our decode tok/s) / (mlx-lm's decode tok/s), median over rounds. Target ≥ 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+from mlx_lm.generate import stream_generate
+
+from mlxswitch.engine import ChatSession, GenerationSettings
+from mlxswitch.ladder import single_model_ladder
+from mlxswitch.loading import load_model
+from mlxswitch.router import RouterConfig
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def mlx_lm_decode_rate(loaded, prompt_ids, tokens: int) -> tuple[float, int]:
+    """Decode tok/s of mlx-lm's stream_generate, timed from the first token to the last."""
+    stamps = []
+    for response in stream_generate(loaded.model, loaded.tokenizer, prompt_ids, max_tokens=tokens):
+        stamps.append(time.perf_counter())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps)
+
+
+def engine_decode_rate(session: ChatSession, prompt: str) -> tuple[float, int]:
+    """Decode tok/s of our engine on a one-tier ladder, timed the same way."""
+    session.reset()
+    summary = session.ask(prompt)
+    return summary.tok_per_s, summary.generated
+
+
+def main() -> None:
+    """Run the alternating rounds and print a table and the ratio."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    loaded = load_model(args.model)
+    # Ignore EOS on both paths so they decode exactly the same number of tokens.
+    loaded.tokenizer._eos_token_ids = set()
+    session = ChatSession(single_model_ladder(loaded), RouterConfig(up=()),
+                          GenerationSettings(max_tokens=args.tokens))
+    prompt_ids = session._render([{"role": "user", "content": PROMPT}])
+    mlx_lm_decode_rate(loaded, prompt_ids, 8)  # warm-up both paths
+    engine_decode_rate(session, PROMPT)
+
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        rate, n = mlx_lm_decode_rate(loaded, prompt_ids, args.tokens)
+        theirs.append(rate)
+        rate, m = engine_decode_rate(session, PROMPT)
+        ours.append(rate)
+        assert n == m == args.tokens, (n, m)
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    print(f"model {loaded.name} · {args.tokens} tokens · {args.rounds} rounds (alternating)")
+    print(f"{'round':>5} {'mlx-lm tok/s':>13} {'mlxswitch tok/s':>16} {'ratio':>6}")
+    for i, (a, b, r) in enumerate(zip(theirs, ours, ratios)):
+        print(f"{i:>5} {a:>13.2f} {b:>16.2f} {r:>6.3f}")
+    print(f"median ratio mlxswitch / mlx-lm: {statistics.median(ratios):.3f} (target ≥ 0.97)")
+    assert all(math.isfinite(r) for r in ratios)
+
+
+if __name__ == "__main__":
+    main()

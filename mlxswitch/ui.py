@@ -1,0 +1,160 @@
+"""Everything a person sees: tier colours, the legend, status lines, tables, errors. All Rich code."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterable, Iterator
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# Cheap tiers in cool/green tones, strong ones warm, the cloud its own blue.
+_LADDER_COLOURS = ["green", "yellow", "magenta", "red"]
+CLOUD_COLOUR = "bright_blue"
+
+
+def tier_colours(tier_names: Iterable[str]) -> dict[str, str]:
+    """A distinct colour per tier, bottom to top; the cloud tier is always blue."""
+    names = list(tier_names)
+    local = [n for n in names if n != "cloud"]
+    palette = _LADDER_COLOURS if len(local) > 1 else ["default"]
+    colours = {name: palette[min(i, len(palette) - 1)] for i, name in enumerate(local)}
+    if len(local) == 2:  # two tiers: the two most distinct colours
+        colours = {local[0]: "green", local[1]: "magenta"}
+    if "cloud" in names:
+        colours["cloud"] = CLOUD_COLOUR
+    return colours
+
+
+def make_console(stderr: bool = False, color: bool | None = None) -> Console:
+    """A console on stdout or stderr; color=None lets Rich detect a terminal."""
+    if color is False:
+        return Console(stderr=stderr, no_color=True, highlight=False, color_system=None)
+    return Console(stderr=stderr, highlight=False, force_terminal=True if color else None)
+
+
+def print_error(message: str) -> None:
+    """One line on stderr, prefixed so it stands out from answers."""
+    console = make_console(stderr=True)
+    console.print(Text("error: ", style="bold red") + Text(message))
+
+
+def print_banner(console: Console, title: str, legend: Text) -> None:
+    """The interactive chat's opening lines: what runs, the tier colours, how to get help."""
+    console.print(Text(title, style="bold"))
+    console.print(legend)
+    console.print(Text("/help for commands, Ctrl-D to leave", style="dim"))
+
+
+def print_dim(console: Console, message: str) -> None:
+    """A quiet informational line."""
+    console.print(Text(message, style="dim"))
+
+
+def print_warning(message: str) -> None:
+    """One line on stderr for something the user should know but that does not stop us."""
+    make_console(stderr=True).print(Text("note: ", style="yellow") + Text(message))
+
+
+class TokenPainter:
+    """Prints tokens in the colour of the tier that made them, optionally shaded by entropy."""
+
+    def __init__(self, console: Console, tier_names: list[str], shade: bool = False,
+                 max_entropy: float = 1.0):
+        self.console = console
+        self.colours = tier_colours(tier_names)
+        self.shade = shade
+        self.max_entropy = max(max_entropy, 1e-9)
+
+    def legend(self) -> Text:
+        """`tiers: small large` with each name in its colour."""
+        text = Text("tiers: ", style="dim")
+        for i, (name, colour) in enumerate(self.colours.items()):
+            text.append(("  " if i else "") + f"■ {name}", style=colour)
+        return text
+
+    def paint(self, piece: str, tier: str, entropy: float | None) -> None:
+        """Write one token's text without a newline."""
+        style = self.colours.get(tier, "default")
+        if self.shade and entropy is not None and entropy == entropy:
+            # Uncertain tokens bold, confident ones dim: the router's view at a glance.
+            share = entropy / self.max_entropy
+            style += " bold" if share > 0.25 else (" dim" if share < 0.05 else "")
+        self.console.print(Text(piece, style=style), end="", soft_wrap=True)
+
+
+def status_line(summary, colours: dict[str, str] | None = None) -> Text:
+    """`42 tokens · 9.1 tok/s · small 80% large 20% · 2 switches · first token 0.31 s`."""
+    text = Text(style="dim")
+    text.append(f"{summary.generated} tokens · {summary.tok_per_s:.1f} tok/s · ")
+    total = max(summary.generated, 1)
+    for name, count in summary.tier_counts.items():
+        colour = (colours or {}).get(name, "default")
+        text.append(f"{name} {100 * count / total:.0f}% ", style=colour)
+    text.append(f"· {summary.switches} switch{'es' if summary.switches != 1 else ''}")
+    text.append(f" · first token {summary.first_token_s:.2f} s")
+    if summary.finish_reason == "interrupted":
+        text.append(" · interrupted", style="yellow")
+    elif summary.finish_reason == "length":
+        text.append(" · stopped at max tokens", style="yellow")
+    return text
+
+
+def stats_table(summaries: list) -> Table:
+    """Totals of a chat session so far, one row per tier."""
+    table = Table(title="session", show_edge=False)
+    table.add_column("tier")
+    table.add_column("tokens", justify="right")
+    table.add_column("share", justify="right")
+    totals: dict[str, int] = {}
+    for s in summaries:
+        for name, count in s.tier_counts.items():
+            totals[name] = totals.get(name, 0) + count
+    overall = max(sum(totals.values()), 1)
+    for name, count in totals.items():
+        table.add_row(name, str(count), f"{100 * count / overall:.1f}%")
+    answers = len(summaries)
+    switches = sum(s.switches for s in summaries)
+    table.caption = f"{answers} answer{'s' if answers != 1 else ''}, {switches} switches"
+    return table
+
+
+def profiles_table(rows: list[dict]) -> Table:
+    """The `mlxswitch models` table: name, mode, models and whether each is on this machine."""
+    table = Table(show_edge=False)
+    for column in ("profile", "mode", "tiers", "models", "offline", "notes"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        name = row["name"] + (" (default)" if row.get("default") else "")
+        table.add_row(name, row["mode"], " → ".join(row["tiers"]), "\n".join(row["models"]),
+                      "\n".join("yes" if ok else "no" for ok in row["offline"]),
+                      row.get("notes", ""))
+    return table
+
+
+def key_value_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    """Two columns of facts, for `mlxswitch doctor`."""
+    table = Table(title=title, show_header=False, show_edge=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+@contextlib.contextmanager
+def loading_status(enabled: bool) -> Iterator:
+    """A spinner on stderr while models load; the callback updates its text."""
+    if not enabled:
+        yield lambda message: None
+        return
+    console = make_console(stderr=True)
+    with console.status("loading…", spinner="dots") as status:
+        yield lambda message: status.update(message)
+
+
+def stderr_is_terminal() -> bool:
+    """Whether a person is watching stderr (spinners make sense)."""
+    return sys.stderr.isatty()

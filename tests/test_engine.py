@@ -1,0 +1,175 @@
+"""The engine against references: mlx-lm's own greedy decoding, and naive full-prefix EAD."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.generate import stream_generate
+
+from mlxswitch.engine import ChatSession, GenerationSettings, TokenEvent
+from mlxswitch.errors import PromptTooLongError
+from mlxswitch.ladder import pair_ladder
+from mlxswitch.loading import load_model
+from mlxswitch.router import Router, RouterConfig, derive_tiers
+
+INF = math.inf
+PROMPTS = ["What is the capital of France?", "Count: one two three", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module")
+def ladder(tiny_pair):
+    small, large = tiny_pair
+    return pair_ladder(load_model(str(small)), load_model(str(large)))
+
+
+def _entropy_bits(logits: mx.array) -> float:
+    x = np.asarray(logits.astype(mx.float32), dtype=np.float64)
+    x = x - x.max()
+    p = np.exp(x) / np.exp(x).sum()
+    nz = p > 0
+    return float(-(p[nz] * np.log2(p[nz])).sum())
+
+
+def naive_reference(ladder, prompt_ids, config: RouterConfig, max_tokens: int):
+    """EAD run naively: the chosen model recomputes the whole prefix for every token, no cache."""
+    models = [t.model.model for t in ladder.tiers]
+    eos = ladder.tokenizer.eos_token_ids
+
+    def last_logits(model, ids):
+        return model(mx.array(ids)[None])[0, -1]
+
+    router = Router(config, len(models))
+    ids = list(prompt_ids)
+    rung = router.start(_entropy_bits(last_logits(models[0], ids))).rung
+    tokens, tiers = [], []
+    for _ in range(max_tokens):
+        logits = last_logits(models[rung], ids)
+        token = int(mx.argmax(logits).item())
+        ids.append(token)
+        if token in eos:
+            break
+        tokens.append(token)
+        tiers.append(rung)
+        rung = router.observe(_entropy_bits(logits)).rung
+    return tokens, tiers
+
+
+def _run(ladder, prompt, config, max_tokens=24):
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens))
+    events = [e for e in session.stream(prompt) if isinstance(e, TokenEvent)]
+    return session, events
+
+
+def _prompt_ids(ladder, prompt):
+    return ladder.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+@pytest.mark.parametrize("which,tau", [(0, INF), (1, -INF)])
+def test_infinite_thresholds_reproduce_each_model_alone(ladder, prompt, which, tau):
+    config = RouterConfig(up=(tau,), window=5, min_run=10)
+    _, events = _run(ladder, prompt, config)
+    tier = ladder.tiers[which]
+    expected = []
+    for response in stream_generate(tier.model.model, tier.model.tokenizer,
+                                    _prompt_ids(ladder, prompt), max_tokens=24):
+        if response.finish_reason == "stop" and response.token in ladder.tokenizer.eos_token_ids:
+            break
+        expected.append(response.token)
+    assert [e.id for e in events] == expected
+    assert {e.tier for e in events} == {tier.name}
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("up,down,window,min_run", [
+    (1.5, 1.0, 3, 2),
+    (1.0, 0.5, 2, 1),
+    (2.0, 2.0, 1, 3),
+    (0.8, 0.2, 5, 4),
+])
+def test_switching_matches_naive_reference(ladder, prompt, up, down, window, min_run):
+    config = RouterConfig(up=(up,), down=(down,), window=window, min_run=min_run)
+    _, events = _run(ladder, prompt, config)
+    tokens, tiers = naive_reference(ladder, _prompt_ids(ladder, prompt), config, 24)
+    assert [e.id for e in events] == tokens
+    assert [e.rung for e in events] == tiers
+
+
+def test_thresholds_used_in_tests_really_switch(ladder):
+    # Guards the test above against vacuity: at least one setting moves both ways.
+    config = RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2)
+    _, events = _run(ladder, PROMPTS[0], config)
+    rungs = [e.rung for e in events]
+    assert 0 in rungs and 1 in rungs
+    assert any(a > b for a, b in zip(rungs, rungs[1:]))
+
+
+def test_telemetry_tiers_rederive_from_entropies(ladder):
+    config = RouterConfig(up=(1.2,), down=(0.7,), window=3, min_run=2)
+    session, events = _run(ladder, PROMPTS[1], config, max_tokens=32)
+    summary = session.last_summary
+    derived = derive_tiers(summary.initial_entropy, [e.entropy for e in events], config, 2)
+    assert derived[: len(events)] == [e.rung for e in events]
+
+
+def test_multi_turn_reuses_the_conversation_cache(ladder):
+    config = RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2)
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=8))
+    first = session.ask("Hello, how are you?")
+    second = session.ask("And the capital of Italy?")
+    assert first.finish_reason in ("stop", "length")
+    # The first turn's tokens are reused; only what follows them is prefilled.
+    assert second.prefilled_tokens <= second.prompt_tokens - first.prompt_tokens
+    # The answer equals a fresh session given the same history from scratch.
+    fresh = ChatSession(ladder, config, GenerationSettings(max_tokens=8))
+    fresh.messages = [{"role": "user", "content": "Hello, how are you?"},
+                      {"role": "assistant", "content": first.text}]
+    for group in ladder.groups:
+        group.reset()
+    replay = fresh.ask("And the capital of Italy?")
+    assert [e.id for e in replay.tokens] == [e.id for e in second.tokens]
+
+
+def test_interrupted_answer_is_kept_in_history(ladder):
+    config = RouterConfig(up=(INF,))
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=20))
+    stream = session.stream(PROMPTS[0])
+    seen = [next(stream) for _ in range(3)]
+    stream.close()
+    summary = session.last_summary
+    assert summary.finish_reason == "interrupted"
+    assert [e.id for e in summary.tokens] == [e.id for e in seen]
+    assert session.messages[-1] == {"role": "assistant", "content": summary.text}
+    assert all(g.seen <= len(session.ids) for g in ladder.groups)
+    # The session goes on after an interruption.
+    assert session.ask("Next question").generated > 0
+
+
+def test_prompt_longer_than_context_is_refused_and_session_survives(ladder):
+    session = ChatSession(ladder, RouterConfig(up=(INF,)), GenerationSettings(max_tokens=4))
+    with pytest.raises(PromptTooLongError, match="context holds 512"):
+        session.ask("one two three " * 400)
+    assert session.messages == []
+    assert session.ask("Hello").generated > 0
+
+
+def test_stop_strings_cut_the_answer(ladder):
+    config = RouterConfig(up=(INF,))
+    free = ChatSession(ladder, config, GenerationSettings(max_tokens=16)).ask(PROMPTS[0])
+    assert len(free.text) > 4
+    stop = free.text[2:4]
+    cut = ChatSession(ladder, config, GenerationSettings(max_tokens=16, stop=(stop,))).ask(PROMPTS[0])
+    assert cut.finish_reason == "stop"
+    assert cut.text == free.text[: free.text.find(stop)]
+
+
+def test_seeded_sampling_is_reproducible(ladder):
+    config = RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2)
+    settings = GenerationSettings(max_tokens=12, temperature=0.8, top_p=0.9, seed=7)
+    a = ChatSession(ladder, config, settings).ask(PROMPTS[0])
+    b = ChatSession(ladder, config, settings).ask(PROMPTS[0])
+    assert [e.id for e in a.tokens] == [e.id for e in b.tokens]
