@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from .engine import ChatSession, GenerationSettings
-from .errors import UsageError
+from .errors import CloudError, UsageError
 from .ladder import Ladder, gear_ladder, load_pair, single_model_ladder
 from .loading import load_model
 from .profiles import Profile, get_profile, load_profiles
@@ -86,6 +86,9 @@ def build_ladder(profile: Profile, progress: Progress | None = None,
 
     check_memory(profile, force=force_memory)
     say = progress or (lambda message: None)
+    if profile.cloud is not None:
+        raise CloudError(f"profile '{profile.name}' has a cloud tier, which this version cannot run "
+                         "yet; use a local profile")
     if profile.mode == "pair" or (profile.mode == "cascade" and len(profile.models) == 2):
         return load_pair(profile.models[0], profile.models[1], progress=say)
     if profile.gears:
@@ -131,7 +134,6 @@ def doctor_report() -> list[tuple[str, list[tuple[str, str]]]]:
     import mlx.core as mx
 
     from . import __version__
-    from .kernels import kernel_self_check
     from .resources import bundled_models_toml, embedded_gguf_path, metal_dir
     from .errors import MlxSwitchError
 
@@ -155,8 +157,7 @@ def doctor_report() -> list[tuple[str, list[tuple[str, str]]]]:
     models = [("embedded model", embedded)]
     key = os.environ.get("ANTHROPIC_API_KEY")
     models.append(("anthropic key", "set (ANTHROPIC_API_KEY)" if key else "not set"))
-    kernels = [(f"{check.name} [{check.backend}]", check.status) for check in kernel_self_check()]
-    return [("system", system), ("models", models), ("kernels", kernels)]
+    return [("system", system), ("models", models)]
 
 
 def build_gears(source: str, out: Path, plane_bits: tuple[int, ...] | None = None,

@@ -42,7 +42,7 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
         "router": {
             "tiers": summary.tier_names,
             "up": _threshold_json(config.up),
-            "down": _threshold_json(session.router_down()),
+            "down": _threshold_json(config.downs()),
             "window": config.window,
             "min_run": config.min_run,
             "normalized": config.normalize,
@@ -160,7 +160,7 @@ class ChatRunner:
             else:
                 config = self.session.router_config
                 ui.print_dim(console, f"up {_threshold_json(config.up)} down "
-                                      f"{_threshold_json(self.session.router_down())}")
+                                      f"{_threshold_json(config.downs())}")
         else:
             ui.print_error(f"unknown command {name}; /help lists them")
         return None

@@ -294,11 +294,14 @@ class ChatSession:
         """Feed inputs to the group's model (long inputs in chunks); return last-position logits."""
         step = self.settings.prefill_step
         model = group.model.model
-        while inputs.size > step:
-            model(inputs[:step][None], cache=group.cache)
+        # All but the last token only fill the cache: evaluating the cache state alone skips
+        # the output head for those positions (as mlx-lm's prefill does).
+        while inputs.size > 1:
+            chunk = inputs[: min(step, inputs.size - 1)]
+            model(chunk[None], cache=group.cache)
             mx.eval([c.state for c in group.cache])
-            group.seen += step
-            inputs = inputs[step:]
+            group.seen += chunk.size
+            inputs = inputs[chunk.size:]
         group.seen += inputs.size
         return model(inputs[None], cache=group.cache)[:, -1, :]
 
