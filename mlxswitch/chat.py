@@ -91,7 +91,7 @@ class ChatRunner:
                     exit_code = exc.exit_code
                     continue
                 self._finish_output(summary)
-                status.print(ui.status_line(summary, painter.colours if painter else None))
+                ui.print_status(status, summary, painter.colours if painter else None)
         return exit_code
 
     def _finish_output(self, summary: AnswerSummary | None) -> None:
@@ -139,7 +139,7 @@ class ChatRunner:
                     continue
                 console.print()
                 if summary is not None:
-                    console.print(ui.status_line(summary, painter.colours))
+                    ui.print_status(console, summary, painter.colours)
 
     def _command(self, line: str, console) -> str | None:
         name, _, rest = line.partition(" ")
@@ -179,23 +179,33 @@ class ChatRunner:
     def _run_answer(self, prompt: str, painter: ui.TokenPainter | None) -> AnswerSummary:
         """Stream one answer to stdout (painted, plain, or silent for JSON); return its summary."""
         stream = self.session.stream(prompt)
+        shown = ""
+        tier, entropy = "", None
+
+        def show(piece: str) -> None:
+            if self.json_output or not piece:
+                return
+            if painter is not None:
+                painter.paint(piece, tier, entropy)
+            else:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+
         try:
             for event in stream:
                 if isinstance(event, TokenEvent):
                     self._write_telemetry(event)
-                    if self.json_output:
-                        continue
-                    if painter is not None:
-                        painter.paint(event.text, event.tier, event.entropy)
-                    else:
-                        sys.stdout.write(event.text)
-                        sys.stdout.flush()
+                    tier, entropy = event.tier, event.entropy
+                    show(event.text)
+                    shown += event.text
         finally:
             stream.close()  # on Ctrl-C this keeps the partial answer in the history
-            if self.session.last_summary is not None:
-                self.summaries.append(self.session.last_summary)
+            summary = self.session.last_summary
+            if summary is not None:
+                show(summary.text[len(shown):])  # bytes the detokenizer held until the end
+                self.summaries.append(summary)
             self.answer_index += 1
-        return self.session.last_summary
+        return summary
 
     def _write_telemetry(self, event: TokenEvent) -> None:
         if self.telemetry is not None:

@@ -30,15 +30,18 @@ def tier_colours(tier_names: Iterable[str]) -> dict[str, str]:
 
 def make_console(stderr: bool = False, color: bool | None = None) -> Console:
     """A console on stdout or stderr; color=None lets Rich detect a terminal."""
+    stream = sys.stderr if stderr else sys.stdout
+    # Off a terminal Rich assumes 80 columns and folds tables; a file or pipe has no width.
+    width = None if stream.isatty() else 200
     if color is False:
-        return Console(stderr=stderr, no_color=True, highlight=False, color_system=None)
-    return Console(stderr=stderr, highlight=False, force_terminal=True if color else None)
+        return Console(stderr=stderr, no_color=True, highlight=False, color_system=None, width=width)
+    return Console(stderr=stderr, highlight=False, force_terminal=True if color else None, width=width)
 
 
 def print_error(message: str) -> None:
     """One line on stderr, prefixed so it stands out from answers."""
     console = make_console(stderr=True)
-    console.print(Text("error: ", style="bold red") + Text(message))
+    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
 
 
 def print_banner(console: Console, title: str, legend: Text) -> None:
@@ -55,7 +58,7 @@ def print_dim(console: Console, message: str) -> None:
 
 def print_warning(message: str) -> None:
     """One line on stderr for something the user should know but that does not stop us."""
-    make_console(stderr=True).print(Text("note: ", style="yellow") + Text(message))
+    make_console(stderr=True).print(Text("note: ", style="yellow") + Text(message), soft_wrap=True)
 
 
 class TokenPainter:
@@ -83,6 +86,11 @@ class TokenPainter:
             share = entropy / self.max_entropy
             style += " bold" if share > 0.25 else (" dim" if share < 0.05 else "")
         self.console.print(Text(piece, style=style), end="", soft_wrap=True)
+
+
+def print_status(console: Console, summary, colours: dict[str, str] | None = None) -> None:
+    """The one-line summary after an answer, never wrapped."""
+    console.print(status_line(summary, colours), soft_wrap=True)
 
 
 def status_line(summary, colours: dict[str, str] | None = None) -> Text:
