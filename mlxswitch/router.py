@@ -41,6 +41,8 @@ class RouterConfig:
 
     def validate(self, num_tiers: int) -> None:
         """Refuse settings the router cannot honour, with a user-facing message."""
+        if num_tiers == 1 and self.up:
+            raise UsageError("this ladder has a single tier: there are no thresholds to set")
         if len(self.up) != num_tiers - 1:
             raise UsageError(f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}")
         if len(self.downs()) != len(self.up):
