@@ -157,7 +157,10 @@ def doctor_report() -> list[tuple[str, list[tuple[str, str]]]]:
     models = [("embedded model", embedded)]
     key = os.environ.get("ANTHROPIC_API_KEY")
     models.append(("anthropic key", "set (ANTHROPIC_API_KEY)" if key else "not set"))
-    return [("system", system), ("models", models)]
+    from .kernels import kernel_self_check
+
+    kernels = [(f"{check.name} [{check.backend}]", check.status) for check in kernel_self_check()]
+    return [("system", system), ("models", models), ("kernels", kernels)]
 
 
 def build_gears(source: str, out: Path, plane_bits: tuple[int, ...] | None = None,
