@@ -1,0 +1,33 @@
+"""A wheel built from the repo carries its Metal sources and models.toml and finds them installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_ships_and_finds_its_data(tmp_path):
+    from hatchling.builders.wheel import WheelBuilder
+
+    wheel = Path(next(iter(WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"),
+                                                          versions=["standard"]))))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mlxswitch/models.toml" in names
+    assert "mlxswitch/metal/entropy.metal" in names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = (
+        "import mlxswitch, mlxswitch.resources as r, mlxswitch.profiles as p;"
+        "print(mlxswitch.__file__); print(r.metal_dir()); print(r.bundled_models_toml());"
+        "print(len(r.metal_source('entropy')) > 0); print(p.load_profiles().default)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin",
+                              "MLXSWITCH_HOME": str(tmp_path / "home")}, check=True).stdout.split()
+    installed = site / "mlxswitch"
+    assert out == [str(installed / "__init__.py"), str(installed / "metal"),
+                   str(installed / "models.toml"), "True", "embedded"]
