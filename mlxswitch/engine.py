@@ -284,18 +284,21 @@ class ChatSession:
             inputs = mx.array(self.ids[group.seen:])
         else:
             inputs = token
-        tier.activate()
-        logits = self._forward(group, inputs)
+        logits = self._forward(tier, inputs)
         signals = token_signals(logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return self._sampler(logprobs), signals
 
-    def _forward(self, group: CacheGroup, inputs: mx.array) -> mx.array:
-        """Feed inputs to the group's model (long inputs in chunks); return last-position logits."""
+    def _forward(self, tier: Tier, inputs: mx.array) -> mx.array:
+        """Feed inputs to the tier's model (long inputs in chunks); return last-position logits."""
         step = self.settings.prefill_step
+        group = tier.group
         model = group.model.model
         # All but the last token only fill the cache: evaluating the cache state alone skips
-        # the output head for those positions (as mlx-lm's prefill does).
+        # the output head for those positions (as mlx-lm's prefill does). A shared (gears) cache
+        # is filled at its most precise tier, so cheap gears never write lasting low-precision K/V.
+        if inputs.size > 1:
+            self._top_tier(group).activate()
         while inputs.size > 1:
             chunk = inputs[: min(step, inputs.size - 1)]
             model(chunk[None], cache=group.cache)
@@ -303,7 +306,11 @@ class ChatSession:
             group.seen += chunk.size
             inputs = inputs[chunk.size:]
         group.seen += inputs.size
+        tier.activate()
         return model(inputs[None], cache=group.cache)[:, -1, :]
+
+    def _top_tier(self, group: CacheGroup) -> Tier:
+        return [t for t in self.ladder.tiers if t.group is group][-1]
 
     def _roll_back(self, group: CacheGroup, required: bool = False) -> None:
         """Drop the group's newest token so that it is fed again, by whichever tier needs it."""
