@@ -159,8 +159,23 @@ def doctor_report() -> list[tuple[str, list[tuple[str, str]]]]:
     models.append(("anthropic key", "set (ANTHROPIC_API_KEY)" if key else "not set"))
     from .kernels import kernel_self_check
 
+    profiles = load_profiles()
+    default = profiles.get(None)
+    ladder_rows = [("default profile", f"{default.name} ({default.mode}: {', '.join(default.models)})")]
+    try:
+        ladder = build_ladder(default)
+        for tier in ladder.tiers:
+            ladder_rows.append((f"tier {tier.name}", f"{tier.bytes_per_token / 1e6:.1f} MB read per token"))
+        for group in ladder.groups:
+            from .gears import resident_bytes
+
+            ladder_rows.append((f"resident {group.model.name}",
+                                f"{resident_bytes(group.model.model) / 1e6:.1f} MB; {group.model.precision}"))
+    except MlxSwitchError as exc:
+        ladder_rows.append(("load", f"failed: {exc}"))
+
     kernels = [(f"{check.name} [{check.backend}]", check.status) for check in kernel_self_check()]
-    return [("system", system), ("models", models), ("kernels", kernels)]
+    return [("system", system), ("models", models), ("default ladder", ladder_rows), ("kernels", kernels)]
 
 
 def build_gears(source: str, out: Path, plane_bits: tuple[int, ...] | None = None,

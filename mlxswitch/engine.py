@@ -84,6 +84,14 @@ class AnswerSummary:
     first_token_s: float
     peak_memory_gb: float
     catch_up_tokens: dict[str, int] = field(default_factory=dict)
+    tier_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mean_bytes_per_token(self) -> float:
+        """Weights read per token of this answer, given which tier made each token."""
+        if not self.tokens:
+            return 0.0
+        return sum(self.tier_bytes.get(e.tier, 0) for e in self.tokens) / len(self.tokens)
 
     @property
     def generated(self) -> int:
@@ -124,6 +132,8 @@ class AnswerSummary:
             "first_token_s": round(self.first_token_s, 4),
             "elapsed_s": round(self.elapsed_s, 4),
             "peak_memory_gb": round(self.peak_memory_gb, 4),
+            "bytes_per_token": self.tier_bytes,
+            "mean_bytes_per_token": round(self.mean_bytes_per_token),
         }
 
 
@@ -392,6 +402,7 @@ class _Answer:
             first_token_s=self.events[0].elapsed_s if self.events else 0.0,
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             catch_up_tokens={_group_name(ladder, g): self.catch_up[id(g)] for g in ladder.groups},
+            tier_bytes={t.name: t.bytes_per_token for t in ladder.tiers},
         )
         self.made = summary
         self.session.last_summary = summary

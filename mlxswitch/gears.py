@@ -193,23 +193,23 @@ def resident_bytes(model: nn.Module) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
-def bytes_per_token(model: nn.Module, gear: int) -> int:
-    """Bytes read to decode one token at `gear`: active planes, other weights, one embedding row.
+def bytes_per_token(model: nn.Module, gear: int | None = None) -> int:
+    """Bytes of weights read to decode one token (at `gear` for a nested model).
 
-    A tied output head reads the whole embedding matrix; an untied input embedding reads one row.
+    Only the active planes count; a tied output head reads the whole embedding matrix, an
+    untied input embedding one row.
     """
-    switch: GearState = model.gear_state
-    active = switch.gears.index(gear) + 1
+    switch: GearState | None = getattr(model, "gear_state", None)
+    active = switch.gears.index(gear) + 1 if switch is not None and gear is not None else None
+    params = tree_flatten(model.parameters())
+    tied = not any(name.startswith("lm_head") for name, _ in params)
     total = 0
-    for name, value in tree_flatten(model.parameters()):
+    for name, value in params:
         parts = name.split(".")
-        if "planes" in parts:
-            plane = int(parts[parts.index("planes") + 1])
-            total += value.nbytes if plane < active else 0
-        elif "embed_tokens" in parts:
-            rows = value.shape[0]
-            tied = not any("lm_head" in n for n, _ in tree_flatten(model.parameters()))
-            total += value.nbytes if tied else value.nbytes // rows
+        if "planes" in parts and active is not None:
+            total += value.nbytes if int(parts[parts.index("planes") + 1]) < active else 0
+        elif "embed_tokens" in parts and not tied:
+            total += value.nbytes // value.shape[0]
         else:
             total += value.nbytes
     return total

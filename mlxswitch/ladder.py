@@ -52,6 +52,12 @@ class Tier:
     name: str
     group: CacheGroup
     gear: int | None = None
+    bytes_per_token: int = 0  # weights read per decoded token
+
+    def __post_init__(self) -> None:
+        from .gears import bytes_per_token
+
+        self.bytes_per_token = bytes_per_token(self.group.model.model, self.gear)
 
     @property
     def model(self) -> LoadedModel:
