@@ -100,7 +100,7 @@ def test_telemetry_file_has_a_record_per_token(pair_args, tmp_path):
 
 @pytest.mark.parametrize("args,code,message", [
     (["--small", "x"], 2, "error: --small and --large go together (an ad-hoc pair needs both)"),
-    (["-p", "nope"], 3, "error: unknown profile 'nope' (known: embedded, qwen2.5-0.5b-7b, "
+    (["-p", "nope"], 3, "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, qwen2.5-0.5b-7b, "
                         "qwen2.5-1.5b-14b, llama3.2-1b-3b, qwen3-0.6b-8b)"),
     (["--model", "./missing-dir"], 4, "error: model './missing-dir': no such file or directory"),
     (["--model", "mlx-community/not-cached-here"], 4,
@@ -186,3 +186,29 @@ def test_embedded_default_answers_paris_offline():
     record = json.loads(result.stdout)
     assert "Paris" in record["text"]
     assert [t["tier"] for t in record["tokens"]] == _rederive(record)
+
+
+def test_gears_build_then_chat_on_the_saved_model(tiny_pair, tmp_path):
+    _, large = tiny_pair
+    out = tmp_path / "geared"
+    built = invoke(["gears", "build", str(large), "--out", str(out)])
+    assert built.exit_code == 0, built.output
+    assert "gears 4/8/16 (planes 4+4+8 bits, group 64)" in built.stdout
+    assert "built from a float source: every gear is real precision" in built.stdout
+    result = invoke(["chat", "--model", str(out), "--gears", "4,8,16", "--tau", "1.0,2.0",
+                     "--min-run", "2", "--window", "2", "--json", "--max-tokens", "16"], "hello\n")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["router"]["tiers"] == ["g4", "g8", "g16"]
+    assert [t["tier"] for t in record["tokens"]] == _rederive(record)
+    bytes_per_token = record["stats"]["bytes_per_token"]
+    assert bytes_per_token["g4"] < bytes_per_token["g8"] < bytes_per_token["g16"]
+
+
+def test_gears_that_were_not_built_are_refused(tiny_pair, tmp_path):
+    _, large = tiny_pair
+    out = tmp_path / "geared48"
+    assert invoke(["gears", "build", str(large), "--out", str(out), "--planes", "4,4"]).exit_code == 0
+    result = invoke(["chat", "--model", str(out), "--gears", "4,8,16"], "hello\n")
+    assert result.exit_code == 2
+    assert "gear(s) 16 are not among them" in result.stderr
