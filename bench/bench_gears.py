@@ -83,7 +83,6 @@ def main() -> None:
             ladder.reset()
             results[name].append(ChatSession(ladder, config, settings).ask(prompt))
     top_name = f"g{gears[-1]} only"
-    bottom, top = gears[0], gears[-1]
     print(f"\n{'run':>14} {'tok/s':>6} {'top share':>9} {'agree':>6} {'TF top share':>12} {'retained':>8}")
     references = []
     for prompt, reference in zip(PROMPTS, results[top_name]):

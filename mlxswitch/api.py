@@ -60,11 +60,16 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
     return profile
 
 
-def _parse_gears(text: str) -> tuple[int, ...]:
+def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
+    """'4,8,16' → (4, 8, 16); a UsageError naming the flag otherwise."""
     try:
-        bits = tuple(int(part) for part in text.split(",") if part.strip())
+        return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise UsageError(f"--gears takes comma-separated bit counts like 4,8,16 (got '{text}')") from None
+        raise UsageError(f"{flag} takes comma-separated whole numbers like 4,8,16 (got '{text}')") from None
+
+
+def _parse_gears(text: str) -> tuple[int, ...]:
+    bits = parse_int_list(text, "--gears")
     if not bits or list(bits) != sorted(set(bits)):
         raise UsageError(f"--gears must list increasing bit counts like 4,8,16 (got '{text}')")
     return bits

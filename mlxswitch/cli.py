@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import ui
-from .errors import MlxSwitchError, UsageError
+from .errors import MlxSwitchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure.")
@@ -132,25 +131,13 @@ def gears_build(
     group_size: Annotated[int, typer.Option(help="Quantization group size.")] = 64,
 ) -> None:
     """Turn a model into a nested-gear model saved as safetensors plus config."""
-    from .api import build_gears
+    from .api import build_gears, parse_int_list
 
     try:
-        plane_bits = tuple(_parse_ints(planes, "--planes")) if planes else None
+        plane_bits = parse_int_list(planes, "--planes") if planes else None
         report = build_gears(source, out, plane_bits=plane_bits, group_size=group_size)
     except MlxSwitchError as exc:
         raise _fail(exc)
     console = ui.make_console()
     for line in report:
         console.print(line)
-
-
-def _parse_ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} takes comma-separated whole numbers (got '{text}')") from None
-
-
-def dump_json(obj: dict) -> str:
-    """Compact single-line JSON (non-finite floats become null)."""
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str)

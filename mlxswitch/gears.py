@@ -322,7 +322,7 @@ def load_geared_dir(source: str, path: Path, name: str):
     """Load a saved nested-gear model without re-quantizing."""
     from mlx_lm.utils import _get_classes, load_tokenizer
 
-    from .loading import LoadedModel, compute_dtype
+    from .loading import LoadedModel, compute_dtype, load_checked_weights
 
     config = json.loads((path / "config.json").read_text())
     spec = config["mlxswitch_gears"]
@@ -337,15 +337,8 @@ def load_geared_dir(source: str, path: Path, name: str):
                     switch, "bias" in layer, dtype))
                  for layer_name, layer in _linear_layers(model)]
     model.update_modules(tree_unflatten(skeletons))
-    weights = mx.load(str(path / "model.safetensors"))
-    weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise ModelFormatError(f"model '{source}': saved gears do not fit its config "
-                               f"({str(exc).splitlines()[0][:160]})") from exc
-    mx.eval(model.parameters())
-    model.eval()
+    load_checked_weights(model, mx.load(str(path / "model.safetensors")), dtype,
+                         f"model '{source}': saved gears do not fit its config")
     model.gear_state = switch
     tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     loaded = LoadedModel(source, name, model, tokenizer, config)

@@ -6,7 +6,6 @@ tensors (Q4_0/Q4_1/Q8_0 arrive as MLX affine triples), the rest is rebuilt from 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -132,7 +131,9 @@ def _rename(tensors: dict, path: Path) -> dict:
 def _build_model(config: dict, weights: dict, float_dtype: mx.Dtype | None, path: Path) -> nn.Module:
     from mlx_lm.utils import _get_classes
 
-    model_class, args_class = _get_classes({k: v for k, v in config.items()})
+    from .loading import load_checked_weights
+
+    model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
 
     def quantization(module_path: str, module: nn.Module):
@@ -145,16 +146,8 @@ def _build_model(config: dict, weights: dict, float_dtype: mx.Dtype | None, path
         return {"group_size": 32, "bits": bits}
 
     nn.quantize(model, class_predicate=quantization)
-    if float_dtype is not None:
-        weights = {k: v.astype(float_dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-                   for k, v in weights.items()}
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise ModelFormatError(f"{path.name}: tensors do not fit the {config['model_type']} layout "
-                               f"({str(exc).splitlines()[0][:160]})") from exc
-    mx.eval(model.parameters())
-    model.eval()
+    load_checked_weights(model, weights, float_dtype,
+                         f"{path.name}: tensors do not fit the {config['model_type']} layout")
     return model
 
 

@@ -62,6 +62,20 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
         mx.eval(model.parameters())
 
 
+def load_checked_weights(model: nn.Module, weights: dict, float_dtype: mx.Dtype | None,
+                         what: str) -> None:
+    """Load `weights` strictly (floats cast to float_dtype) and evaluate; a mismatch names `what`."""
+    if float_dtype is not None:
+        weights = {k: v.astype(float_dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise ModelFormatError(f"{what} ({str(exc).splitlines()[0][:160]})") from exc
+    mx.eval(model.parameters())
+    model.eval()
+
+
 def is_embedded(source: str) -> bool:
     """Whether `source` names the embedded default model."""
     return source.strip().lower() in EMBEDDED_ALIASES

@@ -14,7 +14,7 @@ from mlxswitch.engine import ChatSession, GenerationSettings, TokenEvent
 from mlxswitch.gears import (STORAGE_DTYPE, GearState, NestedLinear, bytes_per_token, gear_report,
                              load_geared_dir, nest_model, plane_bits_for, resident_bytes, save_geared)
 from mlxswitch.ladder import gear_ladder
-from mlxswitch.loading import LoadedModel, load_model
+from mlxswitch.loading import load_model
 from mlxswitch.resources import embedded_gguf_path
 from mlxswitch.router import RouterConfig, derive_tiers
 
