@@ -196,6 +196,8 @@ class ChatSession:
         self.ids: list[int] = []
         self.last_summary: AnswerSummary | None = None
         self._stream = mx.new_stream(mx.default_device())
+        s = self.settings
+        self._sampler = make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
         if self.settings.seed is not None:
             mx.random.seed(self.settings.seed)
 
@@ -336,11 +338,6 @@ class ChatSession:
         for group in self.ladder.groups:
             if group.seen > len(self.ids):
                 group.rewind(len(self.ids))
-
-    @property
-    def _sampler(self):
-        s = self.settings
-        return make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
 
     # -- prompt -----------------------------------------------------------------------------
 
