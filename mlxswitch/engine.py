@@ -6,6 +6,7 @@ entropy of the distribution it sampled from, and lets the router choose the next
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -137,8 +138,11 @@ class AnswerSummary:
         }
 
 
-def _finite_or_none(value: float) -> float | None:
-    return None if value != value else round(float(value), 6)
+def _finite_or_none(value: float) -> float | str:
+    # JSON has no NaN/inf; strings keep them distinct from null (no entropy) and float() reads them.
+    if not math.isfinite(value):
+        return str(float(value))
+    return round(float(value), 6)
 
 
 class _TextAssembler:

@@ -1,15 +1,36 @@
 """Entropy router (pure Python): picks the tier of the next token from recent entropies.
 
-Contract (the telemetry is re-derivable from it):
-- State: rung r (0 = bottom), a window W of the last `window` entropies, a count c of tokens
-  emitted since the last move. Boundary i has up[i] and down[i] <= up[i] (hysteresis).
-- Start: r = 0, W = [H0] (H0: bottom tier's entropy at the end of the prompt); while
-  r < top and mean(W) > up[r]: r += 1. c = 0.
-- After each token with entropy H: append H to W, c += 1; if c >= min_run: if r < top and
-  mean(W) > up[r]: r += 1, c = 0; elif r > 0 and mean(W) < down[r-1]: r -= 1, c = 0.
-- normalize: H / log2(V) is compared instead of H.
-- Guard: NaN, or H above guard_fraction * log2(V) for guard_count tokens in a row, jumps to
-  the top local rung at once (c = 0); such a move is marked guard=True.
+Contract (the telemetry re-derives from it; `replay` and `derive_tiers` run it on a record):
+- State: rung r (0 = bottom, top = num_tiers - 1), a window W of the last `window` entropies,
+  a count c of tokens emitted since the last move, and a streak s of near-maximal entropies in
+  a row. Boundary i (between rungs i and i+1) has an up threshold up[i] and a down threshold
+  down[i] <= up[i] (the hysteresis band).
+- Default down: without explicit down thresholds, down[i] = min(up[i], 0.6 * up[i]): 60% of a
+  positive up (what every bundled profile uses), up itself when up is <= 0 or infinite.
+- Units: entropies are in bits. With normalize, H / log2(V) is compared and kept in W instead
+  (the thresholds are then fractions of the maximum). mean(W) is NaN while W is empty, and no
+  comparison with NaN holds, so an empty window never moves the router.
+- Start (H0: the bottom tier's entropy at the end of the prompt): r = 0, W = [H0], c = 0, s = 0;
+  while r < top and mean(W) > up[r]: r += 1. Only here can several rungs be climbed at once.
+- After each emitted token with entropy H: append H to W (keep the last `window`), c += 1;
+  if c >= min_run: if r < top and mean(W) > up[r]: r += 1, c = 0;
+  else if r > 0 and mean(W) < down[r-1]: r -= 1, c = 0.
+  One rung per decision; the new r applies to the next token.
+- Catastrophic guard: a non-finite H (NaN, inf), or H > guard_fraction * log2(V) for
+  guard_count tokens in a row (s >= guard_count), while r < top_local: r = top_local at once
+  (ignoring min_run), c = 0; the decision is marked guard and so is the token it produces.
+  Without vocab_size only a non-finite H fires it. A non-finite H0 fires it at start too.
+  H0 never starts a streak: at rung 0 the first token is sampled from that same distribution,
+  and counting it twice would let one near-maximal distribution fire the guard.
+- A non-finite H never enters W (it would poison the mean for `window` tokens and the guard has
+  already acted on it), but it counts toward c and extends the streak.
+- No entropy (None, e.g. a cloud tier's token): c += 1 and the rules run, but W is unchanged and
+  the streak is broken. A rung that reports no entropy therefore does not move down by itself
+  (W was high enough to climb there); the engine feeds real entropies or ends the span.
+  start(None) leaves W empty and r = 0.
+- top_local (default: top) is the highest local rung; rungs above it (a cloud tier) are reached
+  through the up thresholds only, never by the guard, and the guard never moves down.
+- Defaults: window 5, min_run 10 (as in the Entropy Adaptive Decoding paper).
 """
 
 from __future__ import annotations
@@ -17,13 +38,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Iterable, NamedTuple
 
 from .errors import UsageError
+
+# Matches the bundled profiles (down = 0.6 x up): a tier keeps the lead for a while after taking it.
+DEFAULT_DOWN_RATIO = 0.6
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """Thresholds and timing of the router."""
+    """Thresholds, timing, normalisation and guard settings of the router."""
 
     up: tuple[float, ...]
     down: tuple[float, ...] | None = None
@@ -36,105 +61,181 @@ class RouterConfig:
     top_local: int | None = None
 
     def downs(self) -> tuple[float, ...]:
-        """Down thresholds; without explicit ones, equal to up (no hysteresis band)."""
-        return tuple(self.down) if self.down is not None else tuple(self.up)
+        """Down thresholds: the explicit ones, else min(up, 0.6 x up) per boundary."""
+        if self.down is not None:
+            return tuple(self.down)
+        return tuple(min(u, DEFAULT_DOWN_RATIO * u) for u in self.up)
 
     def validate(self, num_tiers: int) -> None:
-        """Refuse settings the router cannot honour, with a user-facing message."""
+        """Refuse settings the router cannot honour, with a one-line user-facing message."""
+        if num_tiers < 1:
+            raise UsageError("the ladder has no tiers")
         if num_tiers == 1 and self.up:
             raise UsageError("this ladder has a single tier: there are no thresholds to set")
         if len(self.up) != num_tiers - 1:
             raise UsageError(f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}")
-        if len(self.downs()) != len(self.up):
-            raise UsageError(f"need {len(self.up)} down threshold(s), got {len(self.downs())}")
-        for i, (u, d) in enumerate(zip(self.up, self.downs())):
+        downs = self.downs()
+        if len(downs) != len(self.up):
+            raise UsageError(f"{num_tiers} tiers need {len(self.up)} down threshold(s), got {len(downs)}")
+        if any(math.isnan(t) for t in (*self.up, *downs)):
+            raise UsageError("thresholds cannot be NaN")
+        for i, (u, d) in enumerate(zip(self.up, downs)):
             if d > u:
-                raise UsageError(f"down threshold {d} exceeds up threshold {u} at boundary {i}")
-        if self.window < 1 or self.min_run < 1:
-            raise UsageError("window and min run must be at least 1")
+                raise UsageError(f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}")
+        if self.window < 1:
+            raise UsageError(f"the window must be at least 1 token (got {self.window})")
+        if self.min_run < 1:
+            raise UsageError(f"the min run must be at least 1 token (got {self.min_run})")
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise UsageError(f"the vocabulary size must be at least 2 (got {self.vocab_size})")
+        if self.normalize and self.vocab_size is None:
+            raise UsageError("normalised thresholds need the vocabulary size")
+        if not 0 < self.guard_fraction <= 1:
+            raise UsageError(f"the guard fraction must be in (0, 1] (got {self.guard_fraction:g})")
+        if self.guard_count < 1:
+            raise UsageError(f"the guard count must be at least 1 token (got {self.guard_count})")
+        if self.top_local is not None and not 0 <= self.top_local < num_tiers:
+            raise UsageError(f"the top local tier must be between 0 and {num_tiers - 1} "
+                             f"(got {self.top_local})")
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The router's choice after an observation."""
+    """The router's choice after an observation: the tier of the next token and why."""
+
+    rung: int  # tier of the NEXT token
+    moved: int  # -1, 0, +1; rungs climbed at start; the jump size for a guard jump
+    guard: bool  # the move was the catastrophic guard
+    mean: float  # rolling mean after this observation, in the compared units (NaN: empty window)
+
+
+class RouterState(NamedTuple):
+    """An immutable copy of a router's state, for snapshot()/restore()."""
 
     rung: int
-    moved: int
-    guard: bool
-    mean: float
+    count: int
+    streak: int
+    window: tuple[float, ...]
 
 
 class Router:
-    """Stateful router for one answer."""
+    """Stateful router for one answer; start() it with the prompt's entropy, then observe() each token."""
 
     def __init__(self, config: RouterConfig, num_tiers: int):
         config.validate(num_tiers)
         self.config = config
+        self.num_tiers = num_tiers
         self.top = num_tiers - 1
         self.top_local = self.top if config.top_local is None else config.top_local
-        self._scale = math.log2(config.vocab_size) if config.vocab_size else None
-        self.rung, self.count, self._hot = 0, 0, 0
+        self._up = tuple(config.up)
+        self._down = config.downs()
+        self._log2v = math.log2(config.vocab_size) if config.vocab_size else None
+        # Compared in bits, so normalisation does not change which tokens are near-maximal.
+        self._hot_bits = config.guard_fraction * self._log2v if self._log2v else math.inf
+        self._rung, self._count, self._streak = 0, 0, 0
         self._window: deque[float] = deque(maxlen=config.window)
 
     @property
+    def rung(self) -> int:
+        """The tier of the next token."""
+        return self._rung
+
+    @property
+    def count(self) -> int:
+        """Tokens emitted since the last move (c)."""
+        return self._count
+
+    @property
     def mean(self) -> float:
-        """Rolling mean of the window (NaN when empty)."""
-        return sum(self._window) / len(self._window) if self._window else math.nan
+        """Rolling mean of the window in the compared units (NaN when empty)."""
+        # fsum: a correctly rounded sum, so a replay in any language gets the same mean.
+        return math.fsum(self._window) / len(self._window) if self._window else math.nan
 
-    def _units(self, h: float) -> float:
-        return h / self._scale if self.config.normalize and self._scale else h
+    def snapshot(self) -> RouterState:
+        """The current state, to restore() after a speculative decision is undone."""
+        return RouterState(self._rung, self._count, self._streak, tuple(self._window))
 
-    def start(self, initial_entropy: float) -> Decision:
-        """Seed the window with the prompt's entropy and climb while it exceeds the up thresholds."""
+    def restore(self, state: RouterState) -> None:
+        """Return to a state taken by snapshot()."""
+        self._rung, self._count, self._streak = state.rung, state.count, state.streak
         self._window.clear()
-        if not math.isnan(initial_entropy):
+        self._window.extend(state.window)
+
+    def start(self, initial_entropy: float | None) -> Decision:
+        """Seed W with the prompt's entropy H0, climb while mean(W) > up[r]; the tier of token 0."""
+        self._rung, self._count, self._streak = 0, 0, 0
+        self._window.clear()
+        if initial_entropy is not None and not math.isfinite(initial_entropy):
+            return self._guard_jump()
+        if initial_entropy is not None:
             self._window.append(self._units(initial_entropy))
-        self.rung, self.count = 0, 0
-        while self.rung < self.top and self._window and self.mean > self.config.up[self.rung]:
-            self.rung += 1
-        return Decision(self.rung, self.rung, False, self.mean)
+        while self._rung < self.top and self.mean > self._up[self._rung]:
+            self._rung += 1
+        return Decision(self._rung, self._rung, False, self.mean)
 
     def observe(self, entropy: float | None) -> Decision:
-        """Record the entropy of the token just emitted; return the rung of the next token."""
-        self.count += 1
+        """Record the entropy of the token just emitted (None: none known); the tier of the next token."""
+        self._count += 1
+        broken = entropy is not None and not math.isfinite(entropy)
         if entropy is None:
-            return Decision(self.rung, 0, False, self.mean)
-        if math.isnan(entropy) or (self._scale and entropy > self.config.guard_fraction * self._scale):
-            self._hot += 1
+            self._streak = 0
+        elif broken:
+            self._streak += 1
         else:
-            self._hot = 0
-        if not math.isnan(entropy):
+            self._streak = self._streak + 1 if entropy > self._hot_bits else 0
             self._window.append(self._units(entropy))
-        if (math.isnan(entropy) or self._hot >= self.config.guard_count) and self.rung < self.top_local:
-            jump = self.top_local - self.rung
-            self.rung, self.count, self._hot = self.top_local, 0, 0
-            return Decision(self.rung, jump, True, self.mean)
+        if broken or self._streak >= self.config.guard_count:
+            decision = self._guard_jump()
+            if decision.guard:
+                return decision
         moved = 0
-        if self.count >= self.config.min_run:
-            if self.rung < self.top and self.mean > self.config.up[self.rung]:
+        if self._count >= self.config.min_run:
+            mean = self.mean
+            if self._rung < self.top and mean > self._up[self._rung]:
                 moved = 1
-            elif self.rung > 0 and self.mean < self.config.downs()[self.rung - 1]:
+            elif self._rung > 0 and mean < self._down[self._rung - 1]:
                 moved = -1
             if moved:
-                self.rung += moved
-                self.count = 0
-        return Decision(self.rung, moved, False, self.mean)
+                self._rung += moved
+                self._count = 0
+        return Decision(self._rung, moved, False, self.mean)
+
+    def _guard_jump(self) -> Decision:
+        # Only upwards: at or above the top local rung (e.g. on the cloud) the guard has nothing to do.
+        if self._rung >= self.top_local:
+            return Decision(self._rung, 0, False, self.mean)
+        jump = self.top_local - self._rung
+        self._rung, self._count = self.top_local, 0
+        return Decision(self._rung, jump, True, self.mean)
+
+    def _units(self, entropy: float) -> float:
+        return entropy / self._log2v if self.config.normalize else entropy
 
 
-def derive_tiers(initial_entropy: float, entropies: list[float | None], config: RouterConfig,
+def replay(initial_entropy: float | None, entropies: Iterable[float | None], config: RouterConfig,
+           num_tiers: int) -> list[Decision]:
+    """Every decision of a recorded run: start()'s, then one observe() per recorded entropy."""
+    router = Router(config, num_tiers)
+    decisions = [router.start(initial_entropy)]
+    decisions.extend(router.observe(h) for h in entropies)
+    return decisions
+
+
+def derive_tiers(initial_entropy: float | None, entropies: Iterable[float | None], config: RouterConfig,
                  num_tiers: int) -> list[int]:
     """Re-derive the tier of every token from recorded entropies (the telemetry check)."""
-    router = Router(config, num_tiers)
-    tiers = [router.start(initial_entropy).rung]
-    for h in entropies:
-        tiers.append(router.observe(h).rung)
-    return tiers
+    # Token 0's tier comes from start(), token k+1's from observe(entropies[k]); so the list is
+    # one longer than `entropies`, its last entry being the tier a next token would have had.
+    return [d.rung for d in replay(initial_entropy, entropies, config, num_tiers)]
 
 
 def parse_thresholds(text: str) -> tuple[float, ...]:
-    """Parse '0.5,1.2' / 'inf' / '-inf' into floats."""
+    """Parse '0.5,1.2' / 'inf' / '-inf' into floats; a UsageError on anything else."""
+    parts = [part.strip() for part in text.split(",")]
     try:
-        values = tuple(float(part) for part in text.split(",") if part.strip())
+        if not all(parts):
+            raise ValueError
+        values = tuple(float(part) for part in parts)
     except ValueError:
         raise UsageError(f"thresholds must be comma-separated numbers, inf or -inf (got '{text}')") from None
     if any(math.isnan(v) for v in values):

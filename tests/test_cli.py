@@ -34,8 +34,8 @@ def _rederive(record):
                           down=tuple(map(_threshold, router["down"])), window=router["window"],
                           min_run=router["min_run"], normalize=router["normalized"],
                           vocab_size=router["vocab_size"])
-    entropies = [t["entropy"] for t in record["tokens"]]
-    tiers = derive_tiers(router["initial_entropy"], entropies, config, len(router["tiers"]))
+    entropies = [None if t["entropy"] is None else float(t["entropy"]) for t in record["tokens"]]
+    tiers = derive_tiers(float(router["initial_entropy"]), entropies, config, len(router["tiers"]))
     return [router["tiers"][r] for r in tiers[: len(entropies)]]
 
 
