@@ -2,6 +2,18 @@
 
 A profile names its mode and models, the router's thresholds and timing, and an optional
 cloud tier. Errors name the file, the line and what is wrong.
+
+    default = "embedded"                 # the profile `mlxswitch chat` uses
+    [defaults]                           # window / min_run / normalize for every profile
+    window = 5
+    [profiles.NAME]
+    mode = "pair"                        # pair | single | gears | cascade
+    small = "org/small-repo"             # pair (or cascade on a pair): small + large
+    large = "org/large-repo"             # single / gears (or cascade on them): model (+ gears)
+    up = [0.6]                           # bits, one per rung boundary (cascade: + the cloud one)
+    down = [0.36]                        # optional, each <= its up
+    [profiles.NAME.cloud]                # cascade only
+    model = "claude-haiku-4-5"
 """
 
 from __future__ import annotations
@@ -14,14 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
 from .resources import bundled_models_toml
 
 MODES = ("pair", "gears", "single", "cascade")
-_PROFILE_KEYS = {"mode", "description", "small", "large", "model", "gears", "up", "down",
-                 "window", "min_run", "normalize", "cloud"}
-_CLOUD_KEYS = {"model", "span_tokens", "budget_usd", "timeout_s", "handoff"}
-_DEFAULT_KEYS = {"window", "min_run", "normalize"}
+_PROFILE_KEYS = ("mode", "description", "small", "large", "model", "gears", "up", "down",
+                 "window", "min_run", "normalize", "cloud")
+_DEFAULT_KEYS = ("window", "min_run", "normalize")
+_TOP_KEYS = ("default", "defaults", "profiles")
+# Which model keys each local ladder takes; a cascade takes those of the ladder under its cloud.
+_LADDER_KEYS = {"pair": ("small", "large"), "single": ("model",), "gears": ("model", "gears")}
 
 
 @dataclass(frozen=True)
@@ -29,10 +43,14 @@ class CloudConfig:
     """The cloud tier of a cascade: which Anthropic model, and its limits."""
 
     model: str = "claude-haiku-4-5"
-    span_tokens: int = 48
-    budget_usd: float = 0.05
+    span_tokens: int = 48  # one span replaces a short uncertain stretch, not the rest of the answer
+    budget_usd: float = 0.05  # per session: a chat costs cents at most unless the user says so
     timeout_s: float = 20.0
-    handoff: bool = False
+    handoff: bool = False  # re-asking a whole answer costs more: opt in
+
+
+_CLOUD_TYPES = {"model": str, "span_tokens": int, "budget_usd": float, "timeout_s": float,
+                "handoff": bool}
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,9 @@ class ProfileSet:
     def __iter__(self) -> Iterator[Profile]:
         return iter(self.profiles.values())
 
+    def __contains__(self, name: str) -> bool:
+        return name in self.profiles
+
     def get(self, name: str | None) -> Profile:
         """The named profile (or the default); ConfigError listing the known names otherwise."""
         name = name or self.default
@@ -94,19 +115,34 @@ def user_models_toml() -> Path:
 
 def load_profiles() -> ProfileSet:
     """The bundled profiles with the user's file applied on top."""
-    result = ProfileSet()
-    defaults: dict = {}
+    files = [_read_toml(bundled_models_toml())]
     user = user_models_toml()
-    explicit = bool(os.environ.get("MLXSWITCH_MODELS"))
-    for path in (bundled_models_toml(), user):
-        if not path.exists():
-            if path == user and explicit:
-                raise ConfigError(f"{path}: no such file (named by MLXSWITCH_MODELS)")
-            continue
-        _apply_file(path, result, defaults)
-    if not result.default:
-        raise ConfigError(f"{bundled_models_toml()}: no 'default' profile named")
-    result.get(result.default)  # the default must exist
+    if user.exists():
+        files.append(_read_toml(user))
+    elif os.environ.get("MLXSWITCH_MODELS"):
+        raise ConfigError(f"{user}: no such file (named by MLXSWITCH_MODELS)")
+
+    # Merge before building, so the user's [defaults] reach bundled profiles too.
+    defaults: dict = {}
+    tables: dict[str, tuple[dict, _TomlFile]] = {}
+    default: tuple[str, _TomlFile] | None = None
+    for toml in files:
+        defaults.update(_defaults(toml))
+        for name, table in toml.data.get("profiles", {}).items():
+            tables[name] = (table, toml)
+        if "default" in toml.data:
+            default = (toml.data["default"], toml)
+
+    result = ProfileSet(files=[toml.path for toml in files])
+    for name, (table, toml) in tables.items():
+        result.profiles[name] = _profile(name, table, defaults, toml)
+    if default is None:
+        raise ConfigError(f"{files[0].path}: no 'default' profile named")
+    result.default, toml = default
+    if result.default not in result.profiles:
+        known = ", ".join(result.profiles)
+        raise ConfigError(f"{toml.where('default')}: default profile '{result.default}' is not "
+                          f"defined (known: {known})")
     return result
 
 
@@ -115,120 +151,221 @@ def get_profile(name: str | None = None) -> Profile:
     return load_profiles().get(name)
 
 
-def _apply_file(path: Path, result: ProfileSet, defaults: dict) -> None:
-    text = path.read_text(encoding="utf-8")
+# -- reading a file -----------------------------------------------------------------------------
+
+_TOML_POSITION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)")
+_HEADER = re.compile(r"^\s*\[\[?(.+?)\]\]?\s*(?:#.*)?$")
+_HEADER_PART = re.compile(r"\"((?:[^\"\\]|\\.)*)\"|'([^']*)'|([A-Za-z0-9_-]+)")
+
+
+class _TomlFile:
+    """One parsed models.toml and the line numbers of its tables and keys, for messages."""
+
+    def __init__(self, path: Path, text: str, data: dict):
+        self.path, self.lines, self.data = path, text.splitlines(), data
+        # (first line index, table path) of every [table] header; the root table starts at 0.
+        self.sections: list[tuple[int, tuple[str, ...]]] = [(0, ())]
+        for index, line in enumerate(self.lines):
+            header = _HEADER.match(line)
+            if header:
+                parts = tuple(next(p for p in m.groups() if p is not None)
+                              for m in _HEADER_PART.finditer(header.group(1)))
+                self.sections.append((index, parts))
+
+    def _ranges(self, table: tuple[str, ...]):
+        bounds = self.sections + [(len(self.lines), None)]
+        for (start, parts), (end, _) in zip(bounds, bounds[1:]):
+            if parts == table:
+                yield start, end
+
+    def line_of(self, key: str | None, table: tuple[str, ...] = ()) -> int | None:
+        """1-based line of `key = ` inside `table` (or of its header, or its inline definition)."""
+        key_line = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=") if key else None
+        headers = []
+        for start, end in self._ranges(table):
+            headers.append(start + 1)
+            for index in range(start, end):
+                if key_line and key_line.match(self.lines[index]):
+                    return index + 1
+        if key:  # the key may be a table of its own: [profiles.NAME.cloud]
+            for start, _ in self._ranges(table + (key,)):
+                return start + 1
+        if headers and table:
+            return headers[0]
+        if len(table) > 1:  # an inline table, e.g. `NAME = { ... }` under [profiles]
+            return self.line_of(table[-1], table[:-1])
+        return None
+
+    def where(self, key: str | None, table: tuple[str, ...] = ()) -> str:
+        """'file:line' for a key (or 'file' when the line cannot be found)."""
+        line = self.line_of(key, table)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+def _read_toml(path: Path) -> _TomlFile:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
-        where = re.search(r"\(at line (\d+), column (\d+)\)", message)
-        what = re.sub(r"\s*\(at line \d+, column \d+\)", "", message)
-        location = f"{where.group(1)}:{where.group(2)}" if where else "?"
-        raise ConfigError(f"{path}:{location}: {what}") from None
-    locate = _Locator(path, text)
-    unknown = set(data) - {"default", "defaults", "profiles"}
-    if unknown:
-        key = sorted(unknown)[0]
-        raise ConfigError(f"{locate.key(key)}: unknown top-level key '{key}'")
-    if "defaults" in data:
-        extra = set(data["defaults"]) - _DEFAULT_KEYS
-        if extra:
-            key = sorted(extra)[0]
-            raise ConfigError(f"{locate.key(key)}: unknown key '{key}' in [defaults]")
-        defaults.update(data["defaults"])
+        what = _TOML_POSITION.sub("", message)
+        position = _TOML_POSITION.search(message)
+        if position and position.group(1):
+            line, column = position.group(1), position.group(2)
+        else:  # "at end of document": point just past the last character
+            lines = text.splitlines() or [""]
+            line, column = len(lines), len(lines[-1]) + 1
+        raise ConfigError(f"{path}:{line}:{column}: {what}") from None
+    toml = _TomlFile(path, text, data)
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"{toml.where(key)}: unknown top-level key '{key}' "
+                              f"(allowed: {', '.join(_TOP_KEYS)})")
+    if "default" in data and not isinstance(data["default"], str):
+        raise ConfigError(f"{toml.where('default')}: 'default' must be a profile name (a string)")
+    for key in ("defaults", "profiles"):
+        if key in data and not isinstance(data[key], dict):
+            raise ConfigError(f"{toml.where(key)}: '{key}' must be a table ([{key}])")
     for name, table in data.get("profiles", {}).items():
         if not isinstance(table, dict):
-            raise ConfigError(f"{locate.key(name)}: profile '{name}' must be a table")
-        result.profiles[name] = _profile(name, table, defaults, locate)
-    if "default" in data:
-        if not isinstance(data["default"], str):
-            raise ConfigError(f"{locate.key('default')}: 'default' must be a profile name")
-        result.default = data["default"]
-        if result.default not in result.profiles:
-            raise ConfigError(f"{locate.key('default')}: default profile '{result.default}' is not defined")
-    result.files.append(path)
+            raise ConfigError(f"{toml.where(name, ('profiles',))}: profile '{name}' must be a table "
+                              f"([profiles.{name}])")
+    return toml
 
 
-class _Locator:
-    """Finds the line of a profile header or key, for error messages."""
-
-    def __init__(self, path: Path, text: str):
-        self.path, self.lines = path, text.splitlines()
-
-    def _line(self, pattern: str, start: int = 0) -> int | None:
-        regex = re.compile(pattern)
-        for number, line in enumerate(self.lines[start:], start + 1):
-            if regex.search(line):
-                return number
-        return None
-
-    def profile(self, name: str) -> int:
-        return self._line(rf"^\s*\[\s*profiles\.\"?{re.escape(name)}\"?\s*[\].]") or 1
-
-    def key(self, key: str, profile: str | None = None) -> str:
-        start = self.profile(profile) - 1 if profile else 0
-        number = self._line(rf"^\s*\"?{re.escape(key)}\"?\s*=", start) or (start + 1)
-        return f"{self.path}:{number}"
+def _defaults(toml: _TomlFile) -> dict:
+    table = toml.data.get("defaults", {})
+    for key, value in table.items():
+        where = toml.where(key, ("defaults",))
+        if key not in _DEFAULT_KEYS:
+            raise ConfigError(f"{where}: unknown key '{key}' in [defaults] "
+                              f"(allowed: {', '.join(_DEFAULT_KEYS)})")
+        problem = _setting_problem(key, value)
+        if problem:
+            raise ConfigError(f"{where}: [defaults]: {problem}")
+    return dict(table)
 
 
-def _profile(name: str, table: dict, defaults: dict, locate: _Locator) -> Profile:
-    def fail(key: str, what: str) -> ConfigError:
-        where = locate.key(key, name) if key else f"{locate.path}:{locate.profile(name)}"
-        return ConfigError(f"{where}: profile '{name}': {what}")
+def _setting_problem(key: str, value) -> str | None:
+    if key == "normalize":
+        return None if isinstance(value, bool) else "'normalize' must be true or false"
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return f"'{key}' must be a whole number ≥ 1 (got {value!r})"
+    return None
 
-    extra = set(table) - _PROFILE_KEYS
-    if extra:
-        key = sorted(extra)[0]
-        raise fail(key, f"unknown key '{key}' (allowed: {', '.join(sorted(_PROFILE_KEYS))})")
+
+# -- building a profile -------------------------------------------------------------------------
+
+def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile:
+    section = ("profiles", name)
+
+    def fail(key: str | None, what: str, sub: tuple[str, ...] = ()) -> ConfigError:
+        return ConfigError(f"{toml.where(key, section + sub)}: profile '{name}': {what}")
+
+    for key in table:
+        if key not in _PROFILE_KEYS:
+            raise fail(key, f"unknown key '{key}' (allowed: {', '.join(_PROFILE_KEYS)})")
     mode = table.get("mode")
     if mode not in MODES:
         raise fail("mode", f"mode must be one of {', '.join(MODES)} (got {mode!r})")
-    small, large, model = table.get("small"), table.get("large"), table.get("model")
-    for key, value in (("small", small), ("large", large), ("model", model)):
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise fail(key, f"'{key}' must be a model source string")
-    gears = tuple(table.get("gears", ()))
-    if mode == "pair" or (mode == "cascade" and small):
-        if not (small and large):
-            raise fail("", f"a {mode} profile needs both 'small' and 'large'")
-        models = (small, large)
-    else:
-        if not model:
-            raise fail("", f"a {mode} profile needs 'model'")
-        models = (model,)
-    if mode == "gears" and not gears:
-        raise fail("gears", "a gears profile needs 'gears', e.g. [4, 8, 16]")
-    if gears and (any(not isinstance(b, int) for b in gears) or list(gears) != sorted(set(gears))):
-        raise fail("gears", "'gears' must be increasing whole bit counts, e.g. [4, 8, 16]")
-    cloud = _cloud(table.get("cloud"), fail) if "cloud" in table else None
+
+    cloud = _cloud(table["cloud"], fail) if "cloud" in table else None
     if mode == "cascade" and cloud is None:
-        raise fail("", "a cascade profile needs a [profiles.NAME.cloud] table")
+        raise fail(None, "a cascade profile needs a [profiles.NAME.cloud] table")
     if mode != "cascade" and cloud is not None:
-        raise fail("cloud", "only a cascade profile has a cloud tier")
+        raise fail("cloud", f"only a cascade profile has a cloud tier (this one is {mode})")
+
+    ladder = _ladder_kind(mode, table)
+    expected = _LADDER_KEYS[ladder]
+    what = f"a {mode} profile" if mode == ladder else f"a cascade on a {ladder} ladder"
+    for key in ("small", "large", "model", "gears"):
+        if key in table and key not in expected:
+            raise fail(key, f"'{key}' does not belong in {what} (it takes {' and '.join(expected)})")
+    missing = [key for key in expected if key not in table]
+    if missing:
+        both = "both " if len(expected) == 2 else ""
+        raise fail(None, f"{what} needs {both}{' and '.join(repr(k) for k in expected)} "
+                         f"('{missing[0]}' is missing)")
+    for key in ("small", "large", "model"):
+        if key in table and (not isinstance(table[key], str) or not table[key].strip()):
+            raise fail(key, f"'{key}' must be a model source: a Hugging Face repo id, a path or "
+                            "'embedded'")
+    models = tuple(_resolve_source(table[key], toml.path) for key in expected if key != "gears")
+    gears = _gears(table["gears"], fail) if "gears" in table else ()
+    if "description" in table and not isinstance(table["description"], str):
+        raise fail("description", "'description' must be a string")
+
+    settings = {key: table.get(key, defaults.get(key)) for key in _DEFAULT_KEYS}
+    for key in _DEFAULT_KEYS:
+        problem = _setting_problem(key, settings[key]) if settings[key] is not None else None
+        if problem:
+            raise fail(key, problem)
+    normalize = bool(settings["normalize"])
+
     profile = Profile(name=name, mode=mode, models=models, gears=gears, cloud=cloud,
-                      description=str(table.get("description", "")), origin=str(locate.path))
-    tiers = len(profile.tier_names())
+                      window=settings["window"] or 5, min_run=settings["min_run"] or 10,
+                      normalize=normalize, description=table.get("description", ""),
+                      origin=str(toml.path))
+    tiers = profile.tier_names()
     up = _thresholds(table.get("up", []), "up", fail)
-    down = _thresholds(table["down"], "down", fail) if "down" in table else None
-    if len(up) != tiers - 1:
-        raise fail("up", f"{tiers} tiers ({', '.join(profile.tier_names())}) need {tiers - 1} "
+    if len(up) != len(tiers) - 1:
+        raise fail("up", f"{len(tiers)} tiers ({', '.join(tiers)}) need {len(tiers) - 1} "
                          f"'up' threshold(s), got {len(up)}")
+    down = _thresholds(table["down"], "down", fail) if "down" in table else None
     if down is not None:
         if len(down) != len(up):
-            raise fail("down", f"'down' needs {len(up)} threshold(s), got {len(down)}")
+            raise fail("down", f"'down' needs {len(up)} threshold(s), one per 'up', got {len(down)}")
         if any(d > u for d, u in zip(down, up)):
             raise fail("down", "each 'down' threshold must be ≤ its 'up' threshold (hysteresis)")
-    settings = {key: table.get(key, defaults.get(key)) for key in ("window", "min_run", "normalize")}
-    for key in ("window", "min_run"):
-        value = settings[key]
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise fail(key, f"'{key}' must be a whole number ≥ 1")
-    if settings["normalize"] is not None and not isinstance(settings["normalize"], bool):
-        raise fail("normalize", "'normalize' must be true or false")
+    if normalize:
+        # Normalised entropies lie in [0, 1]: a finite threshold outside it can never be crossed.
+        for key, values in (("up", up), ("down", down or ())):
+            if any(math.isfinite(v) and not 0 <= v <= 1 for v in values):
+                origin = "" if "normalize" in table else " (normalize = true comes from [defaults])"
+                raise fail(key, f"with normalize = true thresholds are fractions of log2(V), "
+                                f"between 0 and 1; got {', '.join(f'{v:g}' for v in values)}{origin}")
     return Profile(name=name, mode=mode, models=models, gears=gears, up=up, down=down,
-                   window=settings["window"] or 5, min_run=settings["min_run"] or 10,
-                   normalize=bool(settings["normalize"]), cloud=cloud,
-                   description=profile.description, origin=profile.origin)
+                   window=profile.window, min_run=profile.min_run, normalize=normalize,
+                   cloud=cloud, description=profile.description, origin=profile.origin)
+
+
+def _ladder_kind(mode: str, table: dict) -> str:
+    """The local ladder under a cascade's cloud tier: a pair, gears, or a single model."""
+    if mode != "cascade":
+        return mode
+    if "small" in table or "large" in table:
+        return "pair"
+    return "gears" if "gears" in table else "single"
+
+
+def _resolve_source(source: str, toml_path: Path) -> str:
+    # `~` means home; ./ and ../ are relative to the models.toml that names them, not the cwd.
+    source = source.strip()
+    if source.startswith("~"):
+        return str(Path(source).expanduser())
+    if source.startswith(("./", "../")):
+        return str((toml_path.parent / source).resolve())
+    return source
+
+
+def _gears(values, fail) -> tuple[int, ...]:
+    if (not isinstance(values, list) or not values
+            or any(not isinstance(b, int) or isinstance(b, bool) for b in values)
+            or values != sorted(set(values))):
+        raise fail("gears", f"'gears' must be increasing whole bit counts, e.g. [4, 8, 16] "
+                            f"(got {values!r})")
+    from .gears import plane_bits_for  # the gear module knows which plane widths exist
+
+    try:
+        plane_bits_for(tuple(values))
+    except UsageError as exc:
+        raise fail("gears", str(exc)) from None
+    return tuple(values)
 
 
 def _thresholds(values, key: str, fail) -> tuple[float, ...]:
@@ -246,12 +383,24 @@ def _thresholds(values, key: str, fail) -> tuple[float, ...]:
 
 def _cloud(table, fail) -> CloudConfig:
     if not isinstance(table, dict):
-        raise fail("cloud", "'cloud' must be a table")
-    extra = set(table) - _CLOUD_KEYS
-    if extra:
-        key = sorted(extra)[0]
-        raise fail(key, f"unknown cloud key '{key}' (allowed: {', '.join(sorted(_CLOUD_KEYS))})")
-    try:
-        return CloudConfig(**table)
-    except TypeError as exc:
-        raise fail("cloud", str(exc)) from None
+        raise fail("cloud", "'cloud' must be a table ([profiles.NAME.cloud])")
+    values = {}
+    for key, value in table.items():
+        if key not in _CLOUD_TYPES:
+            raise fail(key, f"unknown cloud key '{key}' (allowed: {', '.join(_CLOUD_TYPES)})",
+                       ("cloud",))
+        kind = _CLOUD_TYPES[key]
+        valid = {
+            str: isinstance(value, str) and value.strip() != "",
+            bool: isinstance(value, bool),
+            int: isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            float: isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and (value > 0 if key == "timeout_s" else value >= 0),
+        }[kind]
+        if not valid:
+            expected = {str: "a non-empty string", bool: "true or false",
+                        int: "a whole number ≥ 1",
+                        float: "a positive number" if key == "timeout_s" else "a number ≥ 0"}[kind]
+            raise fail(key, f"cloud '{key}' must be {expected} (got {value!r})", ("cloud",))
+        values[key] = float(value) if kind is float else value
+    return CloudConfig(**values)

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import re
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .errors import InsufficientMemoryError, TokenizerMismatchError
 from .loading import is_embedded, looks_like_path
 
+# Mixed prose, digits, accents, CJK, symbols and code: where byte-level BPEs tend to differ.
 PROBE_TEXT = "Entropy 12345, naïve café — 日本語 ✓\ndef f(x):\n    return x ** 2  # ok"
+KV_CONTEXT_TOKENS = 4096
 _GB = 1e9
 
+
+# -- tokenizers ---------------------------------------------------------------------------------
 
 def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
     """Refuse two tiers whose tokenizers differ in vocabulary, encoding or end-of-sequence ids."""
@@ -23,6 +31,7 @@ def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
             f"models '{name_a}' and '{name_b}' do not share a tokenizer: {what}; "
             "a pair must use one tokenizer")
 
+    # The tokenizers' own vocabularies: a model's embedding is often padded past them.
     vocab_a, vocab_b = tok_a.get_vocab(), tok_b.get_vocab()
     if len(vocab_a) != len(vocab_b):
         raise fail(f"vocabularies differ ({len(vocab_a)} vs {len(vocab_b)} tokens)")
@@ -31,15 +40,27 @@ def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
         raise fail(f"vocabularies differ ({differing} of {len(vocab_a)} tokens map to other ids)")
     if tok_a.encode(PROBE_TEXT) != tok_b.encode(PROBE_TEXT):
         raise fail("they encode the same text differently")
-    if set(tok_a.eos_token_ids) != set(tok_b.eos_token_ids):
-        raise fail(f"end-of-sequence ids differ ({sorted(tok_a.eos_token_ids)} vs "
-                   f"{sorted(tok_b.eos_token_ids)})")
-    if tok_a.has_chat_template and tok_b.has_chat_template:
-        chat = [{"role": "user", "content": PROBE_TEXT}]
-        if (tok_a.apply_chat_template(chat, add_generation_prompt=True)
-                != tok_b.apply_chat_template(chat, add_generation_prompt=True)):
-            raise fail("their chat templates render the same conversation differently")
+    # The engine renders prompts with one tier's chat template: its special tokens must encode
+    # alike in both (templates themselves may differ, e.g. in a default system prompt).
+    for name, tok in ((name_a, tok_a), (name_b, tok_b)):
+        rendered = _render_probe(tok)
+        if rendered is not None and (tok_a.encode(rendered, add_special_tokens=False)
+                                     != tok_b.encode(rendered, add_special_tokens=False)):
+            raise fail(f"they encode the chat text rendered by {name}'s template differently")
+    eos_a, eos_b = sorted(tok_a.eos_token_ids), sorted(tok_b.eos_token_ids)
+    if eos_a != eos_b:
+        raise fail(f"end-of-sequence ids differ ({eos_a} vs {eos_b})")
 
+
+def _render_probe(tok) -> str | None:
+    if not getattr(tok, "has_chat_template", False):
+        return None
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROBE_TEXT},
+            {"role": "assistant", "content": "x = 42"}, {"role": "user", "content": "2 + 2 = ?"}]
+    return tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
+# -- where a model's files are ------------------------------------------------------------------
 
 def _hub_snapshot(repo_id: str) -> Path | None:
     from huggingface_hub import snapshot_download
@@ -53,19 +74,13 @@ def _hub_snapshot(repo_id: str) -> Path | None:
 
 def _local_path(source: str) -> Path | None:
     if is_embedded(source):
-        from .resources import embedded_gguf_path
+        from .resources import embedded_gguf_path, embedded_gguf_present
 
-        return embedded_gguf_path() if _embedded_present() else None
+        return embedded_gguf_path() if embedded_gguf_present() else None
     if looks_like_path(source):
         path = Path(source).expanduser()
         return path if path.exists() else None
     return _hub_snapshot(source)
-
-
-def _embedded_present() -> bool:
-    from .resources import embedded_gguf_present
-
-    return embedded_gguf_present()
 
 
 def model_available_offline(source: str) -> bool:
@@ -73,32 +88,224 @@ def model_available_offline(source: str) -> bool:
     return _local_path(source) is not None
 
 
-def estimate_model_bytes(source: str) -> int | None:
-    """Bytes the model's weights take in memory, from the files on disk (None if not local)."""
+# -- memory -------------------------------------------------------------------------------------
+
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+                      "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1}
+# GGUF tensor types MLX loads: F32, F16, and the 32-weight blocks Q4_0, Q4_1, Q8_0 (bits per weight).
+_GGUF_FLOAT = {0: 4, 1: 2}
+_GGUF_QUANT_BITS = {2: 4, 3: 4, 8: 8}
+_GGUF_GROUP = 32
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """A model's weights as they will sit in memory here, and its shape for the KV cache."""
+
+    bytes: int
+    params: int  # parameters, quantized ones unpacked
+    config: dict  # mlx-lm style: num_hidden_layers, num_key_value_heads, head_dim, …
+
+
+def _floats_become_fp32() -> bool:
+    from .loading import compute_dtype
+
+    return compute_dtype() is not None  # on a CPU every float tensor is cast to float32
+
+
+def _float_width(stored: int) -> int:
+    return 4 if _floats_become_fp32() else stored
+
+
+def _dir_weights(folder: Path) -> _Weights | None:
+    files = sorted(folder.glob("*.safetensors"))
+    shards = set(_read_json(folder / "model.safetensors.index.json").get("weight_map", {}).values())
+    if not files or not shards <= {file.name for file in files}:
+        return None  # nothing here, or a download that stopped half-way
+    config = _read_json(folder / "config.json")
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    bits = int(quant.get("bits", 4)) if isinstance(quant, dict) else 4
+    size = params = 0
+    for file in files:
+        # The header is an 8-byte little-endian length and a JSON table: no weights are read.
+        with open(file, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        header.pop("__metadata__", None)
+        for name, info in header.items():
+            count = math.prod(info["shape"])
+            dtype = info["dtype"]
+            is_float = dtype.startswith(("F", "BF"))
+            size += count * (_float_width(_SAFETENSORS_BYTES.get(dtype, 4)) if is_float
+                             else _SAFETENSORS_BYTES.get(dtype, 4))
+            if dtype == "U32" and name.endswith("weight"):
+                params += count * 32 // bits  # packed quantized weights
+            elif not name.endswith((".scales", ".biases")):
+                params += count
+    return _Weights(size, params, config)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _gguf_weights(path: Path) -> _Weights:
+    meta, tensors = _gguf_header(path)
+    size = params = 0
+    for kind, count in tensors:
+        params += count
+        if kind in _GGUF_FLOAT:
+            size += count * _float_width(_GGUF_FLOAT[kind])
+        elif kind in _GGUF_QUANT_BITS:
+            # MLX holds a block as packed weights plus a scale and a bias (fp16; fp32 on a CPU).
+            size += count * _GGUF_QUANT_BITS[kind] // 8 + 2 * (count // _GGUF_GROUP) * _float_width(2)
+        else:  # a type the loader will refuse anyway: count it at 8 bits
+            size += count
+    arch = meta.get("general.architecture", "llama")
+    heads = meta.get(f"{arch}.attention.head_count")
+    config = {"num_hidden_layers": meta.get(f"{arch}.block_count"),
+              "num_attention_heads": heads,
+              "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", heads),
+              "hidden_size": meta.get(f"{arch}.embedding_length"),
+              "max_position_embeddings": meta.get(f"{arch}.context_length")}
+    return _Weights(size, params, config)
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_header(path: Path) -> tuple[dict, list[tuple[int, int]]]:
+    """Scalar metadata and (type, element count) of every tensor, read from the GGUF header only."""
+    with open(path, "rb") as handle:
+        def unpack(fmt: str):
+            return struct.unpack(fmt, handle.read(struct.calcsize(fmt)))[0]
+
+        def string() -> str:
+            return handle.read(unpack("<Q")).decode("utf-8", "replace")
+
+        def value(kind: int):
+            if kind == 8:
+                return string()
+            if kind == 9:  # arrays (the vocabulary, merges) are skipped, not kept
+                item, count = unpack("<I"), unpack("<Q")
+                if item in _GGUF_SCALARS:
+                    handle.seek(count * struct.calcsize(_GGUF_SCALARS[item]), 1)
+                elif item == 8:
+                    for _ in range(count):
+                        handle.seek(unpack("<Q"), 1)
+                else:
+                    for _ in range(count):
+                        value(item)
+                return None
+            return unpack(_GGUF_SCALARS[kind])
+
+        if handle.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        unpack("<I")  # version
+        tensor_count, kv_count = unpack("<Q"), unpack("<Q")
+        meta = {}
+        for _ in range(kv_count):
+            key = string()
+            meta[key] = value(unpack("<I"))
+        tensors = []
+        for _ in range(tensor_count):
+            string()
+            dims = [unpack("<Q") for _ in range(unpack("<I"))]
+            kind = unpack("<I")
+            unpack("<Q")  # offset
+            tensors.append((kind, math.prod(dims)))
+    return meta, tensors
+
+
+def _weights(source: str) -> _Weights | None:
     path = _local_path(source)
     if path is None:
         return None
     if path.is_file():
-        # GGUF fp16 quantization scales/biases become fp32 on CPU: +~25% for 4-bit tensors.
-        return int(path.stat().st_size * 1.25)
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        try:
+            return _gguf_weights(path)
+        except (OSError, ValueError, KeyError, struct.error):
+            # Not a readable GGUF: the loader will say so; guess from the file size meanwhile.
+            size = path.stat().st_size
+            return _Weights(size, size * 2, {})
+    try:
+        return _dir_weights(path)
+    except (OSError, ValueError, KeyError, struct.error):
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        return _Weights(size, size // 2, _read_json(path / "config.json")) if size else None
 
 
-def _kv_bytes(source: str, tokens: int = 4096) -> int:
-    path = _local_path(source)
-    config_path = path / "config.json" if path is not None and path.is_dir() else None
-    if config_path is None or not config_path.exists():
-        return 64 * 1024 * tokens  # a small model's KV per token, when the config is out of reach
-    config = json.loads(config_path.read_text())
-    layers = config.get("num_hidden_layers", 32)
-    heads = config.get("num_key_value_heads") or config.get("num_attention_heads", 32)
-    head_dim = config.get("head_dim") or config.get("hidden_size", 4096) // config.get("num_attention_heads", 32)
-    return 2 * layers * heads * head_dim * 4 * tokens  # keys + values, fp32 worst case
+def estimate_model_bytes(source: str) -> int | None:
+    """Bytes the model's weights take once loaded here (floats in fp32 on a CPU); None if not local."""
+    weights = _weights(source)
+    return weights.bytes if weights is not None else None
+
+
+_PARAMS_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)([BM])(?![A-Za-z])")
+_BITS_IN_NAME = re.compile(r"(\d+)[-_]?bit", re.IGNORECASE)
+
+
+def _guess_weights(source: str) -> _Weights | None:
+    name = source.rsplit("/", 1)[-1]
+    found = _PARAMS_IN_NAME.search(name)
+    if found is None:
+        return None
+    params = int(float(found.group(1)) * (1e9 if found.group(2) == "B" else 1e6))
+    bits = _BITS_IN_NAME.search(name)
+    if bits:  # b-bit weights plus a scale and a bias per group of 64
+        per_param = int(bits.group(1)) / 8 + 2 * _float_width(2) / 64
+    else:  # no quantization in the name: a half-precision checkpoint
+        per_param = _float_width(2)
+    return _Weights(int(params * per_param), params, {})
+
+
+def guess_model_bytes(source: str) -> int | None:
+    """Weights of a model not downloaded yet, from its name ('…-7B-…-4bit'); None if it says nothing."""
+    weights = _guess_weights(source)
+    return weights.bytes if weights is not None else None
+
+
+def kv_cache_bytes(config: dict, tokens: int = KV_CONTEXT_TOKENS) -> int:
+    """Keys and values for `tokens` of context (capped by the model's own), from an mlx-lm config."""
+    width = _float_width(2)
+    if not config.get("num_hidden_layers"):
+        return 64 * 1024 * tokens * width // 2  # ~a 3B GQA model's fp16 KV per token, when unknown
+    tokens = min(tokens, int(config.get("max_position_embeddings") or tokens))
+    heads = int(config.get("num_attention_heads") or 32)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or (config.get("hidden_size") or 4096) // heads)
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * width * tokens
+
+
+def _gear_plane_bytes(weights: _Weights, gears: tuple[int, ...]) -> int:
+    """Nesting in memory: the planes (top gear's bits + scales per plane) sit beside the source."""
+    if weights.config.get("mlxswitch_gears"):
+        return 0  # saved already nested: the files are the planes
+    from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
+
+    planes = plane_bits_for(tuple(gears))
+    per_param = sum(planes) / 8 + len(planes) * 2 * _float_width(2) / DEFAULT_GROUP_SIZE
+    return int(weights.params * per_param)
 
 
 def available_memory_bytes() -> int:
-    """Memory the models may use: MemAvailable on Linux; 75% of RAM on macOS (Metal's working set)."""
+    """Memory the models may use: MemAvailable on Linux; Metal's working-set limit on macOS."""
     if platform.system() == "Darwin":
+        # Unified memory: the GPU may wire about 75% of RAM (Metal's recommended working set).
+        try:
+            import mlx.core as mx
+
+            if mx.metal.is_available():
+                limit = mx.device_info().get("max_recommended_working_set_size")
+                if limit:
+                    return int(limit)
+        except Exception:  # an older MLX without device_info: fall back to the usual 75%
+            pass
         try:
             total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True,
                                        text=True, timeout=5).stdout.strip())
@@ -115,39 +322,80 @@ def available_memory_bytes() -> int:
 
 
 @dataclass(frozen=True)
+class ModelMemory:
+    """One model's share of a profile: weights (with gear planes while nesting) and its KV cache."""
+
+    role: str
+    source: str
+    weights: int | None  # None: neither on disk nor guessable from the name
+    kv: int
+    guessed: bool = False
+
+
+@dataclass(frozen=True)
 class MemoryEstimate:
     """What a profile needs against what the machine has; unknown models count as zero."""
 
-    needed: int
+    name: str
+    models: tuple[ModelMemory, ...]
     available: int
-    parts: tuple[tuple[str, int], ...]
-    unknown: tuple[str, ...]
+
+    @property
+    def needed(self) -> int:
+        """Bytes of every known model's weights and KV cache."""
+        return sum((m.weights or 0) + m.kv for m in self.models if m.weights is not None)
+
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """Sources whose size could not be found or guessed."""
+        return tuple(m.source for m in self.models if m.weights is None)
 
     @property
     def fits(self) -> bool:
         """Whether the known needs fit."""
         return self.needed <= self.available
 
+    def summary(self) -> str:
+        """'small 0.3 GB + large 4.6 GB + KV 0.9 GB', for messages."""
+        known = [m for m in self.models if m.weights is not None]
+        parts = [f"{m.role} {m.weights / _GB:.1f} GB" for m in known]
+        text = " + ".join(parts + [f"KV {sum(m.kv for m in known) / _GB:.1f} GB"])
+        if any(m.guessed for m in known):
+            text += "; sizes of models not downloaded yet are guessed from their names"
+        if self.unknown:
+            text += f"; size of {', '.join(self.unknown)} unknown"
+        return text
 
-def estimate_profile_memory(profile) -> MemoryEstimate:
-    """Weights of every local model plus a 4k-token KV cache each."""
-    parts, unknown = [], []
-    for source in profile.models:
-        size = estimate_model_bytes(source)
-        if size is None:
-            unknown.append(source)
+
+def estimate_memory(profile_or_sources, tokens: int = KV_CONTEXT_TOKENS) -> MemoryEstimate:
+    """Weights of every model (from files on disk, else guessed from names) plus a KV cache each."""
+    if isinstance(profile_or_sources, str):
+        profile_or_sources = [profile_or_sources]
+    if isinstance(profile_or_sources, Sequence):
+        name, sources, gears = "these models", tuple(profile_or_sources), ()
+    else:
+        profile = profile_or_sources
+        name, sources, gears = f"profile '{profile.name}'", tuple(profile.models), tuple(profile.gears)
+    roles = ("small", "large") if len(sources) == 2 else ("model",) * len(sources)
+    models = []
+    for role, source in zip(roles, sources):
+        weights, guessed = _weights(source), False
+        if weights is None:
+            weights, guessed = _guess_weights(source), True
+        if weights is None:
+            models.append(ModelMemory(role, source, None, 0))
             continue
-        parts.append((source, size + _kv_bytes(source)))
-    needed = sum(size for _, size in parts)
-    return MemoryEstimate(needed, available_memory_bytes(), tuple(parts), tuple(unknown))
+        size = weights.bytes + (_gear_plane_bytes(weights, gears) if gears else 0)
+        models.append(ModelMemory(role, source, size, kv_cache_bytes(weights.config, tokens), guessed))
+    return MemoryEstimate(name, tuple(models), available_memory_bytes())
 
 
-def check_memory(profile, force: bool = False) -> MemoryEstimate:
-    """Refuse a profile whose models will not fit, unless forced."""
-    estimate = estimate_profile_memory(profile)
+def check_memory(profile_or_sources, force: bool = False) -> MemoryEstimate:
+    """Refuse a profile (or list of model sources) whose models will not fit, unless forced."""
+    estimate = estimate_memory(profile_or_sources)
     if not estimate.fits and not force:
-        detail = " + ".join(f"{Path(name).name} {size / _GB:.1f} GB" for name, size in estimate.parts)
         raise InsufficientMemoryError(
-            f"profile '{profile.name}' needs about {estimate.needed / _GB:.1f} GB ({detail}) but this "
-            f"machine has {estimate.available / _GB:.1f} GB available; use --force-memory to try anyway")
+            f"{estimate.name} needs about {estimate.needed / _GB:.1f} GB ({estimate.summary()}) but "
+            f"this machine has {estimate.available / _GB:.1f} GB available; "
+            "use --force-memory to try anyway")
     return estimate

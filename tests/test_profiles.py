@@ -2,85 +2,208 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from mlxswitch.errors import CloudError, ConfigError
-from mlxswitch.profiles import load_profiles, user_models_toml
+from mlxswitch.profiles import CloudConfig, get_profile, load_profiles, user_models_toml
+from mlxswitch.resources import bundled_models_toml
 
+
+def use_file(tmp_path, monkeypatch, text: str, name: str = "models.toml"):
+    """Write `text` as the user's models.toml (named by MLXSWITCH_MODELS) and return its path."""
+    path = tmp_path / name
+    path.write_text(text)
+    monkeypatch.setenv("MLXSWITCH_MODELS", str(path))
+    return path
+
+
+# -- the bundled file ---------------------------------------------------------------------------
 
 def test_bundled_profiles_are_valid_and_default_is_geared_embedded():
     profiles = load_profiles()
     default = profiles.get(None)
     assert default.name == "embedded" and default.mode == "gears"
-    assert default.tier_names() == ("g4", "g8")
+    assert default.models == ("embedded:smollm2-135m",) and default.tier_names() == ("g4", "g8")
+    assert profiles.files == [bundled_models_toml()]
     for profile in profiles:
+        assert profile.origin == str(bundled_models_toml())
         assert len(profile.up) == len(profile.tier_names()) - 1
+        assert profile.down is None or all(d <= u for d, u in zip(profile.down, profile.up))
+        assert (profile.window, profile.min_run, profile.normalize) == (5, 10, False)
+        assert profile.description
         if profile.mode == "pair":
-            assert profile.models[0].startswith("mlx-community/")
+            assert profile.tier_names() == ("small", "large")
+            assert all(re.fullmatch(r"mlx-community/.+-4bit", m) for m in profile.models)
+    names = [p.name for p in profiles]
+    assert names[:2] == ["embedded", "embedded-plain"]  # file order
+    assert {"qwen2.5-0.5b-7b", "llama3.2-1b-3b", "qwen3-0.6b-8b", "qwen2.5-7b-gears"} <= set(names)
+    assert profiles.get("embedded-plain").tier_names() == ("model",)
+    assert profiles.get("qwen2.5-7b-gears").tier_names() == ("g4", "g8", "g16")
 
 
-def test_user_file_in_home_overrides_and_adds(isolated_home):
-    (isolated_home / "models.toml").write_text(
-        'default = "mine"\n[defaults]\nmin_run = 7\n'
-        '[profiles.mine]\nmode = "pair"\nsmall = "a/b"\nlarge = "a/c"\nup = [0.4]\n'
-        '[profiles.embedded]\nmode = "single"\nmodel = "embedded"\n')
-    profiles = load_profiles()
-    assert profiles.default == "mine"
-    mine = profiles.get("mine")
-    assert mine.models == ("a/b", "a/c") and mine.min_run == 7 and mine.down is None
-    assert profiles.get("embedded").mode == "single"  # replaced by name
-    assert "qwen2.5-0.5b-7b" in profiles.profiles  # bundled ones stay
-    assert user_models_toml() == isolated_home / "models.toml"
-
-
-def test_environment_variable_names_the_user_file(tmp_path, monkeypatch):
-    path = tmp_path / "elsewhere.toml"
-    path.write_text('[profiles.x]\nmode = "single"\nmodel = "embedded"\n')
-    monkeypatch.setenv("MLXSWITCH_MODELS", str(path))
-    assert load_profiles().get("x").models == ("embedded",)
-    monkeypatch.setenv("MLXSWITCH_MODELS", str(tmp_path / "missing.toml"))
-    with pytest.raises(ConfigError, match="missing.toml: no such file"):
-        load_profiles()
-
-
-@pytest.mark.parametrize("body,line,what", [
-    ('[profiles.p]\nmode = "pear"\nmodel = "x"\n', 2, "mode must be one of"),
-    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0, 2.0]\n', 5,
-     "2 tiers (small, large) need 1 'up' threshold(s), got 2"),
-    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\ndown = [2.0]\n', 6,
-     "must be ≤ its 'up' threshold"),
-    ('[profiles.p]\nmode = "single"\nmodel = "x"\nwindw = 3\n', 4, "unknown key 'windw'"),
-    ('[profiles.p]\nmode = "pair"\nsmall = "a"\n', 1, "needs both 'small' and 'large'"),
-    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = ["x"]\n', 5, "must be numbers"),
-    ('[profiles.p]\nmode = "gears"\nmodel = "x"\ngears = [8, 4]\nup = [1.0]\n', 4, "increasing"),
-])
-def test_semantic_errors_name_file_line_and_profile(tmp_path, monkeypatch, body, line, what):
-    path = tmp_path / "models.toml"
-    path.write_text(body)
-    monkeypatch.setenv("MLXSWITCH_MODELS", str(path))
-    with pytest.raises(ConfigError) as error:
-        load_profiles()
-    message = str(error.value)
-    assert message.startswith(f"{path}:{line}: profile 'p': ")
-    assert what in message
-
-
-def test_syntax_error_names_line_and_column(tmp_path, monkeypatch):
-    path = tmp_path / "models.toml"
-    path.write_text('[profiles.p]\nmode = "single"\nmodel = "x\n')
-    monkeypatch.setenv("MLXSWITCH_MODELS", str(path))
-    with pytest.raises(ConfigError, match=rf"^{path}:3:\d+: "):
-        load_profiles()
+def test_bundled_cascade_example_parses_once_uncommented(tmp_path, monkeypatch):
+    text = bundled_models_toml().read_text()
+    block = text.split("# BEGIN cascade example\n")[1].split("# END cascade example")[0]
+    use_file(tmp_path, monkeypatch, re.sub(r"^# ?", "", block, flags=re.M))
+    profile = get_profile("qwen2.5-0.5b-7b-cloud")
+    assert profile.mode == "cascade" and profile.tier_names() == ("small", "large", "cloud")
+    assert profile.up == (0.6, 2.5) and profile.down == (0.36, 1.5)
+    assert profile.cloud == CloudConfig("claude-haiku-4-5", 48, 0.05, 20.0, False)
 
 
 def test_cascade_profiles_parse_but_cannot_run_yet(tmp_path, monkeypatch):
     from mlxswitch.api import build_ladder
 
-    path = tmp_path / "models.toml"
-    path.write_text('[profiles.c]\nmode = "cascade"\nsmall = "a/b"\nlarge = "a/c"\nup = [0.5, 2.0]\n'
-                    '[profiles.c.cloud]\nmodel = "claude-haiku-4-5"\nbudget_usd = 0.1\n')
-    monkeypatch.setenv("MLXSWITCH_MODELS", str(path))
-    profile = load_profiles().get("c")
-    assert profile.tier_names() == ("small", "large", "cloud") and profile.cloud.budget_usd == 0.1
+    use_file(tmp_path, monkeypatch,
+             '[profiles.c]\nmode = "cascade"\nmodel = "embedded"\ngears = [4, 8]\nup = [2.0, "inf"]\n'
+             '[profiles.c.cloud]\nbudget_usd = 0.1\n')
+    profile = get_profile("c")
+    assert profile.tier_names() == ("g4", "g8", "cloud") and profile.up == (2.0, math.inf)
+    assert profile.cloud == CloudConfig(budget_usd=0.1)
     with pytest.raises(CloudError, match="cloud tier, which this version cannot run yet"):
         build_ladder(profile)
+
+
+# -- the user's file ----------------------------------------------------------------------------
+
+def test_user_file_in_home_overrides_and_adds(isolated_home):
+    (isolated_home / "models.toml").write_text(
+        'default = "mine"\n[defaults]\nmin_run = 7\n'
+        '[profiles.mine]\nmode = "pair"\nsmall = "a/b"\nlarge = "a/c"\nup = [0.4]\nwindow = 3\n'
+        '[profiles.embedded]\nmode = "single"\nmodel = "embedded"\n')
+    profiles = load_profiles()
+    assert user_models_toml() == isolated_home / "models.toml"
+    assert profiles.default == "mine" and get_profile(None).name == "mine"
+    mine = profiles.get("mine")
+    assert mine.models == ("a/b", "a/c") and mine.down is None
+    assert (mine.window, mine.min_run) == (3, 7) and mine.origin == str(isolated_home / "models.toml")
+    assert profiles.get("embedded").mode == "single"  # replaced by name
+    assert profiles.get("qwen2.5-0.5b-7b").min_run == 7  # user [defaults] reach bundled profiles
+    names = [p.name for p in profiles]
+    assert names[0] == "embedded" and names[-1] == "mine"  # replaced in place, added at the end
+
+
+def test_environment_variable_names_the_user_file(tmp_path, monkeypatch, isolated_home):
+    (isolated_home / "models.toml").write_text('[profiles.home]\nmode = "single"\nmodel = "embedded"\n')
+    path = use_file(tmp_path, monkeypatch, '[profiles.x]\nmode = "single"\nmodel = "embedded"\n',
+                    "elsewhere.toml")
+    profiles = load_profiles()
+    assert user_models_toml() == path and "x" in profiles and "home" not in profiles
+    assert profiles.get("x").models == ("embedded",)
+    monkeypatch.setenv("MLXSWITCH_MODELS", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match="missing.toml: no such file"):
+        load_profiles()
+
+
+def test_without_overrides_the_user_file_is_in_config(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLXSWITCH_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert user_models_toml() == tmp_path / ".config" / "mlxswitch" / "models.toml"
+    assert load_profiles().default == "embedded"  # an absent user file is fine
+
+
+def test_paths_expand_home_and_resolve_against_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = use_file(tmp_path, monkeypatch,
+                    '[profiles.p]\nmode = "pair"\nsmall = "~/m/small"\nlarge = "./m/large.gguf"\nup = 1\n')
+    profile = get_profile("p")
+    assert profile.models == (str(tmp_path / "home" / "m" / "small"), str(tmp_path / "m" / "large.gguf"))
+    assert profile.up == (1.0,) and path.exists()
+
+
+def test_unknown_profile_lists_the_known_ones():
+    with pytest.raises(ConfigError) as error:
+        get_profile("nope")
+    message = str(error.value)
+    assert message.startswith("unknown profile 'nope' (known: embedded, embedded-plain, ")
+    assert "qwen2.5-0.5b-7b" in message and "llama3.2-1b-3b" in message
+
+
+# -- errors with file and line ------------------------------------------------------------------
+
+@pytest.mark.parametrize("body,line,column", [
+    ('[profiles.p]\nmode = "single"\nmodel = "x\n', 3, 11),
+    ('[profiles.p]\nmode = "single"\n\nmodel = \n', 4, 9),
+    ('[profiles.p]\nmode = "single"\nmode = "pair"\n', 3, 14),
+    ('[profiles.p]\nup = [1,\n', 2, 9),  # cut short: the end of the document
+])
+def test_syntax_error_names_file_line_and_column(tmp_path, monkeypatch, body, line, column):
+    path = use_file(tmp_path, monkeypatch, body)
+    with pytest.raises(ConfigError) as error:
+        load_profiles()
+    message = str(error.value)
+    assert message.startswith(f"{path}:{line}:{column}: ") and "(at " not in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("body,line,what", [
+    ('[profiles.p]\nmode = "pear"\nmodel = "x"\n', 2, "mode must be one of pair, gears, single, cascade"),
+    ('[profiles.p]\nmodel = "x"\n', 1, "mode must be one of"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0, 2.0]\n', 5,
+     "2 tiers (small, large) need 1 'up' threshold(s), got 2"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\n', 1, "need 1 'up' threshold(s), got 0"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\ndown = [2.0]\n', 6,
+     "must be ≤ its 'up' threshold"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\ndown = [0.5, 0.2]\n', 6,
+     "'down' needs 1 threshold(s)"),
+    ('[profiles.p]\nmode = "single"\nmodel = "x"\nwindw = 3\n', 4, "unknown key 'windw'"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\n', 1, "needs both 'small' and 'large' ('large' is missing)"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = ["x"]\n', 5, "must be numbers"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [nan]\n', 5, "must be numbers"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = 3\nup = [1.0]\n', 4, "'large' must be a model source"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nmodel = "c"\nup = [1.0]\n', 5,
+     "'model' does not belong in a pair profile"),
+    ('[profiles.p]\nmode = "single"\nmodel = "a"\ngears = [4, 8]\n', 4, "'gears' does not belong"),
+    ('[profiles.p]\nmode = "gears"\nmodel = "x"\n', 1, "needs both 'model' and 'gears'"),
+    ('[profiles.p]\nmode = "gears"\nmodel = "x"\ngears = [8, 4]\nup = [1.0]\n', 4, "increasing"),
+    ('[profiles.p]\nmode = "gears"\nmodel = "x"\ngears = [4, 11]\nup = [1.0]\n', 4, "planes of 4,7 bits"),
+    ('[profiles.p]\nmode = "single"\nmodel = "x"\nwindow = 0\n', 4, "'window' must be a whole number ≥ 1"),
+    ('[profiles.p]\nmode = "single"\nmodel = "x"\nnormalize = "yes"\n', 4, "true or false"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nnormalize = true\nup = [0.6]\n'
+     'down = [-1.0]\n', 7, "fractions of log2(V), between 0 and 1"),
+    ('[profiles.p]\nmode = "cascade"\nsmall = "a"\nlarge = "b"\nup = [1.0, 2.0]\n', 1,
+     "a cascade profile needs a [profiles.NAME.cloud] table"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\n[profiles.p.cloud]\n'
+     'model = "m"\n', 6, "only a cascade profile has a cloud tier"),
+    ('[profiles.p]\nmode = "cascade"\nmodel = "a"\nup = [1.0]\n[profiles.p.cloud]\nmodel = "m"\n'
+     'budget = 1\n', 7, "unknown cloud key 'budget'"),
+    ('[profiles.p]\nmode = "cascade"\nmodel = "a"\nup = [1.0]\n[profiles.p.cloud]\nmodel = "m"\n'
+     'span_tokens = 0\n', 7, "cloud 'span_tokens' must be a whole number ≥ 1 (got 0)"),
+    ('[profiles.p]\nmode = "cascade"\nmodel = "a"\nup = [1.0]\ncloud = { timeout_s = -1 }\n', 5,
+     "cloud 'timeout_s' must be a positive number"),
+    # The key is looked for in p's own table only, not in the profile after it.
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\n\n[profiles.q]\nmode = "single"\n'
+     'model = "c"\nup = []\n', 1, "need 1 'up' threshold(s), got 0"),
+])
+def test_semantic_errors_name_file_line_and_profile(tmp_path, monkeypatch, body, line, what):
+    path = use_file(tmp_path, monkeypatch, body)
+    with pytest.raises(ConfigError) as error:
+        load_profiles()
+    message = str(error.value)
+    assert message.startswith(f"{path}:{line}: profile 'p': ")
+    assert what in message and "\n" not in message
+
+
+@pytest.mark.parametrize("body,line,what", [
+    ('colour = "red"\n', 1, "unknown top-level key 'colour'"),
+    ('default = 3\n', 1, "'default' must be a profile name"),
+    ('\ndefault = "ghost"\n', 2, "default profile 'ghost' is not defined (known: embedded, "),
+    ('[defaults]\nwindow = 5\nmin_runs = 3\n', 3, "unknown key 'min_runs' in [defaults]"),
+    ('[defaults]\nmin_run = -2\n', 2, "[defaults]: 'min_run' must be a whole number ≥ 1"),
+    ('[profiles]\np = 3\n', 2, "profile 'p' must be a table"),
+])
+def test_file_level_errors_name_file_and_line(tmp_path, monkeypatch, body, line, what):
+    path = use_file(tmp_path, monkeypatch, body)
+    with pytest.raises(ConfigError) as error:
+        load_profiles()
+    assert str(error.value).startswith(f"{path}:{line}: ")
+    assert what in str(error.value)
+
+
+def test_normalize_from_defaults_is_named_when_bundled_thresholds_are_in_bits(tmp_path, monkeypatch):
+    use_file(tmp_path, monkeypatch, "[defaults]\nnormalize = true\n")
+    with pytest.raises(ConfigError, match=r"normalize = true comes from \[defaults\]"):
+        load_profiles()
