@@ -306,7 +306,8 @@ def save_geared(loaded, out: Path, plane_bits: tuple[int, ...], group_size: int,
         half = _half_dtype(value) if mx.issubdtype(value.dtype, mx.floating) else None
         weights[name] = value.astype(half) if half is not None else value
     mx.save_safetensors(str(out / "model.safetensors"), weights)
-    config = {k: v for k, v in loaded.config.items() if k != "quantization_label"}
+    # The source's quantization keys describe the GGUF file, not these planes.
+    config = {k: v for k, v in loaded.config.items() if k not in ("quantization_label", "quantization")}
     embedding = loaded.model.model.embed_tokens if hasattr(loaded.model, "model") else None
     config["mlxswitch_gears"] = {
         "plane_bits": list(plane_bits), "group_size": group_size, "source_bits": source,
@@ -337,6 +338,10 @@ def load_geared_dir(source: str, path: Path, name: str):
                     switch, "bias" in layer, dtype))
                  for layer_name, layer in _linear_layers(model)]
     model.update_modules(tree_unflatten(skeletons))
+    if config.get("rope_freqs"):
+        from .gguf import use_rope_factors
+
+        use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
     load_checked_weights(model, mx.load(str(path / "model.safetensors")), dtype,
                          f"model '{source}': saved gears do not fit its config")
     model.gear_state = switch

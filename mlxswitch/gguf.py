@@ -1,17 +1,39 @@
 """GGUF files (llama.cpp / Ollama / LM Studio) as mlx-lm models, tokenizer and chat template included.
 
-mlx-lm can write GGUF but not read it back into a model with its tokenizer; `mx.load` reads the
-tensors (Q4_0/Q4_1/Q8_0 arrive as MLX affine triples), the rest is rebuilt from the metadata here.
+`mx.load` reads the tensors (Q4_0/Q4_1/Q8_0 arrive as MLX affine triples, group size 32); the
+model config and the byte-level BPE tokenizer are rebuilt here from the metadata.
 """
 
 from __future__ import annotations
 
+import mmap
+import struct
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import ModelFormatError
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+GROUP_SIZE = 32  # every GGUF block format that mx.load maps onto MLX quantization has 32 values
+
+# ggml tensor types mx.load hands over faithfully. It silently dequantizes some others (the
+# K-quants) to float16 at 4-8x their size, so those are refused by name, read from the header.
+_NATIVE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
+_OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K",
+                14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+                20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
+                27: "I64", 28: "F64", 29: "IQ1_M"}
+_BF16 = 30
+# `general.file_type` (llama.cpp's ftype) names, for display.
+_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+               11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+               17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
 
 # llama.cpp's tensor names → mlx-lm's, per layer and global.
 _LAYER_NAMES = {
@@ -20,179 +42,334 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_ROPE_FREQS = "rope_freqs.weight"
 
-# llama.cpp permutes q/k rows of `llama` checkpoints for its interleaved RoPE, so mlx-lm's
-# traditional RoPE on the unpermuted rows is exact (measured: SmolLM2 matches an fp32 reference);
-# qwen2 checkpoints are stored unpermuted (NEOX RoPE).
+# llama.cpp permutes the q/k rows of `llama` checkpoints for its interleaved RoPE, so mlx-lm's
+# traditional RoPE on the rows as stored is exact (measured: SmolLM2 matches an independent fp32
+# reference token for token; rope_traditional=False matches none). qwen2 is stored unpermuted (NEOX).
 _ARCHITECTURES = {"llama": {"rope_traditional": True}, "qwen2": {"rope_traditional": False}}
 
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-                 r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
-                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# Pre-tokenizer regexes by `tokenizer.ggml.pre`; each entry splits in order.
+# Pre-tokenizer regexes by `tokenizer.ggml.pre`, as llama.cpp applies them: each splits in turn.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # Qwen2 splits digits one by one
+_DIGITS_THEN_GPT2 = (r"\p{N}", _GPT2_SPLIT)
+# name → (splits, ignore_merges, add_bos when the metadata does not say); llama 3 looks whole
+# pieces up in the vocabulary before merging and prepends BOS, as in llama.cpp.
 _PRE_TOKENIZERS = {
-    "default": [_GPT2_SPLIT], "gpt2": [_GPT2_SPLIT],
-    "smollm": [r"\p{N}", _GPT2_SPLIT], "starcoder": [r"\p{N}", _GPT2_SPLIT],
-    "refact": [r"\p{N}", _GPT2_SPLIT],
-    "llama-bpe": [_LLAMA3_SPLIT], "llama3": [_LLAMA3_SPLIT],
-    "qwen2": [_QWEN2_SPLIT],
+    "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"), False, False),
+    "gpt-2": ((_GPT2_SPLIT,), False, False), "gpt2": ((_GPT2_SPLIT,), False, False),
+    "smollm": (_DIGITS_THEN_GPT2, False, False), "starcoder": (_DIGITS_THEN_GPT2, False, False),
+    "refact": (_DIGITS_THEN_GPT2, False, False),
+    "llama-bpe": ((_LLAMA3_SPLIT,), True, True), "llama3": ((_LLAMA3_SPLIT,), True, True),
+    "llama-v3": ((_LLAMA3_SPLIT,), True, True), "falcon3": ((_LLAMA3_SPLIT,), True, True),
+    "smaug-bpe": ((_LLAMA3_SPLIT,), False, False),
+    "qwen2": ((_QWEN2_SPLIT,), False, False), "deepseek-r1-qwen": ((_QWEN2_SPLIT,), False, False),
 }
-_CONTROL_TOKEN_TYPES = {3, 4}  # llama.cpp: 3 control, 4 user-defined
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
 
-def load_gguf(path: Path, float_dtype: mx.Dtype | None) -> tuple[nn.Module, object, dict]:
-    """Build an mlx-lm model, its tokenizer and an mlx-lm style config from a GGUF file."""
+def load_gguf(path: Path, float_dtype: mx.Dtype | None) -> tuple[nn.Module, TokenizerWrapper, dict]:
+    """Build an mlx-lm model, its tokenizer and an mlx-lm style config from a GGUF file.
+
+    float_dtype: every floating tensor (quantization scales and norms included) is cast to it;
+    None keeps the checkpoint's precision, i.e. the float dtype holding most of its values.
+    """
+    path = Path(path)
     tensors, meta = _read(path)
-    arch = _scalar(meta, "general.architecture", path)
+    arch = _meta(meta, "general.architecture", path)
     if arch not in _ARCHITECTURES:
-        raise ModelFormatError(
-            f"{path.name}: architecture '{arch}' is not supported (supported: {', '.join(_ARCHITECTURES)})")
+        raise ModelFormatError(f"{path.name}: architecture '{arch}' is not supported "
+                               f"(supported: {', '.join(_ARCHITECTURES)})")
+    _check_tensor_types(path, tensors)
     tokenizer = build_tokenizer(meta, path)
-    config = _config(meta, arch, tensors, path, vocab_size=len(meta["tokenizer.ggml.tokens"]))
-    model = _build_model(config, _rename(tensors, path), float_dtype, path)
+    rope_factors = tensors.pop(_ROPE_FREQS, None)
+    weights = _rename(tensors, path)
+    config = _config(meta, arch, weights, path, rope_factors)
+    model = _build_model(config, weights, float_dtype or _dominant_float_dtype(weights), path)
+    if rope_factors is not None:
+        use_rope_factors(model, config, rope_factors, path)
+    config["eos_token_id"] = sorted(tokenizer.eos_token_ids)
     return model, tokenizer, config
 
 
 def _read(path: Path) -> tuple[dict, dict]:
     try:
-        tensors, meta = mx.load(str(path), return_metadata=True)
-    except Exception as exc:  # mlx raises plain ValueError/RuntimeError for any unreadable file
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelFormatError(f"{path.name}: cannot read as GGUF ({reason}); only F32/F16/Q4_0/"
-                               "Q4_1/Q8_0 tensors are supported") from exc
-    return tensors, meta
+        return mx.load(str(path), return_metadata=True)
+    except Exception as exc:  # mlx raises plain RuntimeError/ValueError for any unreadable file
+        _refuse_foreign_types(path, _header_types_or_none(path))  # names the type, if that is why
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0].removeprefix("[load_gguf] ")
+        raise ModelFormatError(f"{path.name}: cannot read as GGUF ({reason})") from exc
 
 
-def _scalar(meta: dict, key: str, path: Path, default=None):
+def _meta(meta: dict, key: str, path: Path, default: Any = ...) -> Any:
+    """A metadata value as a Python scalar, str or list; a missing required key names the file."""
     if key not in meta:
-        if default is not None:
-            return default
-        raise ModelFormatError(f"{path.name}: GGUF metadata lacks '{key}'")
+        if default is ...:
+            raise ModelFormatError(f"{path.name}: GGUF metadata lacks '{key}'")
+        return default
     value = meta[key]
-    return value.item() if isinstance(value, mx.array) else value
+    if isinstance(value, mx.array):
+        if value.size != 1:
+            raise ModelFormatError(f"{path.name}: metadata '{key}' has one value per layer; "
+                                   "only uniform layers are supported")
+        return value.item()
+    return value
 
 
-def _config(meta: dict, arch: str, tensors: dict, path: Path, vocab_size: int) -> dict:
-    def get(key, default=None):
-        return _scalar(meta, f"{arch}.{key}", path, default)
+def tensor_types(path: Path) -> dict[str, int]:
+    """The ggml type id of every tensor in a GGUF (v2/v3) file, read from its header."""
+    scalar_sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    string, array = 8, 9
 
-    heads = int(get("attention.head_count"))
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        def skip(kind: int, pos: int) -> int:
+            if kind in scalar_sizes:
+                return pos + scalar_sizes[kind]
+            if kind == string:
+                return pos + 8 + struct.unpack_from("<Q", data, pos)[0]
+            if kind == array:
+                item, count = struct.unpack_from("<IQ", data, pos)
+                if item in scalar_sizes:
+                    return pos + 12 + count * scalar_sizes[item]
+                pos += 12
+                for _ in range(count):
+                    pos = skip(item, pos)
+                return pos
+            raise ValueError(f"unknown metadata value type {kind}")
+
+        magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"not a GGUF v2/v3 header (magic {magic!r}, version {version})")
+        pos = 24
+        for _ in range(n_kv):
+            pos += 8 + struct.unpack_from("<Q", data, pos)[0]  # key
+            pos = skip(struct.unpack_from("<I", data, pos)[0], pos + 4)
+        types = {}
+        for _ in range(n_tensors):
+            length = struct.unpack_from("<Q", data, pos)[0]
+            name = bytes(data[pos + 8:pos + 8 + length]).decode("utf-8")
+            pos += 8 + length
+            n_dims = struct.unpack_from("<I", data, pos)[0]
+            pos += 4 + 8 * n_dims
+            types[name] = struct.unpack_from("<I", data, pos)[0]
+            pos += 4 + 8  # type, data offset
+        return types
+
+
+def _header_types_or_none(path: Path) -> dict[str, int] | None:
+    try:
+        return tensor_types(path)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def _refuse_foreign_types(path: Path, types: dict[str, int] | None) -> None:
+    foreign = {name: kind for name, kind in (types or {}).items() if kind not in _NATIVE_TYPES}
+    if foreign:
+        first, kind = next(iter(foreign.items()))
+        kinds = sorted({_OTHER_TYPES.get(k, f"type {k}") for k in foreign.values()})
+        raise ModelFormatError(
+            f"{path.name}: {len(foreign)} tensor(s) use {'/'.join(kinds)} (first: '{first}', "
+            f"{_OTHER_TYPES.get(kind, f'type {kind}')}); only F32/F16/BF16/Q4_0/Q4_1/Q8_0 GGUF "
+            "tensors are supported — pick a Q4_0, Q8_0 or F16 file")
+
+
+def _check_tensor_types(path: Path, tensors: dict) -> None:
+    types = _header_types_or_none(path)
+    if types is None:
+        raise ModelFormatError(f"{path.name}: unreadable GGUF header")
+    _refuse_foreign_types(path, types)
+    for name, kind in types.items():
+        # mx.load reads BF16 as float16, whose range ends at 65504.
+        if kind == _BF16 and not mx.all(mx.isfinite(tensors[name])).item():
+            raise ModelFormatError(f"{path.name}: BF16 tensor '{name}' holds values beyond the "
+                                   "float16 range that mx.load reads it into")
+
+
+def _config(meta: dict, arch: str, weights: dict, path: Path, rope_factors: mx.array | None) -> dict:
+    def get(key, default=...):
+        return _meta(meta, f"{arch}.{key}", path, default)
+
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    if int(get("rope.dimension_count", head_dim)) != head_dim:
+        raise ModelFormatError(f"{path.name}: partial rotary embeddings are not supported")
     config = {
         "model_type": arch,
-        "hidden_size": int(get("embedding_length")),
+        "hidden_size": hidden,
         "num_hidden_layers": int(get("block_count")),
         "intermediate_size": int(get("feed_forward_length")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-        "vocab_size": int(get("vocab_size", vocab_size)),
+        "rms_norm_eps": _decimal(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _decimal(get("rope.freq_base", 10000.0)),
+        "vocab_size": int(get("vocab_size", len(_meta(meta, "tokenizer.ggml.tokens", path)))),
         "max_position_embeddings": int(get("context_length", 4096)),
-        "tie_word_embeddings": "output.weight" not in tensors,
+        "tie_word_embeddings": "lm_head.weight" not in weights,
         **_ARCHITECTURES[arch],
     }
     if arch == "llama":
-        config["attention_bias"] = "blk.0.attn_q.bias" in tensors
-    bits = _bits(tensors.get("blk.0.attn_q.weight"), tensors.get("blk.0.attn_q.scales"))
-    config["quantization_label"] = f"GGUF {bits}-bit" if bits else "GGUF float"
+        config["attention_bias"] = "model.layers.0.self_attn.q_proj.bias" in weights
+        if head_dim != hidden // heads:
+            config["head_dim"] = head_dim
+    elif head_dim != hidden // heads:
+        raise ModelFormatError(f"{path.name}: {arch} with head size {head_dim} ≠ hidden/heads")
+    scaling = get("rope.scaling.type", "none")
+    if scaling == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": _decimal(get("rope.scaling.factor"))}
+    elif scaling != "none":
+        raise ModelFormatError(f"{path.name}: RoPE scaling '{scaling}' is not supported")
+    if rope_factors is not None:
+        # Not mlx-lm's: whoever rebuilds this model from the config must re-apply them.
+        config["rope_freqs"] = [float(f) for f in rope_factors.astype(mx.float32).tolist()]
+    file_type = _meta(meta, "general.file_type", path, None)
+    config["gguf_file_type"] = ("unknown" if file_type is None
+                                else _FILE_TYPES.get(file_type, f"type {file_type}"))
+    config.update(_quantization_info(weights, config["gguf_file_type"]))
     return config
 
 
-def _bits(weight: mx.array | None, scales: mx.array | None, group_size: int = 32) -> int | None:
-    if weight is None or scales is None or weight.dtype != mx.uint32:
-        return None
-    columns = scales.shape[-1] * group_size
-    return weight.shape[-1] * 32 // columns
+def _decimal(value: float) -> float:
+    # GGUF stores these as float32: 1e-5 arrives as 9.999999747e-06; keep float32's 7 digits.
+    return float(f"{value:.7g}")
+
+
+def _quantization_info(weights: dict, file_type: str) -> dict:
+    """mlx-lm's `quantization` entry (defaults plus per-module overrides) and a display label."""
+    bits = _layer_bits(weights)
+    if not bits:
+        return {"quantization_label": f"GGUF {file_type}"}
+    common = Counter(bits.values()).most_common(1)[0][0]
+    overrides = {name: {"group_size": GROUP_SIZE, "bits": b} for name, b in bits.items() if b != common}
+    return {"quantization": {"group_size": GROUP_SIZE, "bits": common, "mode": "affine", **overrides},
+            "quantization_label": f"GGUF {file_type} ({common}-bit)"}
 
 
 def _rename(tensors: dict, path: Path) -> dict:
     renamed = {}
     for name, value in tensors.items():
         parts = name.split(".")
-        if parts[0] == "blk":
-            base = _LAYER_NAMES.get(parts[2])
-            if base is None:
-                raise ModelFormatError(f"{path.name}: unexpected tensor '{name}'")
-            target = f"model.layers.{parts[1]}.{base}"
-            suffix = parts[3:]
+        if parts[0] == "blk" and len(parts) >= 4 and parts[2] in _LAYER_NAMES:
+            target, suffix = f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}", parts[3:]
         elif parts[0] in _GLOBAL_NAMES:
             target, suffix = _GLOBAL_NAMES[parts[0]], parts[1:]
-        elif parts[0] in ("rope_freqs",):
-            continue  # recomputed from rope_theta
         else:
             raise ModelFormatError(f"{path.name}: unexpected tensor '{name}'")
-        # `bias` is a linear bias; `biases` are quantization offsets (mlx's naming).
+        # The suffix keeps mlx's names apart: `bias` is a linear bias, `biases` quantization offsets.
         renamed[".".join([target, *suffix])] = value
     return renamed
 
 
-def _build_model(config: dict, weights: dict, float_dtype: mx.Dtype | None, path: Path) -> nn.Module:
+def _layer_bits(weights: dict) -> dict[str, int]:
+    """Bits of every quantized module, from its packed width against its scales' width."""
+    bits = {}
+    for name, scales in weights.items():
+        if name.endswith(".scales"):
+            module = name.removesuffix(".scales")
+            columns = scales.shape[-1] * GROUP_SIZE
+            bits[module] = weights[f"{module}.weight"].shape[-1] * 32 // columns
+    return bits
+
+
+def _dominant_float_dtype(tensors: dict) -> mx.Dtype:
+    # A quantized GGUF keeps norms in F32 but scales in F16; mixing them would run every
+    # activation in fp32, so "the checkpoint's precision" is the dtype holding most values.
+    sizes = Counter()
+    for value in tensors.values():
+        if mx.issubdtype(value.dtype, mx.floating):
+            sizes[value.dtype] += value.size
+    return sizes.most_common(1)[0][0] if sizes else mx.float32
+
+
+def _build_model(config: dict, weights: dict, float_dtype: mx.Dtype, path: Path) -> nn.Module:
     from mlx_lm.utils import _get_classes
 
     from .loading import load_checked_weights
 
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
-
-    def quantization(module_path: str, module: nn.Module):
-        scales = weights.get(f"{module_path}.scales")
-        if scales is None:
-            return False
-        bits = _bits(weights[f"{module_path}.weight"], scales)
-        if bits not in (4, 8):
-            raise ModelFormatError(f"{path.name}: tensor '{module_path}' has an unsupported {bits}-bit layout")
-        return {"group_size": 32, "bits": bits}
-
-    nn.quantize(model, class_predicate=quantization)
+    bits = _layer_bits(weights)
+    nn.quantize(model, class_predicate=lambda name, _: name in bits and
+                {"group_size": GROUP_SIZE, "bits": bits[name]})
     load_checked_weights(model, weights, float_dtype,
                          f"{path.name}: tensors do not fit the {config['model_type']} layout")
     return model
 
 
-def build_tokenizer(meta: dict, path: Path):
+class _FactorRoPE(nn.Module):
+    """RoPE whose per-pair frequencies are divided by the GGUF's `rope_freqs` (llama 3.x scaling)."""
+
+    def __init__(self, dims: int, base: float, traditional: bool, factors: mx.array):
+        super().__init__()
+        self.dims, self.traditional = dims, traditional
+        # mx.fast.rope takes wavelength-like periods base^(2i/d); a factor stretches the period.
+        self._freqs = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims) * factors
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        """Rotate x (..., L, dims) starting at position `offset`."""
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None, scale=1.0,
+                            offset=offset, freqs=self._freqs)
+
+
+def use_rope_factors(model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:
+    """Give every attention layer the GGUF's per-pair RoPE frequency factors (llama 3.x)."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if factors.shape != (head_dim // 2,):
+        raise ModelFormatError(f"{path.name}: rope_freqs has shape {factors.shape}, "
+                               f"expected ({head_dim // 2},)")
+    factors = factors.astype(mx.float32)
+    for layer in model.model.layers:
+        layer.self_attn.rope = _FactorRoPE(head_dim, config["rope_theta"], config["rope_traditional"],
+                                           factors)
+
+
+def build_tokenizer(meta: dict, path: Path) -> TokenizerWrapper:
     """The GGUF's byte-level BPE tokenizer and chat template as an mlx-lm TokenizerWrapper."""
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    kind = _scalar(meta, "tokenizer.ggml.model", path)
+    kind = _meta(meta, "tokenizer.ggml.model", path)
     if kind != "gpt2":
-        raise ModelFormatError(f"{path.name}: tokenizer model '{kind}' is not supported (only byte-level BPE, 'gpt2')")
-    pre = _scalar(meta, "tokenizer.ggml.pre", path, "default")
+        raise ModelFormatError(f"{path.name}: tokenizer model '{kind}' is not supported "
+                               "(only byte-level BPE, 'gpt2'; SentencePiece 'llama' is not)")
+    pre = _meta(meta, "tokenizer.ggml.pre", path, "default")  # llama.cpp's fallback too
     if pre not in _PRE_TOKENIZERS:
         raise ModelFormatError(f"{path.name}: pre-tokenizer '{pre}' is not supported "
                                f"(supported: {', '.join(sorted(_PRE_TOKENIZERS))})")
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    splits, ignore_merges, add_bos_default = _PRE_TOKENIZERS[pre]
+    tokens = list(_meta(meta, "tokenizer.ggml.tokens", path))
+    merges = [tuple(m.split(" ", 1)) for m in _meta(meta, "tokenizer.ggml.merges", path, [])]
     types = meta.get("tokenizer.ggml.token_type")
-    types = types.tolist() if isinstance(types, mx.array) else list(types or [1] * len(tokens))
+    types = types.tolist() if isinstance(types, mx.array) else [1] * len(tokens)
 
     backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                                   ignore_merges=False))
-    splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _PRE_TOKENIZERS[pre]]
+                                   ignore_merges=ignore_merges))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
-        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     backend.decoder = decoders.ByteLevel()
-    specials = [AddedToken(tokens[i], special=True, normalized=False)
-                for i, kind in enumerate(types) if kind in _CONTROL_TOKEN_TYPES]
-    backend.add_special_tokens(specials)
+    # Control tokens are special (matched whole, skippable); user-defined ones are plain text.
+    backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                for i, t in enumerate(types) if t == _CONTROL])
+    backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                        for i, t in enumerate(types) if t == _USER_DEFINED])
 
-    def token(key):
-        index = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return None if index is None else tokens[int(index.item() if isinstance(index, mx.array) else index)]
-
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    add_bos = bool(add_bos.item() if isinstance(add_bos, mx.array) else add_bos)
-    if add_bos and token("bos") is not None:
-        from tokenizers import processors
-
-        bos = token("bos")
+    ids = {key: _meta(meta, f"tokenizer.ggml.{key}_token_id", path, None)
+           for key in ("bos", "eos", "eot", "padding", "unknown")}
+    ids = {key: index for key, index in ids.items() if index is not None and index < len(tokens)}
+    text = {key: tokens[index] for key, index in ids.items()}
+    if "bos" in ids and bool(_meta(meta, "tokenizer.ggml.add_bos_token", path, add_bos_default)):
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokens.index(bos))])
+            single=f"{text['bos']} $A", pair=f"{text['bos']} $A $B",
+            special_tokens=[(text["bos"], ids["bos"])])
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=token("bos"), eos_token=token("eos"),
-        pad_token=token("padding"), unk_token=token("unknown"),
-        chat_template=meta.get("tokenizer.chat_template"), clean_up_tokenization_spaces=False)
-    return TokenizerWrapper(hf, detokenizer_class=BPEStreamingDetokenizer)
+        tokenizer_object=backend, bos_token=text.get("bos"), eos_token=text.get("eos"),
+        pad_token=text.get("padding"), unk_token=text.get("unknown"),
+        chat_template=_meta(meta, "tokenizer.chat_template", path, None),
+        clean_up_tokenization_spaces=False)
+    # End of turn ends generation too (llama 3 instruct: <|eot_id|>).
+    return TokenizerWrapper(hf, detokenizer_class=BPEStreamingDetokenizer,
+                            eos_token_ids=[ids[key] for key in ("eos", "eot") if key in ids])
