@@ -3,78 +3,167 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import mlx.core as mx
 
 from ..resources import metal_source
 
-KERNEL_NAME = "mlxswitch_token_signals_v1"
-_THREADS = 1024
+# Bump the suffix whenever metal/entropy.metal changes: MLX caches compiled libraries by name.
+KERNEL_NAME = "mlxswitch_token_signals_onegroup_v2"
+# A pipeline may allow fewer than 1024 threads a threadgroup (register pressure); MLX then raises
+# at evaluation. The first use tries these sizes in order and keeps the first that works.
+THREADGROUP_SIZES = (1024, 256)
 _LN2 = math.log(2.0)
+_FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+# Below this, e^d is exactly 0 in fp32 (the smallest subnormal is e^-103.3): clamping d there
+# changes no probability, and keeps 0 · (−inf) = NaN out of the masked tokens' terms.
+_D_FLOOR = -1000.0
+_SUM_ROWS = 256
 
 
-def _accurate_sum(values: mx.array, rows: int = 256) -> mx.array:
-    # MLX's CPU reduction accumulates sequentially: 6e-3 bits of error on a uniform 49k vector.
-    # Summing rows first, then the row sums, brings it to ~1e-6.
-    pad = (-values.size) % rows
-    if pad:
-        values = mx.concatenate([values, mx.zeros((pad,), values.dtype)])
-    return values.reshape(rows, -1).sum(axis=1).sum()
+def _flat(logits: mx.array) -> mx.array:
+    if logits.size != logits.shape[-1]:
+        raise ValueError(f"token signals take one logits vector, (V,) or (1, V); got {logits.shape}")
+    return logits.reshape(-1)
+
+
+def _accurate_sum(values: mx.array) -> mx.array:
+    # MLX's CPU reduction accumulates in long sequential runs (2e-4 relative error on a 152k
+    # softmax); summing 256 rows first, then the row sums, brings it to ~1e-6 at no extra cost.
+    whole = values.size - values.size % _SUM_ROWS
+    if whole == 0:
+        return values.sum()
+    total = values[:whole].reshape(_SUM_ROWS, -1).sum(axis=1).sum()
+    return total + values[whole:].sum() if whole < values.size else total
 
 
 def reference_token_signals(logits: mx.array) -> mx.array:
-    """[entropy bits, varentropy bits², p1 − p2] in plain mx ops, reduced in float32."""
-    # Same statistics as the kernel: with d = x − max, e = e^d, s = Σe, H = log s − Σe·d / s.
-    x = logits.reshape(-1).astype(mx.float32)
-    top = mx.topk(x, 2) if x.size > 1 else mx.concatenate([x, mx.array([-math.inf])])
-    m = mx.max(top)
-    d = x - m
+    """Lazy fp32 [entropy bits, varentropy bits², p1 − p2] in plain mx ops (any backend)."""
+    # The kernel's identities (metal/entropy.metal), with d = x − max and s = Σe^d:
+    # H = log s − Σe^d·d / s, varentropy = Σe^d·d² / s − (Σe^d·d / s)², p1 − p2 = (1 − e^(t2 − max)) / s.
+    x = _flat(logits).astype(mx.float32)
+    top = mx.max(x)  # NaN when any logit is NaN, and then every signal is NaN
+    d = mx.maximum(x - top, _D_FLOOR)  # masked −inf tokens: e = 0 and e·d = 0, not NaN
     e = mx.exp(d)
-    # Masked (-inf) tokens have e = 0 and must add 0, not 0 · (−inf) = NaN.
-    ed = mx.where(e > 0, e * d, 0.0)
-    s, s1, s2 = _accurate_sum(e), _accurate_sum(ed), _accurate_sum(mx.where(e > 0, ed * d, 0.0))
+    ed = e * d
+    s, s1, s2 = _accurate_sum(e), _accurate_sum(ed), _accurate_sum(ed * d)
+    # Second largest logit without a sort (topk costs 1.5 ms at 152k on CPU); a tie for the
+    # largest makes it the largest (margin 0).
+    below = mx.max(mx.where(x < top, x, -math.inf))
+    second = mx.where(mx.sum(x == top) > 1, top, below)
     mean_d = s1 / s
     entropy = mx.log(s) - mean_d
     varentropy = mx.maximum(s2 / s - mean_d * mean_d, 0.0)
-    margin = (1.0 - mx.exp(mx.min(top) - m)) / s
+    margin = (1.0 - mx.exp(second - top)) / s
     return mx.stack([entropy / _LN2, varentropy / (_LN2 * _LN2), margin])
 
 
 def _split_source() -> tuple[str, str]:
+    # One file holds both pieces: helpers (header, outside the kernel) and the kernel body.
     text = metal_source("entropy")
-    header, body = text.split("// ---- body ----", 1)
-    return header.split("// ---- header ----", 1)[1], body
+    rest, body = text.split("// ---- body ----", 1)
+    return rest.split("// ---- header ----", 1)[1], body
+
+
+def _make_kernel():
+    # Building only records the source (it compiles on first call): this works on any backend.
+    header, body = _split_source()
+    return mx.fast.metal_kernel(
+        name=KERNEL_NAME,
+        input_names=["logits"],
+        output_names=["out"],
+        source=body,
+        header=header,
+        # IEEE special values: exp(−inf) = 0 and isnan are what the masking and NaN guard use.
+        compile_options={"math_mode": "safe"},
+    )
 
 
 def _build_kernel():
     if not mx.metal.is_available():
         return None
     try:
-        header, body = _split_source()
-        return mx.fast.metal_kernel(name=KERNEL_NAME, input_names=["logits"], output_names=["out"],
-                                    source=body, header=header)
-    except Exception:  # an old MLX without metal_kernel: the reference still works
+        return _make_kernel()
+    except Exception:  # an MLX without this API: the reference still works
         return None
 
 
+def _launch(kernel, flat: mx.array, threads: int, verbose: bool = False) -> mx.array:
+    # One threadgroup: grid == threadgroup (dispatchThreads semantics: the grid counts threads).
+    return kernel(
+        inputs=[flat],
+        template=[("T", flat.dtype)],
+        grid=(threads, 1, 1),
+        threadgroup=(threads, 1, 1),
+        output_shapes=[(3,)],
+        output_dtypes=[mx.float32],
+        verbose=verbose,
+    )[0]
+
+
 _KERNEL = _build_kernel()
+# dtype → the threadgroup size that passed the first-use check, or None when the kernel failed.
+_CHECKED: dict[mx.Dtype, int | None] = {}
 
 
 def kernel_available() -> bool:
-    """Whether the fused Metal kernel is built on this machine."""
+    """Whether the fused Metal kernel was built on this machine."""
     return _KERNEL is not None
 
 
-def metal_token_signals(logits: mx.array) -> mx.array:
-    """The fused Metal kernel's signals (Metal only)."""
-    flat = logits.reshape(-1)
-    return _KERNEL(inputs=[flat], template=[("T", flat.dtype)], grid=(_THREADS, 1, 1),
-                   threadgroup=(_THREADS, 1, 1), output_shapes=[(3,)],
-                   output_dtypes=[mx.float32])[0]
+def metal_token_signals(logits: mx.array, threads: int = THREADGROUP_SIZES[0]) -> mx.array:
+    """Lazy fp32 signals from the fused Metal kernel, one threadgroup of `threads` (Metal only)."""
+    if _KERNEL is None:
+        raise RuntimeError("the fused token-signals kernel needs the Metal backend")
+    return _launch(_KERNEL, _flat(logits), threads)
+
+
+def signals_error(got, want) -> float:
+    """Largest absolute error, relative where a value exceeds 1 (bits and bits² alike)."""
+    worst = 0.0
+    for g, w in zip(list(got), list(want)):
+        g, w = float(g), float(w)
+        if math.isnan(g) or math.isnan(w):
+            if not (math.isnan(g) and math.isnan(w)):
+                return math.inf
+            continue
+        worst = max(worst, abs(g - w) / max(1.0, abs(w)))
+    return worst
+
+
+def _first_use_check(dtype: mx.Dtype) -> int | None:
+    # The kernel cannot be tested where it is developed (Linux): on a user's Mac, the first call
+    # per dtype compares it with the reference on a vocabulary that is not a multiple of the
+    # threadgroup, and falls back to the reference for good rather than route on wrong numbers.
+    logits = (mx.random.normal((4099,), key=mx.random.key(0)) * 4).astype(dtype)
+    want = reference_token_signals(logits)
+    problem = "mismatch"
+    for threads in THREADGROUP_SIZES:
+        try:
+            got = metal_token_signals(logits, threads)
+            mx.eval(got, want)
+        except Exception as exc:  # pipeline limit below `threads`, or a compile error
+            problem = str(exc).splitlines()[0][:160]
+            continue
+        if signals_error(got.tolist(), want.tolist()) < 1e-3:
+            return threads
+    warnings.warn(f"fused token-signals kernel disabled for {dtype} ({problem}); "
+                  "using the mx-ops reference", RuntimeWarning, stacklevel=3)
+    return None
+
+
+def _on_gpu() -> bool:
+    # metal_kernel runs on GPU streams only; a user may have made the CPU the default device.
+    return mx.default_device().type == mx.DeviceType.gpu
 
 
 def fused_token_signals(logits: mx.array) -> mx.array:
-    """Signals from the fused kernel where Metal runs, from the reference elsewhere."""
-    if _KERNEL is not None and logits.dtype in (mx.float32, mx.float16, mx.bfloat16):
-        return metal_token_signals(logits)
+    """Lazy signals: the fused Metal kernel where it runs and passed its check, else the reference."""
+    if _KERNEL is not None and _on_gpu() and logits.dtype in _FLOAT_DTYPES:
+        if logits.dtype not in _CHECKED:
+            _CHECKED[logits.dtype] = _first_use_check(logits.dtype)
+        threads = _CHECKED[logits.dtype]
+        if threads is not None:
+            return metal_token_signals(logits, threads)
     return reference_token_signals(logits)
