@@ -2,36 +2,42 @@
 
 Gear k multiplies with the first k planes (a sum of `mx.quantized_matmul` calls), so all gears
 stay resident in about the footprint of the largest, and a gear change is one attribute write.
-Gears are named by the bits a weight costs to read: planes 4/4/8 give gears 4, 8 and 16.
+Gears are named by the bits a weight costs to read: planes 4/4/8 give gears 4, 8 and 16. The
+name is a cost, not a claim: from a 4-bit source no gear is more precise than the source.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
-from .errors import ModelFormatError, UsageError
+from .errors import ModelFormatError, ModelNotFoundError, UsageError
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
 SUPPORTED_PLANE_BITS = (2, 3, 4, 5, 6, 8)
-# bf16 keeps the range of fp32: the last plane's scales (~1e-7) would underflow in fp16.
-STORAGE_DTYPE = mx.bfloat16
+# Plane scales/biases are stored in half precision; fp16 keeps 3 more mantissa bits than bf16,
+# bf16 keeps fp32's range (a residual plane's scales, ~1e-5, are subnormal in fp16).
+STORAGE_DTYPE = mx.float16
+_HALF = (mx.float16, mx.bfloat16)
+# Whatever is not a plane is stored (and, when nesting, rounded) as a bf16 copy would hold it.
+OTHER_DTYPE = mx.bfloat16
 
 
 class GearState:
     """The one switch every nested layer of a model reads: how many planes are active."""
 
-    def __init__(self, plane_bits: tuple[int, ...]):
+    def __init__(self, plane_bits: tuple[int, ...], source_bits: int | None = None):
         self.plane_bits = tuple(plane_bits)
         self.gears = tuple(sum(self.plane_bits[: i + 1]) for i in range(len(self.plane_bits)))
+        self.source_bits = source_bits  # bits of an already-quantized source; None for float
         self.active_planes = len(self.plane_bits)
 
     @property
@@ -40,64 +46,106 @@ class GearState:
         return self.gears[self.active_planes - 1]
 
     def set(self, gear: int) -> None:
-        """Switch every nested layer to `gear` (O(1): no arrays are touched)."""
+        """Switch every nested layer to `gear` (O(1): one int is written, no array is touched)."""
         if gear not in self.gears:
             raise UsageError(f"gear {gear} is not built; this model has gears "
                              f"{', '.join(map(str, self.gears))}")
         self.active_planes = self.gears.index(gear) + 1
+
+    def __repr__(self) -> str:
+        return f"GearState(gears={self.gears}, gear={self.gear})"
+
+
+def _round_to(values: mx.array, dtype: mx.Dtype, memory: mx.Dtype) -> mx.array:
+    return values.astype(dtype).astype(memory)
 
 
 class NestedLinear(nn.Module):
     """A linear layer whose weight is a sum of quantized residual planes; the GearState picks how many."""
 
     def __init__(self, planes: list[dict], plane_bits: tuple[int, ...], group_size: int,
-                 switch: GearState, bias: mx.array | None = None):
+                 state: GearState, bias: mx.array | None = None):
         super().__init__()
         self.planes = planes
         self.plane_bits = tuple(plane_bits)
         self.group_size = group_size
-        self.switch = switch  # a plain attribute: not a parameter, never saved
+        # A plain object attribute (nn.Module.state is taken): not a parameter, never saved.
+        self.gear_state = state
         if bias is not None:
             self.bias = bias
+        self.freeze()  # like nn.QuantizedLinear: packed planes are not trainable
 
     @classmethod
     def from_weight(cls, weight: mx.array, plane_bits: tuple[int, ...], group_size: int,
-                    switch: GearState, bias: mx.array | None = None,
-                    scale_dtype: mx.Dtype = mx.float32) -> "NestedLinear":
-        """Quantize W, then each residual, against scales rounded to their storage dtype."""
+                    state: GearState, bias: mx.array | None = None,
+                    scale_dtype: mx.Dtype | None = STORAGE_DTYPE,
+                    dtype: mx.Dtype = mx.float32) -> "NestedLinear":
+        """Planes q(W), q(W − W₁), …: scales/biases rounded to scale_dtype (None: exact), held in dtype."""
         residual = weight.astype(mx.float32)
+        # Rounding each plane's scales to how they are stored before taking the next residual
+        # lets the next plane correct it. fp16 fails on tiny scales (subnormal, then zero), so
+        # each plane keeps whichever of fp16 and bf16 reconstructs it better.
+        candidates = ((scale_dtype, mx.bfloat16) if scale_dtype == mx.float16
+                      else (scale_dtype or dtype,))
         planes = []
-        for bits in plane_bits:
-            q, scales, biases = mx.quantize(residual, group_size=group_size, bits=bits)
-            # Round scales/biases to how they are stored, so the next plane corrects that too.
-            scales = scales.astype(STORAGE_DTYPE).astype(mx.float32)
-            biases = biases.astype(STORAGE_DTYPE).astype(mx.float32)
-            residual = residual - mx.dequantize(q, scales, biases, group_size=group_size, bits=bits)
-            planes.append({"weight": q, "scales": scales.astype(scale_dtype),
-                           "biases": biases.astype(scale_dtype)})
+        for index, bits in enumerate(plane_bits):
+            peak = mx.max(mx.abs(residual)).item()
+            # mx.quantize floors scales at 1e-7, coarser than a tiny residual needs: lift it by an
+            # exact power of two first (never the first plane: it stays plain mx.quantize).
+            lift = 2.0 ** -math.floor(math.log2(peak)) if index and 0 < peak < math.inf else 1.0
+            q, scales, biases = mx.quantize(residual * lift, group_size=group_size, bits=bits)
+            scales, biases = scales / lift, biases / lift
+            best = None
+            for candidate in candidates:
+                s, b = _round_to(scales, candidate, dtype), _round_to(biases, candidate, dtype)
+                part = mx.dequantize(q, s.astype(mx.float32), b.astype(mx.float32),
+                                     group_size=group_size, bits=bits)
+                error = mx.sum(mx.square(residual - part)).item()
+                if best is None or error < best[0]:
+                    best = (error, s, b, part)
+            _, scales, biases, part = best
+            residual = residual - part
+            planes.append({"weight": q, "scales": scales, "biases": biases})
             mx.eval(residual, planes[-1])
-        return cls(planes, plane_bits, group_size, switch, bias)
+        return cls(planes, plane_bits, group_size, state, bias)
+
+    @classmethod
+    def from_linear(cls, layer: nn.Module, plane_bits: tuple[int, ...] = DEFAULT_PLANE_BITS,
+                    group_size: int = DEFAULT_GROUP_SIZE, state: GearState | None = None,
+                    scale_dtype: mx.Dtype | None = STORAGE_DTYPE,
+                    dtype: mx.Dtype | None = None) -> "NestedLinear":
+        """Nest an nn.Linear or nn.QuantizedLinear (dequantized to fp32 first)."""
+        weight = _source_weight(layer)
+        if weight.shape[-1] % group_size:
+            raise ModelFormatError(f"a linear layer has {weight.shape[-1]} inputs, not a multiple of "
+                                   f"the group size {group_size}; choose another group size")
+        source_dtype = layer.scales.dtype if isinstance(layer, nn.QuantizedLinear) else layer.weight.dtype
+        return cls.from_weight(weight, plane_bits, group_size, state or GearState(plane_bits),
+                               layer.bias if "bias" in layer else None, scale_dtype,
+                               dtype or source_dtype)
 
     @classmethod
     def skeleton(cls, out_dims: int, in_dims: int, plane_bits: tuple[int, ...], group_size: int,
-                 switch: GearState, has_bias: bool, dtype: mx.Dtype) -> "NestedLinear":
+                 state: GearState, has_bias: bool, dtype: mx.Dtype) -> "NestedLinear":
         """Placeholders of the right shapes, for loading saved planes without re-quantizing."""
         planes = [{"weight": mx.zeros((out_dims, in_dims * bits // 32), dtype=mx.uint32),
                    "scales": mx.zeros((out_dims, in_dims // group_size), dtype=dtype),
                    "biases": mx.zeros((out_dims, in_dims // group_size), dtype=dtype)}
                   for bits in plane_bits]
-        return cls(planes, plane_bits, group_size, switch, mx.zeros((out_dims,)) if has_bias else None)
+        return cls(planes, plane_bits, group_size, state,
+                   mx.zeros((out_dims,), dtype=dtype) if has_bias else None)
 
     def dequantized(self, planes: int | None = None) -> mx.array:
-        """The weight the first `planes` planes represent (all of them by default)."""
+        """The fp32 weight the first `planes` planes represent (all of them by default)."""
         count = planes or len(self.planes)
-        return sum(mx.dequantize(p["weight"], p["scales"], p["biases"], group_size=self.group_size,
-                                 bits=bits)
+        return sum(mx.dequantize(p["weight"], p["scales"].astype(mx.float32),
+                                 p["biases"].astype(mx.float32), group_size=self.group_size, bits=bits)
                    for p, bits in zip(self.planes[:count], self.plane_bits[:count]))
 
     def __call__(self, x: mx.array) -> mx.array:
+        """x · (Σ active planes)ᵀ (+ bias): one quantized_matmul per active plane."""
         out = None
-        for plane, bits in zip(self.planes[: self.switch.active_planes], self.plane_bits):
+        for plane, bits in zip(self.planes[: self.gear_state.active_planes], self.plane_bits):
             y = mx.quantized_matmul(x, plane["weight"], plane["scales"], plane["biases"],
                                     transpose=True, group_size=self.group_size, bits=bits)
             out = y if out is None else out + y
@@ -118,13 +166,23 @@ def plane_bits_for(gears: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def source_bits(model: nn.Module) -> int | None:
-    """Bits of the source's linear weights when it was already quantized (None for float)."""
-    for _, module in model.named_modules():
-        if isinstance(module, nn.QuantizedLinear):
-            return module.bits
-        if isinstance(module, nn.Linear):
-            return None
-    return None
+    """Bits of the source's linear weights when all were quantized (the widest); None if any is float."""
+    state = getattr(model, "gear_state", None)
+    if state is not None:  # already nested: the source was recorded then
+        return state.source_bits
+    bits = [m.bits if isinstance(m, nn.QuantizedLinear) else None for _, m in _linear_layers(model)]
+    return None if not bits or None in bits else max(bits)
+
+
+def honest_plane_bits(source_bits: int | None) -> tuple[int, ...]:
+    """Planes worth building from a source of `source_bits` (None: float): top gear ≈ the source, no more."""
+    if source_bits is None or source_bits >= 16:
+        return DEFAULT_PLANE_BITS
+    # Measured on SmolLM2-135M Q4_1 (NLL/token on 255 tokens; source 4.086): planes 4+4 give
+    # g4 4.306 (a lossy re-quantization) and g8 4.086 (the source again); 2+2 give g2 9.91
+    # (unusable) and g4 4.52; 3+1 give g3 5.03, g4 6.48. So: a usable 4-bit gear plus one
+    # 4-bit residual plane that reproduces the source; a third plane would only add bytes.
+    return (min(source_bits, 4), 4)
 
 
 def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -134,47 +192,67 @@ def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _source_weight(layer: nn.Module) -> mx.array:
     if isinstance(layer, nn.QuantizedLinear):
-        return mx.dequantize(layer.weight, layer.scales, layer.biases, group_size=layer.group_size,
-                             bits=layer.bits)
-    return layer.weight
+        biases = layer.get("biases")
+        return mx.dequantize(layer.weight, layer.scales.astype(mx.float32),
+                             None if biases is None else biases.astype(mx.float32),
+                             group_size=layer.group_size, bits=layer.bits, mode=layer.mode)
+    return layer.weight.astype(mx.float32)
+
+
+def _replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
+    # One layer at a time, so a source layer is freed as soon as its planes exist (peak memory).
+    *path, leaf = name.split(".")
+    parent = root
+    for part in path:
+        parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+    if isinstance(parent, list):
+        parent[int(leaf)] = new
+    else:
+        setattr(parent, leaf, new)
 
 
 def nest_model(model: nn.Module, plane_bits: tuple[int, ...] = DEFAULT_PLANE_BITS,
                group_size: int = DEFAULT_GROUP_SIZE,
-               progress: Callable[[int, int], None] | None = None) -> GearState:
+               progress: Callable[[int, int], None] | None = None,
+               scale_dtype: mx.Dtype | None = STORAGE_DTYPE) -> GearState:
     """Replace every linear layer (attention, MLP, untied head) by a NestedLinear sharing one GearState."""
-    switch = GearState(plane_bits)
+    # The embedding is left alone (a tied head reads it). With a half scale_dtype every float
+    # tensor ends up exactly as `save_geared` stores it, so a saved model computes the same.
+    if getattr(model, "gear_state", None) is not None:
+        raise UsageError(f"the model is already nested (gears {model.gear_state.gears}); load it afresh")
+    state = GearState(plane_bits, source_bits(model))
     layers = _linear_layers(model)
-    scale_dtype = activation_dtype(model)
-    replacements = []
-    for done, (name, layer) in enumerate(layers, 1):
-        weight = _source_weight(layer)
-        if weight.shape[-1] % group_size:
-            raise ModelFormatError(f"layer {name} has {weight.shape[-1]} inputs, not a multiple of "
-                                   f"the group size {group_size}; choose another --group-size")
-        bias = layer.bias if "bias" in layer else None
-        replacements.append((name, NestedLinear.from_weight(weight, plane_bits, group_size, switch,
-                                                            bias, scale_dtype)))
+    dtype = activation_dtype(model)
+    total = len(layers)
+    for done in range(1, total + 1):
+        name, layer = layers.pop(0)  # hold no reference: the source layer is freed once replaced
+        try:
+            nested = NestedLinear.from_linear(layer, plane_bits, group_size, state, scale_dtype, dtype)
+        except ModelFormatError as exc:
+            raise ModelFormatError(f"layer {name}: {exc}") from None
+        _replace_module(model, name, nested)
+        del layer
         if progress:
-            progress(done, len(layers))
-    model.update_modules(tree_unflatten(replacements))
-    _round_to_half(model)
-    model.gear_state = switch
-    return switch
+            progress(done, total)
+    if scale_dtype in _HALF:
+        _round_other_floats(model)
+    model.gear_state = state  # a plain attribute of the model: not a parameter
+    return state
 
 
-def _half_dtype(value: mx.array) -> mx.Dtype | None:
-    """The half-precision dtype that holds `value` exactly, if any."""
-    for dtype in (mx.float16, mx.bfloat16):
+def _exact_dtype(value: mx.array, preferred: tuple[mx.Dtype, ...]) -> mx.Dtype | None:
+    """The first of `preferred` that holds `value` exactly, if any."""
+    for dtype in preferred:
         if mx.array_equal(value.astype(dtype).astype(value.dtype), value).item():
             return dtype
     return None
 
 
-def _round_to_half(model: nn.Module) -> None:
-    # What runs is what gets saved: other float tensors are rounded once, as a bf16 copy would be.
-    rounded = [(k, v.astype(mx.bfloat16).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
-               if mx.issubdtype(v.dtype, mx.floating) and _half_dtype(v) is None]
+def _round_other_floats(model: nn.Module) -> None:
+    # What runs is what gets saved: float tensors outside the planes are rounded once to bf16.
+    rounded = [(k, v.astype(OTHER_DTYPE).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
+               if ".planes." not in k and mx.issubdtype(v.dtype, mx.floating)
+               and _exact_dtype(v, _HALF) is None]
     if rounded:
         model.load_weights(rounded, strict=False)
         mx.eval(model.parameters())
@@ -188,27 +266,34 @@ def activation_dtype(model: nn.Module) -> mx.Dtype:
     return mx.float32
 
 
+# -- bytes --------------------------------------------------------------------------------------
+
 def resident_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter the model holds (all gears)."""
+    """Bytes of every parameter the model holds in memory (all gears)."""
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
 def bytes_per_token(model: nn.Module, gear: int | None = None) -> int:
-    """Bytes of weights read to decode one token (at `gear` for a nested model).
+    """Bytes of weights read to decode one token at `gear` (None: all planes), in-memory dtypes.
 
-    Only the active planes count; a tied output head reads the whole embedding matrix, an
-    untied input embedding one row.
+    Convention: only the active planes of nested layers count; norms, biases and every other
+    parameter count whole; an input embedding counts one row, unless the head is tied to it,
+    in which case the head reads the whole matrix (and the row with it).
     """
-    switch: GearState | None = getattr(model, "gear_state", None)
-    active = switch.gears.index(gear) + 1 if switch is not None and gear is not None else None
-    params = tree_flatten(model.parameters())
-    tied = not any(name.startswith("lm_head") for name, _ in params)
+    state: GearState | None = getattr(model, "gear_state", None)
+    active = state.gears.index(gear) + 1 if state is not None and gear is not None else None
+    tied = getattr(getattr(model, "args", None), "tie_word_embeddings", None)
+    if tied is None:
+        tied = not any(name == "lm_head" for name, _ in model.named_modules())
+    embeddings = {name for name, m in model.named_modules()
+                  if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))}
     total = 0
-    for name, value in params:
+    for name, value in tree_flatten(model.parameters()):
         parts = name.split(".")
+        owner = ".".join(parts[:-1])
         if "planes" in parts and active is not None:
             total += value.nbytes if int(parts[parts.index("planes") + 1]) < active else 0
-        elif "embed_tokens" in parts and not tied:
+        elif owner in embeddings and not tied:
             total += value.nbytes // value.shape[0]
         else:
             total += value.nbytes
@@ -245,11 +330,12 @@ class GearReport:
         return out
 
 
-def gear_report(model: nn.Module, source: int | None) -> GearReport:
-    """Resident bytes and per-gear bytes read of a nested model."""
-    switch: GearState = model.gear_state
-    return GearReport(switch.gears, switch.plane_bits, _group_size(model), source,
-                      resident_bytes(model), {g: bytes_per_token(model, g) for g in switch.gears})
+def gear_report(model: nn.Module, source: int | None = ...) -> GearReport:
+    """Resident bytes and per-gear bytes read of a nested model (source bits: as recorded)."""
+    state: GearState = model.gear_state
+    source = state.source_bits if source is ... else source
+    return GearReport(state.gears, state.plane_bits, _group_size(model), source,
+                      resident_bytes(model), {g: bytes_per_token(model, g) for g in state.gears})
 
 
 def _group_size(model: nn.Module) -> int:
@@ -259,100 +345,120 @@ def _group_size(model: nn.Module) -> int:
     return DEFAULT_GROUP_SIZE
 
 
-# -- loading, building, saving ------------------------------------------------------------------
+# -- saving and loading -------------------------------------------------------------------------
+
+def save_geared(model: nn.Module, config: dict, out_dir: Path, scale_dtype: mx.Dtype = STORAGE_DTYPE) -> Path:
+    """Write model.safetensors (planes; half-precision scales) and config.json (+ "mlxswitch_gears").
+
+    Lossless: each float tensor goes out in the first of scale_dtype (planes) / bf16 (the rest)
+    and the other half dtype that holds it exactly, else in float32 — so nest with the same
+    scale_dtype to get half-size scales. Tokenizer files are the caller's.
+    """
+    state: GearState = model.gear_state
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = {}
+    for name, value in tree_flatten(model.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            first = scale_dtype if ".planes." in name else OTHER_DTYPE
+            value = value.astype(_exact_dtype(value, (first, *_HALF)) or mx.float32)
+        weights[name] = value
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
+    # The source's quantization keys describe the source's tensors, not these planes.
+    saved = {k: v for k, v in config.items()
+             if k not in ("quantization", "quantization_config", "quantization_label")}
+    embedding = next((m for _, m in model.named_modules() if isinstance(m, nn.QuantizedEmbedding)), None)
+    saved["mlxswitch_gears"] = {
+        **config.get("mlxswitch_gears", {}),
+        "plane_bits": list(state.plane_bits), "group_size": _group_size(model),
+        "source_bits": state.source_bits,
+        "embedding": ({"bits": embedding.bits, "group_size": embedding.group_size,
+                       "mode": embedding.mode} if embedding is not None else None),
+    }
+    (out_dir / "config.json").write_text(json.dumps(saved, indent=2))
+    return out_dir
+
+
+def load_geared(out_dir: Path, float_dtype: mx.Dtype | None = None) -> tuple[nn.Module, dict]:
+    """Rebuild a saved nested model without re-quantizing; floats cast to float_dtype (fp32 on CPU)."""
+    from mlx_lm.utils import _get_classes
+
+    from .loading import compute_dtype, load_checked_weights
+
+    path = Path(out_dir)
+    if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
+        raise ModelNotFoundError(f"{path}: no saved nested-gear model (config.json, model.safetensors)")
+    config = json.loads((path / "config.json").read_text())
+    spec = config.get("mlxswitch_gears")
+    if not spec:
+        raise ModelFormatError(f"{path}: config.json has no mlxswitch_gears section")
+    # One dtype for everything: quantized_matmul promotes mixed fp16/bf16 scales to fp32.
+    dtype = float_dtype or compute_dtype() or OTHER_DTYPE
+    try:
+        model_class, args_class = _get_classes(config)
+    except ValueError as exc:
+        raise ModelFormatError(f"{path}: {str(exc).splitlines()[0]}") from None
+    model = model_class(args_class.from_dict(config))
+    if spec.get("embedding"):
+        nn.quantize(model, class_predicate=lambda _, m: isinstance(m, nn.Embedding) and spec["embedding"])
+    state = GearState(tuple(spec["plane_bits"]), spec.get("source_bits"))
+    for name, layer in _linear_layers(model):
+        _replace_module(model, name, NestedLinear.skeleton(
+            layer.weight.shape[0], layer.weight.shape[1], state.plane_bits, spec["group_size"],
+            state, "bias" in layer, dtype))
+    if config.get("rope_freqs"):
+        from .gguf import use_rope_factors
+
+        use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
+    load_checked_weights(model, mx.load(str(path / "model.safetensors")), dtype,
+                         f"{path}: saved gears do not fit its config")
+    model.gear_state = state
+    return model, config
+
+
+def load_geared_dir(source: str, path: Path, name: str):
+    """A saved nested-gear directory as a LoadedModel (model, tokenizer, config, precision note)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from .loading import LoadedModel
+
+    model, config = load_geared(path)
+    tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
+    return LoadedModel(source, name, model, tokenizer, config,
+                       precision=gear_report(model).honesty_note())
+
 
 def prepare_geared(loaded, gears: tuple[int, ...], progress: Callable[[str], None] | None = None):
     """Make a loaded model geared (nesting it in memory unless it was saved nested); return it."""
     say = progress or (lambda message: None)
     model = loaded.model
     if getattr(model, "gear_state", None) is None:
-        bits = source_bits(model)
         planes = plane_bits_for(tuple(gears))
-        nest_model(model, planes, DEFAULT_GROUP_SIZE,
-                   progress=lambda done, total: say(f"building gears {done}/{total} layers"))
+        state = nest_model(model, planes, DEFAULT_GROUP_SIZE,
+                           progress=lambda done, total: say(f"building gears {done}/{total} layers"))
         loaded.config["mlxswitch_gears"] = {"plane_bits": list(planes), "group_size": DEFAULT_GROUP_SIZE,
-                                            "source_bits": bits}
+                                            "source_bits": state.source_bits}
     missing = [g for g in gears if g not in model.gear_state.gears]
     if missing:
         raise UsageError(f"model {loaded.source} has gears {', '.join(map(str, model.gear_state.gears))}; "
                          f"gear(s) {', '.join(map(str, missing))} are not among them")
-    loaded.precision = gear_report(model, loaded.config["mlxswitch_gears"].get("source_bits")).honesty_note()
+    loaded.precision = gear_report(model).honesty_note()
     return loaded
 
 
 def build_and_save(source: str, out: Path, plane_bits: tuple[int, ...] | None = None,
                    group_size: int = DEFAULT_GROUP_SIZE) -> list[str]:
-    """Load `source`, nest it and save safetensors + config + tokenizer in `out`."""
+    """Load `source`, nest it (default planes: honest for the source) and save it with its tokenizer."""
     from .loading import load_model
 
     loaded = load_model(source)
-    bits = source_bits(loaded.model)
-    planes = tuple(plane_bits or DEFAULT_PLANE_BITS)
+    planes = tuple(plane_bits or honest_plane_bits(source_bits(loaded.model)))
     plane_bits_for(tuple(sum(planes[: i + 1]) for i in range(len(planes))))  # validates widths
     nest_model(loaded.model, planes, group_size)
-    report = gear_report(loaded.model, bits)
-    save_geared(loaded, out, planes, group_size, bits)
+    report = gear_report(loaded.model)
+    out = Path(out)
+    save_geared(loaded.model, {**loaded.config, "mlxswitch_gears": {"source": loaded.source}}, out)
+    loaded.tokenizer._tokenizer.save_pretrained(str(out))
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     return [f"built {out} from {source}", *report.lines(), f"saved {size / 1e6:.1f} MB"]
 
-
-def save_geared(loaded, out: Path, plane_bits: tuple[int, ...], group_size: int,
-                source: int | None) -> None:
-    """Write model.safetensors (planes, half-precision scales), config.json and the tokenizer."""
-    out.mkdir(parents=True, exist_ok=True)
-    weights = {}
-    for name, value in tree_flatten(loaded.model.parameters()):
-        # Lossless: nesting left every float tensor exactly representable in a half dtype.
-        half = _half_dtype(value) if mx.issubdtype(value.dtype, mx.floating) else None
-        weights[name] = value.astype(half) if half is not None else value
-    mx.save_safetensors(str(out / "model.safetensors"), weights)
-    # The source's quantization keys describe the GGUF file, not these planes.
-    config = {k: v for k, v in loaded.config.items() if k not in ("quantization_label", "quantization")}
-    embedding = loaded.model.model.embed_tokens if hasattr(loaded.model, "model") else None
-    config["mlxswitch_gears"] = {
-        "plane_bits": list(plane_bits), "group_size": group_size, "source_bits": source,
-        "source": loaded.source,
-        "embedding": ({"bits": embedding.bits, "group_size": embedding.group_size}
-                      if isinstance(embedding, nn.QuantizedEmbedding) else None),
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    loaded.tokenizer._tokenizer.save_pretrained(str(out))
-
-
-def load_geared_dir(source: str, path: Path, name: str):
-    """Load a saved nested-gear model without re-quantizing."""
-    from mlx_lm.utils import _get_classes, load_tokenizer
-
-    from .loading import LoadedModel, compute_dtype, load_checked_weights
-
-    config = json.loads((path / "config.json").read_text())
-    spec = config["mlxswitch_gears"]
-    model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
-    if spec.get("embedding"):
-        nn.quantize(model, class_predicate=lambda _, m: isinstance(m, nn.Embedding) and spec["embedding"])
-    dtype = compute_dtype() or STORAGE_DTYPE
-    switch = GearState(tuple(spec["plane_bits"]))
-    skeletons = [(layer_name, NestedLinear.skeleton(
-                    layer.weight.shape[0], layer.weight.shape[1], switch.plane_bits, spec["group_size"],
-                    switch, "bias" in layer, dtype))
-                 for layer_name, layer in _linear_layers(model)]
-    model.update_modules(tree_unflatten(skeletons))
-    if config.get("rope_freqs"):
-        from .gguf import use_rope_factors
-
-        use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
-    load_checked_weights(model, mx.load(str(path / "model.safetensors")), dtype,
-                         f"model '{source}': saved gears do not fit its config")
-    model.gear_state = switch
-    tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-    loaded = LoadedModel(source, name, model, tokenizer, config)
-    loaded.precision = gear_report(model, spec.get("source_bits")).honesty_note()
-    return loaded
-
-
-def copy_tokenizer_files(src: Path, out: Path) -> None:
-    """Copy an mlx-lm directory's tokenizer files next to saved planes."""
-    for pattern in ("tokenizer*", "special_tokens_map.json", "*.jinja", "vocab.json", "merges.txt"):
-        for file in src.glob(pattern):
-            shutil.copy(file, out / file.name)
