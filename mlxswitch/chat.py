@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from . import ui
-from .engine import AnswerSummary, ChatSession, TokenEvent, _finite_or_none
+from .engine import AnswerSummary, ChatSession, TokenEvent, json_float
 from .errors import MlxSwitchError, UsageError
 from .router import parse_thresholds
 
@@ -47,7 +47,7 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
             "min_run": config.min_run,
             "normalized": config.normalize,
             "vocab_size": config.vocab_size,
-            "initial_entropy": _finite_or_none(summary.initial_entropy),
+            "initial_entropy": json_float(summary.initial_entropy),
         },
     }
 

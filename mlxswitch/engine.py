@@ -63,7 +63,7 @@ class TokenEvent:
     def record(self) -> dict:
         """The JSON telemetry record of this token."""
         out = {"id": self.id, "text": self.text, "tier": self.tier,
-               "entropy": _finite_or_none(self.entropy), "mean": _finite_or_none(self.mean)}
+               "entropy": json_float(self.entropy), "mean": json_float(self.mean)}
         if self.guard:
             out["guard"] = True
         return out
@@ -138,7 +138,8 @@ class AnswerSummary:
         }
 
 
-def _finite_or_none(value: float) -> float | str:
+def json_float(value: float) -> float | str:
+    """A float for JSON: rounded when finite, "nan"/"inf"/"-inf" strings otherwise."""
     # JSON has no NaN/inf; strings keep them distinct from null (no entropy) and float() reads them.
     if not math.isfinite(value):
         return str(float(value))

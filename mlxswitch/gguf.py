@@ -6,9 +6,10 @@ model config and the byte-level BPE tokenizer are rebuilt here from the metadata
 
 from __future__ import annotations
 
-import mmap
+import math
 import struct
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,44 +119,67 @@ def _meta(meta: dict, key: str, path: Path, default: Any = ...) -> Any:
     return value
 
 
-def tensor_types(path: Path) -> dict[str, int]:
-    """The ggml type id of every tensor in a GGUF (v2/v3) file, read from its header."""
-    scalar_sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-    string, array = 8, 9
+_METADATA_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                     10: "<Q", 11: "<q", 12: "<d"}
+_METADATA_STRING, _METADATA_ARRAY = 8, 9
 
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        def skip(kind: int, pos: int) -> int:
-            if kind in scalar_sizes:
-                return pos + scalar_sizes[kind]
-            if kind == string:
-                return pos + 8 + struct.unpack_from("<Q", data, pos)[0]
-            if kind == array:
-                item, count = struct.unpack_from("<IQ", data, pos)
-                if item in scalar_sizes:
-                    return pos + 12 + count * scalar_sizes[item]
-                pos += 12
-                for _ in range(count):
-                    pos = skip(item, pos)
-                return pos
-            raise ValueError(f"unknown metadata value type {kind}")
 
-        magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
+@dataclass(frozen=True)
+class GGUFHeader:
+    """What a GGUF (v2/v3) header says, read without loading any tensor."""
+
+    meta: dict  # scalar and string values by key; arrays (vocabulary, merges) are skipped as None
+    tensors: dict[str, tuple[int, int]]  # tensor name -> (ggml type id, element count)
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """Parse a GGUF header; ValueError or struct.error when the file is not one."""
+    with open(path, "rb") as handle:
+        def unpack(fmt: str):
+            return struct.unpack(fmt, handle.read(struct.calcsize(fmt)))[0]
+
+        def string() -> str:
+            return handle.read(unpack("<Q")).decode("utf-8")
+
+        def value(kind: int):
+            if kind == _METADATA_STRING:
+                return string()
+            if kind == _METADATA_ARRAY:
+                item, count = unpack("<I"), unpack("<Q")
+                if item in _METADATA_SCALARS:
+                    handle.seek(count * struct.calcsize(_METADATA_SCALARS[item]), 1)
+                elif item == _METADATA_STRING:
+                    for _ in range(count):
+                        handle.seek(unpack("<Q"), 1)
+                else:
+                    for _ in range(count):
+                        value(item)
+                return None
+            if kind not in _METADATA_SCALARS:
+                raise ValueError(f"unknown metadata value type {kind}")
+            return unpack(_METADATA_SCALARS[kind])
+
+        magic, version = handle.read(4), unpack("<I")
         if magic != b"GGUF" or version < 2:
             raise ValueError(f"not a GGUF v2/v3 header (magic {magic!r}, version {version})")
-        pos = 24
-        for _ in range(n_kv):
-            pos += 8 + struct.unpack_from("<Q", data, pos)[0]  # key
-            pos = skip(struct.unpack_from("<I", data, pos)[0], pos + 4)
-        types = {}
-        for _ in range(n_tensors):
-            length = struct.unpack_from("<Q", data, pos)[0]
-            name = bytes(data[pos + 8:pos + 8 + length]).decode("utf-8")
-            pos += 8 + length
-            n_dims = struct.unpack_from("<I", data, pos)[0]
-            pos += 4 + 8 * n_dims
-            types[name] = struct.unpack_from("<I", data, pos)[0]
-            pos += 4 + 8  # type, data offset
-        return types
+        tensor_count, kv_count = unpack("<Q"), unpack("<Q")
+        meta = {}
+        for _ in range(kv_count):
+            key = string()
+            meta[key] = value(unpack("<I"))
+        tensors = {}
+        for _ in range(tensor_count):
+            name = string()
+            dims = [unpack("<Q") for _ in range(unpack("<I"))]
+            kind = unpack("<I")
+            unpack("<Q")  # data offset
+            tensors[name] = (kind, math.prod(dims))
+    return GGUFHeader(meta, tensors)
+
+
+def tensor_types(path: Path) -> dict[str, int]:
+    """The ggml type id of every tensor in a GGUF file, read from its header."""
+    return {name: kind for name, (kind, _) in read_header(path).tensors.items()}
 
 
 def _header_types_or_none(path: Path) -> dict[str, int] | None:

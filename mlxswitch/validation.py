@@ -154,9 +154,12 @@ def _read_json(path: Path) -> dict:
 
 
 def _gguf_weights(path: Path) -> _Weights:
-    meta, tensors = _gguf_header(path)
+    from .gguf import read_header
+
+    header = read_header(path)
+    meta = header.meta
     size = params = 0
-    for kind, count in tensors:
+    for kind, count in header.tensors.values():
         params += count
         if kind in _GGUF_FLOAT:
             size += count * _float_width(_GGUF_FLOAT[kind])
@@ -173,53 +176,6 @@ def _gguf_weights(path: Path) -> _Weights:
               "hidden_size": meta.get(f"{arch}.embedding_length"),
               "max_position_embeddings": meta.get(f"{arch}.context_length")}
     return _Weights(size, params, config)
-
-
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-                 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def _gguf_header(path: Path) -> tuple[dict, list[tuple[int, int]]]:
-    """Scalar metadata and (type, element count) of every tensor, read from the GGUF header only."""
-    with open(path, "rb") as handle:
-        def unpack(fmt: str):
-            return struct.unpack(fmt, handle.read(struct.calcsize(fmt)))[0]
-
-        def string() -> str:
-            return handle.read(unpack("<Q")).decode("utf-8", "replace")
-
-        def value(kind: int):
-            if kind == 8:
-                return string()
-            if kind == 9:  # arrays (the vocabulary, merges) are skipped, not kept
-                item, count = unpack("<I"), unpack("<Q")
-                if item in _GGUF_SCALARS:
-                    handle.seek(count * struct.calcsize(_GGUF_SCALARS[item]), 1)
-                elif item == 8:
-                    for _ in range(count):
-                        handle.seek(unpack("<Q"), 1)
-                else:
-                    for _ in range(count):
-                        value(item)
-                return None
-            return unpack(_GGUF_SCALARS[kind])
-
-        if handle.read(4) != b"GGUF":
-            raise ValueError("not a GGUF file")
-        unpack("<I")  # version
-        tensor_count, kv_count = unpack("<Q"), unpack("<Q")
-        meta = {}
-        for _ in range(kv_count):
-            key = string()
-            meta[key] = value(unpack("<I"))
-        tensors = []
-        for _ in range(tensor_count):
-            string()
-            dims = [unpack("<Q") for _ in range(unpack("<I"))]
-            kind = unpack("<I")
-            unpack("<Q")  # offset
-            tensors.append((kind, math.prod(dims)))
-    return meta, tensors
 
 
 def _weights(source: str) -> _Weights | None:

