@@ -15,11 +15,11 @@ import time
 
 import mlx.core as mx
 
-from mlxswitch.engine import ChatSession, GenerationSettings
-from mlxswitch.gears import gear_report, prepare_geared
-from mlxswitch.ladder import gear_ladder
-from mlxswitch.loading import load_model
-from mlxswitch.router import RouterConfig, parse_thresholds
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.models.gears import gear_report, prepare_geared
+from mlxswitch.decoding.tiers import gear_ladder
+from mlxswitch.models.loading import load_model
+from mlxswitch.routing.router import RouterConfig, parse_thresholds
 
 PROMPTS = ["What is the capital of France?", "Explain photosynthesis in two sentences.",
            "Write a haiku about the sea.", "Give three tips for learning to cook."]
@@ -27,7 +27,7 @@ PROMPTS = ["What is the capital of France?", "Explain photosynthesis in two sent
 
 def _per_position(model, prompt_ids, answer_ids, gear) -> tuple[list[float], list[float]]:
     """NLL of each reference token and entropy (bits) of each position's distribution, at `gear`."""
-    from mlxswitch.signals import token_signals
+    from mlxswitch.routing.signals import token_signals
 
     model.gear_state.set(gear)
     logits = model(mx.array(prompt_ids + answer_ids)[None])[0, len(prompt_ids) - 1:-1].astype(mx.float32)
@@ -39,7 +39,7 @@ def _per_position(model, prompt_ids, answer_ids, gear) -> tuple[list[float], lis
 
 def teacher_forced_policy(per_gear: dict, gears: list[int], config: RouterConfig) -> tuple[float, int]:
     """NLL of the reference under the tiers the router picks along it, and how many were top-tier."""
-    from mlxswitch.router import Router
+    from mlxswitch.routing.router import Router
 
     router = Router(config, len(gears))
     rung = router.start(per_gear[gears[0]][1][0]).rung
@@ -86,7 +86,7 @@ def main() -> None:
     print(f"\n{'run':>14} {'tok/s':>6} {'top share':>9} {'agree':>6} {'TF top share':>12} {'retained':>8}")
     references = []
     for prompt, reference in zip(PROMPTS, results[top_name]):
-        ids = ChatSession(runs[top_name][0], RouterConfig(up=()))._render([{"role": "user", "content": prompt}])
+        ids = ChatSession(runs[top_name][0], RouterConfig(up=())).render([{"role": "user", "content": prompt}])
         ref_ids = [e.id for e in reference.tokens]
         references.append((ref_ids, {g: _per_position(loaded.model, ids, ref_ids, g) for g in gears}))
     bottom_nll = sum(sum(p[gears[0]][0]) for _, p in references)

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxswitch.kernels import entropy
-from mlxswitch.signals import token_signals_numpy
+from mlxswitch.routing.signals import token_signals_numpy
 
 VOCABS = (49152, 151936)
 

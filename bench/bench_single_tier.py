@@ -15,10 +15,10 @@ import time
 
 from mlx_lm.generate import stream_generate
 
-from mlxswitch.engine import ChatSession, GenerationSettings
-from mlxswitch.ladder import single_model_ladder
-from mlxswitch.loading import load_model
-from mlxswitch.router import RouterConfig
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.decoding.tiers import single_model_ladder
+from mlxswitch.models.loading import load_model
+from mlxswitch.routing.router import RouterConfig
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -51,7 +51,7 @@ def main() -> None:
     loaded.tokenizer._eos_token_ids = set()
     session = ChatSession(single_model_ladder(loaded), RouterConfig(up=()),
                           GenerationSettings(max_tokens=args.tokens))
-    prompt_ids = session._render([{"role": "user", "content": PROMPT}])
+    prompt_ids = session.render([{"role": "user", "content": PROMPT}])
     mlx_lm_decode_rate(loaded, prompt_ids, 8)  # warm-up both paths
     engine_decode_rate(session, PROMPT)
 

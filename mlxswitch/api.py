@@ -9,16 +9,19 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Callable
 
-from .engine import ChatSession, GenerationSettings
+from .decoding.session import ChatSession, GenerationSettings
+from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
 from .errors import CloudError, UsageError
-from .ladder import Ladder, gear_ladder, load_pair, single_model_ladder
-from .loading import load_model
-from .profiles import Profile, get_profile, load_profiles
-from .router import RouterConfig, parse_thresholds
+from .models.gear_files import build_geared
+from .models.gears import DEFAULT_GROUP_SIZE, prepare_geared
+from .models.loading import load_model
+from .models.memory import check_memory
+from .models.tokenizers import check_shared_tokenizer
+from .profiles import Profile, get_profile
+from .routing.router import RouterConfig, parse_thresholds
 
 Progress = Callable[[str], None]
 
@@ -27,7 +30,7 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
                     large: str | None = None, model: str | None = None, gears: str | None = None,
                     tau: str | None = None, tau_down: str | None = None, window: int | None = None,
                     min_run: int | None = None, normalize: bool | None = None) -> Profile:
-    """A profile from models.toml with command-line overrides applied (flags win)."""
+    """A profile from models.toml with command-line overrides applied (flags win), fully checked."""
     base = name if isinstance(name, Profile) else get_profile(name)
     changes: dict = {}
     if small or large:
@@ -46,18 +49,22 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
         changes.update(gears=_parse_gears(gears))
     profile = dataclasses.replace(base, **changes) if changes else base
     tiers = len(profile.tier_names())
+    old = profile.router
     if tau is not None:
-        profile = dataclasses.replace(profile, up=parse_thresholds(tau), down=None)
-    elif len(profile.up) != tiers - 1:
+        up, down = parse_thresholds(tau), None
+    elif len(old.up) == tiers - 1:
+        up, down = old.up, old.down
+    else:
         # The ladder changed shape: repeat the profile's first threshold at every boundary.
-        fallback = profile.up[0] if profile.up else 1.0
-        profile = dataclasses.replace(profile, up=(fallback,) * (tiers - 1), down=None)
+        up, down = ((old.up[0] if old.up else 1.0),) * (tiers - 1), None
     if tau_down is not None:
-        profile = dataclasses.replace(profile, down=parse_thresholds(tau_down))
-    for key, value in (("window", window), ("min_run", min_run), ("normalize", normalize)):
-        if value is not None:
-            profile = dataclasses.replace(profile, **{key: value})
-    return profile
+        down = parse_thresholds(tau_down)
+    router = RouterConfig(up=up, down=down,
+                          window=old.window if window is None else window,
+                          min_run=old.min_run if min_run is None else min_run,
+                          normalize=old.normalize if normalize is None else normalize)
+    router.validate(tiers)
+    return dataclasses.replace(profile, router=router)
 
 
 def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
@@ -75,35 +82,24 @@ def _parse_gears(text: str) -> tuple[int, ...]:
     return bits
 
 
-def router_config(profile: Profile, ladder: Ladder) -> RouterConfig:
-    """The router settings of a profile, with the ladder's vocabulary for normalisation and the guard."""
-    config = RouterConfig(up=tuple(profile.up), down=tuple(profile.down) if profile.down else None,
-                          window=profile.window, min_run=profile.min_run,
-                          normalize=profile.normalize, vocab_size=ladder.vocab_size)
-    config.validate(len(ladder.tiers))
-    return config
-
-
 def build_ladder(profile: Profile, progress: Progress | None = None,
                  force_memory: bool = False) -> Ladder:
     """Check memory, load the profile's models and assemble its tiers."""
-    from .validation import check_memory
-
     check_memory(profile, force=force_memory)
     say = progress or (lambda message: None)
     if profile.cloud is not None:
         raise CloudError(f"profile '{profile.name}' has a cloud tier, which this version cannot run "
                          "yet; use a local profile")
-    if profile.mode == "pair" or (profile.mode == "cascade" and len(profile.models) == 2):
-        return load_pair(profile.models[0], profile.models[1], progress=say)
+    for source in profile.models:
+        say(f"loading {source}")
+    if profile.mode == "pair":
+        small, large = (load_model(source) for source in profile.models)
+        check_shared_tokenizer(small.source, small.tokenizer, large.source, large.tokenizer)
+        return pair_ladder(small, large)
+    loaded = load_model(profile.models[0])
     if profile.gears:
-        from .gears import prepare_geared
-
-        say(f"loading {profile.models[0]}")
-        loaded = prepare_geared(load_model(profile.models[0]), profile.gears, progress=say)
-        return gear_ladder(loaded, list(profile.gears))
-    say(f"loading {profile.models[0]}")
-    return single_model_ladder(load_model(profile.models[0]), name=profile.tier_names()[0])
+        return gear_ladder(prepare_geared(loaded, profile.gears, progress=say), list(profile.gears))
+    return single_model_ladder(loaded, name=profile.tier_names()[0])
 
 
 def open_chat(profile: str | Profile | None = None, settings: GenerationSettings | None = None,
@@ -113,79 +109,11 @@ def open_chat(profile: str | Profile | None = None, settings: GenerationSettings
     chosen = profile if isinstance(profile, Profile) else resolve_profile(profile)
     ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
     ladder.description = f"{chosen.name}: {ladder.description}"
-    return ChatSession(ladder, router_config(chosen, ladder), settings, system=system)
-
-
-def profile_rows() -> list[dict]:
-    """One row per profile for `mlxswitch models`: mode, tiers, models and offline availability."""
-    from .validation import model_available_offline
-
-    profiles = load_profiles()
-    rows = []
-    for profile in profiles:
-        rows.append({
-            "name": profile.name, "default": profile.name == profiles.default,
-            "mode": profile.mode, "tiers": list(profile.tier_names()),
-            "models": list(profile.models), "notes": profile.description,
-            "offline": [model_available_offline(source) for source in profile.models],
-        })
-    return rows
-
-
-def doctor_report() -> list[tuple[str, list[tuple[str, str]]]]:
-    """Sections of facts for `mlxswitch doctor`."""
-    import platform
-
-    import mlx.core as mx
-
-    from . import __version__
-    from .resources import bundled_models_toml, embedded_gguf_path, metal_dir
-    from .errors import MlxSwitchError
-
-    backend = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    cuda = getattr(mx, "cuda", None)
-    system = [
-        ("mlxswitch", __version__),
-        ("python", platform.python_version()),
-        ("platform", f"{platform.system()} {platform.machine()}"),
-        ("mlx", mx.__version__),
-        ("default device", backend),
-        ("metal", "available" if mx.metal.is_available() else "not available"),
-        ("cuda", "available" if cuda is not None and cuda.is_available() else "not available"),
-        ("metal sources", str(metal_dir())),
-        ("models.toml", str(bundled_models_toml())),
-    ]
-    try:
-        embedded = f"ok, checksum verified ({embedded_gguf_path()})"
-    except MlxSwitchError as exc:
-        embedded = f"missing: {exc}"
-    models = [("embedded model", embedded)]
-    key = os.environ.get("ANTHROPIC_API_KEY")
-    models.append(("anthropic key", "set (ANTHROPIC_API_KEY)" if key else "not set"))
-    from .kernels import kernel_self_check
-
-    profiles = load_profiles()
-    default = profiles.get(None)
-    ladder_rows = [("default profile", f"{default.name} ({default.mode}: {', '.join(default.models)})")]
-    try:
-        ladder = build_ladder(default)
-        for tier in ladder.tiers:
-            ladder_rows.append((f"tier {tier.name}", f"{tier.bytes_per_token / 1e6:.1f} MB read per token"))
-        for group in ladder.groups:
-            from .gears import resident_bytes
-
-            ladder_rows.append((f"resident {group.model.name}",
-                                f"{resident_bytes(group.model.model) / 1e6:.1f} MB; {group.model.precision}"))
-    except MlxSwitchError as exc:
-        ladder_rows.append(("load", f"failed: {exc}"))
-
-    kernels = [(f"{check.name} [{check.backend}]", check.status) for check in kernel_self_check()]
-    return [("system", system), ("models", models), ("default ladder", ladder_rows), ("kernels", kernels)]
+    return ChatSession(ladder, chosen.router, settings, system=system)
 
 
 def build_gears(source: str, out: Path, plane_bits: tuple[int, ...] | None = None,
-                group_size: int = 64) -> list[str]:
-    """Build and save a nested-gear model; return the lines to show the user."""
-    from .gears import build_and_save
-
-    return build_and_save(source, out, plane_bits=plane_bits, group_size=group_size)
+                group_size: int = DEFAULT_GROUP_SIZE, force: bool = False) -> list[str]:
+    """Load `source`, nest it and save it to `out` atomically; return the lines to show the user."""
+    return build_geared(load_model(source), Path(out), plane_bits=plane_bits,
+                        group_size=group_size, force=force)

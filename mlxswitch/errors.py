@@ -13,6 +13,14 @@ class UsageError(MlxSwitchError):
     exit_code = 2
 
 
+class SettingError(UsageError):
+    """One setting breaks a rule; `key` names it (up, down, window, …) so a file can point at its line."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 class ConfigError(MlxSwitchError):
     """models.toml (bundled or the user's) is broken or names an unknown profile."""
 
@@ -53,3 +61,9 @@ class CloudError(MlxSwitchError):
     """The cloud tier is misconfigured (no key) or failed (network, API, budget)."""
 
     exit_code = 8
+
+
+class OutputError(MlxSwitchError):
+    """A file or directory we were asked to write cannot be written (nothing half-written is left)."""
+
+    exit_code = 9

@@ -18,6 +18,7 @@ cloud tier. Errors name the file, the line and what is wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -26,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .errors import ConfigError, UsageError
+from .errors import ConfigError, SettingError, UsageError
+from .models.gears import plane_bits_for
 from .resources import bundled_models_toml
+from .routing.router import RouterConfig
 
 MODES = ("pair", "gears", "single", "cascade")
 _PROFILE_KEYS = ("mode", "description", "small", "large", "model", "gears", "up", "down",
@@ -61,11 +64,7 @@ class Profile:
     mode: str
     models: tuple[str, ...]
     gears: tuple[int, ...] = ()
-    up: tuple[float, ...] = ()
-    down: tuple[float, ...] | None = None
-    window: int = 5
-    min_run: int = 10
-    normalize: bool = False
+    router: RouterConfig = RouterConfig(up=())
     cloud: CloudConfig | None = None
     description: str = ""
     origin: str = ""
@@ -245,17 +244,22 @@ def _defaults(toml: _TomlFile) -> dict:
         if key not in _DEFAULT_KEYS:
             raise ConfigError(f"{where}: unknown key '{key}' in [defaults] "
                               f"(allowed: {', '.join(_DEFAULT_KEYS)})")
-        problem = _setting_problem(key, value)
+        problem = _type_problem(key, value)
         if problem:
             raise ConfigError(f"{where}: [defaults]: {problem}")
+    try:  # the router's own rules, with its own words
+        RouterConfig(up=(), **table)
+    except SettingError as exc:
+        raise ConfigError(f"{toml.where(exc.key, ('defaults',))}: [defaults]: {exc}") from None
     return dict(table)
 
 
-def _setting_problem(key: str, value) -> str | None:
+def _type_problem(key: str, value) -> str | None:
+    # TOML types only: what the values mean is RouterConfig's to judge.
     if key == "normalize":
         return None if isinstance(value, bool) else "'normalize' must be true or false"
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        return f"'{key}' must be a whole number ≥ 1 (got {value!r})"
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"'{key}' must be a whole number (got {value!r})"
     return None
 
 
@@ -300,38 +304,24 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
     if "description" in table and not isinstance(table["description"], str):
         raise fail("description", "'description' must be a string")
 
-    settings = {key: table.get(key, defaults.get(key)) for key in _DEFAULT_KEYS}
-    for key in _DEFAULT_KEYS:
-        problem = _setting_problem(key, settings[key]) if settings[key] is not None else None
+    settings = {key: table[key] if key in table else defaults[key]
+                for key in _DEFAULT_KEYS if key in table or key in defaults}
+    for key, value in settings.items():
+        problem = _type_problem(key, value)
         if problem:
             raise fail(key, problem)
-    normalize = bool(settings["normalize"])
-
-    profile = Profile(name=name, mode=mode, models=models, gears=gears, cloud=cloud,
-                      window=settings["window"] or 5, min_run=settings["min_run"] or 10,
-                      normalize=normalize, description=table.get("description", ""),
-                      origin=str(toml.path))
-    tiers = profile.tier_names()
     up = _thresholds(table.get("up", []), "up", fail)
-    if len(up) != len(tiers) - 1:
-        raise fail("up", f"{len(tiers)} tiers ({', '.join(tiers)}) need {len(tiers) - 1} "
-                         f"'up' threshold(s), got {len(up)}")
     down = _thresholds(table["down"], "down", fail) if "down" in table else None
-    if down is not None:
-        if len(down) != len(up):
-            raise fail("down", f"'down' needs {len(up)} threshold(s), one per 'up', got {len(down)}")
-        if any(d > u for d, u in zip(down, up)):
-            raise fail("down", "each 'down' threshold must be ≤ its 'up' threshold (hysteresis)")
-    if normalize:
-        # Normalised entropies lie in [0, 1]: a finite threshold outside it can never be crossed.
-        for key, values in (("up", up), ("down", down or ())):
-            if any(math.isfinite(v) and not 0 <= v <= 1 for v in values):
-                origin = "" if "normalize" in table else " (normalize = true comes from [defaults])"
-                raise fail(key, f"with normalize = true thresholds are fractions of log2(V), "
-                                f"between 0 and 1; got {', '.join(f'{v:g}' for v in values)}{origin}")
-    return Profile(name=name, mode=mode, models=models, gears=gears, up=up, down=down,
-                   window=profile.window, min_run=profile.min_run, normalize=normalize,
-                   cloud=cloud, description=profile.description, origin=profile.origin)
+    profile = Profile(name=name, mode=mode, models=models, gears=gears, cloud=cloud,
+                      description=table.get("description", ""), origin=str(toml.path))
+    try:
+        router = RouterConfig(up=up, down=down, **settings)
+        router.validate(len(profile.tier_names()))
+    except SettingError as exc:
+        origin = (" (normalize = true comes from [defaults])"
+                  if settings.get("normalize") and "normalize" not in table else "")
+        raise fail(exc.key, f"{exc}{origin}") from None
+    return dataclasses.replace(profile, router=router)
 
 
 def _ladder_kind(mode: str, table: dict) -> str:
@@ -359,8 +349,6 @@ def _gears(values, fail) -> tuple[int, ...]:
             or values != sorted(set(values))):
         raise fail("gears", f"'gears' must be increasing whole bit counts, e.g. [4, 8, 16] "
                             f"(got {values!r})")
-    from .gears import plane_bits_for  # the gear module knows which plane widths exist
-
     try:
         plane_bits_for(tuple(values))
     except UsageError as exc:

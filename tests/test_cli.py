@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxswitch.cli import app
-from mlxswitch.router import RouterConfig, derive_tiers
+from mlxswitch.routing.router import RouterConfig, derive_tiers
 
 runner = CliRunner()
 
@@ -98,6 +98,22 @@ def test_telemetry_file_has_a_record_per_token(pair_args, tmp_path):
     assert {k: records[0][k] for k in answers[0]["tokens"][0]} == answers[0]["tokens"][0]
 
 
+def test_telemetry_record_of_every_token_equals_its_json_record(pair_args, tmp_path):
+    # An event is final when handed out: the last token's telemetry line carries the text the
+    # detokenizer released at the very end, exactly as --json has it.
+    path = tmp_path / "t.jsonl"
+    # Stop strings that never match but hold back any final letter or space until the end.
+    stops = [arg for c in "abcdefghijklmnopqrstuvwxyz ,." for arg in ("--stop", c + "\x01")]
+    result = invoke(["chat", *pair_args, "--json", "--max-tokens", "7", "--telemetry", str(path),
+                     *stops], "Count to three\nHello there\n")
+    assert result.exit_code == 0
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    records = [{k: v for k, v in line.items() if k not in ("answer", "index")} for line in lines]
+    assert records == [t for a in answers for t in a["tokens"]]
+    assert [line["index"] for line in lines] == [i for a in answers for i in range(len(a["tokens"]))]
+    assert all(a["text"] and a["tokens"][-1]["text"] for a in answers)  # a tail was held back
+
 @pytest.mark.parametrize("args,code,message", [
     (["--small", "x"], 2, "error: --small and --large go together (an ad-hoc pair needs both)"),
     (["-p", "nope"], 3, "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, qwen2.5-0.5b-7b, "
@@ -157,7 +173,7 @@ def test_prompt_too_long_fails_that_prompt_only(pair_args):
 
 
 def test_memory_check_refuses_and_force_overrides(pair_args, monkeypatch):
-    monkeypatch.setattr("mlxswitch.validation.available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr("mlxswitch.models.memory.available_memory_bytes", lambda: 1000)
     result = invoke(["chat", *pair_args, "--max-tokens", "2"], "hi\n")
     assert result.exit_code == 6
     assert "use --force-memory to try anyway" in result.stderr

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from mlx_lm.generate import stream_generate
 
-from mlxswitch.engine import ChatSession, GenerationSettings, TokenEvent
+from mlxswitch.decoding.answer import TokenEvent
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.errors import PromptTooLongError
-from mlxswitch.ladder import pair_ladder
-from mlxswitch.loading import load_model
-from mlxswitch.router import Router, RouterConfig, derive_tiers
+from mlxswitch.decoding.tiers import pair_ladder
+from mlxswitch.models.loading import load_model
+from mlxswitch.routing.router import Router, RouterConfig, derive_tiers
 
 INF = math.inf
 PROMPTS = ["What is the capital of France?", "Count: one two three", "def add(a, b):"]

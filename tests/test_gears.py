@@ -12,15 +12,17 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from mlxswitch.engine import ChatSession, GenerationSettings, TokenEvent
+from mlxswitch.decoding.answer import TokenEvent
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.errors import UsageError
-from mlxswitch.gears import (GearState, NestedLinear, bytes_per_token, gear_report, honest_plane_bits,
-                             load_geared, nest_model, plane_bits_for, resident_bytes, save_geared,
-                             source_bits)
-from mlxswitch.ladder import gear_ladder
-from mlxswitch.loading import load_model
+from mlxswitch.models.gear_files import load_geared, save_geared
+from mlxswitch.models.gears import (GearState, NestedLinear, bytes_per_token, gear_report,
+                                    honest_plane_bits, nest_model, plane_bits_for, resident_bytes,
+                                    source_bits)
+from mlxswitch.decoding.tiers import gear_ladder
+from mlxswitch.models.loading import load_model
 from mlxswitch.resources import embedded_gguf_path
-from mlxswitch.router import RouterConfig, derive_tiers
+from mlxswitch.routing.router import RouterConfig, derive_tiers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer  # noqa: E402
@@ -299,7 +301,7 @@ def _stepwise_tokens_at_gears(model, prompt_ids, gears):
 def _run(loaded, gear_list, config, prompt="The quick brown fox"):
     session = ChatSession(gear_ladder(loaded, gear_list), config, GenerationSettings(max_tokens=24))
     events = [e for e in session.stream(prompt) if isinstance(e, TokenEvent)]
-    return session, events, session._render([{"role": "user", "content": prompt}])
+    return session, events, session.render([{"role": "user", "content": prompt}])
 
 
 def test_engine_switching_matches_stepwise_reference(tiny_geared):

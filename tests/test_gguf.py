@@ -10,11 +10,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import _get_classes
+from mlxswitch.models.weights import model_classes
 from tinymodels import train_tokenizer
 
 from mlxswitch.errors import ModelFormatError
-from mlxswitch.gguf import load_gguf
+from mlxswitch.models.gguf import load_gguf
 from mlxswitch.resources import embedded_gguf_path
 
 CHAT_PROMPTS = ["What is the capital of France?", "Name three colours."]
@@ -248,7 +248,7 @@ def _tiny_gguf(path, vocab, arch: str, *, bias: bool = False, pre: str = "gpt-2"
 
 def _direct_model(config: dict, arrays: dict):
     """mlx-lm's class for `config` with the GGUF tensors placed by hand under mlx-lm's names."""
-    model_class, args_class = _get_classes(config)
+    model_class, args_class = model_classes(config, "test model")
     model = model_class(args_class.from_dict(config))
     weights = {}
     for name, value in arrays.items():
@@ -421,16 +421,16 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path, tiny_vocab):
 
 
 def test_saved_gears_of_a_llama3_gguf_keep_its_rope_factors(tmp_path, tiny_vocab):
-    from mlxswitch.gears import build_and_save, load_geared_dir
-    from mlxswitch.loading import load_model
+    from mlxswitch.models.gear_files import build_geared, load_geared_dir
+    from mlxswitch.models.loading import load_model
 
     factors = _llama3_rope_factors(HIDDEN // HEADS, 10000.0, 8.0, 1.0, 4.0, 64)
     path = tmp_path / "llama3.gguf"
     _tiny_gguf(path, tiny_vocab, "llama", extra={"rope_freqs.weight": mx.array(factors)})
     out = tmp_path / "geared"
-    build_and_save(str(path), out, plane_bits=(4, 4, 8), group_size=32)
+    build_geared(load_model(str(path)), out, plane_bits=(4, 4, 8), group_size=32)
     built = load_model(str(path))
-    from mlxswitch.gears import nest_model
+    from mlxswitch.models.gears import nest_model
 
     nest_model(built.model, (4, 4, 8), 32)
     again = load_geared_dir(str(out), out, "geared")

@@ -30,9 +30,9 @@ def test_bundled_profiles_are_valid_and_default_is_geared_embedded():
     assert profiles.files == [bundled_models_toml()]
     for profile in profiles:
         assert profile.origin == str(bundled_models_toml())
-        assert len(profile.up) == len(profile.tier_names()) - 1
-        assert profile.down is None or all(d <= u for d, u in zip(profile.down, profile.up))
-        assert (profile.window, profile.min_run, profile.normalize) == (5, 10, False)
+        assert len(profile.router.up) == len(profile.tier_names()) - 1
+        assert profile.router.down is None or all(d <= u for d, u in zip(profile.router.down, profile.router.up))
+        assert (profile.router.window, profile.router.min_run, profile.router.normalize) == (5, 10, False)
         assert profile.description
         if profile.mode == "pair":
             assert profile.tier_names() == ("small", "large")
@@ -50,7 +50,7 @@ def test_bundled_cascade_example_parses_once_uncommented(tmp_path, monkeypatch):
     use_file(tmp_path, monkeypatch, re.sub(r"^# ?", "", block, flags=re.M))
     profile = get_profile("qwen2.5-0.5b-7b-cloud")
     assert profile.mode == "cascade" and profile.tier_names() == ("small", "large", "cloud")
-    assert profile.up == (0.6, 2.5) and profile.down == (0.36, 1.5)
+    assert profile.router.up == (0.6, 2.5) and profile.router.down == (0.36, 1.5)
     assert profile.cloud == CloudConfig("claude-haiku-4-5", 48, 0.05, 20.0, False)
 
 
@@ -61,7 +61,7 @@ def test_cascade_profiles_parse_but_cannot_run_yet(tmp_path, monkeypatch):
              '[profiles.c]\nmode = "cascade"\nmodel = "embedded"\ngears = [4, 8]\nup = [2.0, "inf"]\n'
              '[profiles.c.cloud]\nbudget_usd = 0.1\n')
     profile = get_profile("c")
-    assert profile.tier_names() == ("g4", "g8", "cloud") and profile.up == (2.0, math.inf)
+    assert profile.tier_names() == ("g4", "g8", "cloud") and profile.router.up == (2.0, math.inf)
     assert profile.cloud == CloudConfig(budget_usd=0.1)
     with pytest.raises(CloudError, match="cloud tier, which this version cannot run yet"):
         build_ladder(profile)
@@ -78,10 +78,10 @@ def test_user_file_in_home_overrides_and_adds(isolated_home):
     assert user_models_toml() == isolated_home / "models.toml"
     assert profiles.default == "mine" and get_profile(None).name == "mine"
     mine = profiles.get("mine")
-    assert mine.models == ("a/b", "a/c") and mine.down is None
-    assert (mine.window, mine.min_run) == (3, 7) and mine.origin == str(isolated_home / "models.toml")
+    assert mine.models == ("a/b", "a/c") and mine.router.down is None
+    assert (mine.router.window, mine.router.min_run) == (3, 7) and mine.origin == str(isolated_home / "models.toml")
     assert profiles.get("embedded").mode == "single"  # replaced by name
-    assert profiles.get("qwen2.5-0.5b-7b").min_run == 7  # user [defaults] reach bundled profiles
+    assert profiles.get("qwen2.5-0.5b-7b").router.min_run == 7  # user [defaults] reach bundled profiles
     names = [p.name for p in profiles]
     assert names[0] == "embedded" and names[-1] == "mine"  # replaced in place, added at the end
 
@@ -111,7 +111,7 @@ def test_paths_expand_home_and_resolve_against_the_file(tmp_path, monkeypatch):
                     '[profiles.p]\nmode = "pair"\nsmall = "~/m/small"\nlarge = "./m/large.gguf"\nup = 1\n')
     profile = get_profile("p")
     assert profile.models == (str(tmp_path / "home" / "m" / "small"), str(tmp_path / "m" / "large.gguf"))
-    assert profile.up == (1.0,) and path.exists()
+    assert profile.router.up == (1.0,) and path.exists()
 
 
 def test_unknown_profile_lists_the_known_ones():
@@ -143,12 +143,12 @@ def test_syntax_error_names_file_line_and_column(tmp_path, monkeypatch, body, li
     ('[profiles.p]\nmode = "pear"\nmodel = "x"\n', 2, "mode must be one of pair, gears, single, cascade"),
     ('[profiles.p]\nmodel = "x"\n', 1, "mode must be one of"),
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0, 2.0]\n', 5,
-     "2 tiers (small, large) need 1 'up' threshold(s), got 2"),
-    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\n', 1, "need 1 'up' threshold(s), got 0"),
+     "2 tiers need 1 up threshold(s), got 2"),
+    ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\n', 1, "need 1 up threshold(s), got 0"),
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\ndown = [2.0]\n', 6,
-     "must be ≤ its 'up' threshold"),
+     "down threshold 2 exceeds up threshold 1"),
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\ndown = [0.5, 0.2]\n', 6,
-     "'down' needs 1 threshold(s)"),
+     "2 tiers need 1 down threshold(s), got 2"),
     ('[profiles.p]\nmode = "single"\nmodel = "x"\nwindw = 3\n', 4, "unknown key 'windw'"),
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\n', 1, "needs both 'small' and 'large' ('large' is missing)"),
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = ["x"]\n', 5, "must be numbers"),
@@ -160,7 +160,7 @@ def test_syntax_error_names_file_line_and_column(tmp_path, monkeypatch, body, li
     ('[profiles.p]\nmode = "gears"\nmodel = "x"\n', 1, "needs both 'model' and 'gears'"),
     ('[profiles.p]\nmode = "gears"\nmodel = "x"\ngears = [8, 4]\nup = [1.0]\n', 4, "increasing"),
     ('[profiles.p]\nmode = "gears"\nmodel = "x"\ngears = [4, 11]\nup = [1.0]\n', 4, "planes of 4,7 bits"),
-    ('[profiles.p]\nmode = "single"\nmodel = "x"\nwindow = 0\n', 4, "'window' must be a whole number ≥ 1"),
+    ('[profiles.p]\nmode = "single"\nmodel = "x"\nwindow = 0\n', 4, "the window must be at least 1 token (got 0)"),
     ('[profiles.p]\nmode = "single"\nmodel = "x"\nnormalize = "yes"\n', 4, "true or false"),
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nnormalize = true\nup = [0.6]\n'
      'down = [-1.0]\n', 7, "fractions of log2(V), between 0 and 1"),
@@ -176,7 +176,7 @@ def test_syntax_error_names_file_line_and_column(tmp_path, monkeypatch, body, li
      "cloud 'timeout_s' must be a positive number"),
     # The key is looked for in p's own table only, not in the profile after it.
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\n\n[profiles.q]\nmode = "single"\n'
-     'model = "c"\nup = []\n', 1, "need 1 'up' threshold(s), got 0"),
+     'model = "c"\nup = []\n', 1, "need 1 up threshold(s), got 0"),
 ])
 def test_semantic_errors_name_file_line_and_profile(tmp_path, monkeypatch, body, line, what):
     path = use_file(tmp_path, monkeypatch, body)
@@ -192,7 +192,7 @@ def test_semantic_errors_name_file_line_and_profile(tmp_path, monkeypatch, body,
     ('default = 3\n', 1, "'default' must be a profile name"),
     ('\ndefault = "ghost"\n', 2, "default profile 'ghost' is not defined (known: embedded, "),
     ('[defaults]\nwindow = 5\nmin_runs = 3\n', 3, "unknown key 'min_runs' in [defaults]"),
-    ('[defaults]\nmin_run = -2\n', 2, "[defaults]: 'min_run' must be a whole number ≥ 1"),
+    ('[defaults]\nmin_run = -2\n', 2, "[defaults]: the min run must be at least 1 token (got -2)"),
     ('[profiles]\np = 3\n', 2, "profile 'p' must be a table"),
 ])
 def test_file_level_errors_name_file_and_line(tmp_path, monkeypatch, body, line, what):

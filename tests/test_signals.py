@@ -22,7 +22,7 @@ import pytest
 
 from mlxswitch.kernels import entropy as entropy_kernel
 from mlxswitch.kernels import float64_token_signals, kernel_self_check
-from mlxswitch.signals import entropy_bits, max_entropy_bits, token_signals, token_signals_numpy
+from mlxswitch.routing.signals import entropy_bits, max_entropy_bits, token_signals, token_signals_numpy
 
 VOCABS = (49152, 151936)
 error = entropy_kernel.signals_error

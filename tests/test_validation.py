@@ -11,12 +11,14 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from mlxswitch import validation
 from mlxswitch.errors import InsufficientMemoryError, TokenizerMismatchError
+from mlxswitch.models import memory, sources
+from mlxswitch.models.memory import (check_memory, estimate_memory, estimate_model_bytes,
+                                     guess_model_bytes, kv_cache_bytes)
+from mlxswitch.models.tokenizers import check_shared_tokenizer
 from mlxswitch.profiles import Profile
-from mlxswitch.validation import (check_memory, check_shared_tokenizer, estimate_memory,
-                                  estimate_model_bytes, guess_model_bytes, kv_cache_bytes)
-from mlxswitch.loading import compute_dtype
+from mlxswitch.routing.router import RouterConfig
+from mlxswitch.models.weights import compute_dtype
 from tinymodels import CHAT_TEMPLATE, CORPUS, make_model, train_tokenizer
 
 # Floats sit in memory as fp32 on a CPU (the loader casts them), as stored (half) on a GPU.
@@ -99,7 +101,7 @@ def test_different_end_of_sequence_ids_are_refused(tmp_path):
 # -- memory -------------------------------------------------------------------------------------
 
 def resident(path: Path) -> int:
-    from mlxswitch.loading import load_model
+    from mlxswitch.models.loading import load_model
 
     return sum(v.nbytes for _, v in tree_flatten(load_model(str(path)).model.parameters()))
 
@@ -154,7 +156,7 @@ def test_cached_hub_repo_is_estimated_offline_and_others_are_guessed(tiny_pair, 
     cache = hub_cache(tmp_path, monkeypatch)
     cache_repo(cache, "org/tiny-large", tiny_pair[1], ["config.json", "model.safetensors"])
     assert estimate_model_bytes("org/tiny-large") == estimate_model_bytes(str(tiny_pair[1]))
-    assert validation.model_available_offline("org/tiny-large")
+    assert sources.model_available_offline("org/tiny-large")
 
     snapshot = cache_repo(cache, "org/half-7B-4bit", tiny_pair[1], ["config.json", "model.safetensors"])
     (snapshot / "model.safetensors.index.json").write_text(json.dumps(
@@ -179,9 +181,10 @@ def test_kv_cache_allowance_follows_the_config():
 
 
 def test_memory_check_refuses_a_huge_requirement_and_force_overrides(tiny_pair, monkeypatch):
-    profile = Profile(name="tiny", mode="pair", models=tuple(map(str, tiny_pair)), up=(1.0,))
+    profile = Profile(name="tiny", mode="pair", models=tuple(map(str, tiny_pair)),
+                      router=RouterConfig(up=(1.0,)))
     assert check_memory(profile).fits  # tiny models fit anywhere
-    monkeypatch.setattr(validation, "available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 1000)
     with pytest.raises(InsufficientMemoryError) as error:
         check_memory(profile)
     message = str(error.value)
@@ -195,7 +198,7 @@ def test_memory_check_refuses_a_huge_requirement_and_force_overrides(tiny_pair, 
 
 def test_memory_check_guesses_models_not_downloaded(tmp_path, monkeypatch):
     hub_cache(tmp_path, monkeypatch)
-    monkeypatch.setattr(validation, "available_memory_bytes", lambda: 4 * 10**9)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 4 * 10**9)
     sources = ["mlx-community/Qwen2.5-0.5B-Instruct-4bit", "mlx-community/Qwen2.5-7B-Instruct-4bit"]
     with pytest.raises(InsufficientMemoryError, match=r"^these models needs about \d+\.\d GB \(small "
                        r"0\.\d GB \+ large 4\.\d GB \+ KV \d\.\d GB; sizes of models not downloaded "
@@ -207,7 +210,8 @@ def test_memory_check_guesses_models_not_downloaded(tmp_path, monkeypatch):
 
 def test_nesting_gears_in_memory_counts_the_planes_beside_the_source(tiny_pair):
     plain = Profile(name="plain", mode="single", models=(str(tiny_pair[1]),))
-    geared = Profile(name="geared", mode="gears", models=(str(tiny_pair[1]),), gears=(4, 8), up=(1.0,))
+    geared = Profile(name="geared", mode="gears", models=(str(tiny_pair[1]),), gears=(4, 8),
+                     router=RouterConfig(up=(1.0,)))
     weights = estimate_memory(plain).models[0].weights
     config = json.loads((tiny_pair[1] / "config.json").read_text())
     params = sum(v.size for _, v in tree_flatten(make_model(config, 0).parameters()))
@@ -216,4 +220,16 @@ def test_nesting_gears_in_memory_counts_the_planes_beside_the_source(tiny_pair):
 
 
 def test_available_memory_is_positive():
-    assert validation.available_memory_bytes() > 0
+    assert memory.available_memory_bytes() > 0
+
+
+def test_a_bf16_gguf_is_estimated_at_its_loaded_width(tmp_path):
+    # One GGUF type table serves the loader and the estimate: BF16 is read as a 2-byte float
+    # (held as float32 on a CPU), not counted as an unknown type at 1 byte per element.
+    from test_gguf import _raw_gguf
+
+    path = tmp_path / "bf16.gguf"
+    count = 4096
+    _raw_gguf(path, [("output_norm.weight", 30, [count], b"\0" * (2 * count))],
+              {"general.architecture": "llama"})
+    assert estimate_model_bytes(str(path)) == count * (4 if compute_dtype() is not None else 2)

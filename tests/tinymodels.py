@@ -65,9 +65,9 @@ def llama_config(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int 
 
 def make_model(config: dict, seed: int) -> nn.Module:
     """Instantiate mlx-lm's model class for `config` with seeded random fp32 weights."""
-    from mlx_lm.utils import _get_classes
+    from mlxswitch.models.weights import model_classes
 
-    model_class, args_class = _get_classes(config)
+    model_class, args_class = model_classes(config, "test model")
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
     # A wide output head spreads the logits so entropies vary (0-4 bits) from token to token;

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 from typing import IO, Iterator
 
+from ..decoding.answer import AnswerSummary, TokenEvent, json_float
+from ..decoding.session import ChatSession
+from ..errors import MlxSwitchError, UsageError
+from ..routing.router import max_entropy_bits, parse_thresholds
 from . import ui
-from .engine import AnswerSummary, ChatSession, TokenEvent, json_float
-from .errors import MlxSwitchError, UsageError
-from .router import parse_thresholds
 
 HELP = """commands:
   /help              this list
@@ -23,11 +23,9 @@ HELP = """commands:
   /quit              leave (Ctrl-D too); Ctrl-C stops an answer"""
 
 
-def _threshold_json(values) -> list | None:
+def _threshold_json(values) -> list:
     # JSON has no infinity; "inf"/"-inf" strings round-trip through float().
-    if values is None:
-        return None
-    return [v if math.isfinite(v) else ("inf" if v > 0 else "-inf") for v in values]
+    return [json_float(v) for v in values]
 
 
 def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
@@ -55,10 +53,9 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
 class ChatRunner:
     """Drives a ChatSession for the terminal or for stdin prompts."""
 
-    def __init__(self, session: ChatSession, profile=None, json_output: bool = False,
+    def __init__(self, session: ChatSession, json_output: bool = False,
                  color: bool | None = None, shade: bool = False, telemetry: Path | None = None):
         self.session = session
-        self.profile = profile
         self.json_output = json_output
         self.color = color
         self.shade = shade
@@ -169,9 +166,7 @@ class ChatRunner:
             raise UsageError("usage: /tau UP[,UP…] [DOWN[,DOWN…]]")
         up = parse_thresholds(words[0])
         down = parse_thresholds(words[1]) if len(words) == 2 else None
-        config = dataclasses.replace(self.session.router_config, up=up, down=down)
-        config.validate(len(self.session.ladder.tiers))
-        self.session.router_config = config
+        self.session.router_config = self.session.router_config.with_thresholds(up, down)
 
     # -- shared -----------------------------------------------------------------------------
 
@@ -225,7 +220,7 @@ class ChatRunner:
                 self.telemetry = None
 
     def _max_entropy(self) -> float:
-        return math.log2(max(self.session.ladder.vocab_size, 2))
+        return max_entropy_bits(max(self.session.ladder.vocab_size, 2))
 
 
 def ui_interrupted() -> int:

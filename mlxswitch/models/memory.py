@@ -1,4 +1,4 @@
-"""Checks before and after loading: tiers share a tokenizer, and the profile fits in memory."""
+"""Will a profile fit? Weights read from file headers (or guessed from names) plus a KV cache each."""
 
 from __future__ import annotations
 
@@ -13,79 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .errors import InsufficientMemoryError, TokenizerMismatchError
-from .loading import is_embedded, looks_like_path
+from ..errors import InsufficientMemoryError, ModelFormatError
+from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
+from .gguf import GROUP_SIZE as GGUF_GROUP_SIZE
+from .gguf import ggml_type, read_header
+from .sources import local_path
+from .weights import compute_dtype, read_json
 
-# Mixed prose, digits, accents, CJK, symbols and code: where byte-level BPEs tend to differ.
-PROBE_TEXT = "Entropy 12345, naïve café — 日本語 ✓\ndef f(x):\n    return x ** 2  # ok"
 KV_CONTEXT_TOKENS = 4096
 _GB = 1e9
-
-
-# -- tokenizers ---------------------------------------------------------------------------------
-
-def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
-    """Refuse two tiers whose tokenizers differ in vocabulary, encoding or end-of-sequence ids."""
-    def fail(what: str) -> TokenizerMismatchError:
-        return TokenizerMismatchError(
-            f"models '{name_a}' and '{name_b}' do not share a tokenizer: {what}; "
-            "a pair must use one tokenizer")
-
-    # The tokenizers' own vocabularies: a model's embedding is often padded past them.
-    vocab_a, vocab_b = tok_a.get_vocab(), tok_b.get_vocab()
-    if len(vocab_a) != len(vocab_b):
-        raise fail(f"vocabularies differ ({len(vocab_a)} vs {len(vocab_b)} tokens)")
-    if vocab_a != vocab_b:
-        differing = sum(1 for token, index in vocab_a.items() if vocab_b.get(token) != index)
-        raise fail(f"vocabularies differ ({differing} of {len(vocab_a)} tokens map to other ids)")
-    if tok_a.encode(PROBE_TEXT) != tok_b.encode(PROBE_TEXT):
-        raise fail("they encode the same text differently")
-    # The engine renders prompts with one tier's chat template: its special tokens must encode
-    # alike in both (templates themselves may differ, e.g. in a default system prompt).
-    for name, tok in ((name_a, tok_a), (name_b, tok_b)):
-        rendered = _render_probe(tok)
-        if rendered is not None and (tok_a.encode(rendered, add_special_tokens=False)
-                                     != tok_b.encode(rendered, add_special_tokens=False)):
-            raise fail(f"they encode the chat text rendered by {name}'s template differently")
-    eos_a, eos_b = sorted(tok_a.eos_token_ids), sorted(tok_b.eos_token_ids)
-    if eos_a != eos_b:
-        raise fail(f"end-of-sequence ids differ ({eos_a} vs {eos_b})")
-
-
-def _render_probe(tok) -> str | None:
-    if not getattr(tok, "has_chat_template", False):
-        return None
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROBE_TEXT},
-            {"role": "assistant", "content": "x = 42"}, {"role": "user", "content": "2 + 2 = ?"}]
-    return tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-
-
-# -- where a model's files are ------------------------------------------------------------------
-
-def _hub_snapshot(repo_id: str) -> Path | None:
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"],
-                                      local_files_only=True))
-    except Exception:  # not cached: we never go to the network just to look
-        return None
-
-
-def _local_path(source: str) -> Path | None:
-    if is_embedded(source):
-        from .resources import embedded_gguf_path, embedded_gguf_present
-
-        return embedded_gguf_path() if embedded_gguf_present() else None
-    if looks_like_path(source):
-        path = Path(source).expanduser()
-        return path if path.exists() else None
-    return _hub_snapshot(source)
-
-
-def model_available_offline(source: str) -> bool:
-    """Whether the model's files are on this machine (embedded, a path, or the HF cache)."""
-    return _local_path(source) is not None
 
 
 # -- memory -------------------------------------------------------------------------------------
@@ -93,10 +29,6 @@ def model_available_offline(source: str) -> bool:
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
                       "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
                       "BOOL": 1}
-# GGUF tensor types MLX loads: F32, F16, and the 32-weight blocks Q4_0, Q4_1, Q8_0 (bits per weight).
-_GGUF_FLOAT = {0: 4, 1: 2}
-_GGUF_QUANT_BITS = {2: 4, 3: 4, 8: 8}
-_GGUF_GROUP = 32
 
 
 @dataclass(frozen=True)
@@ -109,8 +41,6 @@ class _Weights:
 
 
 def _floats_become_fp32() -> bool:
-    from .loading import compute_dtype
-
     return compute_dtype() is not None  # on a CPU every float tensor is cast to float32
 
 
@@ -147,25 +77,25 @@ def _dir_weights(folder: Path) -> _Weights | None:
 
 
 def _read_json(path: Path) -> dict:
+    # An estimate goes on without a file the loader will complain about itself.
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(path)
+    except ModelFormatError:
         return {}
 
 
 def _gguf_weights(path: Path) -> _Weights:
-    from .gguf import read_header
-
     header = read_header(path)
     meta = header.meta
     size = params = 0
     for kind, count in header.tensors.values():
         params += count
-        if kind in _GGUF_FLOAT:
-            size += count * _float_width(_GGUF_FLOAT[kind])
-        elif kind in _GGUF_QUANT_BITS:
+        kind = ggml_type(kind)
+        if kind.float_bytes:
+            size += count * _float_width(kind.float_bytes)
+        elif kind.quant_bits:
             # MLX holds a block as packed weights plus a scale and a bias (fp16; fp32 on a CPU).
-            size += count * _GGUF_QUANT_BITS[kind] // 8 + 2 * (count // _GGUF_GROUP) * _float_width(2)
+            size += count * kind.quant_bits // 8 + 2 * (count // GGUF_GROUP_SIZE) * _float_width(2)
         else:  # a type the loader will refuse anyway: count it at 8 bits
             size += count
     arch = meta.get("general.architecture", "llama")
@@ -179,7 +109,7 @@ def _gguf_weights(path: Path) -> _Weights:
 
 
 def _weights(source: str) -> _Weights | None:
-    path = _local_path(source)
+    path = local_path(source)
     if path is None:
         return None
     if path.is_file():
@@ -242,8 +172,6 @@ def _gear_plane_bytes(weights: _Weights, gears: tuple[int, ...]) -> int:
     """Nesting in memory: the planes (top gear's bits + scales per plane) sit beside the source."""
     if weights.config.get("mlxswitch_gears"):
         return 0  # saved already nested: the files are the planes
-    from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
-
     planes = plane_bits_for(tuple(gears))
     per_param = sum(planes) / 8 + len(planes) * 2 * _float_width(2) / DEFAULT_GROUP_SIZE
     return int(weights.params * per_param)

@@ -17,7 +17,8 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-from .kernels.entropy import fused_token_signals, reference_token_signals
+from ..kernels.entropy import fused_token_signals, reference_token_signals
+from .router import max_entropy_bits
 
 __all__ = [
     "entropy_bits",
@@ -41,11 +42,6 @@ def token_signals(logits: mx.array) -> mx.array:
 def entropy_bits(logits: mx.array) -> mx.array:
     """Lazy fp32 scalar: Shannon entropy in bits of softmax(logits)."""
     return token_signals(logits)[0]
-
-
-def max_entropy_bits(vocab_size: int) -> float:
-    """Entropy of the uniform distribution over the vocabulary: log2 V."""
-    return math.log2(vocab_size)
 
 
 def _scratch(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

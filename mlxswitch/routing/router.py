@@ -35,30 +35,75 @@ Contract (the telemetry re-derives from it; `replay` and `derive_tiers` run it o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
-from .errors import UsageError
+from ..errors import SettingError, UsageError
 
 # Matches the bundled profiles (down = 0.6 x up): a tier keeps the lead for a while after taking it.
 DEFAULT_DOWN_RATIO = 0.6
+# As in the Entropy Adaptive Decoding paper: a 5-token rolling mean, 10 tokens before a move.
+DEFAULT_WINDOW = 5
+DEFAULT_MIN_RUN = 10
+
+
+def max_entropy_bits(vocab_size: int) -> float:
+    """Entropy of the uniform distribution over the vocabulary: log2 V (the normalisation unit)."""
+    return math.log2(vocab_size)
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """Thresholds, timing, normalisation and guard settings of the router."""
+    """Thresholds, timing, normalisation and guard settings of the router, checked when built.
+
+    Every source (flags, models.toml, /tau, the library) builds one of these, so the rules and
+    their messages live here once: the constructor refuses anything the router cannot honour.
+    `validate(num_tiers)` then checks the config against a ladder's shape.
+    """
 
     up: tuple[float, ...]
     down: tuple[float, ...] | None = None
-    window: int = 5
-    min_run: int = 10
+    window: int = DEFAULT_WINDOW
+    min_run: int = DEFAULT_MIN_RUN
     normalize: bool = False
     vocab_size: int | None = None
     guard_fraction: float = 0.9
     guard_count: int = 2
     top_local: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "up", tuple(float(u) for u in self.up))
+        if self.down is not None:
+            object.__setattr__(self, "down", tuple(float(d) for d in self.down))
+        downs = self.downs()
+        if len(downs) != len(self.up):
+            raise SettingError("down", f"{len(self.up) + 1} tiers need {len(self.up)} down threshold(s), "
+                                       f"got {len(downs)}")
+        if any(math.isnan(t) for t in (*self.up, *downs)):
+            raise SettingError("up", "thresholds cannot be NaN")
+        for i, (u, d) in enumerate(zip(self.up, downs)):
+            if d > u:
+                raise SettingError("down", f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}")
+        if self.normalize:
+            # Normalised entropies lie in [0, 1]: a finite threshold outside it is never crossed.
+            outside = [t for t in (*self.up, *downs) if math.isfinite(t) and not 0 <= t <= 1]
+            if outside:
+                raise SettingError("down" if set(outside) <= set(downs) - set(self.up) else "up",
+                                   "with normalize, thresholds are fractions of log2(V), between 0 and 1; "
+                                   f"got {', '.join(f'{t:g}' for t in outside)}")
+        if self.window < 1:
+            raise SettingError("window", f"the window must be at least 1 token (got {self.window})")
+        if self.min_run < 1:
+            raise SettingError("min_run", f"the min run must be at least 1 token (got {self.min_run})")
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise UsageError(f"the vocabulary size must be at least 2 (got {self.vocab_size})")
+        if not 0 < self.guard_fraction <= 1:
+            raise UsageError(f"the guard fraction must be in (0, 1] (got {self.guard_fraction:g})")
+        if self.guard_count < 1:
+            raise UsageError(f"the guard count must be at least 1 token (got {self.guard_count})")
 
     def downs(self) -> tuple[float, ...]:
         """Down thresholds: the explicit ones, else min(up, 0.6 x up) per boundary."""
@@ -67,36 +112,24 @@ class RouterConfig:
         return tuple(min(u, DEFAULT_DOWN_RATIO * u) for u in self.up)
 
     def validate(self, num_tiers: int) -> None:
-        """Refuse settings the router cannot honour, with a one-line user-facing message."""
+        """Refuse a config that does not fit a ladder of `num_tiers`, with a one-line message."""
         if num_tiers < 1:
             raise UsageError("the ladder has no tiers")
         if num_tiers == 1 and self.up:
-            raise UsageError("this ladder has a single tier: there are no thresholds to set")
+            raise SettingError("up", "this ladder has a single tier: there are no thresholds to set")
         if len(self.up) != num_tiers - 1:
-            raise UsageError(f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}")
-        downs = self.downs()
-        if len(downs) != len(self.up):
-            raise UsageError(f"{num_tiers} tiers need {len(self.up)} down threshold(s), got {len(downs)}")
-        if any(math.isnan(t) for t in (*self.up, *downs)):
-            raise UsageError("thresholds cannot be NaN")
-        for i, (u, d) in enumerate(zip(self.up, downs)):
-            if d > u:
-                raise UsageError(f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}")
-        if self.window < 1:
-            raise UsageError(f"the window must be at least 1 token (got {self.window})")
-        if self.min_run < 1:
-            raise UsageError(f"the min run must be at least 1 token (got {self.min_run})")
-        if self.vocab_size is not None and self.vocab_size < 2:
-            raise UsageError(f"the vocabulary size must be at least 2 (got {self.vocab_size})")
-        if self.normalize and self.vocab_size is None:
-            raise UsageError("normalised thresholds need the vocabulary size")
-        if not 0 < self.guard_fraction <= 1:
-            raise UsageError(f"the guard fraction must be in (0, 1] (got {self.guard_fraction:g})")
-        if self.guard_count < 1:
-            raise UsageError(f"the guard count must be at least 1 token (got {self.guard_count})")
+            raise SettingError("up", f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}")
         if self.top_local is not None and not 0 <= self.top_local < num_tiers:
             raise UsageError(f"the top local tier must be between 0 and {num_tiers - 1} "
                              f"(got {self.top_local})")
+
+    def with_vocab(self, vocab_size: int) -> "RouterConfig":
+        """The same settings for a ladder whose distributions have `vocab_size` entries."""
+        return dataclasses.replace(self, vocab_size=vocab_size)
+
+    def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> "RouterConfig":
+        """The same settings with new thresholds (checked like any other config)."""
+        return dataclasses.replace(self, up=up, down=down)
 
 
 @dataclass(frozen=True)
@@ -123,13 +156,15 @@ class Router:
 
     def __init__(self, config: RouterConfig, num_tiers: int):
         config.validate(num_tiers)
+        if config.normalize and config.vocab_size is None:
+            raise UsageError("normalised thresholds need the vocabulary size")
         self.config = config
         self.num_tiers = num_tiers
         self.top = num_tiers - 1
         self.top_local = self.top if config.top_local is None else config.top_local
         self._up = tuple(config.up)
         self._down = config.downs()
-        self._log2v = math.log2(config.vocab_size) if config.vocab_size else None
+        self._log2v = max_entropy_bits(config.vocab_size) if config.vocab_size else None
         # Compared in bits, so normalisation does not change which tokens are near-maximal.
         self._hot_bits = config.guard_fraction * self._log2v if self._log2v else math.inf
         self._rung, self._count, self._streak = 0, 0, 0

@@ -8,17 +8,15 @@ name is a cost, not a claim: from a 4-bit source no gear is more precise than th
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .errors import ModelFormatError, ModelNotFoundError, UsageError
+from ..errors import ModelFormatError, UsageError
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
@@ -26,7 +24,7 @@ SUPPORTED_PLANE_BITS = (2, 3, 4, 5, 6, 8)
 # Plane scales/biases are stored in half precision; fp16 keeps 3 more mantissa bits than bf16,
 # bf16 keeps fp32's range (a residual plane's scales, ~1e-5, are subnormal in fp16).
 STORAGE_DTYPE = mx.float16
-_HALF = (mx.float16, mx.bfloat16)
+HALF_DTYPES = (mx.float16, mx.bfloat16)
 # Whatever is not a plane is stored (and, when nesting, rounded) as a bf16 copy would hold it.
 OTHER_DTYPE = mx.bfloat16
 
@@ -170,7 +168,7 @@ def source_bits(model: nn.Module) -> int | None:
     state = getattr(model, "gear_state", None)
     if state is not None:  # already nested: the source was recorded then
         return state.source_bits
-    bits = [m.bits if isinstance(m, nn.QuantizedLinear) else None for _, m in _linear_layers(model)]
+    bits = [m.bits if isinstance(m, nn.QuantizedLinear) else None for _, m in linear_layers(model)]
     return None if not bits or None in bits else max(bits)
 
 
@@ -185,7 +183,7 @@ def honest_plane_bits(source_bits: int | None) -> tuple[int, ...]:
     return (min(source_bits, 4), 4)
 
 
-def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules()
             if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
 
@@ -199,7 +197,7 @@ def _source_weight(layer: nn.Module) -> mx.array:
     return layer.weight.astype(mx.float32)
 
 
-def _replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
+def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
     # One layer at a time, so a source layer is freed as soon as its planes exist (peak memory).
     *path, leaf = name.split(".")
     parent = root
@@ -221,7 +219,7 @@ def nest_model(model: nn.Module, plane_bits: tuple[int, ...] = DEFAULT_PLANE_BIT
     if getattr(model, "gear_state", None) is not None:
         raise UsageError(f"the model is already nested (gears {model.gear_state.gears}); load it afresh")
     state = GearState(plane_bits, source_bits(model))
-    layers = _linear_layers(model)
+    layers = linear_layers(model)
     dtype = activation_dtype(model)
     total = len(layers)
     for done in range(1, total + 1):
@@ -230,17 +228,17 @@ def nest_model(model: nn.Module, plane_bits: tuple[int, ...] = DEFAULT_PLANE_BIT
             nested = NestedLinear.from_linear(layer, plane_bits, group_size, state, scale_dtype, dtype)
         except ModelFormatError as exc:
             raise ModelFormatError(f"layer {name}: {exc}") from None
-        _replace_module(model, name, nested)
+        replace_module(model, name, nested)
         del layer
         if progress:
             progress(done, total)
-    if scale_dtype in _HALF:
+    if scale_dtype in HALF_DTYPES:
         _round_other_floats(model)
     model.gear_state = state  # a plain attribute of the model: not a parameter
     return state
 
 
-def _exact_dtype(value: mx.array, preferred: tuple[mx.Dtype, ...]) -> mx.Dtype | None:
+def exact_dtype(value: mx.array, preferred: tuple[mx.Dtype, ...]) -> mx.Dtype | None:
     """The first of `preferred` that holds `value` exactly, if any."""
     for dtype in preferred:
         if mx.array_equal(value.astype(dtype).astype(value.dtype), value).item():
@@ -252,7 +250,7 @@ def _round_other_floats(model: nn.Module) -> None:
     # What runs is what gets saved: float tensors outside the planes are rounded once to bf16.
     rounded = [(k, v.astype(OTHER_DTYPE).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
                if ".planes." not in k and mx.issubdtype(v.dtype, mx.floating)
-               and _exact_dtype(v, _HALF) is None]
+               and exact_dtype(v, HALF_DTYPES) is None]
     if rounded:
         model.load_weights(rounded, strict=False)
         mx.eval(model.parameters())
@@ -334,98 +332,15 @@ def gear_report(model: nn.Module, source: int | None = ...) -> GearReport:
     """Resident bytes and per-gear bytes read of a nested model (source bits: as recorded)."""
     state: GearState = model.gear_state
     source = state.source_bits if source is ... else source
-    return GearReport(state.gears, state.plane_bits, _group_size(model), source,
+    return GearReport(state.gears, state.plane_bits, plane_group_size(model), source,
                       resident_bytes(model), {g: bytes_per_token(model, g) for g in state.gears})
 
 
-def _group_size(model: nn.Module) -> int:
+def plane_group_size(model: nn.Module) -> int:
     for _, module in model.named_modules():
         if isinstance(module, NestedLinear):
             return module.group_size
     return DEFAULT_GROUP_SIZE
-
-
-# -- saving and loading -------------------------------------------------------------------------
-
-def save_geared(model: nn.Module, config: dict, out_dir: Path, scale_dtype: mx.Dtype = STORAGE_DTYPE) -> Path:
-    """Write model.safetensors (planes; half-precision scales) and config.json (+ "mlxswitch_gears").
-
-    Lossless: each float tensor goes out in the first of scale_dtype (planes) / bf16 (the rest)
-    and the other half dtype that holds it exactly, else in float32 — so nest with the same
-    scale_dtype to get half-size scales. Tokenizer files are the caller's.
-    """
-    state: GearState = model.gear_state
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    weights = {}
-    for name, value in tree_flatten(model.parameters()):
-        if mx.issubdtype(value.dtype, mx.floating):
-            first = scale_dtype if ".planes." in name else OTHER_DTYPE
-            value = value.astype(_exact_dtype(value, (first, *_HALF)) or mx.float32)
-        weights[name] = value
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
-    # The source's quantization keys describe the source's tensors, not these planes.
-    saved = {k: v for k, v in config.items()
-             if k not in ("quantization", "quantization_config", "quantization_label")}
-    embedding = next((m for _, m in model.named_modules() if isinstance(m, nn.QuantizedEmbedding)), None)
-    saved["mlxswitch_gears"] = {
-        **config.get("mlxswitch_gears", {}),
-        "plane_bits": list(state.plane_bits), "group_size": _group_size(model),
-        "source_bits": state.source_bits,
-        "embedding": ({"bits": embedding.bits, "group_size": embedding.group_size,
-                       "mode": embedding.mode} if embedding is not None else None),
-    }
-    (out_dir / "config.json").write_text(json.dumps(saved, indent=2))
-    return out_dir
-
-
-def load_geared(out_dir: Path, float_dtype: mx.Dtype | None = None) -> tuple[nn.Module, dict]:
-    """Rebuild a saved nested model without re-quantizing; floats cast to float_dtype (fp32 on CPU)."""
-    from mlx_lm.utils import _get_classes
-
-    from .loading import compute_dtype, load_checked_weights
-
-    path = Path(out_dir)
-    if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
-        raise ModelNotFoundError(f"{path}: no saved nested-gear model (config.json, model.safetensors)")
-    config = json.loads((path / "config.json").read_text())
-    spec = config.get("mlxswitch_gears")
-    if not spec:
-        raise ModelFormatError(f"{path}: config.json has no mlxswitch_gears section")
-    # One dtype for everything: quantized_matmul promotes mixed fp16/bf16 scales to fp32.
-    dtype = float_dtype or compute_dtype() or OTHER_DTYPE
-    try:
-        model_class, args_class = _get_classes(config)
-    except ValueError as exc:
-        raise ModelFormatError(f"{path}: {str(exc).splitlines()[0]}") from None
-    model = model_class(args_class.from_dict(config))
-    if spec.get("embedding"):
-        nn.quantize(model, class_predicate=lambda _, m: isinstance(m, nn.Embedding) and spec["embedding"])
-    state = GearState(tuple(spec["plane_bits"]), spec.get("source_bits"))
-    for name, layer in _linear_layers(model):
-        _replace_module(model, name, NestedLinear.skeleton(
-            layer.weight.shape[0], layer.weight.shape[1], state.plane_bits, spec["group_size"],
-            state, "bias" in layer, dtype))
-    if config.get("rope_freqs"):
-        from .gguf import use_rope_factors
-
-        use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
-    load_checked_weights(model, mx.load(str(path / "model.safetensors")), dtype,
-                         f"{path}: saved gears do not fit its config")
-    model.gear_state = state
-    return model, config
-
-
-def load_geared_dir(source: str, path: Path, name: str):
-    """A saved nested-gear directory as a LoadedModel (model, tokenizer, config, precision note)."""
-    from mlx_lm.utils import load_tokenizer
-
-    from .loading import LoadedModel
-
-    model, config = load_geared(path)
-    tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
-    return LoadedModel(source, name, model, tokenizer, config,
-                       precision=gear_report(model).honesty_note())
 
 
 def prepare_geared(loaded, gears: tuple[int, ...], progress: Callable[[str], None] | None = None):
@@ -444,21 +359,3 @@ def prepare_geared(loaded, gears: tuple[int, ...], progress: Callable[[str], Non
                          f"gear(s) {', '.join(map(str, missing))} are not among them")
     loaded.precision = gear_report(model).honesty_note()
     return loaded
-
-
-def build_and_save(source: str, out: Path, plane_bits: tuple[int, ...] | None = None,
-                   group_size: int = DEFAULT_GROUP_SIZE) -> list[str]:
-    """Load `source`, nest it (default planes: honest for the source) and save it with its tokenizer."""
-    from .loading import load_model
-
-    loaded = load_model(source)
-    planes = tuple(plane_bits or honest_plane_bits(source_bits(loaded.model)))
-    plane_bits_for(tuple(sum(planes[: i + 1]) for i in range(len(planes))))  # validates widths
-    nest_model(loaded.model, planes, group_size)
-    report = gear_report(loaded.model)
-    out = Path(out)
-    save_geared(loaded.model, {**loaded.config, "mlxswitch_gears": {"source": loaded.source}}, out)
-    loaded.tokenizer._tokenizer.save_pretrained(str(out))
-    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    return [f"built {out} from {source}", *report.lines(), f"saved {size / 1e6:.1f} MB"]
-

@@ -9,15 +9,12 @@ from typing import Annotated, Optional
 import typer
 
 from . import ui
-from .errors import MlxSwitchError
+from ..errors import MlxSwitchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure.")
 gears_app = typer.Typer(no_args_is_help=True, help="Build nested-gear models (one footprint, every precision).")
 app.add_typer(gears_app, name="gears")
-
-EXIT_INTERRUPTED = 130
-
 
 def main() -> None:
     """Console-script entry point: run the app, turning our errors into one line and an exit code."""
@@ -62,8 +59,8 @@ def chat(
     force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
 ) -> None:
     """Chat on a terminal, or answer prompts piped through stdin."""
-    from .api import open_chat, resolve_profile
-    from .engine import GenerationSettings
+    from ..api import open_chat, resolve_profile
+    from ..decoding.session import GenerationSettings
 
     try:
         chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears,
@@ -71,7 +68,6 @@ def chat(
                                  normalize=normalize)
         settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p,
                                       top_k=top_k, min_p=min_p, seed=seed, stop=tuple(stop or ()))
-        settings.validate()
         interactive = sys.stdin.isatty() and not json_output
         prompts = None if interactive else _read_prompts(whole)
         if prompts == []:
@@ -83,7 +79,7 @@ def chat(
         raise _fail(exc)
     from .chat import ChatRunner
 
-    runner = ChatRunner(session, profile=chosen, json_output=json_output, color=color, shade=shade,
+    runner = ChatRunner(session, json_output=json_output, color=color, shade=shade,
                         telemetry=telemetry)
     code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
     raise typer.Exit(code)
@@ -99,7 +95,7 @@ def _read_prompts(whole: bool) -> list[str]:
 @app.command()
 def models() -> None:
     """List the profiles of models.toml and whether their models are on this machine."""
-    from .api import profile_rows
+    from ..checks import profile_rows
 
     try:
         rows = profile_rows()
@@ -111,16 +107,18 @@ def models() -> None:
 @app.command()
 def doctor() -> None:
     """Check MLX, the backends, the kernels, the embedded model and the Anthropic key."""
-    from .api import doctor_report
+    from ..checks import doctor_report
 
     try:
-        sections = doctor_report()
+        report = doctor_report()
     except MlxSwitchError as exc:
         raise _fail(exc)
     console = ui.make_console()
-    for title, rows in sections:
+    for title, rows in report.sections:
         console.print(ui.key_value_table(title, rows))
         console.print()
+    console.print(report.verdict(), soft_wrap=True)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @gears_app.command("build")
@@ -131,7 +129,7 @@ def gears_build(
     group_size: Annotated[int, typer.Option(help="Quantization group size.")] = 64,
 ) -> None:
     """Turn a model into a nested-gear model saved as safetensors plus config."""
-    from .api import build_gears, parse_int_list
+    from ..api import build_gears, parse_int_list
 
     try:
         plane_bits = parse_int_list(planes, "--planes") if planes else None

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
+import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from .loading import LoadedModel, load_model
+from ..models.gears import bytes_per_token
+from ..models.weights import LoadedModel
 
-ProgressCallback = Callable[[str], None]
 
-
-@dataclass
+@dataclass(eq=False)
 class CacheGroup:
-    """One model's KV cache and how many of the conversation's token ids it already holds."""
+    """One model's KV cache and how many of the conversation's token ids it holds (`seen`).
+
+    The group owns its position: only `feed`, `rewind` and `reset` move it. Gear tiers of one
+    model share a group; `prefill_gear` is the gear that writes lasting K/V for long inputs.
+    """
 
     model: LoadedModel
+    name: str = ""
+    prefill_gear: int | None = None
     cache: list = field(default_factory=list)
     seen: int = 0
 
@@ -28,6 +33,27 @@ class CacheGroup:
     def trimmable(self) -> bool:
         """Whether the cache can drop its newest tokens (attention caches can; recurrent ones not)."""
         return can_trim_prompt_cache(self.cache)
+
+    def feed(self, inputs: mx.array, gear: int | None, chunk: int) -> mx.array:
+        """Run the model over `inputs` (ids after `seen`); lazy logits of the last position.
+
+        All but the last id only fill the cache, in chunks, at the prefill gear: evaluating the
+        cache state alone skips the output head for them (as mlx-lm's prefill does), and cheap
+        gears never write lasting low-precision K/V for a prompt.
+        """
+        model = self.model.model
+        if inputs.size > 1:
+            self._activate(self.prefill_gear)
+        while inputs.size > 1:
+            part = inputs[: min(chunk, inputs.size - 1)]
+            model(part[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries
+            self.seen += part.size
+            inputs = inputs[part.size:]
+        self.seen += inputs.size
+        self._activate(gear)
+        return model(inputs[None], cache=self.cache)[:, -1, :]
 
     def rewind(self, keep: int) -> None:
         """Keep only the first `keep` tokens, trimming when possible and starting over otherwise."""
@@ -44,30 +70,26 @@ class CacheGroup:
         self.cache = make_prompt_cache(self.model.model)
         self.seen = 0
 
+    def _activate(self, gear: int | None) -> None:
+        if gear is not None:
+            self.model.model.gear_state.set(gear)
 
-@dataclass
+
+@dataclass(eq=False)
 class Tier:
     """A rung of the ladder: a name, the cache group it decodes with and, for gears, its gear."""
 
     name: str
     group: CacheGroup
     gear: int | None = None
-    bytes_per_token: int = 0  # weights read per decoded token
 
     def __post_init__(self) -> None:
-        from .gears import bytes_per_token
-
         self.bytes_per_token = bytes_per_token(self.group.model.model, self.gear)
 
     @property
     def model(self) -> LoadedModel:
         """The loaded model this tier runs."""
         return self.group.model
-
-    def activate(self) -> None:
-        """Make this tier's precision the one the shared model computes with (gears only)."""
-        if self.gear is not None:
-            self.group.model.model.gear_state.set(self.gear)
 
 
 @dataclass
@@ -114,34 +136,18 @@ class Ladder:
 
 def single_model_ladder(model: LoadedModel, name: str = "model") -> Ladder:
     """A one-tier ladder: plain decoding on one model."""
-    return Ladder([Tier(name, CacheGroup(model))], description=model.name)
+    return Ladder([Tier(name, CacheGroup(model, name))], description=model.name)
 
 
 def pair_ladder(small: LoadedModel, large: LoadedModel) -> Ladder:
     """A small → large ladder; the models must share a tokenizer (checked by the caller)."""
-    return Ladder([Tier("small", CacheGroup(small)), Tier("large", CacheGroup(large))],
+    return Ladder([Tier("small", CacheGroup(small, "small")), Tier("large", CacheGroup(large, "large"))],
                   description=f"{small.name} → {large.name}")
 
 
 def gear_ladder(model: LoadedModel, gears: list[int]) -> Ladder:
-    """Gear tiers of one nested-gear model sharing a single cache."""
-    group = CacheGroup(model)
-    return Ladder([Tier(f"g{bits}", group, gear=bits) for bits in gears],
+    """Gear tiers of one nested-gear model sharing a single cache, prefilled at the top gear."""
+    names = [f"g{bits}" for bits in gears]
+    group = CacheGroup(model, "+".join(names), prefill_gear=gears[-1])
+    return Ladder([Tier(name, group, gear=bits) for name, bits in zip(names, gears)],
                   description=f"{model.name} gears {'/'.join(map(str, gears))}")
-
-
-def load_pair(small_source: str, large_source: str,
-              progress: ProgressCallback | None = None) -> Ladder:
-    """Load two models, check that they share a tokenizer, and build their ladder."""
-    from .validation import check_shared_tokenizer
-
-    small = _load(small_source, progress)
-    large = _load(large_source, progress)
-    check_shared_tokenizer(small.source, small.tokenizer, large.source, large.tokenizer)
-    return pair_ladder(small, large)
-
-
-def _load(source: str, progress: ProgressCallback | None) -> LoadedModel:
-    if progress:
-        progress(f"loading {source}")
-    return load_model(source)

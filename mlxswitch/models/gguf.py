@@ -16,21 +16,47 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
+from .weights import load_checked_weights, model_classes
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 GROUP_SIZE = 32  # every GGUF block format that mx.load maps onto MLX quantization has 32 values
 
-# ggml tensor types mx.load hands over faithfully. It silently dequantizes some others (the
-# K-quants) to float16 at 4-8x their size, so those are refused by name, read from the header.
-_NATIVE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
-_OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K",
-                14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
-                20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
-                27: "I64", 28: "F64", 29: "IQ1_M"}
+
+
+@dataclass(frozen=True)
+class GGMLType:
+    """A ggml tensor type: whether we load it, and what an element costs once loaded."""
+
+    name: str
+    native: bool = False  # mx.load hands it over faithfully
+    float_bytes: int = 0  # a float type: bytes per element as mx.load returns it
+    quant_bits: int = 0  # a 32-value block type: bits per weight (plus a scale and bias per block)
+
+
+# One table for the loader and the memory estimate. mx.load silently dequantizes some types
+# (the K-quants) to float16 at 4-8x their size, so those are refused by name, read from the header.
+# It reads BF16 as float16 (2 bytes).
+GGML_TYPES = {
+    0: GGMLType("F32", True, float_bytes=4), 1: GGMLType("F16", True, float_bytes=2),
+    2: GGMLType("Q4_0", True, quant_bits=4), 3: GGMLType("Q4_1", True, quant_bits=4),
+    8: GGMLType("Q8_0", True, quant_bits=8), 30: GGMLType("BF16", True, float_bytes=2),
+    **{k: GGMLType(name) for k, name in {
+        6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+        15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL",
+        21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64",
+        28: "F64", 29: "IQ1_M"}.items()},
+}
 _BF16 = 30
+
+
+def ggml_type(kind: int) -> GGMLType:
+    """The table entry of a ggml type id (an unknown id: a foreign type named by its number)."""
+    return GGML_TYPES.get(kind, GGMLType(f"type {kind}"))
+
+
 # `general.file_type` (llama.cpp's ftype) names, for display.
 _FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
                11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
@@ -190,13 +216,13 @@ def _header_types_or_none(path: Path) -> dict[str, int] | None:
 
 
 def _refuse_foreign_types(path: Path, types: dict[str, int] | None) -> None:
-    foreign = {name: kind for name, kind in (types or {}).items() if kind not in _NATIVE_TYPES}
+    foreign = {name: kind for name, kind in (types or {}).items() if not ggml_type(kind).native}
     if foreign:
         first, kind = next(iter(foreign.items()))
-        kinds = sorted({_OTHER_TYPES.get(k, f"type {k}") for k in foreign.values()})
+        kinds = sorted({ggml_type(k).name for k in foreign.values()})
         raise ModelFormatError(
             f"{path.name}: {len(foreign)} tensor(s) use {'/'.join(kinds)} (first: '{first}', "
-            f"{_OTHER_TYPES.get(kind, f'type {kind}')}); only F32/F16/BF16/Q4_0/Q4_1/Q8_0 GGUF "
+            f"{ggml_type(kind).name}); only F32/F16/BF16/Q4_0/Q4_1/Q8_0 GGUF "
             "tensors are supported — pick a Q4_0, Q8_0 or F16 file")
 
 
@@ -308,11 +334,7 @@ def _dominant_float_dtype(tensors: dict) -> mx.Dtype:
 
 
 def _build_model(config: dict, weights: dict, float_dtype: mx.Dtype, path: Path) -> nn.Module:
-    from mlx_lm.utils import _get_classes
-
-    from .loading import load_checked_weights
-
-    model_class, args_class = _get_classes(config)
+    model_class, args_class = model_classes(config, path.name)
     model = model_class(args_class.from_dict(config))
     bits = _layer_bits(weights)
     nn.quantize(model, class_predicate=lambda name, _: name in bits and

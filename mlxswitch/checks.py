@@ -1,0 +1,99 @@
+"""What `mlxswitch models` and `mlxswitch doctor` report: profiles, backends, kernels, the default ladder."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+from . import __version__
+from .errors import MlxSwitchError
+from .models.gears import resident_bytes
+from .models.sources import model_available_offline
+from .profiles import load_profiles, user_models_toml
+from .resources import bundled_models_toml, embedded_gguf_path, metal_dir
+
+
+def profile_rows() -> list[dict]:
+    """One row per profile for `mlxswitch models`: mode, tiers, models and offline availability."""
+    profiles = load_profiles()
+    return [{"name": p.name, "default": p.name == profiles.default, "mode": p.mode,
+             "tiers": list(p.tier_names()), "models": list(p.models), "notes": p.description,
+             "offline": [model_available_offline(source) for source in p.models]}
+            for p in profiles]
+
+
+@dataclass
+class DoctorReport:
+    """Sections of facts, and the problems that make the verdict 'not ok'."""
+
+    sections: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the default profile loads and every check passed."""
+        return not self.problems
+
+    def verdict(self) -> str:
+        """One line a script can read: `doctor: ok` or `doctor: FAIL: …`."""
+        return "doctor: ok" if self.ok else "doctor: FAIL: " + "; ".join(self.problems)
+
+
+def doctor_report() -> DoctorReport:
+    """Check MLX, the backends, the models.toml files, the embedded model, the default ladder, kernels."""
+    import mlx.core as mx
+
+    from .api import build_ladder, resolve_profile
+    from .kernels import kernel_self_check
+
+    report = DoctorReport()
+    cuda = getattr(mx, "cuda", None)
+    report.sections.append(("system", [
+        ("mlxswitch", __version__),
+        ("python", platform.python_version()),
+        ("platform", f"{platform.system()} {platform.machine()}"),
+        ("mlx", mx.__version__),
+        ("default device", "gpu" if mx.default_device() == mx.gpu else "cpu"),
+        ("metal", "available" if mx.metal.is_available() else "not available"),
+        ("cuda", "available" if cuda is not None and cuda.is_available() else "not available"),
+        ("metal sources", str(metal_dir())),
+    ]))
+
+    user = user_models_toml()
+    origin = "$MLXSWITCH_MODELS" if os.environ.get("MLXSWITCH_MODELS") else "user"
+    files = [("models.toml (bundled)", str(bundled_models_toml())),
+             (f"models.toml ({origin})", str(user) if user.exists() else f"{user} (none)")]
+    models: list[tuple[str, str]] = []
+    try:
+        embedded = f"ok, checksum verified ({embedded_gguf_path()})"
+    except MlxSwitchError as exc:
+        embedded = f"missing: {exc}"
+        report.problems.append("embedded model missing")
+    models.append(("embedded model", embedded))
+    key = os.environ.get("ANTHROPIC_API_KEY")
+    models.append(("anthropic key", "set (ANTHROPIC_API_KEY)" if key else "not set"))
+    report.sections.append(("configuration", files + models))
+
+    ladder_rows: list[tuple[str, str]] = []
+    try:
+        default = resolve_profile(None)
+        ladder_rows.append(("default profile", f"{default.name} ({default.mode}: {', '.join(default.models)})"))
+        ladder = build_ladder(default)
+        for tier in ladder.tiers:
+            ladder_rows.append((f"tier {tier.name}", f"{tier.bytes_per_token / 1e6:.1f} MB read per token"))
+        for group in ladder.groups:
+            ladder_rows.append((f"resident {group.model.name}",
+                                f"{resident_bytes(group.model.model) / 1e6:.1f} MB; {group.model.precision}"))
+    except MlxSwitchError as exc:
+        ladder_rows.append(("load", f"failed: {exc}"))
+        report.problems.append(f"the default profile cannot load ({exc})")
+    report.sections.append(("default ladder", ladder_rows))
+
+    kernels = []
+    for check in kernel_self_check():
+        kernels.append((f"{check.name} [{check.backend}]", check.status))
+        if check.status.startswith(("mismatch", "failed")):  # works (falls back), but say so
+            report.problems.append(f"kernel {check.name}: {check.status}")
+    report.sections.append(("kernels", kernels))
+    return report

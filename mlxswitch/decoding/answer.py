@@ -1,0 +1,220 @@
+"""Answers built from the loop's steps: streamed text, per-token events and the summary.
+
+An event is final when it is handed out: the newest one is held back until the next step
+arrives or the answer ends, because only then is its text complete (the detokenizer releases
+its last bytes, and a held-back stop-string prefix, at the end).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from .loop import Step
+
+FINISH_REASONS = ("stop", "length", "interrupted")
+
+
+def json_float(value: float) -> float | str:
+    """A float for JSON: rounded when finite, "nan"/"inf"/"-inf" strings otherwise."""
+    # JSON has no NaN/inf; strings keep them distinct from null (no entropy) and float() reads them.
+    if not math.isfinite(value):
+        return str(float(value))
+    return round(float(value), 6)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token: what it is, which tier made it, and the router's view of it."""
+
+    index: int
+    id: int
+    text: str
+    tier: str
+    rung: int
+    entropy: float
+    mean: float
+    guard: bool
+    elapsed_s: float
+    tried: tuple[str, ...] = ()  # tiers that computed this position, when more than the one that made it
+
+    def record(self) -> dict:
+        """The JSON record of this token (the same in --json and --telemetry)."""
+        out = {"id": self.id, "text": self.text, "tier": self.tier,
+               "entropy": json_float(self.entropy), "mean": json_float(self.mean)}
+        if self.guard:
+            out["guard"] = True
+        if len(self.tried) > 1:
+            out["tried"] = list(self.tried)
+        return out
+
+
+@dataclass
+class AnswerSummary:
+    """What one answer cost and where its tokens came from."""
+
+    prompt: str
+    text: str
+    finish_reason: str  # one of FINISH_REASONS
+    tokens: list[TokenEvent]
+    prompt_tokens: int
+    prefilled_tokens: int
+    initial_entropy: float
+    tier_names: list[str]
+    elapsed_s: float
+    first_token_s: float
+    peak_memory_gb: float
+    catch_up_tokens: dict[str, int] = field(default_factory=dict)
+    tier_bytes: dict[str, int] = field(default_factory=dict)
+    ended_by_eos: bool = False
+
+    @property
+    def mean_bytes_per_token(self) -> float:
+        """Weights read per token of this answer: every tier that computed its position counts."""
+        if not self.tokens:
+            return 0.0
+        return sum(self.tier_bytes.get(name, 0) for e in self.tokens
+                   for name in (e.tried or (e.tier,))) / len(self.tokens)
+
+    @property
+    def generated(self) -> int:
+        """Number of tokens in the answer."""
+        return len(self.tokens)
+
+    @property
+    def tier_counts(self) -> dict[str, int]:
+        """Tokens per tier, every tier listed."""
+        counts = {name: 0 for name in self.tier_names}
+        for event in self.tokens:
+            counts[event.tier] += 1
+        return counts
+
+    @property
+    def switches(self) -> int:
+        """How often consecutive tokens came from different tiers."""
+        return sum(a.tier != b.tier for a, b in zip(self.tokens, self.tokens[1:]))
+
+    @property
+    def tok_per_s(self) -> float:
+        """Decode speed after the first token (the first token's time is prompt processing)."""
+        if self.generated < 2:
+            return 0.0
+        decode_s = self.tokens[-1].elapsed_s - self.tokens[0].elapsed_s
+        return (self.generated - 1) / decode_s if decode_s > 0 else 0.0
+
+    def stats(self) -> dict:
+        """The `stats` object of the JSON output."""
+        return {
+            "generated": self.generated,
+            "prompt_tokens": self.prompt_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
+            "tiers": self.tier_counts,
+            "switches": self.switches,
+            "catch_up_tokens": self.catch_up_tokens,
+            "tok_per_s": round(self.tok_per_s, 3),
+            "first_token_s": round(self.first_token_s, 4),
+            "elapsed_s": round(self.elapsed_s, 4),
+            "peak_memory_gb": round(self.peak_memory_gb, 4),
+            "bytes_per_token": self.tier_bytes,
+            "mean_bytes_per_token": round(self.mean_bytes_per_token),
+        }
+
+
+class TextAssembler:
+    """Streams detokenized text, holding back what could still become a stop string."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...]):
+        self.detokenizer = tokenizer.detokenizer
+        self.detokenizer.reset()
+        self.stop = tuple(s for s in stop if s)
+        self.emitted = 0
+        self.text = ""
+        self.stopped = False
+
+    def add(self, token: int) -> str:
+        """Add a token; return the newly safe text (may be empty)."""
+        self.detokenizer.add_token(token)
+        self.text += self.detokenizer.last_segment
+        for s in self.stop:
+            at = self.text.find(s)
+            if at >= 0:
+                self.text, self.stopped = self.text[:at], True
+        return self._release(final=self.stopped)
+
+    def finish(self) -> str:
+        """Flush the detokenizer; return the remaining text."""
+        if not self.stopped:
+            self.detokenizer.finalize()
+            self.text += self.detokenizer.last_segment
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        safe = len(self.text)
+        if not final:
+            for s in self.stop:  # keep back a tail that is a prefix of a stop string
+                for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        safe = min(safe, len(self.text) - k)
+                        break
+        piece, self.emitted = self.text[self.emitted:safe], max(self.emitted, safe)
+        return piece
+
+
+class AnswerBuilder:
+    """Turns steps into final TokenEvents and, at the end, the AnswerSummary."""
+
+    def __init__(self, prompt: str, tokenizer, stop: tuple[str, ...], tier_names: list[str],
+                 prompt_tokens: int, prefilled: int, group_names: list[str],
+                 tier_bytes: dict[str, int]):
+        self.prompt = prompt
+        self.tier_names = tier_names
+        self.prompt_tokens = prompt_tokens
+        self.prefilled = prefilled  # prompt tokens beyond what the conversation already held
+        self.text = TextAssembler(tokenizer, stop)
+        self.events: list[TokenEvent] = []
+        self.catch_up = {name: 0 for name in group_names}
+        self.tier_bytes = tier_bytes
+        self.start = time.perf_counter()
+        self._held: TokenEvent | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string ended the text."""
+        return self.text.stopped
+
+    def add(self, step: Step) -> TokenEvent | None:
+        """Take a step; return the previous token's event, now final (None for the first)."""
+        elapsed = time.perf_counter() - self.start
+        for name, count in step.catch_up.items():
+            self.catch_up[name] += count
+        tried = tuple(self.tier_names[r] for r in step.tried) if len(step.tried) > 1 else ()
+        released, self._held = self._held, TokenEvent(
+            len(self.events), step.token, self.text.add(step.token), self.tier_names[step.rung],
+            step.rung, step.entropy, step.mean, step.guard, elapsed, tried)
+        self.events.append(self._held)
+        return released
+
+    def finish(self, finish_reason: str, initial_entropy: float, peak_memory_gb: float,
+               ended_by_eos: bool = False) -> tuple[TokenEvent | None, AnswerSummary]:
+        """The last event (its text completed) and the summary of the answer."""
+        last, self._held = self._held, None
+        if finish_reason == "interrupted":
+            # Nobody received the held token: the answer is what was handed out.
+            if last is not None:
+                self.events.pop()
+            last = None
+        else:
+            tail = self.text.finish()
+            if last is not None and tail:
+                last = TokenEvent(**{**last.__dict__, "text": last.text + tail})
+                self.events[-1] = last
+        summary = AnswerSummary(
+            prompt=self.prompt, text="".join(e.text for e in self.events), finish_reason=finish_reason,
+            tokens=list(self.events), prompt_tokens=self.prompt_tokens,
+            prefilled_tokens=self.prefilled, initial_entropy=initial_entropy,
+            tier_names=self.tier_names, elapsed_s=time.perf_counter() - self.start,
+            first_token_s=self.events[0].elapsed_s if self.events else 0.0,
+            peak_memory_gb=peak_memory_gb, catch_up_tokens=dict(self.catch_up),
+            tier_bytes=self.tier_bytes, ended_by_eos=ended_by_eos)
+        return last, summary

@@ -1,0 +1,150 @@
+"""The token loop: one sequence of ids, tiers that catch up on it, a policy that picks the tier.
+
+Per position the policy names a rung; that rung's cache group is fed the ids it has not seen
+(catch-up) and samples a token. The policy may have a higher rung recompute the same position
+(`review`); once a token is taken it decides the next position (`commit`). The loop yields a
+`Step` per token and knows nothing of text, timing or answers.
+
+Pipelining as in mlx-lm's generate_step: the next position is built on the same rung and
+`async_eval`ed before this token is read. A move is rare (min_run), and then that speculative
+step is undone by trimming its cache group by one token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import mlx.core as mx
+
+from ..routing.policies import Policy
+from ..routing.signals import token_signals
+from .tiers import CacheGroup, Ladder
+
+Sampler = Callable[[mx.array], mx.array]
+# mlx-lm's habit: give the buffer cache back every 256 generated tokens.
+CLEAR_CACHE_EVERY = 256
+
+
+@dataclass(frozen=True)
+class Step:
+    """One generated token and how it was made."""
+
+    token: int
+    rung: int  # the tier whose token was taken
+    entropy: float  # bits, of the distribution that token was sampled from
+    mean: float  # the policy's rolling mean after this token
+    guard: bool  # this token's tier was chosen by the catastrophic guard
+    tried: tuple[int, ...]  # rungs that computed this position, in order; the last made the token
+    catch_up: dict[str, int] = field(default_factory=dict)  # ids fed per cache group to catch up
+
+
+@dataclass
+class _Pending:
+    """A position computed lazily on one rung: the sampled id and its signals, not yet read."""
+
+    rung: int
+    token: mx.array
+    signals: mx.array
+    catch_up: dict[str, int]
+
+    def entropy(self) -> float:
+        return float(self.signals[0].item())
+
+
+class TokenLoop:
+    """Decodes one answer onto `ids` (the conversation so far, extended in place)."""
+
+    def __init__(self, ladder: Ladder, ids: list[int], policy: Policy, sampler: Sampler,
+                 prefill_step: int = 512):
+        self.ladder = ladder
+        self.ids = ids
+        self.policy = policy
+        self.sampler = sampler
+        self.prefill_step = prefill_step
+        self.prompt_tokens = len(ids)
+        self.initial_entropy = math.nan
+        self.ended_by_eos = False
+
+    def steps(self, budget: int) -> Iterator[Step]:
+        """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
+        eos = self.ladder.tokenizer.eos_token_ids
+        # The bottom tier's entropy at the end of the prompt seeds the policy.
+        first = self._produce(0)
+        self.initial_entropy = first.entropy()
+        decision = self.policy.start(self.initial_entropy)
+        guard = decision.guard
+        pending = first if decision.rung == 0 else self._produce(decision.rung)
+        mx.async_eval(pending.token, pending.signals)
+        for n in range(budget):
+            if self.policy.may_review(pending.rung):
+                pending, tried, catch_up = self._settle(pending)
+            else:  # read nothing before the next step is queued: the pipeline stays full
+                tried, catch_up = (pending.rung,), pending.catch_up
+            speculative = None
+            if n + 1 < budget:
+                speculative = self._produce(pending.rung, pending.token)
+                mx.async_eval(speculative.token, speculative.signals)
+            token, entropy = int(pending.token.item()), pending.entropy()
+            self.ids.append(token)
+            decision = self.policy.commit(pending.rung, entropy)
+            if token in eos:
+                self.ended_by_eos = True
+                return
+            yield Step(token, pending.rung, entropy, decision.mean, guard, tried, catch_up)
+            if n and n % CLEAR_CACHE_EVERY == 0:
+                mx.clear_cache()
+            if speculative is None:
+                continue
+            if decision.rung != pending.rung:
+                self._roll_back(self._group(pending.rung))
+                pending = self._produce(decision.rung)
+                mx.async_eval(pending.token, pending.signals)
+                guard = decision.guard
+            else:
+                pending, guard = speculative, False
+
+    def _settle(self, pending: _Pending) -> tuple[_Pending, tuple[int, ...], dict[str, int]]:
+        """Let the policy have higher rungs recompute this position until it keeps a token."""
+        tried, catch_up = [pending.rung], dict(pending.catch_up)
+        while True:
+            higher = self.policy.review(pending.rung, pending.entropy())
+            if higher is None:
+                return pending, tuple(tried), catch_up
+            pending = self._produce(higher)
+            tried.append(higher)
+            for name, count in pending.catch_up.items():
+                catch_up[name] = catch_up.get(name, 0) + count
+
+    def _produce(self, rung: int, token: mx.array | None = None) -> _Pending:
+        """Lazily run rung's tier on the ids its group has not seen (or on `token`)."""
+        tier = self.ladder.tiers[rung]
+        group = tier.group
+        catch_up = {}
+        if token is None:
+            if group.seen >= len(self.ids):
+                # It holds every id already but this position must be computed (again) here.
+                self._roll_back(group, required=True)
+            # Generated ids this group did not compute itself: the price of switching.
+            fed = len(self.ids) - max(group.seen, self.prompt_tokens)
+            if fed > 0:
+                catch_up[group.name] = fed
+            token = mx.array(self.ids[group.seen:])
+        logits = group.feed(token, tier.gear, self.prefill_step)
+        signals = token_signals(logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return _Pending(rung, self.sampler(logprobs), signals, catch_up)
+
+    def _group(self, rung: int) -> CacheGroup:
+        return self.ladder.tiers[rung].group
+
+    @staticmethod
+    def _roll_back(group: CacheGroup, required: bool = False) -> None:
+        """Drop the group's newest token so that it is fed again, by whichever tier needs it."""
+        if group.trimmable:
+            group.rewind(group.seen - 1)
+        elif required:
+            # A recurrent cache cannot forget one token: rebuild it from the whole sequence.
+            group.reset()
+        # Otherwise keep it: the speculative step fed a real token, so the cache is still valid.

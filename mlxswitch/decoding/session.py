@@ -1,0 +1,152 @@
+"""A conversation on a ladder: the token ids so far, reused across turns, and one answer at a time.
+
+The session renders the prompt, rewinds the caches to what the new prompt shares with the
+conversation, runs the token loop and builds the answer from its steps. It never prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import mlx.core as mx
+from mlx_lm.generate import wired_limit
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import common_prefix_len
+
+from ..errors import PromptTooLongError, UsageError
+from ..routing.policies import make_policy
+from ..routing.router import RouterConfig
+from .answer import AnswerBuilder, AnswerSummary, TokenEvent
+from .loop import TokenLoop
+from .tiers import Ladder
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How to sample and when to stop; checked when built."""
+
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    prefill_step: int = 512
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise UsageError(f"--max-tokens must be at least 1 (got {self.max_tokens})")
+        if self.temperature < 0:
+            raise UsageError(f"--temp must be ≥ 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise UsageError(f"--top-k must be ≥ 0 (got {self.top_k}; 0 keeps every token)")
+        if not 0 <= self.min_p <= 1:
+            raise UsageError(f"--min-p must be in [0, 1] (got {self.min_p})")
+        if self.prefill_step < 1:
+            raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
+
+
+class ChatSession:
+    """A conversation on a ladder: the token ids so far, reused across turns."""
+
+    def __init__(self, ladder: Ladder, router_config: RouterConfig,
+                 settings: GenerationSettings | None = None, system: str | None = None,
+                 policy: str = "ead"):
+        self.ladder = ladder
+        self.router_config = router_config
+        self.policy = policy
+        self.settings = settings or GenerationSettings()
+        self.system = system
+        self.messages: list[dict] = []
+        self.ids: list[int] = []
+        self.last_summary: AnswerSummary | None = None
+        self._stream = mx.new_stream(mx.default_device())
+        s = self.settings
+        self._sampler = make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
+        if s.seed is not None:
+            mx.random.seed(s.seed)
+
+    @property
+    def router_config(self) -> RouterConfig:
+        """The routing settings of the next answer (the ladder's vocabulary filled in)."""
+        return self._router_config
+
+    @router_config.setter
+    def router_config(self, config: RouterConfig) -> None:
+        config.validate(len(self.ladder.tiers))
+        if config.vocab_size != self.ladder.vocab_size:
+            config = config.with_vocab(self.ladder.vocab_size)
+        self._router_config = config
+
+    def reset(self) -> None:
+        """Forget the conversation (the caches are rewound, not rebuilt)."""
+        self.messages, self.ids = [], []
+        for group in self.ladder.groups:
+            group.rewind(0)
+
+    def render(self, messages: list[dict]) -> list[int]:
+        """Token ids of the conversation `messages` (system prompt first), ready for an answer."""
+        tokenizer = self.ladder.tokenizer
+        full = ([{"role": "system", "content": self.system}] if self.system else []) + messages
+        if tokenizer.has_chat_template:
+            return list(tokenizer.apply_chat_template(full, add_generation_prompt=True))
+        return list(tokenizer.encode("".join(f"{m['content']}\n" for m in full)))
+
+    def ask(self, prompt: str) -> AnswerSummary:
+        """Answer `prompt` and return the summary (no streaming)."""
+        for _ in self.stream(prompt):
+            pass
+        assert self.last_summary is not None
+        return self.last_summary
+
+    def stream(self, prompt: str) -> Iterator[TokenEvent | AnswerSummary]:
+        """Yield a TokenEvent per token, then the AnswerSummary; history is kept even if interrupted."""
+        messages = self.messages + [{"role": "user", "content": prompt}]
+        prompt_ids = self.render(messages)
+        budget = self._token_budget(prompt_ids)
+        common = common_prefix_len(self.ids, prompt_ids)
+        for group in self.ladder.groups:
+            group.rewind(common)
+        self.ids = list(prompt_ids)
+        self.messages = messages
+        self.last_summary = None
+        ladder = self.ladder
+        builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, ladder.tier_names,
+                                len(prompt_ids), len(prompt_ids) - common,
+                                [g.name for g in ladder.groups],
+                                {t.name: t.bytes_per_token for t in ladder.tiers})
+        loop = TokenLoop(ladder, self.ids, make_policy(self.policy, self.router_config, len(ladder.tiers)),
+                         self._sampler, self.settings.prefill_step)
+        mx.reset_peak_memory()
+        reason = "interrupted"
+        try:
+            with wired_limit(ladder.tiers[-1].model.model, [self._stream]), mx.stream(self._stream):
+                for step in loop.steps(budget):
+                    event = builder.add(step)
+                    if event is not None:
+                        yield event
+                    if builder.stopped:
+                        break
+            reason = "stop" if builder.stopped or loop.ended_by_eos else "length"
+        finally:
+            # Ctrl-C (or a closed generator) lands here too: keep what was produced.
+            for group in ladder.groups:  # no cache may claim ids the sequence does not have
+                group.rewind(len(self.ids))
+            last, self.last_summary = builder.finish(reason, loop.initial_entropy,
+                                                     mx.get_peak_memory() / 1e9, loop.ended_by_eos)
+            self.messages.append({"role": "assistant", "content": self.last_summary.text})
+        if last is not None:
+            yield last
+        yield self.last_summary
+
+    def _token_budget(self, prompt_ids: list[int]) -> int:
+        context = self.ladder.context_length
+        if len(prompt_ids) >= context:
+            raise PromptTooLongError(
+                f"the prompt is {len(prompt_ids)} tokens with the conversation so far, but the "
+                f"context holds {context}; shorten it or start over (/reset)")
+        return min(self.settings.max_tokens, context - len(prompt_ids))

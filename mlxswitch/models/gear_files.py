@@ -1,0 +1,124 @@
+"""Nested-gear models on disk: save the planes losslessly, load them back without re-quantizing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..errors import ModelFormatError, ModelNotFoundError, OutputError, UsageError
+from .gears import (DEFAULT_GROUP_SIZE, HALF_DTYPES, OTHER_DTYPE, STORAGE_DTYPE, GearState,
+                    NestedLinear, exact_dtype, gear_report, honest_plane_bits, linear_layers,
+                    nest_model, plane_bits_for, plane_group_size, replace_module, source_bits)
+from .gguf import use_rope_factors
+from .weights import LoadedModel, compute_dtype, load_checked_weights, model_classes
+
+
+def save_geared(model: nn.Module, config: dict, out_dir: Path, scale_dtype: mx.Dtype = STORAGE_DTYPE) -> Path:
+    """Write model.safetensors (planes; half-precision scales) and config.json (+ "mlxswitch_gears").
+
+    Lossless: each float tensor goes out in the first of scale_dtype (planes) / bf16 (the rest)
+    and the other half dtype that holds it exactly, else in float32 — so nest with the same
+    scale_dtype to get half-size scales. Tokenizer files are the caller's.
+    """
+    state: GearState = model.gear_state
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = {}
+    for name, value in tree_flatten(model.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            first = scale_dtype if ".planes." in name else OTHER_DTYPE
+            value = value.astype(exact_dtype(value, (first, *HALF_DTYPES)) or mx.float32)
+        weights[name] = value
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
+    # The source's quantization keys describe the source's tensors, not these planes.
+    saved = {k: v for k, v in config.items()
+             if k not in ("quantization", "quantization_config", "quantization_label")}
+    embedding = next((m for _, m in model.named_modules() if isinstance(m, nn.QuantizedEmbedding)), None)
+    saved["mlxswitch_gears"] = {
+        **config.get("mlxswitch_gears", {}),
+        "plane_bits": list(state.plane_bits), "group_size": plane_group_size(model),
+        "source_bits": state.source_bits,
+        "embedding": ({"bits": embedding.bits, "group_size": embedding.group_size,
+                       "mode": embedding.mode} if embedding is not None else None),
+    }
+    (out_dir / "config.json").write_text(json.dumps(saved, indent=2))
+    return out_dir
+
+
+def load_geared(out_dir: Path, float_dtype: mx.Dtype | None = None) -> tuple[nn.Module, dict]:
+    """Rebuild a saved nested model without re-quantizing; floats cast to float_dtype (fp32 on CPU)."""
+    path = Path(out_dir)
+    if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
+        raise ModelNotFoundError(f"{path}: no saved nested-gear model (config.json, model.safetensors)")
+    config = json.loads((path / "config.json").read_text())
+    spec = config.get("mlxswitch_gears")
+    if not spec:
+        raise ModelFormatError(f"{path}: config.json has no mlxswitch_gears section")
+    # One dtype for everything: quantized_matmul promotes mixed fp16/bf16 scales to fp32.
+    dtype = float_dtype or compute_dtype() or OTHER_DTYPE
+    model_class, args_class = model_classes(config, str(path))
+    model = model_class(args_class.from_dict(config))
+    if spec.get("embedding"):
+        nn.quantize(model, class_predicate=lambda _, m: isinstance(m, nn.Embedding) and spec["embedding"])
+    state = GearState(tuple(spec["plane_bits"]), spec.get("source_bits"))
+    for name, layer in linear_layers(model):
+        replace_module(model, name, NestedLinear.skeleton(
+            layer.weight.shape[0], layer.weight.shape[1], state.plane_bits, spec["group_size"],
+            state, "bias" in layer, dtype))
+    if config.get("rope_freqs"):
+        use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
+    load_checked_weights(model, mx.load(str(path / "model.safetensors")), dtype,
+                         f"{path}: saved gears do not fit its config")
+    model.gear_state = state
+    return model, config
+
+
+def load_geared_dir(source: str, path: Path, name: str):
+    """A saved nested-gear directory as a LoadedModel (model, tokenizer, config, precision note)."""
+    from mlx_lm.utils import load_tokenizer
+
+    model, config = load_geared(path)
+    tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
+    return LoadedModel(source, name, model, tokenizer, config,
+                       precision=gear_report(model).honesty_note())
+
+
+def build_geared(loaded: LoadedModel, out: Path, plane_bits: tuple[int, ...] | None = None,
+                 group_size: int = DEFAULT_GROUP_SIZE, force: bool = False) -> list[str]:
+    """Nest a loaded model (default planes: honest for its source) and save it with its tokenizer.
+
+    Written under a temporary name beside `out` and renamed at the end, so a failure (a full
+    disk, Ctrl-C) leaves nothing behind; a non-empty `out` is replaced only with `force`.
+    """
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UsageError(f"--out {out}: the directory is not empty; use --force to replace it")
+    planes = tuple(plane_bits or honest_plane_bits(source_bits(loaded.model)))
+    plane_bits_for(tuple(sum(planes[: i + 1]) for i in range(len(planes))))  # validates widths
+    staging = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        nest_model(loaded.model, planes, group_size)
+        save_geared(loaded.model, {**loaded.config, "mlxswitch_gears": {"source": loaded.source}},
+                    staging)
+        loaded.tokenizer.save_pretrained(str(staging))  # the wrapper forwards to the HF tokenizer
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except OSError as exc:
+        raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    return [f"built {out} from {loaded.source}", *gear_report(loaded.model).lines(),
+            f"saved {size / 1e6:.1f} MB"]

@@ -1,0 +1,118 @@
+"""The package's layering, read statically: no import cycles (function-local imports included),
+lower layers never import upper ones, and the router stays pure Python."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mlxswitch"
+
+# Bottom to top. A module may import its own layer or lower ones, never a higher one.
+LAYERS = [
+    ("mlxswitch", "mlxswitch.errors", "mlxswitch.resources"),
+    ("mlxswitch.routing.router", "mlxswitch.routing.policies", "mlxswitch.routing",
+     "mlxswitch.kernels", "mlxswitch.cloud", "mlxswitch.bench.metrics", "mlxswitch.bench.prompts"),
+    ("mlxswitch.routing.signals", "mlxswitch.models"),
+    ("mlxswitch.profiles",),
+    ("mlxswitch.decoding",),
+    ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench"),
+    ("mlxswitch.cli", "mlxswitch.__main__"),
+]
+PURE = ("mlxswitch.routing.router", "mlxswitch.routing.policies")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module this file imports, anywhere in it (top level or inside functions)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            submodules = {f"{target}.{alias.name}" for alias in node.names} & set(known)
+            found.update(submodules)  # `from . import ui` imports the submodule ui
+            if len(submodules) < len(node.names):  # a name defined in the module itself
+                found.add(target)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def _layer(name: str) -> int:
+    best = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if name == prefix or name.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (index, len(prefix))
+    assert best is not None, f"{name} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def test_no_import_cycles(graph):
+    internal = {a: {b for b in bs if b in graph and b != a} for a, bs in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(internal[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                pytest.fail("import cycle: " + " → ".join(cycle))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for start in sorted(internal):
+        if start not in state:
+            visit(start, [start])
+
+
+def test_lower_layers_never_import_upper_ones(graph):
+    # A package's __init__ may re-export its own modules (mlxswitch.cli → mlxswitch.cli.app).
+    upward = [f"{a} → {b}" for a, bs in graph.items() for b in bs
+              if b in graph and _layer(b) > _layer(a) and not b.startswith(a + ".")]
+    assert upward == []
+
+
+def test_the_router_imports_neither_mlx_nor_numpy(graph):
+    seen, todo = set(), list(PURE)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for target in graph.get(name, ()):
+            top = target.split(".")[0]
+            assert top not in ("mlx", "mlx_lm", "numpy"), f"{name} imports {target}"
+            if target in graph:
+                todo.append(target)
+
+
+def test_the_check_sees_function_local_imports():
+    # Guards the checks above against vacuity: a local import inside a function is found.
+    known = _modules()
+    found = _imports("mlxswitch.cli.app", known["mlxswitch.cli.app"], known)
+    assert "mlxswitch.api" in found and "mlxswitch.cli.ui" in found
