@@ -15,8 +15,8 @@ from typing import Callable
 from .decoding.session import ChatSession, GenerationSettings
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
 from .errors import CloudError, UsageError
-from .models.gear_files import build_geared
-from .models.gears import DEFAULT_GROUP_SIZE, prepare_geared
+from .models.gear_files import build_geared, check_writable_dir
+from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for, prepare_geared
 from .models.loading import load_model
 from .models.memory import check_memory
 from .models.tokenizers import check_shared_tokenizer
@@ -27,12 +27,18 @@ Progress = Callable[[str], None]
 
 
 def resolve_profile(name: str | Profile | None = None, *, small: str | None = None,
-                    large: str | None = None, model: str | None = None, gears: str | None = None,
+                    large: str | None = None, model: str | None = None,
+                    draft_model: str | None = None, gears: str | None = None,
                     tau: str | None = None, tau_down: str | None = None, window: int | None = None,
                     min_run: int | None = None, normalize: bool | None = None) -> Profile:
     """A profile from models.toml with command-line overrides applied (flags win), fully checked."""
     base = name if isinstance(name, Profile) else get_profile(name)
     changes: dict = {}
+    if draft_model:
+        if not model or small or large or gears:
+            raise UsageError("--draft-model goes with --model (the large model) and nothing else: "
+                             "it is mlx-lm's spelling of --small/--large")
+        small, large, model = draft_model, model, None
     if small or large:
         if not (small and large):
             raise UsageError("--small and --large go together (an ad-hoc pair needs both)")
@@ -112,8 +118,14 @@ def open_chat(profile: str | Profile | None = None, settings: GenerationSettings
     return ChatSession(ladder, chosen.router, settings, system=system)
 
 
-def build_gears(source: str, out: Path, plane_bits: tuple[int, ...] | None = None,
+def build_gears(source: str, out: Path, planes: str | None = None,
                 group_size: int = DEFAULT_GROUP_SIZE, force: bool = False) -> list[str]:
     """Load `source`, nest it and save it to `out` atomically; return the lines to show the user."""
+    plane_bits = parse_int_list(planes, "--planes") if planes else None
+    if plane_bits is not None:
+        plane_bits_for(tuple(sum(plane_bits[: i + 1]) for i in range(len(plane_bits))))
+    if group_size not in GROUP_SIZES:
+        raise UsageError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))} (got {group_size})")
+    check_writable_dir(Path(out), force)  # before loading: a bad --out wins over a slow load
     return build_geared(load_model(source), Path(out), plane_bits=plane_bits,
                         group_size=group_size, force=force)

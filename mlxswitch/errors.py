@@ -67,3 +67,9 @@ class OutputError(MlxSwitchError):
     """A file or directory we were asked to write cannot be written (nothing half-written is left)."""
 
     exit_code = 9
+
+
+# Exit codes that no error class carries.
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away, as a shell reports SIGPIPE
+EXIT_INTERNAL = 70  # an unexpected exception (BSD's EX_SOFTWARE); its traceback goes to a log

@@ -29,7 +29,7 @@ from typing import Iterator
 
 from .errors import ConfigError, SettingError, UsageError
 from .models.gears import plane_bits_for
-from .resources import bundled_models_toml
+from .resources import bundled_models_toml, user_dir
 from .routing.router import RouterConfig
 
 MODES = ("pair", "gears", "single", "cascade")
@@ -104,12 +104,10 @@ class ProfileSet:
 
 
 def user_models_toml() -> Path:
-    """Where the user's models.toml lives: $MLXSWITCH_MODELS, $MLXSWITCH_HOME, or ~/.config/mlxswitch."""
+    """Where the user's models.toml lives: $MLXSWITCH_MODELS, else models.toml in the user directory."""
     if os.environ.get("MLXSWITCH_MODELS"):
         return Path(os.environ["MLXSWITCH_MODELS"]).expanduser()
-    home = os.environ.get("MLXSWITCH_HOME")
-    root = Path(home).expanduser() if home else Path.home() / ".config" / "mlxswitch"
-    return root / "models.toml"
+    return user_dir() / "models.toml"
 
 
 def load_profiles() -> ProfileSet:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,6 +23,12 @@ def _data_path(name: str) -> Path:
     # A wheel carries data inside the package (force-include); a checkout keeps it at the repo root.
     inside = _PACKAGE_DIR / name
     return inside if inside.exists() else _PACKAGE_DIR.parent / name
+
+
+def user_dir() -> Path:
+    """The user's mlxswitch directory: $MLXSWITCH_HOME, or ~/.config/mlxswitch (tests point it at a temp dir)."""
+    home = os.environ.get("MLXSWITCH_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".config" / "mlxswitch"
 
 
 def metal_dir() -> Path:

@@ -69,7 +69,8 @@ def test_plain_piped_output_is_just_the_answers(pair_args):
     assert result.exit_code == 0
     json_result = invoke(["chat", *pair_args, "--json", "--max-tokens", "6", "--tau", "inf"], "a\nb\n")
     texts = [json.loads(line)["text"] for line in json_result.stdout.splitlines()]
-    assert result.stdout == "".join(text + "\n" for text in texts)
+    # Each answer ends with a newline; answers are separated by one blank line.
+    assert result.stdout == "\n".join(text + "\n" for text in texts)
     assert "\x1b[" not in result.stdout  # no colour codes when piped
     assert "tok/s" in result.stderr and "tok/s" not in result.stdout
 
@@ -92,6 +93,7 @@ def test_telemetry_file_has_a_record_per_token(pair_args, tmp_path):
     result = invoke(["chat", *pair_args, "--json", "--max-tokens", "5", "--telemetry", str(path)], "x\ny\n")
     assert result.exit_code == 0
     records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = [r for r in records if "index" in r]  # token records (each answer also ends with a summary)
     answers = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(records) == sum(len(a["tokens"]) for a in answers)
     assert [r["answer"] for r in records] == [i for i, a in enumerate(answers) for _ in a["tokens"]]
@@ -109,6 +111,7 @@ def test_telemetry_record_of_every_token_equals_its_json_record(pair_args, tmp_p
     assert result.exit_code == 0
     answers = [json.loads(line) for line in result.stdout.splitlines()]
     lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [line for line in lines if "index" in line]
     records = [{k: v for k, v in line.items() if k not in ("answer", "index")} for line in lines]
     assert records == [t for a in answers for t in a["tokens"]]
     assert [line["index"] for line in lines] == [i for a in answers for i in range(len(a["tokens"]))]
@@ -116,7 +119,7 @@ def test_telemetry_record_of_every_token_equals_its_json_record(pair_args, tmp_p
 
 @pytest.mark.parametrize("args,code,message", [
     (["--small", "x"], 2, "error: --small and --large go together (an ad-hoc pair needs both)"),
-    (["-p", "nope"], 3, "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, qwen2.5-0.5b-7b, "
+    (["--profile", "nope"], 3, "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, qwen2.5-0.5b-7b, "
                         "qwen2.5-1.5b-14b, llama3.2-1b-3b, qwen3-0.6b-8b)"),
     (["--model", "./missing-dir"], 4, "error: model './missing-dir': no such file or directory"),
     (["--model", "mlx-community/not-cached-here"], 4,
@@ -168,7 +171,11 @@ def test_prompt_too_long_fails_that_prompt_only(pair_args):
     long_prompt = "one two three " * 300
     result = invoke(["chat", *pair_args, "--json", "--max-tokens", "3"], f"hi\n{long_prompt}\nbye\n")
     assert result.exit_code == 7
-    assert [json.loads(line)["prompt"] for line in result.stdout.splitlines()] == ["hi", "bye"]
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["prompt"] for r in records if "error" not in r] == ["hi", "bye"]
+    # The failed prompt has a record of its own, in order, with the code it failed with.
+    assert [("error" in r, r.get("exit_code")) for r in records] == [(False, None), (True, 7), (False, None)]
+    assert "context holds 512" in records[1]["error"]
     assert "context holds 512" in result.stderr
 
 

@@ -1,41 +1,108 @@
-"""The `mlxswitch` command: thin wrappers over the library; Rich lives in ui.py."""
+"""The `mlxswitch` command: thin Typer wrappers over the library; Rich lives in ui.py.
+
+Every failure leaves as one `error:` line on stderr and the exit code of its class
+(errors.py); Typer's own usage errors too, and an unexpected exception becomes one
+`error: internal error` line with the path of a log holding its traceback.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 
+from .. import __version__
+from ..errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, MlxSwitchError
 from . import ui
-from ..errors import MlxSwitchError
+from .streams import silence_stdout, write_crash_log
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+# transformers warns on stderr about long prompts; our own checks say what matters, in one line.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _usage_problem(exc: Exception) -> bool:
+    # Typer's parser errors (its vendored click's UsageError, BadParameter, …) carry an exit code
+    # and a formatted message; typer exports none of their base classes.
+    return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
+class _OneLineErrors(TyperGroup):
+    """Runs a command and turns whatever escapes it into one `error:` line and an exit code."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except MlxSwitchError as exc:
+            ui.print_error(str(exc))
+            code = exc.exit_code
+        except (typer.Abort, KeyboardInterrupt):
+            ui.print_warning("interrupted")
+            code = EXIT_INTERRUPTED
+        except Exception as exc:
+            ctx = getattr(exc, "ctx", None)
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                typer.echo(ctx.get_help())
+                code = 0
+            elif _usage_problem(exc):
+                where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+                ui.print_error(exc.format_message() + where)
+                code = exc.exit_code
+            else:  # the last resort: one line, the traceback in a log
+                ui.print_error(f"internal error: {type(exc).__name__}: {exc} "
+                               f"(traceback in {write_crash_log(exc)})")
+                code = EXIT_INTERNAL
+        if not standalone_mode:
+            return code
+        sys.exit(code or 0)
+
+    def invoke(self, ctx):
+        # Here, before Typer's own handler turns a closed pipe into a plain exit 1.
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            silence_stdout()  # the reader left: no more output, no complaint (as `yes | head`)
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False,
                   help="Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure.")
 gears_app = typer.Typer(no_args_is_help=True, help="Build nested-gear models (one footprint, every precision).")
 app.add_typer(gears_app, name="gears")
 
+
 def main() -> None:
-    """Console-script entry point: run the app, turning our errors into one line and an exit code."""
-    try:
-        app()
-    except MlxSwitchError as exc:
-        ui.print_error(str(exc))
-        sys.exit(exc.exit_code)
+    """Console-script entry point."""
+    app()
 
 
-def _fail(exc: MlxSwitchError) -> typer.Exit:
-    ui.print_error(str(exc))
-    return typer.Exit(exc.exit_code)
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlxswitch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure."""
 
 
 @app.command()
 def chat(
-    profile: Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile from models.toml (default: its default).")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Answer this one prompt and exit (as mlx_lm.generate).")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile from models.toml (default: its default).")] = None,
     small: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the cheap model (with --large).")] = None,
     large: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the strong model (with --small).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Ad-hoc single model, or the geared model with --gears.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Ad-hoc single model, the geared model with --gears, or the large model with --draft-model.")] = None,
+    draft_model: Annotated[Optional[str], typer.Option(help="With --model: a pair whose cheap tier is this model (mlx-lm's spelling).")] = None,
     gears: Annotated[Optional[str], typer.Option(help="Gear bits low→high for --model, e.g. 4,8,16.")] = None,
     tau: Annotated[Optional[str], typer.Option(help="Up thresholds in bits, one per rung boundary (inf/-inf allowed).")] = None,
     tau_down: Annotated[Optional[str], typer.Option(help="Down thresholds (≤ up): the hysteresis band.")] = None,
@@ -48,7 +115,8 @@ def chat(
     top_k: Annotated[int, typer.Option(help="Sample among the k likeliest (0 = all).")] = 0,
     min_p: Annotated[float, typer.Option(help="Drop tokens below min_p × the top probability.")] = 0.0,
     seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling.")] = None,
-    system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
+    max_kv_size: Annotated[Optional[int], typer.Option(help="Keep at most this many tokens in each KV cache (a rotating cache).")] = None,
+    system: Annotated[Optional[str], typer.Option("--system", "--system-prompt", help="System prompt.")] = None,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per answer on stdout (JSON Lines).")] = False,
     color: Annotated[Optional[bool], typer.Option("--color/--no-color", help="Colour tokens by tier (default: only on a terminal).")] = None,
@@ -58,38 +126,38 @@ def chat(
     keep_history: Annotated[bool, typer.Option(help="Piped: the lines are one conversation.")] = False,
     force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
 ) -> None:
-    """Chat on a terminal, or answer prompts piped through stdin."""
+    """Chat on a terminal, answer prompts piped through stdin, or answer one --prompt."""
     from ..api import open_chat, resolve_profile
     from ..decoding.session import GenerationSettings
+    from .chat import ChatRunner
+    from .streams import TelemetryFile, peek_prompts
 
-    try:
-        chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears,
-                                 tau=tau, tau_down=tau_down, window=window, min_run=min_run,
-                                 normalize=normalize)
-        settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p,
-                                      top_k=top_k, min_p=min_p, seed=seed, stop=tuple(stop or ()))
-        interactive = sys.stdin.isatty() and not json_output
-        prompts = None if interactive else _read_prompts(whole)
-        if prompts == []:
-            raise typer.Exit(0)  # nothing asked, nothing loaded
+    # Every flag is checked before anything is read or loaded: a flag error wins.
+    chosen = resolve_profile(profile, small=small, large=large, model=model, draft_model=draft_model,
+                             gears=gears, tau=tau, tau_down=tau_down, window=window,
+                             min_run=min_run, normalize=normalize)
+    settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
+                                  min_p=min_p, seed=seed, stop=tuple(stop or ()),
+                                  max_kv_size=max_kv_size)
+    sink = TelemetryFile.open(telemetry)  # refuses an unwritable path now, not after loading
+    with sink:
+        if prompt is not None:
+            prompts = peek_prompts([prompt])
+        elif sys.stdin.isatty() and not json_output:
+            prompts = None  # interactive
+        else:
+            if sys.stdin.isatty():
+                ui.print_dim(ui.make_console(stderr=True),
+                             "reading prompts from the terminal, one per line; Ctrl-D ends")
+            prompts = peek_prompts(sys.stdin.buffer, whole=whole)
+            if prompts is None:
+                raise typer.Exit(0)  # nothing asked, nothing loaded
         with ui.loading_status(ui.stderr_is_terminal()) as progress:
             session = open_chat(chosen, settings=settings, system=system, progress=progress,
                                 force_memory=force_memory)
-    except MlxSwitchError as exc:
-        raise _fail(exc)
-    from .chat import ChatRunner
-
-    runner = ChatRunner(session, json_output=json_output, color=color, shade=shade,
-                        telemetry=telemetry)
-    code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
+        runner = ChatRunner(session, json_output=json_output, color=color, shade=shade, telemetry=sink)
+        code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
     raise typer.Exit(code)
-
-
-def _read_prompts(whole: bool) -> list[str]:
-    text = sys.stdin.read()
-    if whole:
-        return [text.strip()] if text.strip() else []
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 @app.command()
@@ -97,22 +165,15 @@ def models() -> None:
     """List the profiles of models.toml and whether their models are on this machine."""
     from ..checks import profile_rows
 
-    try:
-        rows = profile_rows()
-    except MlxSwitchError as exc:
-        raise _fail(exc)
-    ui.make_console().print(ui.profiles_table(rows))
+    ui.make_console().print(ui.profiles_table(profile_rows()))
 
 
 @app.command()
 def doctor() -> None:
-    """Check MLX, the backends, the kernels, the embedded model and the Anthropic key."""
+    """Check MLX, the backends, the models.toml files, the kernels, the default profile and the key."""
     from ..checks import doctor_report
 
-    try:
-        report = doctor_report()
-    except MlxSwitchError as exc:
-        raise _fail(exc)
+    report = doctor_report()
     console = ui.make_console()
     for title, rows in report.sections:
         console.print(ui.key_value_table(title, rows))
@@ -126,16 +187,12 @@ def gears_build(
     source: Annotated[str, typer.Argument(help="HF repo id, mlx-lm directory or .gguf file.")],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the nested-gear model to.")],
     planes: Annotated[Optional[str], typer.Option(help="Plane bit-widths, e.g. 4,4,8 (default: honest for the source).")] = None,
-    group_size: Annotated[int, typer.Option(help="Quantization group size.")] = 64,
+    group_size: Annotated[int, typer.Option(help="Quantization group size: 32, 64 or 128.")] = 64,
+    force: Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")] = False,
 ) -> None:
     """Turn a model into a nested-gear model saved as safetensors plus config."""
-    from ..api import build_gears, parse_int_list
+    from ..api import build_gears
 
-    try:
-        plane_bits = parse_int_list(planes, "--planes") if planes else None
-        report = build_gears(source, out, plane_bits=plane_bits, group_size=group_size)
-    except MlxSwitchError as exc:
-        raise _fail(exc)
     console = ui.make_console()
-    for line in report:
+    for line in build_gears(source, out, planes=planes, group_size=group_size, force=force):
         console.print(line)

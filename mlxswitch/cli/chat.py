@@ -1,19 +1,23 @@
-"""Running a chat session for the CLI: the interactive loop, the piped loop, JSON and telemetry."""
+"""Running a chat session for the CLI: the interactive loop, the piped loop, JSON and telemetry.
+
+Piped output: each answer is followed by a newline and answers are separated by one blank
+line; with --json, one object per prompt (a failed prompt too) is written and flushed as soon
+as it is complete. The exit code is the first failure's.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import sys
-from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterable
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
 from ..decoding.session import ChatSession
-from ..errors import MlxSwitchError, UsageError
+from ..errors import EXIT_INTERRUPTED, MlxSwitchError, UsageError
+from ..resources import user_dir
 from ..routing.router import max_entropy_bits, parse_thresholds
 from . import ui
+from .streams import PromptLine, TelemetryFile
 
 HELP = """commands:
   /help              this list
@@ -23,82 +27,96 @@ HELP = """commands:
   /quit              leave (Ctrl-D too); Ctrl-C stops an answer"""
 
 
-def _threshold_json(values) -> list:
-    # JSON has no infinity; "inf"/"-inf" strings round-trip through float().
-    return [json_float(v) for v in values]
+def router_record(session: ChatSession, initial_entropy: float) -> dict:
+    """The router settings an answer ran with: enough to re-derive every token's tier."""
+    config = session.router_config
+    return {
+        "tiers": session.ladder.tier_names,
+        "policy": session.policy,
+        "up": [json_float(v) for v in config.up],
+        "down": [json_float(v) for v in config.downs()],
+        "window": config.window,
+        "min_run": config.min_run,
+        "normalized": config.normalize,
+        "vocab_size": config.vocab_size,
+        "initial_entropy": json_float(initial_entropy),
+    }
 
 
 def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
     """The JSON object printed for one answer with --json."""
-    config = session.router_config
     return {
         "prompt": summary.prompt,
         "text": summary.text,
         "finish_reason": summary.finish_reason,
         "tokens": [event.record() for event in summary.tokens],
         "stats": summary.stats(),
-        "router": {
-            "tiers": summary.tier_names,
-            "up": _threshold_json(config.up),
-            "down": _threshold_json(config.downs()),
-            "window": config.window,
-            "min_run": config.min_run,
-            "normalized": config.normalize,
-            "vocab_size": config.vocab_size,
-            "initial_entropy": json_float(summary.initial_entropy),
-        },
+        "router": router_record(session, summary.initial_entropy),
     }
 
 
 class ChatRunner:
     """Drives a ChatSession for the terminal or for stdin prompts."""
 
-    def __init__(self, session: ChatSession, json_output: bool = False,
-                 color: bool | None = None, shade: bool = False, telemetry: Path | None = None):
+    def __init__(self, session: ChatSession, json_output: bool = False, color: bool | None = None,
+                 shade: bool = False, telemetry: TelemetryFile | None = None):
         self.session = session
         self.json_output = json_output
         self.color = color
         self.shade = shade
         self.summaries: list[AnswerSummary] = []
-        self.telemetry: IO[str] | None = None
-        self.telemetry_path = telemetry
+        self.telemetry = telemetry or TelemetryFile(None, None, None)
         self.answer_index = 0
+        self._gap_pending = False
 
     # -- piped ------------------------------------------------------------------------------
 
-    def piped(self, prompts: list[str], keep_history: bool) -> int:
-        """Answer each prompt in order; stdout gets only answers (or JSON), stderr the status."""
-        stdout_console = ui.make_console(color=bool(self.color))
-        painter = ui.TokenPainter(stdout_console, self.session.ladder.tier_names, self.shade,
-                                  self._max_entropy()) if self.color else None
+    def piped(self, prompts: Iterable[PromptLine], keep_history: bool) -> int:
+        """Answer each prompt as it arrives; stdout gets only answers (or JSON), stderr the rest."""
+        painter = (ui.TokenPainter(ui.make_console(color=True), self.session.ladder.tier_names,
+                                   self.shade, self._max_entropy()) if self.color else None)
         status = ui.make_console(stderr=True)
-        exit_code = 0
-        with self._telemetry_file():
-            for prompt in prompts:
+        first_failure = 0
+        for line in prompts:
+            failure = line.error
+            if failure is None:
                 if not keep_history:
                     self.session.reset()
                 try:
-                    summary = self._run_answer(prompt, painter)
+                    summary = self._run_answer(line.text, painter)
                 except KeyboardInterrupt:
                     self._finish_output(self.session.last_summary)
-                    return ui_interrupted()
+                    ui.print_warning("interrupted")
+                    return EXIT_INTERRUPTED
                 except MlxSwitchError as exc:
-                    ui.print_error(str(exc))
-                    exit_code = exc.exit_code
+                    failure = exc
+                else:
+                    self._finish_output(summary)
+                    self._gap_pending = not self.json_output  # one blank line before the next answer
+                    ui.print_status(status, summary, painter.colours if painter else None)
                     continue
-                self._finish_output(summary)
-                ui.print_status(status, summary, painter.colours if painter else None)
-        return exit_code
+            ui.print_error(str(failure))
+            first_failure = first_failure or failure.exit_code
+            if self.json_output:
+                self._write(json.dumps({"prompt": line.text, "line": line.number, "error": str(failure),
+                                        "exit_code": failure.exit_code}, ensure_ascii=False) + "\n")
+        return first_failure
 
     def _finish_output(self, summary: AnswerSummary | None) -> None:
         if summary is None:
             return
         if self.json_output:
-            sys.stdout.write(json.dumps(answer_record(summary, self.session), ensure_ascii=False,
-                                        allow_nan=False) + "\n")
+            self._write(json.dumps(answer_record(summary, self.session), ensure_ascii=False,
+                                   allow_nan=False) + "\n")
         else:
+            self._write("\n")
+
+    def _write(self, text: str) -> None:
+        if self._gap_pending:  # the blank line between answers, only once the next one shows up
+            self._gap_pending = False
             sys.stdout.write("\n")
-        sys.stdout.flush()
+        sys.stdout.write(text)
+        sys.stdout.flush()  # a reader downstream sees each answer as soon as it is complete
 
     # -- interactive ------------------------------------------------------------------------
 
@@ -108,7 +126,7 @@ class ChatRunner:
         painter = ui.TokenPainter(console, self.session.ladder.tier_names, self.shade,
                                   self._max_entropy())
         ui.print_banner(console, self.session.ladder.description, painter.legend())
-        with self._telemetry_file():
+        with ui.line_editing(user_dir() / "history"):
             while True:
                 try:
                     line = console.input("[bold]› [/bold]")
@@ -117,6 +135,10 @@ class ChatRunner:
                     return 0
                 except KeyboardInterrupt:
                     console.print()
+                    continue
+                except UnicodeDecodeError as exc:
+                    ui.print_error(f"the line is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+                                   "type it again")
                     continue
                 line = line.strip()
                 if not line:
@@ -155,8 +177,8 @@ class ChatRunner:
                 ui.print_error(str(exc))
             else:
                 config = self.session.router_config
-                ui.print_dim(console, f"up {_threshold_json(config.up)} down "
-                                      f"{_threshold_json(config.downs())}")
+                ui.print_dim(console, f"up {[json_float(v) for v in config.up]} down "
+                                      f"{[json_float(v) for v in config.downs()]}")
         else:
             ui.print_error(f"unknown command {name}; /help lists them")
         return None
@@ -173,57 +195,36 @@ class ChatRunner:
     def _run_answer(self, prompt: str, painter: ui.TokenPainter | None) -> AnswerSummary:
         """Stream one answer to stdout (painted, plain, or silent for JSON); return its summary."""
         stream = self.session.stream(prompt)
-        shown = ""
-        tier, entropy = "", None
-
-        def show(piece: str) -> None:
-            if self.json_output or not piece:
-                return
-            if painter is not None:
-                painter.paint(piece, tier, entropy)
-            else:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-
+        summary = None
+        written = 0  # events whose telemetry line is out
         try:
-            for event in stream:
-                if isinstance(event, TokenEvent):
-                    self._write_telemetry(event)
-                    tier, entropy = event.tier, event.entropy
-                    show(event.text)
-                    shown += event.text
+            for item in stream:
+                if isinstance(item, AnswerSummary):
+                    summary = item
+                    break
+                self._write_telemetry(item)
+                written += 1
+                if not self.json_output and item.text:
+                    if painter is not None:
+                        self._write("")
+                        painter.paint(item.text, item.tier, item.entropy)
+                    else:
+                        self._write(item.text)
         finally:
             stream.close()  # on Ctrl-C this keeps the partial answer in the history
-            summary = self.session.last_summary
-            if summary is not None:
-                show(summary.text[len(shown):])  # bytes the detokenizer held until the end
+            summary = summary or self.session.last_summary
+            if summary is not None:  # None: the prompt was refused before any token
+                for event in summary.tokens[written:]:
+                    self._write_telemetry(event)
+                self.telemetry.write({"answer": self.answer_index, "summary": {
+                    "prompt": summary.prompt, "finish_reason": summary.finish_reason,
+                    "stats": summary.stats(), "router": router_record(self.session, summary.initial_entropy)}})
                 self.summaries.append(summary)
-            self.answer_index += 1
+                self.answer_index += 1
         return summary
 
     def _write_telemetry(self, event: TokenEvent) -> None:
-        if self.telemetry is not None:
-            record = {"answer": self.answer_index, "index": event.index, **event.record()}
-            self.telemetry.write(json.dumps(record, ensure_ascii=False) + "\n")
-            self.telemetry.flush()
-
-    @contextlib.contextmanager
-    def _telemetry_file(self) -> Iterator[None]:
-        if self.telemetry_path is None:
-            yield
-            return
-        with open(self.telemetry_path, "w", encoding="utf-8") as handle:
-            self.telemetry = handle
-            try:
-                yield
-            finally:
-                self.telemetry = None
+        self.telemetry.write({"answer": self.answer_index, "index": event.index, **event.record()})
 
     def _max_entropy(self) -> float:
         return max_entropy_bits(max(self.session.ladder.vocab_size, 2))
-
-
-def ui_interrupted() -> int:
-    """Exit code after Ctrl-C in piped mode (what was produced is already printed)."""
-    ui.print_warning("interrupted")
-    return 130

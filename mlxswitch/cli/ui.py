@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 from typing import Iterable, Iterator
 
 from rich.console import Console
@@ -94,17 +95,28 @@ def print_status(console: Console, summary, colours: dict[str, str] | None = Non
 
 
 def status_line(summary, colours: dict[str, str] | None = None) -> Text:
-    """`42 tokens · 9.1 tok/s · small 80% large 20% · 2 switches · first token 0.31 s`."""
+    """`42 tokens · 9.1 tok/s · small 80% large 20% · 2 switches · prompt 37 tok at 120 tok/s · …`."""
     text = Text(style="dim")
-    text.append(f"{summary.generated} tokens · {summary.tok_per_s:.1f} tok/s · ")
-    total = max(summary.generated, 1)
+    if summary.generated == 0:
+        # No token, no decode speed: say why the answer is empty instead.
+        why = {"stop": "the model ended its answer at once (end of sequence)",
+               "interrupted": "interrupted before the first token"}.get(summary.finish_reason,
+                                                                         summary.finish_reason)
+        text.append(f"0 tokens · {why} · prompt {summary.prefilled_tokens} tok in "
+                    f"{summary.elapsed_s:.2f} s · peak {summary.peak_memory_gb:.2f} GB")
+        return text
+    speed = f"{summary.tok_per_s:.1f} tok/s" if summary.tok_per_s is not None else "– tok/s"
+    text.append(f"{summary.generated} tokens · {speed} · ")
     for name, count in summary.tier_counts.items():
         colour = (colours or {}).get(name, "default")
-        text.append(f"{name} {100 * count / total:.0f}% ", style=colour)
+        text.append(f"{name} {100 * count / summary.generated:.0f}% ", style=colour)
     text.append(f"· {summary.switches} switch{'es' if summary.switches != 1 else ''}")
-    text.append(f" · first token {summary.first_token_s:.2f} s")
+    prompt_speed = summary.prompt_tok_per_s
+    text.append(f" · prompt {summary.prefilled_tokens} tok"
+                + (f" at {prompt_speed:.0f} tok/s" if prompt_speed else "")
+                + f" · first token {summary.first_token_s:.2f} s · peak {summary.peak_memory_gb:.2f} GB")
     if summary.finish_reason == "interrupted":
-        text.append(" · interrupted", style="yellow")
+        text.append(f" · interrupted after {summary.generated} tokens", style="yellow")
     elif summary.finish_reason == "length":
         text.append(" · stopped at max tokens", style="yellow")
     return text
@@ -166,3 +178,26 @@ def loading_status(enabled: bool) -> Iterator:
 def stderr_is_terminal() -> bool:
     """Whether a person is watching stderr (spinners make sense)."""
     return sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def line_editing(history: Path) -> Iterator[None]:
+    """Arrow keys and history for input() (and so console.input), history kept in `history`."""
+    try:
+        import readline  # noqa: F401  (importing it is what turns line editing on)
+    except ImportError:  # a Python built without readline: plain input still works
+        yield
+        return
+    try:
+        readline.read_history_file(history)
+    except OSError:  # first run, or unreadable: start empty
+        pass
+    readline.set_history_length(1000)
+    try:
+        yield
+    finally:
+        try:
+            history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(history)
+        except OSError:
+            pass  # history is a convenience: never fail a chat over it

@@ -63,7 +63,7 @@ class AnswerSummary:
     initial_entropy: float
     tier_names: list[str]
     elapsed_s: float
-    first_token_s: float
+    first_token_s: float | None  # None: no token was made
     peak_memory_gb: float
     catch_up_tokens: dict[str, int] = field(default_factory=dict)
     tier_bytes: dict[str, int] = field(default_factory=dict)
@@ -96,12 +96,19 @@ class AnswerSummary:
         return sum(a.tier != b.tier for a, b in zip(self.tokens, self.tokens[1:]))
 
     @property
-    def tok_per_s(self) -> float:
+    def tok_per_s(self) -> float | None:
         """Decode speed after the first token (the first token's time is prompt processing)."""
         if self.generated < 2:
-            return 0.0
+            return None
         decode_s = self.tokens[-1].elapsed_s - self.tokens[0].elapsed_s
-        return (self.generated - 1) / decode_s if decode_s > 0 else 0.0
+        return (self.generated - 1) / decode_s if decode_s > 0 else None
+
+    @property
+    def prompt_tok_per_s(self) -> float | None:
+        """Prompt processing speed: new prompt tokens over the time to the first token."""
+        if not self.first_token_s or not self.prefilled_tokens:
+            return None
+        return self.prefilled_tokens / self.first_token_s
 
     def stats(self) -> dict:
         """The `stats` object of the JSON output."""
@@ -112,13 +119,18 @@ class AnswerSummary:
             "tiers": self.tier_counts,
             "switches": self.switches,
             "catch_up_tokens": self.catch_up_tokens,
-            "tok_per_s": round(self.tok_per_s, 3),
-            "first_token_s": round(self.first_token_s, 4),
+            "tok_per_s": _rounded(self.tok_per_s, 3),
+            "prompt_tok_per_s": _rounded(self.prompt_tok_per_s, 3),
+            "first_token_s": _rounded(self.first_token_s, 4),
             "elapsed_s": round(self.elapsed_s, 4),
             "peak_memory_gb": round(self.peak_memory_gb, 4),
             "bytes_per_token": self.tier_bytes,
             "mean_bytes_per_token": round(self.mean_bytes_per_token),
         }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 class TextAssembler:
@@ -214,7 +226,7 @@ class AnswerBuilder:
             tokens=list(self.events), prompt_tokens=self.prompt_tokens,
             prefilled_tokens=self.prefilled, initial_entropy=initial_entropy,
             tier_names=self.tier_names, elapsed_s=time.perf_counter() - self.start,
-            first_token_s=self.events[0].elapsed_s if self.events else 0.0,
+            first_token_s=self.events[0].elapsed_s if self.events else None,
             peak_memory_gb=peak_memory_gb, catch_up_tokens=dict(self.catch_up),
             tier_bytes=self.tier_bytes, ended_by_eos=ended_by_eos)
         return last, summary

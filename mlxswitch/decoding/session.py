@@ -34,6 +34,7 @@ class GenerationSettings:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     prefill_step: int = 512
+    max_kv_size: int | None = None  # a rotating KV cache of this many tokens (mlx-lm's option)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -46,6 +47,8 @@ class GenerationSettings:
             raise UsageError(f"--top-k must be ≥ 0 (got {self.top_k}; 0 keeps every token)")
         if not 0 <= self.min_p <= 1:
             raise UsageError(f"--min-p must be in [0, 1] (got {self.min_p})")
+        if self.max_kv_size is not None and self.max_kv_size < 1:
+            raise UsageError(f"--max-kv-size must be at least 1 token (got {self.max_kv_size})")
         if self.prefill_step < 1:
             raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
 
@@ -65,6 +68,8 @@ class ChatSession:
         self.ids: list[int] = []
         self.last_summary: AnswerSummary | None = None
         self._stream = mx.new_stream(mx.default_device())
+        for group in ladder.groups:
+            group.limit_cache(self.settings.max_kv_size)
         s = self.settings
         self._sampler = make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
         if s.seed is not None:
@@ -105,6 +110,7 @@ class ChatSession:
 
     def stream(self, prompt: str) -> Iterator[TokenEvent | AnswerSummary]:
         """Yield a TokenEvent per token, then the AnswerSummary; history is kept even if interrupted."""
+        self.last_summary = None
         messages = self.messages + [{"role": "user", "content": prompt}]
         prompt_ids = self.render(messages)
         budget = self._token_budget(prompt_ids)
@@ -113,7 +119,6 @@ class ChatSession:
             group.rewind(common)
         self.ids = list(prompt_ids)
         self.messages = messages
-        self.last_summary = None
         ladder = self.ladder
         builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, ladder.tier_names,
                                 len(prompt_ids), len(prompt_ids) - common,

@@ -22,12 +22,13 @@ class CacheGroup:
     model: LoadedModel
     name: str = ""
     prefill_gear: int | None = None
+    max_kv_size: int | None = None
     cache: list = field(default_factory=list)
     seen: int = 0
 
     def __post_init__(self) -> None:
         if not self.cache:
-            self.cache = make_prompt_cache(self.model.model)
+            self.reset()
 
     @property
     def trimmable(self) -> bool:
@@ -67,8 +68,14 @@ class CacheGroup:
 
     def reset(self) -> None:
         """Forget everything the cache holds."""
-        self.cache = make_prompt_cache(self.model.model)
+        self.cache = make_prompt_cache(self.model.model, max_kv_size=self.max_kv_size)
         self.seen = 0
+
+    def limit_cache(self, max_kv_size: int | None) -> None:
+        """Keep at most `max_kv_size` tokens (mlx-lm's rotating cache); starts the cache over."""
+        if max_kv_size != self.max_kv_size:
+            self.max_kv_size = max_kv_size
+            self.reset()
 
     def _activate(self, gear: int | None) -> None:
         if gear is not None:

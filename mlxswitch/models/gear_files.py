@@ -89,6 +89,20 @@ def load_geared_dir(source: str, path: Path, name: str):
                        precision=gear_report(model).honesty_note())
 
 
+def check_writable_dir(out: Path, force: bool) -> None:
+    """Refuse an output directory that is a file, or holds files and `force` is not given."""
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UsageError(f"--out {out}: the directory is not empty; use --force to replace it")
+    ancestor = out.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"cannot write {out}: {ancestor} is not a directory")
+
+
 def build_geared(loaded: LoadedModel, out: Path, plane_bits: tuple[int, ...] | None = None,
                  group_size: int = DEFAULT_GROUP_SIZE, force: bool = False) -> list[str]:
     """Nest a loaded model (default planes: honest for its source) and save it with its tokenizer.
@@ -97,10 +111,7 @@ def build_geared(loaded: LoadedModel, out: Path, plane_bits: tuple[int, ...] | N
     disk, Ctrl-C) leaves nothing behind; a non-empty `out` is replaced only with `force`.
     """
     out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise UsageError(f"--out {out}: the directory is not empty; use --force to replace it")
+    check_writable_dir(out, force)
     planes = tuple(plane_bits or honest_plane_bits(source_bits(loaded.model)))
     plane_bits_for(tuple(sum(planes[: i + 1]) for i in range(len(planes))))  # validates widths
     staging = None

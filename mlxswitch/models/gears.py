@@ -20,6 +20,7 @@ from ..errors import ModelFormatError, UsageError
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
+GROUP_SIZES = (32, 64, 128)  # what mx.quantize takes
 SUPPORTED_PLANE_BITS = (2, 3, 4, 5, 6, 8)
 # Plane scales/biases are stored in half precision; fp16 keeps 3 more mantissa bits than bf16,
 # bf16 keeps fp32's range (a residual plane's scales, ~1e-5, are subnormal in fp16).
