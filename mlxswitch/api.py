@@ -30,7 +30,8 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
                     large: str | None = None, model: str | None = None,
                     draft_model: str | None = None, gears: str | None = None,
                     tau: str | None = None, tau_down: str | None = None, window: int | None = None,
-                    min_run: int | None = None, normalize: bool | None = None) -> Profile:
+                    min_run: int | None = None, normalize: bool | None = None,
+                    policy: str | None = None) -> Profile:
     """A profile from models.toml with command-line overrides applied (flags win), fully checked."""
     base = name if isinstance(name, Profile) else get_profile(name)
     changes: dict = {}
@@ -68,7 +69,8 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
     router = RouterConfig(up=up, down=down,
                           window=old.window if window is None else window,
                           min_run=old.min_run if min_run is None else min_run,
-                          normalize=old.normalize if normalize is None else normalize)
+                          normalize=old.normalize if normalize is None else normalize,
+                          policy=old.policy if policy is None else policy)
     router.validate(tiers)
     return dataclasses.replace(profile, router=router)
 

@@ -109,6 +109,7 @@ def chat(
     window: Annotated[Optional[int], typer.Option(help="Rolling-mean window in tokens.")] = None,
     min_run: Annotated[Optional[int], typer.Option(help="Tokens a tier makes before the router may move.")] = None,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="Compare entropy / log2(vocab) instead of bits.")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="ead: token t's entropy picks t+1's tier; peek: the cheap tier computes a position, a stronger one redoes it when unsure.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 512,
     temp: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
@@ -135,7 +136,7 @@ def chat(
     # Every flag is checked before anything is read or loaded: a flag error wins.
     chosen = resolve_profile(profile, small=small, large=large, model=model, draft_model=draft_model,
                              gears=gears, tau=tau, tau_down=tau_down, window=window,
-                             min_run=min_run, normalize=normalize)
+                             min_run=min_run, normalize=normalize, policy=policy)
     settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
                                   min_p=min_p, seed=seed, stop=tuple(stop or ()),
                                   max_kv_size=max_kv_size)

@@ -32,7 +32,7 @@ def router_record(session: ChatSession, initial_entropy: float) -> dict:
     config = session.router_config
     return {
         "tiers": session.ladder.tier_names,
-        "policy": session.policy,
+        "policy": config.policy,
         "up": [json_float(v) for v in config.up],
         "down": [json_float(v) for v in config.downs()],
         "window": config.window,

@@ -38,6 +38,7 @@ class TokenEvent:
     guard: bool
     elapsed_s: float
     tried: tuple[str, ...] = ()  # tiers that computed this position, when more than the one that made it
+    tried_entropies: tuple[float, ...] = ()  # the entropy each of them measured
 
     def record(self) -> dict:
         """The JSON record of this token (the same in --json and --telemetry)."""
@@ -46,7 +47,7 @@ class TokenEvent:
         if self.guard:
             out["guard"] = True
         if len(self.tried) > 1:
-            out["tried"] = list(self.tried)
+            out["tried"] = [[name, json_float(h)] for name, h in zip(self.tried, self.tried_entropies)]
         return out
 
 
@@ -200,10 +201,12 @@ class AnswerBuilder:
         elapsed = time.perf_counter() - self.start
         for name, count in step.catch_up.items():
             self.catch_up[name] += count
-        tried = tuple(self.tier_names[r] for r in step.tried) if len(step.tried) > 1 else ()
+        several = len(step.tried) > 1
+        tried = tuple(self.tier_names[r] for r in step.tried) if several else ()
         released, self._held = self._held, TokenEvent(
             len(self.events), step.token, self.text.add(step.token), self.tier_names[step.rung],
-            step.rung, step.entropy, step.mean, step.guard, elapsed, tried)
+            step.rung, step.entropy, step.mean, step.guard, elapsed, tried,
+            step.tried_entropies if several else ())
         self.events.append(self._held)
         return released
 

@@ -37,6 +37,7 @@ class Step:
     mean: float  # the policy's rolling mean after this token
     guard: bool  # this token's tier was chosen by the catastrophic guard
     tried: tuple[int, ...]  # rungs that computed this position, in order; the last made the token
+    tried_entropies: tuple[float, ...]  # the entropy each of them measured (the last is `entropy`)
     catch_up: dict[str, int] = field(default_factory=dict)  # ids fed per cache group to catch up
 
 
@@ -79,9 +80,9 @@ class TokenLoop:
         mx.async_eval(pending.token, pending.signals)
         for n in range(budget):
             if self.policy.may_review(pending.rung):
-                pending, tried, catch_up = self._settle(pending)
+                pending, tried, earlier, catch_up = self._settle(pending)
             else:  # read nothing before the next step is queued: the pipeline stays full
-                tried, catch_up = (pending.rung,), pending.catch_up
+                tried, earlier, catch_up = (pending.rung,), (), pending.catch_up
             speculative = None
             if n + 1 < budget:
                 speculative = self._produce(pending.rung, pending.token)
@@ -92,7 +93,8 @@ class TokenLoop:
             if token in eos:
                 self.ended_by_eos = True
                 return
-            yield Step(token, pending.rung, entropy, decision.mean, guard, tried, catch_up)
+            yield Step(token, pending.rung, entropy, decision.mean, guard, tried, earlier + (entropy,),
+                       catch_up)
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             if speculative is None:
@@ -105,13 +107,19 @@ class TokenLoop:
             else:
                 pending, guard = speculative, False
 
-    def _settle(self, pending: _Pending) -> tuple[_Pending, tuple[int, ...], dict[str, int]]:
-        """Let the policy have higher rungs recompute this position until it keeps a token."""
-        tried, catch_up = [pending.rung], dict(pending.catch_up)
+    def _settle(self, pending: _Pending):
+        """Let the policy have higher rungs recompute this position until it keeps a token.
+
+        Returns the kept position, the rungs tried, the entropies of the tries it replaced, and
+        the catch-up of every try.
+        """
+        tried, earlier, catch_up = [pending.rung], [], dict(pending.catch_up)
         while True:
-            higher = self.policy.review(pending.rung, pending.entropy())
+            entropy = pending.entropy()
+            higher = self.policy.review(pending.rung, entropy)
             if higher is None:
-                return pending, tuple(tried), catch_up
+                return pending, tuple(tried), tuple(earlier), catch_up
+            earlier.append(entropy)
             pending = self._produce(higher)
             tried.append(higher)
             for name, count in pending.catch_up.items():

@@ -57,11 +57,9 @@ class ChatSession:
     """A conversation on a ladder: the token ids so far, reused across turns."""
 
     def __init__(self, ladder: Ladder, router_config: RouterConfig,
-                 settings: GenerationSettings | None = None, system: str | None = None,
-                 policy: str = "ead"):
+                 settings: GenerationSettings | None = None, system: str | None = None):
         self.ladder = ladder
         self.router_config = router_config
-        self.policy = policy
         self.settings = settings or GenerationSettings()
         self.system = system
         self.messages: list[dict] = []
@@ -124,7 +122,7 @@ class ChatSession:
                                 len(prompt_ids), len(prompt_ids) - common,
                                 [g.name for g in ladder.groups],
                                 {t.name: t.bytes_per_token for t in ladder.tiers})
-        loop = TokenLoop(ladder, self.ids, make_policy(self.policy, self.router_config, len(ladder.tiers)),
+        loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(ladder.tiers)),
                          self._sampler, self.settings.prefill_step)
         mx.reset_peak_memory()
         reason = "interrupted"

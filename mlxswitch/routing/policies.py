@@ -9,14 +9,28 @@ The seam, per position t of the answer:
 - `commit(rung, H)` once the token of position t is taken from `rung`: the decision for t + 1.
 
 `ead` (the router contract in router.py) never reviews: the entropy of token t chooses the
-tier of t + 1. A policy that decides on the same position escalates in `review`.
+tier of t + 1. `peek` decides on the same position, as Big Little Decoder does:
+
+- State: a base rung b (the rung that computes a position first), a window W of the last
+  `window` entropies of the tokens taken, a count c of tokens taken since b last changed.
+- start(H0): b = 0, W empty, c = 0. H0 is position 0's cheap entropy and is reviewed as such.
+- review(r, H) at r < top_local: H > up[r] (in the compared units) → r + 1 recomputes this
+  position (and is reviewed in turn); a non-finite H → top_local (the catastrophic guard).
+- commit(r, H): H enters W (if finite); if r > b the strong rung holds: b = r, c = 1 (the
+  escalated token is the first of its run); else c += 1. Then, if c ≥ min_run and b > 0 and
+  mean(W) < down[b − 1]: b −= 1, c = 0. The decision is b for the next position.
+  With window 1 and min run 1 every position is decided on its own; larger values hold the
+  strong tier after an escalation while the mean stays high (hysteresis, no flapping).
+An escalated token costs the cheap step and the strong one: its record lists every tier tried.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from collections import deque
+from typing import Iterable, Protocol
 
-from .router import Decision, Router, RouterConfig
+from .router import POLICY_NAMES, Decision, Router, RouterConfig, derive_tiers
 
 
 class Policy(Protocol):
@@ -62,9 +76,95 @@ class EadPolicy:
         return self.router.observe(entropy)
 
 
-POLICIES = {"ead": EadPolicy}
+class PeekPolicy:
+    """Same-position escalation: the cheap tier computes a position, a stronger one redoes it if unsure."""
+
+    name = "peek"
+
+    def __init__(self, config: RouterConfig, num_tiers: int):
+        Router(config, num_tiers)  # the same checks as any router of this ladder
+        self.config = config
+        self.top_local = num_tiers - 1 if config.top_local is None else config.top_local
+        self._up, self._down = config.up, config.downs()
+        self._base, self._count = 0, 0
+        self._window: deque[float] = deque(maxlen=config.window)
+
+    @property
+    def mean(self) -> float:
+        """Rolling mean of the taken tokens' entropies in the compared units (NaN when empty)."""
+        return math.fsum(self._window) / len(self._window) if self._window else math.nan
+
+    def start(self, initial_entropy: float | None) -> Decision:
+        """Position 0 starts on the bottom rung; H0 is its cheap entropy, reviewed like any other."""
+        self._base, self._count = 0, 0
+        self._window.clear()
+        return Decision(0, 0, False, self.mean)
+
+    def may_review(self, rung: int) -> bool:
+        """Below the top local rung a position can still be handed up."""
+        return rung < self.top_local
+
+    def review(self, rung: int, entropy: float | None) -> int | None:
+        """Hand this position one rung up when its entropy crosses up[rung]; the guard jumps to the top."""
+        if entropy is None or rung >= self.top_local:
+            return None
+        if not math.isfinite(entropy):
+            return self.top_local
+        return rung + 1 if self.config.units(entropy) > self._up[rung] else None
+
+    def commit(self, rung: int, entropy: float | None) -> Decision:
+        """Record the taken token; hold an escalated rung, step down once the mean falls below down."""
+        if entropy is not None and math.isfinite(entropy):
+            self._window.append(self.config.units(entropy))
+        before = self._base
+        if rung > self._base:
+            self._base, self._count = rung, 1
+        else:
+            self._count += 1
+        if (self._count >= self.config.min_run and self._base > 0
+                and self.mean < self._down[self._base - 1]):
+            self._base, self._count = self._base - 1, 0
+        return Decision(self._base, self._base - before, False, self.mean)
 
 
-def make_policy(name: str, config: RouterConfig, num_tiers: int) -> Policy:
-    """A fresh policy instance for one answer."""
-    return POLICIES[name](config, num_tiers)
+POLICIES = {"ead": EadPolicy, "peek": PeekPolicy}
+assert tuple(POLICIES) == POLICY_NAMES  # router.py validates names without importing this module
+
+
+def make_policy(config: RouterConfig, num_tiers: int) -> Policy:
+    """A fresh instance of the config's policy, for one answer."""
+    return POLICIES[config.policy](config, num_tiers)
+
+
+def derive_tried(config: RouterConfig, num_tiers: int, initial_entropy: float | None,
+                 tried_entropies: Iterable[list[float | None]]) -> list[list[int]]:
+    """Re-derive, for every token, the rungs that computed its position (the last made it).
+
+    `tried_entropies[k]` lists the entropies measured at position k, in the order the rungs
+    ran (one entry unless the policy escalated there): a telemetry record holds exactly that.
+    """
+    policy = make_policy(config, num_tiers)
+    rung = policy.start(initial_entropy).rung
+    out = []
+    for entropies in tried_entropies:
+        rungs = [rung]
+        # The rule reviews each measured entropy in turn; a record that disagrees shows up as a
+        # list of another length (fewer tries than the rule asks for, or more).
+        for entropy in entropies:
+            higher = policy.review(rungs[-1], entropy) if policy.may_review(rungs[-1]) else None
+            if higher is None:
+                break
+            rungs.append(higher)
+        out.append(rungs)
+        taken = entropies[min(len(rungs), len(entropies)) - 1]
+        rung = policy.commit(rungs[-1], taken).rung
+    return out
+
+
+def derive_rungs(config: RouterConfig, num_tiers: int, initial_entropy: float | None,
+                 tried_entropies: list[list[float | None]]) -> list[int]:
+    """The rung that made each token, for any policy (ead: derive_tiers on the taken entropies)."""
+    if config.policy == "ead":
+        entropies = [e[-1] for e in tried_entropies]
+        return derive_tiers(initial_entropy, entropies, config, num_tiers)[: len(entropies)]
+    return [rungs[-1] for rungs in derive_tried(config, num_tiers, initial_entropy, tried_entropies)]

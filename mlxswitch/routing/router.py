@@ -48,6 +48,9 @@ DEFAULT_DOWN_RATIO = 0.6
 # As in the Entropy Adaptive Decoding paper: a 5-token rolling mean, 10 tokens before a move.
 DEFAULT_WINDOW = 5
 DEFAULT_MIN_RUN = 10
+# Which tier makes a token: `ead` decides token t + 1 from token t (the contract below); `peek`
+# lets the cheap tier compute position t and a stronger one recompute it when unsure (policies.py).
+POLICY_NAMES = ("ead", "peek")
 
 
 def max_entropy_bits(vocab_size: int) -> float:
@@ -73,8 +76,12 @@ class RouterConfig:
     guard_fraction: float = 0.9
     guard_count: int = 2
     top_local: int | None = None
+    policy: str = "ead"
 
     def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise SettingError("policy", f"the policy must be one of {', '.join(POLICY_NAMES)} "
+                                         f"(got {self.policy!r})")
         object.__setattr__(self, "up", tuple(float(u) for u in self.up))
         if self.down is not None:
             object.__setattr__(self, "down", tuple(float(d) for d in self.down))
@@ -126,6 +133,10 @@ class RouterConfig:
     def with_vocab(self, vocab_size: int) -> "RouterConfig":
         """The same settings for a ladder whose distributions have `vocab_size` entries."""
         return dataclasses.replace(self, vocab_size=vocab_size)
+
+    def units(self, entropy: float) -> float:
+        """An entropy in bits as the thresholds compare it (a fraction of log2 V when normalized)."""
+        return entropy / max_entropy_bits(self.vocab_size) if self.normalize else entropy
 
     def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> "RouterConfig":
         """The same settings with new thresholds (checked like any other config)."""
