@@ -98,6 +98,11 @@ class Tier:
         """The loaded model this tier runs."""
         return self.group.model
 
+    def activate(self) -> None:
+        """Make the model compute at this tier's gear (for running the module directly)."""
+        if self.gear is not None:
+            self.group.model.model.gear_state.set(self.gear)
+
 
 @dataclass
 class Ladder:

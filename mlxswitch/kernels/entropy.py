@@ -6,8 +6,10 @@ import math
 import warnings
 
 import mlx.core as mx
+import numpy as np
 
 from ..resources import metal_source
+from ._common import KernelCheck, float64_token_signals
 
 # Bump the suffix whenever metal/entropy.metal changes: MLX caches compiled libraries by name.
 KERNEL_NAME = "mlxswitch_token_signals_onegroup_v2"
@@ -167,3 +169,40 @@ def fused_token_signals(logits: mx.array) -> mx.array:
         if threads is not None:
             return metal_token_signals(logits, threads)
     return reference_token_signals(logits)
+
+
+SELF_CHECK_VOCABS = (4099, 49152, 151936)
+
+
+def entropy_self_check(rng: np.random.Generator) -> list[KernelCheck]:
+    """Doctor lines: the reference against float64, and the Metal kernel against the reference."""
+    cases = [rng.normal(0, 3, size=v).astype(np.float32) for v in SELF_CHECK_VOCABS]
+    worst = max(signals_error(reference_token_signals(mx.array(c)).tolist(),
+                                      float64_token_signals(c)) for c in cases)
+    checks = [KernelCheck("token_signals_reference", "mx ops",
+                          "ok" if worst < 1e-3 else f"mismatch vs float64 (max err {worst:.2e})")]
+    if not kernel_available():
+        checks.append(KernelCheck(KERNEL_NAME, "metal", "unavailable: no Metal backend"))
+        return checks
+    worst, threads, failures = 0.0, None, []
+    for size in THREADGROUP_SIZES:
+        try:
+            for case in cases:
+                for dtype in (mx.float32, mx.bfloat16):
+                    x = mx.array(case).astype(dtype)
+                    got = metal_token_signals(x, size)
+                    want = reference_token_signals(x)
+                    mx.eval(got, want)
+                    worst = max(worst, signals_error(got.tolist(), want.tolist()))
+            threads = size
+            break
+        except Exception as exc:  # pipeline limit or compile error: report, never crash doctor
+            failures.append(f"{size} threads: {str(exc).splitlines()[0][:100]}")
+    if threads is None:
+        status = "failed: " + "; ".join(failures)
+    elif worst < 1e-3:
+        status = "ok"
+    else:
+        status = f"mismatch (max err {worst:.2e}, {threads} threads)"
+    checks.append(KernelCheck(KERNEL_NAME, "metal", status))
+    return checks

@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..errors import ModelFormatError, UsageError
+from ..kernels.nested import nested_matmul
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
@@ -142,15 +143,9 @@ class NestedLinear(nn.Module):
                    for p, bits in zip(self.planes[:count], self.plane_bits[:count]))
 
     def __call__(self, x: mx.array) -> mx.array:
-        """x · (Σ active planes)ᵀ (+ bias): one quantized_matmul per active plane."""
-        out = None
-        for plane, bits in zip(self.planes[: self.gear_state.active_planes], self.plane_bits):
-            y = mx.quantized_matmul(x, plane["weight"], plane["scales"], plane["biases"],
-                                    transpose=True, group_size=self.group_size, bits=bits)
-            out = y if out is None else out + y
-        if "bias" in self:
-            out = out + self.bias
-        return out
+        """x · (Σ active planes)ᵀ (+ bias), by the fastest checked route (kernels/nested.py)."""
+        return nested_matmul(x, self.planes, self.plane_bits, self.group_size,
+                             self.gear_state.active_planes, self.bias if "bias" in self else None)
 
 
 def plane_bits_for(gears: tuple[int, ...]) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from ..errors import ModelFormatError, ModelNotFoundError
 from ..resources import EMBEDDED_MODEL_NAME, EMBEDDED_SOURCE, embedded_gguf_path
 from .gear_files import load_geared_dir
 from .gguf import load_gguf
+from .rows import use_fast_rows
 from .sources import hub_snapshot, is_embedded, looks_like_path
 from .weights import LoadedModel, cast_floats, compute_dtype, read_json
 
@@ -32,6 +33,7 @@ def load_model(source: str) -> LoadedModel:
 
 def _load_gguf_source(source: str, path: Path, name: str) -> LoadedModel:
     model, tokenizer, config = load_gguf(path, compute_dtype())
+    use_fast_rows(model)
     return LoadedModel(source, name, model, tokenizer, config,
                        precision=str(config.get("quantization_label", "gguf")))
 
@@ -51,6 +53,7 @@ def _load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     except FileNotFoundError as exc:
         raise ModelFormatError(f"model '{source}': {exc}") from exc
     cast_floats(model, compute_dtype())
+    use_fast_rows(model)
     return LoadedModel(source, name, model, tokenizer, config, precision=_precision_label(config))
 
 

@@ -1,0 +1,118 @@
+"""Helpers shared by kernel modules: the environment switch, device test, error measure, BLAS."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+
+# The one place the environment is read. Values:
+#   "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
+#   "reference": every dispatcher returns its plain-mx reference (to rule the kernels out of a bug);
+#   "mx": only MLX computes (no NumPy BLAS route), results stay lazy and traceable.
+KERNELS_ENV = "MLXSWITCH_KERNELS"
+_SETTINGS = ("auto", "reference", "mx")
+
+
+def kernels_setting() -> str:
+    """The MLXSWITCH_KERNELS setting, read at every call so a test or a user can flip it."""
+    value = os.environ.get(KERNELS_ENV, "").strip().lower() or "auto"
+    if value not in _SETTINGS:
+        raise ValueError(f"{KERNELS_ENV}={value!r}: expected one of {', '.join(_SETTINGS)}")
+    return value
+
+
+def force_reference() -> bool:
+    """Whether MLXSWITCH_KERNELS=reference forces every dispatcher onto its reference."""
+    return kernels_setting() == "reference"
+
+
+def numpy_routes_allowed() -> bool:
+    """Whether a dispatcher may hand work to NumPy (it evaluates its inputs eagerly there)."""
+    return kernels_setting() == "auto"
+
+
+def on_gpu() -> bool:
+    """Whether the default device is a GPU (custom GPU kernels run on GPU streams only)."""
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def relative_max_error(got: mx.array, want: mx.array) -> float:
+    """max |got − want| / max(max |want|, 1e-30), in fp32; inf when shapes differ or NaN appears."""
+    if got.shape != want.shape:
+        return float("inf")
+    g, w = got.astype(mx.float32), want.astype(mx.float32)
+    err = mx.max(mx.abs(g - w)).item()
+    scale = mx.max(mx.abs(w)).item()
+    if err != err or scale != scale:  # NaN
+        return float("inf")
+    return err / max(scale, 1e-30)
+
+
+@lru_cache(maxsize=1)
+def _openblas_threads():
+    # NumPy's wheels on Linux bundle OpenBLAS under a prefixed name; find the loaded copy and its
+    # thread setter (what threadpoolctl does). None elsewhere (macOS: Accelerate) or on failure.
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+        for path in sorted(paths):
+            lib = ctypes.CDLL(path)
+            for prefix in ("scipy_openblas", "openblas"):
+                for suffix in ("64_", ""):
+                    get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                    set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                    if get is not None and set_ is not None:
+                        set_.argtypes = [ctypes.c_int]
+                        return get, set_
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
+@contextmanager
+def single_threaded_blas():
+    """Run NumPy's OpenBLAS on one thread inside the block, then restore its setting."""
+    # Measured here (2 shared cores, one busy): a 1-row x 576 x 1536 product took 8 ms with
+    # OpenBLAS's 2 spinning threads and 0.06 ms with one; uncontended, one thread is at most 2x
+    # slower, and next to dequantizing the planes that is noise. Set and restore cost ~1 us.
+    threads = _openblas_threads()
+    if threads is None:
+        yield
+        return
+    get, set_ = threads
+    before = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """One line of `mlxswitch doctor`'s kernel self-check."""
+
+    name: str
+    backend: str
+    status: str
+
+
+def float64_token_signals(logits: np.ndarray) -> np.ndarray:
+    """[entropy bits, varentropy bits², p1 − p2] of one logits vector in float64 NumPy (the truth)."""
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    z = np.exp(x - x.max())
+    p = z / z.sum()
+    logp = np.log(p, where=p > 0, out=np.zeros_like(p))  # p = 0 adds 0 (masked tokens)
+    entropy = -(p * logp).sum()
+    varentropy = (p * logp * logp).sum() - entropy**2
+    top = np.sort(p)[-2:] if p.size > 1 else np.array([0.0, p[0]])
+    return np.array([entropy / np.log(2), varentropy / np.log(2) ** 2, top[1] - top[0]])

@@ -1,0 +1,419 @@
+"""Nested-gear matmul x · (Σ active planes)ᵀ: reference, CPU routes, Metal mat-vec, dispatcher."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from functools import cache
+
+import mlx.core as mx
+import numpy as np
+
+from ..resources import metal_source
+from ._common import (KernelCheck, force_reference, numpy_routes_allowed, on_gpu, relative_max_error,
+                      single_threaded_blas)
+
+# Bump whenever metal/nested_qmv.metal or the launch changes: MLX caches compiled libraries by name.
+KERNEL_VERSION = "v1"
+KERNEL_PREFIX = "mlxswitch_nested_qmv"
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
+SUPPORTED_GROUP_SIZES = (32, 64, 128)
+RESULTS_PER_SIMD = 4  # output rows a SIMD group owns: each x chunk in registers feeds 4 rows
+SIMDS_PER_GROUP = 2
+BLOCK_ROWS = RESULTS_PER_SIMD * SIMDS_PER_GROUP
+# The fused kernel is a mat-vec: one x row per grid z, weights re-read per row. Past a few rows
+# MLX's tiled quantized matmul (one call per plane) reuses weights better. Unmeasured on a Mac.
+METAL_MAX_ROWS = 4
+# CPU rule, measured on Linux x86_64 (MLX 0.32.4; bench/bench_kernels.py): dequantizing a plane
+# costs about as much as 2–3 rows of MLX's scalar quantized_matmul, and NumPy's BLAS makes the
+# dense product nearly free (200×576×1536: 4 ms on one thread; MLX's own fp32 matmul 140 ms). So
+# dequantize + BLAS wins from 4 rows at any plane count and layer size (break-even near 3 rows;
+# 4 rows: 1.0–1.9×, 8 rows: 2–3×, 37 rows: 7–15×, 200 rows: 19–60× on SmolLM2/Qwen layers).
+# MLX's dense matmul costs as much a row as one plane of quantized_matmul: without NumPy, dense
+# pays only with ≥ 2 planes (2 planes 1.4× at 8 rows, 3 planes 1.0–1.3× at 4 rows).
+BLAS_MIN_ROWS = 4
+MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry
+DEQUANT_BLOCK = 1 << 20  # weights dequantized at a time by the dense routes
+_FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+_SCRATCH = threading.local()
+# First-use tolerance on max |kernel − truth| / max |truth|: fp32 is the summation order; halves
+# are one output rounding (2^-8 relative for bf16) plus the reference's own.
+_TOLERANCE = {mx.float32: 1e-4, mx.float16: 4e-3, mx.bfloat16: 2e-2}
+
+
+def _active(planes, plane_bits, active: int):
+    if not 1 <= active <= min(len(planes), len(plane_bits)):
+        raise ValueError(f"active planes must be 1..{len(planes)}, got {active}")
+    return list(planes[:active]), tuple(plane_bits[:active])
+
+
+@cache
+def _promoted(*dtypes: mx.Dtype) -> mx.Dtype:
+    # MLX's own promotion, read off an empty lazy sum (never evaluated).
+    out = mx.zeros((0,), dtypes[0])
+    for d in dtypes[1:]:
+        out = out + mx.zeros((0,), d)
+    return out.dtype
+
+
+def result_dtype(x: mx.array, planes, bias: mx.array | None = None) -> mx.Dtype:
+    """The dtype the reference returns: quantized_matmul promotes x with scales, then + bias."""
+    dtypes = [x.dtype] + [p["scales"].dtype for p in planes]
+    return _promoted(*dtypes, *([bias.dtype] if bias is not None else []))
+
+
+def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
+    """x · (Σ first `active` dequantized planes)ᵀ (+ bias): one mx.quantized_matmul per plane."""
+    out = None
+    for plane, bits in zip(*_active(planes, plane_bits, active)):
+        y = mx.quantized_matmul(x, plane["weight"], plane["scales"], plane["biases"],
+                                transpose=True, group_size=group_size, bits=bits)
+        out = y if out is None else out + y
+    return out if bias is None else out + bias
+
+
+def dense_weight(planes, plane_bits, group_size, active) -> mx.array:
+    """Σ of the first `active` planes dequantized in fp32 (scales widened first: exact)."""
+    weight = None
+    for p, bits in zip(*_active(planes, plane_bits, active)):
+        part = mx.dequantize(p["weight"], p["scales"].astype(mx.float32),
+                             p["biases"].astype(mx.float32), group_size=group_size, bits=bits)
+        weight = part if weight is None else weight + part
+    return weight
+
+
+def _scratch(shape: tuple[int, ...], slot: int) -> np.ndarray:
+    # Fresh multi-MB temporaries per layer cost page faults (6 ms instead of 2.4 for two
+    # 1536×576 planes); two reused buffers per thread and shape avoid them.
+    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
+    key = (shape, slot)
+    if key not in buffers:
+        if len(buffers) > 32:  # many layer shapes: keep memory bounded
+            buffers.clear()
+        buffers[key] = np.empty(shape, dtype=np.float32)
+    return buffers[key]
+
+
+def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
+    """dense_weight in NumPy for 4- and 8-bit planes: byte views instead of MLX's unpacking loop.
+
+    The result is a scratch buffer: use it before the next call on this thread.
+    """
+    # MLX packs values from the low bits up and the CPU is little-endian, so a plane's bytes are
+    # its 8-bit values in order, and a byte's low then high nibble are two 4-bit values in order.
+    # Measured on two 1536×576 planes: 2.4 ms against 4.4 ms for mx.dequantize.
+    weight = None
+    for p, bits in zip(planes, plane_bits):
+        raw = np.asarray(p["weight"]).view(np.uint8)
+        rows = raw.shape[0]
+        if bits == 8:
+            values = raw
+        else:
+            values = np.empty((rows, raw.shape[1] * 2), dtype=np.uint8)
+            np.bitwise_and(raw, 0xF, out=values[:, 0::2])
+            np.right_shift(raw, 4, out=values[:, 1::2])
+        values = values.reshape(rows, -1, group_size)
+        part = _scratch(values.shape, 0 if weight is None else 1)
+        np.multiply(values, np.asarray(p["scales"].astype(mx.float32))[:, :, None], out=part)
+        part += np.asarray(p["biases"].astype(mx.float32))[:, :, None]
+        weight = part if weight is None else np.add(weight, part, out=weight)
+    return weight.reshape(weight.shape[0], -1)
+
+
+def _row_blocks(out_dims: int, in_dims: int) -> list[tuple[int, int]]:
+    # Dequantize DEQUANT_BLOCK weights at a time: a 4 MB fp32 block stays in cache while its
+    # planes are summed and multiplied. A whole 18944×3584 layer costs 3–4× more per weight
+    # (6.4 against 1.7 ns for one plane, 21 against 6 for three) and 271 MB of memory.
+    step = max(8, DEQUANT_BLOCK // in_dims)
+    return [(r, min(r + step, out_dims)) for r in range(0, out_dims, step)]
+
+
+def _rows_of(planes, r0: int, r1: int) -> list[dict]:
+    return [{k: p[k][r0:r1] for k in ("weight", "scales", "biases")} for p in planes]
+
+
+def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.array | None:
+    # Evaluates x here (a sync point); under mx.compile / vmap / export evaluation is refused,
+    # and the caller stays in MLX. No gradient flows through NumPy: an inference-only route.
+    try:
+        mx.eval(x32)
+    except ValueError:
+        return None
+    xs = np.asarray(x32).reshape(-1, x32.shape[-1])  # a zero-copy view of MLX's buffer
+    out = np.empty((xs.shape[0], blocks[-1][1]), dtype=np.float32)
+    byte_aligned = all(bits in (4, 8) for bits in plane_bits)
+    for r0, r1 in blocks:
+        rows = _rows_of(planes, r0, r1)
+        if byte_aligned:
+            weight = _numpy_dense_weight(rows, plane_bits, group_size)
+        else:
+            weight = dense_weight(rows, plane_bits, group_size, len(planes))
+            mx.eval(weight)
+            weight = np.asarray(weight)
+        with single_threaded_blas():
+            out[:, r0:r1] = xs @ weight.T
+    return mx.array(out.reshape(*x32.shape[:-1], out.shape[-1]))
+
+
+def dense_nested_matmul(x, planes, plane_bits, group_size, active, bias=None,
+                        use_numpy: bool = True) -> mx.array:
+    """Multi-row CPU route: active planes as fp32 weight blocks, one matmul each (NumPy or MLX)."""
+    used, bits = _active(planes, plane_bits, active)
+    blocks = _row_blocks(used[0]["scales"].shape[0], x.shape[-1])
+    x32 = x.astype(mx.float32)
+    y = _blas_matmul(x32, used, bits, group_size, blocks) if use_numpy else None
+    if y is None:
+        parts = [x32 @ dense_weight(_rows_of(used, r0, r1), bits, group_size, len(used)).T
+                 for r0, r1 in blocks]
+        y = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+    out_dtype = result_dtype(x, used)
+    y = y if y.dtype == out_dtype else y.astype(out_dtype)
+    return y if bias is None else y + bias
+
+
+def _mx_dense_floor(active: int) -> int | None:
+    if active < min(MX_DENSE_MIN_ROWS):
+        return None
+    return MX_DENSE_MIN_ROWS[min(active, max(MX_DENSE_MIN_ROWS))]
+
+
+def cpu_route(rows: int, active: int) -> str:
+    """Which CPU route the rule picks: "blas", "dense" (MLX matmul) or "reference"."""
+    if force_reference():
+        return "reference"
+    if numpy_routes_allowed() and rows >= BLAS_MIN_ROWS:
+        return "blas"
+    floor = _mx_dense_floor(active)
+    return "dense" if floor is not None and rows >= floor else "reference"
+
+
+def describe_cpu_rule() -> str:
+    """The CPU rule in words, as the current MLXSWITCH_KERNELS setting applies it."""
+    if force_reference():
+        return "reference at every row count (MLXSWITCH_KERNELS=reference)"
+    if numpy_routes_allowed():
+        return f"dense fp32 + NumPy BLAS from {BLAS_MIN_ROWS} rows, any plane count"
+    top = max(MX_DENSE_MIN_ROWS)
+    floors = ", ".join(f"{p}{'+' if p == top else ''} planes from {r} rows"
+                       for p, r in sorted(MX_DENSE_MIN_ROWS.items()))
+    return f"dense fp32 + MLX matmul: {floors}; fewer planes: reference"
+
+
+# -- the fused Metal kernel -------------------------------------------------------------------
+
+
+def kernel_name(n_planes: int, has_bias: bool) -> str:
+    """Unique name of one variant (MLX adds the template values and dtypes to it)."""
+    return f"{KERNEL_PREFIX}_p{n_planes}{'_bias' if has_bias else ''}_{KERNEL_VERSION}"
+
+
+def kernel_source(n_planes: int, has_bias: bool) -> tuple[str, str]:
+    """(header, body) for `mx.fast.metal_kernel`: one line per plane, the bias line if any."""
+    text = metal_source("nested_qmv")
+    rest, bias_line = text.split("// ---- bias ----", 1)
+    rest, plane_line = rest.split("// ---- plane ----", 1)
+    rest, body = rest.split("// ---- body ----", 1)
+    header = rest.split("// ---- header ----", 1)[1]
+    planes = "\n  ".join(plane_line.strip().replace("{p}", str(i)) for i in range(n_planes))
+    body = body.replace("/*PLANES*/", planes)
+    return header, body.replace("/*BIAS*/", bias_line.strip() if has_bias else "")
+
+
+def input_names(n_planes: int, has_bias: bool) -> list[str]:
+    """The kernel's inputs, in launch order."""
+    names = ["x"] + [f"{k}{i}" for i in range(n_planes) for k in ("w", "scales", "biases")]
+    return names + (["bias"] if has_bias else [])
+
+
+def make_kernel(n_planes: int, has_bias: bool):
+    """Build one variant; building only records the source, so this works on any backend."""
+    header, body = kernel_source(n_planes, has_bias)
+    return mx.fast.metal_kernel(name=kernel_name(n_planes, has_bias),
+                                input_names=input_names(n_planes, has_bias),
+                                output_names=["out"], source=body, header=header)
+
+
+def launch(kernel, x, planes, plane_bits, group_size, bias=None, verbose=False) -> mx.array:
+    """Run a built variant on all of `planes`, x (..., in_dims); Metal only, or export tracing."""
+    x2 = x.reshape(-1, x.shape[-1])
+    rows, out_dims = x2.shape[0], planes[0]["scales"].shape[0]
+    out_dtype = result_dtype(x, planes, bias)
+    inputs = [x2] + [p[k] for p in planes for k in ("weight", "scales", "biases")]
+    template = ([("T", out_dtype)] + [(f"BITS{i}", b) for i, b in enumerate(plane_bits)]
+                + [("GROUP_SIZE", group_size), ("RESULTS", RESULTS_PER_SIMD)])
+    threads = 32 * SIMDS_PER_GROUP
+    # dispatchThreads: the grid counts threads; y walks blocks of BLOCK_ROWS outputs, z the x rows.
+    y = kernel(inputs=inputs + ([bias] if bias is not None else []), template=template,
+               grid=(threads, -(-out_dims // BLOCK_ROWS), rows), threadgroup=(threads, 1, 1),
+               output_shapes=[(rows, out_dims)], output_dtypes=[out_dtype], verbose=verbose)[0]
+    return y.reshape(*x.shape[:-1], out_dims)
+
+
+_KERNELS: dict | None = {} if mx.metal.is_available() else None
+
+
+def kernel_available() -> bool:
+    """Whether the fused Metal kernel can run on this machine."""
+    return _KERNELS is not None
+
+
+def _kernel(n_planes: int, has_bias: bool):
+    key = (n_planes, has_bias)
+    if key not in _KERNELS:
+        _KERNELS[key] = make_kernel(n_planes, has_bias)
+    return _KERNELS[key]
+
+
+def metal_nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
+    """The fused Metal mat-vec over the first `active` planes (Metal only)."""
+    if _KERNELS is None:
+        raise RuntimeError("the fused nested-gear kernel needs the Metal backend")
+    used, bits = _active(planes, plane_bits, active)
+    return launch(_kernel(len(used), bias is not None), x, used, bits, group_size, bias)
+
+
+def synthetic_planes(out_dims, in_dims, plane_bits, group_size, dtype=mx.float32, seed=0):
+    """Residual planes q(W), q(W − W₁), … of a random W, scales/biases cast to `dtype`."""
+    key = mx.random.key(seed)
+    residual = mx.random.normal((out_dims, in_dims), key=key) * 0.05
+    planes = []
+    for bits in plane_bits:
+        q, s, b = mx.quantize(residual, group_size=group_size, bits=bits)
+        s, b = s.astype(dtype), b.astype(dtype)
+        residual = residual - mx.dequantize(q, s.astype(mx.float32), b.astype(mx.float32),
+                                            group_size=group_size, bits=bits)
+        planes.append({"weight": q, "scales": s, "biases": b})
+    mx.eval(planes)
+    return planes
+
+
+def fp32_truth(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
+    """The reference on fp32 copies of every input: the exact answer for the rounded inputs."""
+    wide = [{**p, "scales": p["scales"].astype(mx.float32),
+             "biases": p["biases"].astype(mx.float32)} for p in planes]
+    return reference_nested_matmul(x.astype(mx.float32), wide, plane_bits, group_size, active,
+                                   None if bias is None else bias.astype(mx.float32))
+
+
+def check_kernel_case(run, plane_bits, group_size, x_dtype, scale_dtype, bias_dtype,
+                      out_dims=2 * BLOCK_ROWS + 3, in_dims=None, rows=3, seed=0) -> float:
+    """Relative max error of `run(x, planes, bits, gs, active, bias)` against the fp32 truth."""
+    in_dims = in_dims or 384 + group_size  # > 32 chunks: some lanes take 2 chunks, some 3
+    planes = synthetic_planes(out_dims, in_dims, plane_bits, group_size, scale_dtype, seed)
+    key = mx.random.key(seed + 1)
+    x = mx.random.normal((rows, in_dims), key=key).astype(x_dtype)
+    bias = None if bias_dtype is None else mx.random.normal((out_dims,), key=key).astype(bias_dtype)
+    n = len(plane_bits)
+    got = run(x, planes, plane_bits, group_size, n, bias)
+    return relative_max_error(got, fp32_truth(x, planes, plane_bits, group_size, n, bias))
+
+
+# (plane bits, group size, x dtype, scale dtypes, bias dtype, out_dims % BLOCK_ROWS) → passed?
+_CHECKED: dict[tuple, bool] = {}
+
+
+def _check_key(x, planes, bits, group_size, bias) -> tuple:
+    return (bits, group_size, x.dtype, tuple(p["scales"].dtype for p in planes),
+            tuple(p["biases"].dtype for p in planes), None if bias is None else bias.dtype,
+            planes[0]["scales"].shape[0] % BLOCK_ROWS)
+
+
+def _first_use_check(key: tuple) -> bool:
+    # The kernel cannot run where it is developed (Linux): on a user's Mac the first call per
+    # shape class and dtypes compares it with the fp32 truth on a small case of the same class
+    # (same planes, dtypes, bias, output tail), and falls back to the reference for good on a
+    # mismatch or an error rather than decode on wrong numbers. The case never touches the
+    # caller's arrays, so it can be evaluated even while mx.compile traces the caller.
+    bits, group_size, x_dtype, scale_dtypes, _, bias_dtype, tail = key
+    try:
+        error = check_kernel_case(metal_nested_matmul, bits, group_size, x_dtype, scale_dtypes[0],
+                                  bias_dtype, out_dims=2 * BLOCK_ROWS + tail)
+        problem = f"max relative error {error:.2e}"
+        out_dtype = _promoted(x_dtype, *scale_dtypes, *([bias_dtype] if bias_dtype else []))
+        if error <= _TOLERANCE[out_dtype]:
+            return True
+    except Exception as exc:  # a compile error or a pipeline limit: never crash decoding
+        problem = str(exc).splitlines()[0][:160]
+    warnings.warn(f"fused nested-gear kernel disabled for planes {bits}, group size {group_size}, "
+                  f"{x_dtype} ({problem}); using quantized_matmul", RuntimeWarning, stacklevel=3)
+    return False
+
+
+def _kernel_fits(x, planes, bits, group_size, bias, rows) -> bool:
+    return (rows <= METAL_MAX_ROWS and len(planes) >= 2 and group_size in SUPPORTED_GROUP_SIZES
+            and all(b in SUPPORTED_BITS for b in bits) and x.dtype in _FLOAT_DTYPES
+            and all(p["weight"].dtype == mx.uint32 and p["weight"].ndim == 2
+                    and p["scales"].dtype in _FLOAT_DTYPES and p["biases"].dtype in _FLOAT_DTYPES
+                    for p in planes)
+            and (bias is None or bias.dtype in _FLOAT_DTYPES))
+
+
+def nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
+    """x · (Σ first `active` planes)ᵀ (+ bias) by the fastest route that is right on this device."""
+    # GPU: the fused mat-vec for 2+ planes and ≤ METAL_MAX_ROWS rows once it passed its check,
+    # else the reference. CPU: cpu_route's rule; its NumPy route evaluates x (a sync point) and
+    # passes no gradient, so MLXSWITCH_KERNELS=mx keeps a model lazy and differentiable.
+    if force_reference():
+        return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
+    rows = x.size // x.shape[-1]
+    if on_gpu():
+        # One plane is MLX's own quantized mat-vec already: nothing to fuse.
+        used, bits = _active(planes, plane_bits, active)
+        if _KERNELS is not None and _kernel_fits(x, used, bits, group_size, bias, rows):
+            key = _check_key(x, used, bits, group_size, bias)
+            if key not in _CHECKED:
+                _CHECKED[key] = _first_use_check(key)
+            if _CHECKED[key]:
+                return metal_nested_matmul(x, planes, plane_bits, group_size, active, bias)
+        return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
+    route = cpu_route(rows, active)
+    if route == "reference":
+        return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
+    return dense_nested_matmul(x, planes, plane_bits, group_size, active, bias,
+                               use_numpy=route == "blas")
+
+
+def quantized_matmul_rows(x, w, scales, biases, group_size, bits, bias=None,
+                          mode: str = "affine") -> mx.array:
+    """x · Wᵀ (+ bias) for one nn.QuantizedLinear's arrays, with the multi-row CPU route."""
+    if mode != "affine" or biases is None:
+        y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size,
+                                bits=bits, mode=mode)
+        return y if bias is None else y + bias
+    return nested_matmul(x, [{"weight": w, "scales": scales, "biases": biases}], (bits,),
+                         group_size, 1, bias)
+
+
+def nested_self_check() -> list:
+    """Doctor lines: CPU routes and the Metal kernel against the fp32 truth, and the CPU rule."""
+
+    def verdict(worst: float, limit: float) -> str:
+        return f"{'ok' if worst <= limit else 'mismatch'} (max err {worst:.1e})"
+
+    worst = 0.0
+    for bits in ((4,), (4, 4, 8), (2, 3, 5, 6)):
+        for use_numpy in (True, False):
+            def route(x, p, b, g, a, bias, use_numpy=use_numpy):
+                return dense_nested_matmul(x, p, b, g, a, bias, use_numpy=use_numpy)
+            worst = max(worst, check_kernel_case(route, bits, 64, mx.float32, mx.float32,
+                                                 mx.float32, rows=37))
+    checks = [KernelCheck("nested_matmul_dense", "cpu",
+                          f"{verdict(worst, 1e-4)}; rule: {describe_cpu_rule()}")]
+    name = f"{KERNEL_PREFIX}_{KERNEL_VERSION}"
+    if not kernel_available():
+        return checks + [KernelCheck(name, "metal", "unavailable: no Metal backend")]
+    worst, failures = dict.fromkeys(_FLOAT_DTYPES, 0.0), []
+    with mx.stream(mx.gpu):  # metal_kernel runs on GPU streams only, whatever the default
+        for bits, group_size in (((4, 4), 64), ((4, 4, 8), 64), ((2, 2), 32), ((3, 5, 6), 128)):
+            for dtype in _FLOAT_DTYPES:
+                try:
+                    error = check_kernel_case(metal_nested_matmul, bits, group_size, dtype,
+                                              dtype, dtype)
+                    worst[dtype] = max(worst[dtype], error)
+                except Exception as exc:  # report, never crash doctor
+                    failures.append(f"{bits} {dtype}: {str(exc).splitlines()[0][:100]}")
+    if failures:
+        return checks + [KernelCheck(name, "metal", "failed: " + "; ".join(failures[:2]))]
+    ok = all(worst[d] <= _TOLERANCE[d] for d in _FLOAT_DTYPES)
+    errors = ", ".join(f"{str(d).rsplit('.', 1)[-1]} {worst[d]:.1e}" for d in _FLOAT_DTYPES)
+    return checks + [KernelCheck(name, "metal", f"{'ok' if ok else 'mismatch'} (max err {errors})")]

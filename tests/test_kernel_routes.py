@@ -1,0 +1,48 @@
+"""The fast kernel routes change no token: greedy output with and without MLXSWITCH_KERNELS=reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxswitch.api import open_chat, resolve_profile
+from mlxswitch.decoding.session import GenerationSettings
+from mlxswitch.models.rows import RowsQuantizedLinear
+
+PROMPTS = ["What is the capital of France?", "Count: one two three"]
+
+
+def _answers(profile, monkeypatch, setting: str, max_tokens: int, prompts=PROMPTS) -> list[list[int]]:
+    monkeypatch.setenv("MLXSWITCH_KERNELS", setting)
+    session = open_chat(profile, settings=GenerationSettings(max_tokens=max_tokens))
+    out = []
+    for prompt in prompts:
+        session.reset()
+        out.append([e.id for e in session.ask(prompt).tokens])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["pair", "gears"])
+def test_tiny_ladders_give_the_same_tokens_on_every_route(tiny_pair, monkeypatch, kind):
+    small, large = map(str, tiny_pair)
+    if kind == "pair":
+        profile = resolve_profile(small=small, large=large, tau="1.5", tau_down="1.0", window=2, min_run=2)
+    else:
+        profile = resolve_profile(model=large, gears="4,8", tau="1.5", window=2, min_run=2)
+    fast = _answers(profile, monkeypatch, "auto", 16)
+    assert fast == _answers(profile, monkeypatch, "reference", 16)
+    assert fast == _answers(profile, monkeypatch, "mx", 16)
+
+
+def test_the_embedded_default_gives_the_same_tokens_on_every_route(monkeypatch):
+    profile = resolve_profile("embedded")
+    fast = _answers(profile, monkeypatch, "auto", 12, PROMPTS[:1])
+    assert fast == _answers(profile, monkeypatch, "reference", 12, PROMPTS[:1])
+    assert all(len(a) > 3 for a in fast)
+
+
+def test_plain_quantized_models_take_the_multi_row_route():
+    from mlxswitch.models.loading import load_model
+
+    model = load_model("embedded").model
+    layers = [m for _, m in model.named_modules() if isinstance(m, RowsQuantizedLinear)]
+    assert len(layers) == 30 * 7  # every attention and MLP projection of SmolLM2's 30 layers
