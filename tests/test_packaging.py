@@ -18,16 +18,20 @@ def test_wheel_ships_and_finds_its_data(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "mlxswitch/models.toml" in names
     assert "mlxswitch/metal/entropy.metal" in names
+    assert "mlxswitch/metal/nested_qmv.metal" in names
+    assert "mlxswitch/bench_prompts/suite.jsonl" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
         "import mlxswitch, mlxswitch.resources as r, mlxswitch.profiles as p;"
         "print(mlxswitch.__file__); print(r.metal_dir()); print(r.bundled_models_toml());"
-        "print(len(r.metal_source('entropy')) > 0); print(p.load_profiles().default)"
+        "print(len(r.metal_source('entropy')) > 0); print(p.load_profiles().default);"
+        "import mlxswitch.bench.prompts as b; print(b.default_suite_path())"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin",
                               "MLXSWITCH_HOME": str(tmp_path / "home")}, check=True).stdout.split()
     installed = site / "mlxswitch"
     assert out == [str(installed / "__init__.py"), str(installed / "metal"),
-                   str(installed / "models.toml"), "True", "embedded"]
+                   str(installed / "models.toml"), "True", "embedded",
+                   str(installed / "bench_prompts" / "suite.jsonl")]

@@ -197,3 +197,54 @@ def gears_build(
     console = ui.make_console()
     for line in build_gears(source, out, planes=planes, group_size=group_size, force=force):
         console.print(line)
+
+
+@app.command()
+def bench(
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile from models.toml (default: its default).")] = None,
+    small: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the cheap model (with --large).")] = None,
+    large: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the strong model (with --small).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Ad-hoc single model, or the geared model with --gears.")] = None,
+    gears: Annotated[Optional[str], typer.Option(help="Gear bits low→high for --model, e.g. 4,8.")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="Prompt file (JSON Lines, bench/prompts format; default: the bundled suite).")] = None,
+    quick: Annotated[bool, typer.Option(help="One prompt per category, short answers, 3 sweep points: about 2 minutes.")] = False,
+    repeats: Annotated[int, typer.Option(help="Repeats of every speed arm (figures: median, min–max).")] = 1,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Most tokens per answer (default 32; --quick 12).")] = None,
+    speed_prompts: Annotated[Optional[int], typer.Option(help="Prompts every speed arm runs (default 4; --quick 1).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure and raw record to FILE.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a two-panel PNG (retained fidelity vs share and vs bytes).")] = None,
+    force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
+) -> None:
+    """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
+    from ..api import build_ladder, resolve_profile
+    from ..bench.command import QUICK, bench as run, check_output_path, choose_prompts, write_json
+    from ..bench.runner import BenchOptions
+    from ..errors import UsageError
+
+    chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
+    for value, flag in ((repeats, "--repeats"), (max_tokens, "--max-tokens"), (speed_prompts, "--speed-prompts")):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1 (got {value})")
+    check_output_path(json_path, "--json")
+    check_output_path(plot, "--plot")
+    if plot is not None:
+        from ..bench.plot import _pyplot
+
+        _pyplot()  # a missing matplotlib is said now, not after the run
+    items = choose_prompts(prompts, quick)
+    options = BenchOptions(quick=quick, repeats=repeats,
+                           max_tokens=max_tokens or (QUICK["max_tokens"] if quick else 32),
+                           sweep_points=QUICK["sweep_points"] if quick else 5,
+                           speed_prompts=speed_prompts or (QUICK["speed_prompts"] if quick else 4))
+    with ui.loading_status(ui.stderr_is_terminal()) as progress:
+        ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
+    with ui.bench_progress() as progress:
+        record = run(chosen, ladder, items, options, progress)
+    if json_path is not None:
+        write_json(record, json_path)
+    if plot is not None:
+        from ..bench.plot import save_plot
+
+        save_plot(record, f"mlxswitch bench · {chosen.name} ({' → '.join(ladder.tier_names)}) · "
+                          f"{record['machine']['backend']} · {len(items)} prompts", plot)
+    ui.make_console().print(ui.bench_table(record))

@@ -201,3 +201,57 @@ def line_editing(history: Path) -> Iterator[None]:
             readline.write_history_file(history)
         except OSError:
             pass  # history is a convenience: never fail a chat over it
+
+
+@contextlib.contextmanager
+def bench_progress() -> Iterator:
+    """Progress bars on stderr for the bench's stages; the callback takes (stage, done, total)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = make_console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bars:
+        tasks: dict[str, int] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=total)
+            bars.update(tasks[stage], completed=done, total=total)
+
+        yield update
+
+
+def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
+    value = (figures.get(key) or {}).get("median")
+    return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
+
+
+def bench_table(record: dict) -> Table:
+    """The bench's table: one row per arm, speed and quality side by side."""
+    table = Table(title=f"mlxswitch bench · {record['profile']['name']} · {record['machine']['backend']}",
+                  show_edge=False, title_justify="left")
+    for column in ("arm", "top share", "retained", "random@share", "oracle@share", "agree", "acc",
+                   "pp tok/s", "tg tok/s", "TTFT s", "peak GB", "sw/100", "MB/tok", "overhead",
+                   "M3 Max bound*"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+
+    def cell(value, digits: int = 2) -> str:
+        return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+    for arm in record["arms"]:
+        q, s = arm["quality"], arm["speed"]
+        bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
+        table.add_row(arm["name"], cell(q["top_share"]), cell(q["retained"]),
+                      cell((arm.get("random_control") or {}).get("mean")), cell(arm.get("oracle")),
+                      _median(s, "agreement", digits=2), _median(s, "accuracy", digits=2),
+                      _median(s, "prompt_tok_per_s"), _median(s, "decode_tok_per_s"),
+                      _median(s, "first_token_s", digits=2), _median(s, "peak_memory_gb", digits=2),
+                      _median(s, "switches_per_100"), _median(s, "bytes_per_token", 1e-6),
+                      _median(s, "overhead", digits=2), cell(bound, 0))
+    auroc = record.get("auroc") or {}
+    table.caption = (f"retained: teacher-forced along the top tier's greedy answers "
+                     f"({len(record['prompts'])} prompts); speed: median over "
+                     f"{record['options']['repeats']} repeat(s) of {len(record['speed_prompts'])} prompt(s); "
+                     f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
+                     "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token")
+    return table

@@ -99,19 +99,22 @@ class ChatSession:
             return list(tokenizer.apply_chat_template(full, add_generation_prompt=True))
         return list(tokenizer.encode("".join(f"{m['content']}\n" for m in full)))
 
-    def ask(self, prompt: str) -> AnswerSummary:
+    def ask(self, prompt: str, max_tokens: int | None = None) -> AnswerSummary:
         """Answer `prompt` and return the summary (no streaming)."""
-        for _ in self.stream(prompt):
+        for _ in self.stream(prompt, max_tokens):
             pass
         assert self.last_summary is not None
         return self.last_summary
 
-    def stream(self, prompt: str) -> Iterator[TokenEvent | AnswerSummary]:
-        """Yield a TokenEvent per token, then the AnswerSummary; history is kept even if interrupted."""
+    def stream(self, prompt: str, max_tokens: int | None = None) -> Iterator[TokenEvent | AnswerSummary]:
+        """Yield a TokenEvent per token, then the AnswerSummary; history is kept even if interrupted.
+
+        max_tokens: this answer's limit, when it differs from the settings' (the bench uses it).
+        """
         self.last_summary = None
         messages = self.messages + [{"role": "user", "content": prompt}]
         prompt_ids = self.render(messages)
-        budget = self._token_budget(prompt_ids)
+        budget = self._token_budget(prompt_ids, max_tokens or self.settings.max_tokens)
         common = common_prefix_len(self.ids, prompt_ids)
         for group in self.ladder.groups:
             group.rewind(common)
@@ -146,10 +149,10 @@ class ChatSession:
             yield last
         yield self.last_summary
 
-    def _token_budget(self, prompt_ids: list[int]) -> int:
+    def _token_budget(self, prompt_ids: list[int], max_tokens: int) -> int:
         context = self.ladder.context_length
         if len(prompt_ids) >= context:
             raise PromptTooLongError(
                 f"the prompt is {len(prompt_ids)} tokens with the conversation so far, but the "
                 f"context holds {context}; shorten it or start over (/reset)")
-        return min(self.settings.max_tokens, context - len(prompt_ids))
+        return min(max_tokens, context - len(prompt_ids))

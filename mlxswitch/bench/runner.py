@@ -1,0 +1,217 @@
+"""`mlxswitch bench`: run every arm on one ladder, interleaved, and collect raw records.
+
+Two kinds of measurement, both in one process:
+- speed arms generate (each tier alone, the profile's own setting, a threshold sweep per policy,
+  mlx-lm's stream_generate on each tier, and mlx-lm's speculative decoding for a pair), round-robin
+  over prompts and repeats so that machine drift hits every arm alike;
+- quality is teacher-forced along the top tier's own greedy answers (teacher.py), where every
+  policy, the random control and the oracle are replayed exactly (simulate.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+
+from ..decoding.answer import AnswerSummary
+from ..decoding.session import ChatSession
+from ..decoding.tiers import Ladder
+from ..profiles import Profile
+from ..routing.router import POLICY_NAMES, RouterConfig
+from . import simulate
+from .prompts import BenchPrompt, check_answer
+from .teacher import teacher_forced
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """How much to run."""
+
+    quick: bool = False
+    repeats: int = 1
+    max_tokens: int = 32
+    sweep_points: int = 5
+    speed_prompts: int = 4  # prompts every speed arm generates for (the first ones)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way of decoding: an engine configuration, or mlx-lm on one tier."""
+
+    name: str
+    kind: str  # "tier", "profile", "sweep", "mlx-lm", "speculative"
+    config: RouterConfig | None = None
+    tier: int | None = None  # for "tier" and "mlx-lm"
+    policy: str | None = None
+    tau: float | None = None
+
+    def to_dict(self) -> dict:
+        """The arm's identity in the JSON."""
+        return {"name": self.name, "kind": self.kind, "policy": self.policy, "tau": self.tau,
+                "tier": self.tier,
+                "router": None if self.config is None else {
+                    "policy": self.config.policy, "up": [_num(u) for u in self.config.up],
+                    "down": [_num(d) for d in self.config.downs()], "window": self.config.window,
+                    "min_run": self.config.min_run, "normalize": self.config.normalize}}
+
+
+def _num(value: float):
+    return value if math.isfinite(value) else str(value)
+
+
+def forced_config(num_tiers: int, rung: int) -> RouterConfig:
+    """A router that keeps every token on one rung (-inf below it, inf above)."""
+    return RouterConfig(up=tuple(-INF if i < rung else INF for i in range(num_tiers - 1)))
+
+
+def sweep_config(profile: Profile, policy: str, tau: float, num_tiers: int) -> RouterConfig:
+    """One swept point: the same up threshold at every boundary, down = 0.6 × up.
+
+    `ead` keeps the profile's window and min run (its contract); `peek` decides each position
+    on its own (window 1, min run 1), the setting in which it is meant to beat `ead`.
+    """
+    window, min_run = (profile.router.window, profile.router.min_run) if policy == "ead" else (1, 1)
+    return RouterConfig(up=(tau,) * (num_tiers - 1), window=window, min_run=min_run, policy=policy)
+
+
+def make_arms(profile: Profile, ladder: Ladder, taus: list[float]) -> list[Arm]:
+    """Every speed arm for this ladder and these swept thresholds."""
+    names, n = ladder.tier_names, len(ladder.tiers)
+    arms = [Arm(f"{name} alone", "tier", forced_config(n, r), tier=r) for r, name in enumerate(names)]
+    if n > 1:
+        arms.append(Arm(f"profile ({profile.router.policy})", "profile", profile.router,
+                        policy=profile.router.policy))
+        for policy in POLICY_NAMES:
+            for tau in taus:
+                arms.append(Arm(f"{policy} τ={tau:g}", "sweep", sweep_config(profile, policy, tau, n),
+                                policy=policy, tau=tau))
+    arms += [Arm(f"mlx-lm {name}", "mlx-lm", tier=r) for r, name in enumerate(names)]
+    if n == 2 and ladder.tiers[0].group is not ladder.tiers[1].group:
+        arms.append(Arm("mlx-lm speculative", "speculative"))
+    return arms
+
+
+@contextlib.contextmanager
+def _stock_kernels():
+    # mlx-lm as shipped: our multi-row routes off while it runs (they would speed it up too).
+    before = os.environ.get("MLXSWITCH_KERNELS")
+    os.environ["MLXSWITCH_KERNELS"] = "reference"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLXSWITCH_KERNELS", None)
+        else:
+            os.environ["MLXSWITCH_KERNELS"] = before
+
+
+def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
+    session.router_config = arm.config
+    session.reset()
+    summary: AnswerSummary = session.ask(prompt.prompt, max_tokens)
+    decode_s = (summary.tokens[-1].elapsed_s - summary.tokens[0].elapsed_s) if summary.generated > 1 else 0.0
+    return {
+        "generated": summary.generated, "prefilled": summary.prefilled_tokens,
+        "first_token_s": summary.first_token_s, "decode_s": decode_s, "elapsed_s": summary.elapsed_s,
+        "peak_memory_gb": summary.peak_memory_gb, "switches": summary.switches,
+        "catch_up_tokens": sum(summary.catch_up_tokens.values()),
+        "tier_counts": summary.tier_counts, "mean_bytes_per_token": summary.mean_bytes_per_token,
+        "initial_entropy": summary.initial_entropy, "text": summary.text,
+        "tokens": [{"id": e.id, "tier": e.tier, "entropy": e.entropy,
+                    "tried": list(e.tried) if e.tried else [e.tier]} for e in summary.tokens],
+    }
+
+
+def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:
+    tokenizer = ladder.tokenizer
+    eos = tokenizer.eos_token_ids
+    kwargs = {}
+    if arm.kind == "speculative":
+        model = ladder.tiers[-1].model.model
+        kwargs = {"draft_model": ladder.tiers[0].model.model}
+    else:
+        tier = ladder.tiers[arm.tier]
+        tier.activate()
+        model = tier.model.model
+    start, stamps, ids, drafted, peak = time.perf_counter(), [], [], 0, 0.0
+    mx.reset_peak_memory()
+    with _stock_kernels():
+        for response in stream_generate(model, tokenizer, prompt_ids, max_tokens=max_tokens, **kwargs):
+            if response.token in eos:
+                break
+            stamps.append(time.perf_counter() - start)
+            ids.append(response.token)
+            drafted += bool(getattr(response, "from_draft", False))
+            peak = response.peak_memory
+    text = tokenizer.decode(ids)
+    name = ladder.tier_names[-1] if arm.kind == "speculative" else ladder.tier_names[arm.tier]
+    return {"generated": len(ids), "prefilled": len(prompt_ids),
+            "first_token_s": stamps[0] if stamps else None,
+            "decode_s": stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0,
+            "elapsed_s": time.perf_counter() - start, "peak_memory_gb": peak,
+            "switches": 0, "catch_up_tokens": 0, "tier_counts": {name: len(ids)},
+            "mean_bytes_per_token": ladder.tiers[-1 if arm.kind == "speculative" else arm.tier].bytes_per_token,
+            "draft_share": drafted / len(ids) if ids and arm.kind == "speculative" else None,
+            "text": text, "tokens": [{"id": t, "tier": name} for t in ids]}
+
+
+@dataclass
+class BenchRun:
+    """Everything measured: raw records, teacher-forced positions and the arms they belong to."""
+
+    arms: list[Arm]
+    runs: list[dict] = field(default_factory=list)  # one per (repeat, prompt, arm)
+    positions: list[simulate.Positions] = field(default_factory=list)
+    taus: list[float] = field(default_factory=list)
+    top_answers: dict[str, list[int]] = field(default_factory=dict)
+
+
+def run_bench(profile: Profile, ladder: Ladder, prompts: list[BenchPrompt], options: BenchOptions,
+              progress: Progress | None = None) -> BenchRun:
+    """Measure quality on every prompt, speed on the first `speed_prompts`, interleaved."""
+    say = progress or (lambda stage, done, total: None)
+    n = len(ladder.tiers)
+    session = ChatSession(ladder, forced_config(n, n - 1))  # one session: reset between runs
+    prompt_ids = {p.id: session.render([{"role": "user", "content": p.prompt}]) for p in prompts}
+    budget = {p.id: min(options.max_tokens, p.max_tokens or options.max_tokens) for p in prompts}
+
+    # Quality first: the top tier's greedy answers, then every tier along them.
+    top = Arm("top", "tier", forced_config(n, n - 1), tier=n - 1)
+    run = BenchRun(arms=[])
+    for i, prompt in enumerate(prompts):
+        say("top-tier answers (teacher forcing)", i, len(prompts))
+        answer = _engine_run(session, top, prompt, budget[prompt.id])
+        ids = [t["id"] for t in answer["tokens"]]
+        run.top_answers[prompt.id] = ids
+        run.positions.append(teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], ids))
+    say("top-tier answers (teacher forcing)", len(prompts), len(prompts))
+    run.taus = simulate.sweep_thresholds(run.positions, options.sweep_points) if n > 1 else []
+    run.arms = make_arms(profile, ladder, run.taus)
+
+    speed = prompts[: max(1, options.speed_prompts)]
+    total, done = options.repeats * len(speed) * len(run.arms), 0
+    for repeat in range(options.repeats):
+        for prompt in speed:  # round-robin: every arm sees the same moment of the machine
+            for arm in run.arms:
+                say("speed arms", done, total)
+                if arm.kind in ("mlx-lm", "speculative"):
+                    record = _mlx_lm_run(ladder, arm, prompt_ids[prompt.id], budget[prompt.id])
+                else:
+                    record = _engine_run(session, arm, prompt, budget[prompt.id])
+                record.update(arm=arm.name, repeat=repeat, prompt_id=prompt.id,
+                              correct=check_answer(prompt, record["text"]))
+                run.runs.append(record)
+                done += 1
+    say("speed arms", total, total)
+    return run

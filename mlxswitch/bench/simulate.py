@@ -1,0 +1,122 @@
+"""Routing policies replayed on teacher-forced positions (pure Python + NumPy, no MLX).
+
+Along the top tier's greedy answer to a prompt, every tier's entropy and NLL are known at every
+position (teacher forcing). A policy is run on them exactly as the token loop runs it: the rung
+it asks for computes the position, `review` may hand the position up, the taken rung's NLL
+counts, and `commit` sees the taken rung's entropy. This measures where a policy puts the strong
+tier at no generation cost, deterministically (DESIGN.md §8).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..routing.policies import make_policy
+from ..routing.router import RouterConfig
+
+
+@dataclass(frozen=True)
+class Positions:
+    """One prompt's teacher-forced arrays: entropy (bits) and NLL (nats) per tier and position."""
+
+    prompt_id: str
+    entropy: np.ndarray  # (tiers, positions)
+    nll: np.ndarray  # (tiers, positions)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (the bench's figures re-derive from these)."""
+        return {"prompt_id": self.prompt_id, "entropy": np.round(self.entropy, 6).tolist(),
+                "nll": np.round(self.nll, 6).tolist()}
+
+
+@dataclass(frozen=True)
+class Routed:
+    """What a policy did on a set of positions."""
+
+    tried: list[list[int]]  # per position, the rungs that computed it; the last was taken
+
+    def taken(self) -> np.ndarray:
+        """The rung taken at each position."""
+        return np.array([rungs[-1] for rungs in self.tried], dtype=np.int64)
+
+
+def route(config: RouterConfig, positions: Positions) -> list[list[int]]:
+    """Run the config's policy over one prompt's positions; the rungs tried at each."""
+    tiers = positions.entropy.shape[0]
+    policy = make_policy(config, tiers)
+    entropy = positions.entropy
+    rung = policy.start(float(entropy[0, 0])).rung if entropy.shape[1] else 0
+    out = []
+    for t in range(entropy.shape[1]):
+        rungs = [rung]
+        while policy.may_review(rungs[-1]):
+            higher = policy.review(rungs[-1], float(entropy[rungs[-1], t]))
+            if higher is None:
+                break
+            rungs.append(higher)
+        out.append(rungs)
+        rung = policy.commit(rungs[-1], float(entropy[rungs[-1], t])).rung
+    return out
+
+
+@dataclass(frozen=True)
+class Quality:
+    """A routing's pooled quality and cost over many prompts' positions."""
+
+    positions: int
+    top_share: float
+    nll: float  # mean NLL of the taken tiers (nats/token)
+    retained: float  # (NLL_bottom − NLL) / (NLL_bottom − NLL_top); NaN when the gap is ~0
+    bytes_per_token: float  # weights read per position, every tier tried counted
+
+    def to_dict(self) -> dict:
+        """JSON-ready figures."""
+        return {k: _finite(v) for k, v in self.__dict__.items()}
+
+
+def _finite(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def retained(nll_bottom: float, nll: float, nll_top: float, eps: float = 1e-9) -> float:
+    """Share of the bottom → top NLL gap a routing closes (NaN when there is no gap)."""
+    gap = nll_bottom - nll_top
+    return (nll_bottom - nll) / gap if abs(gap) > eps else math.nan
+
+
+def quality(all_positions: list[Positions], all_tried: list[list[list[int]]],
+            tier_bytes: list[int]) -> Quality:
+    """Pool a routing over every prompt's positions (token-weighted means)."""
+    nll_sum = bottom = top_sum = count = top_count = 0.0
+    bytes_sum = 0.0
+    top = len(tier_bytes) - 1
+    for positions, tried in zip(all_positions, all_tried):
+        for t, rungs in enumerate(tried):
+            nll_sum += positions.nll[rungs[-1], t]
+            bottom += positions.nll[0, t]
+            top_sum += positions.nll[top, t]
+            top_count += rungs[-1] == top
+            bytes_sum += sum(tier_bytes[r] for r in rungs)
+            count += 1
+    if not count:
+        return Quality(0, math.nan, math.nan, math.nan, math.nan)
+    return Quality(int(count), top_count / count, nll_sum / count,
+                   retained(bottom / count, nll_sum / count, top_sum / count), bytes_sum / count)
+
+
+def forced(all_positions: list[Positions], rung: int) -> list[list[list[int]]]:
+    """Every position on one rung (a tier alone)."""
+    return [[[rung] for _ in range(p.entropy.shape[1])] for p in all_positions]
+
+
+def sweep_thresholds(all_positions: list[Positions], points: int) -> list[float]:
+    """Up thresholds (bits) spread over the bottom tier's entropies: quantiles from 10% to 90%."""
+    pooled = np.concatenate([p.entropy[0] for p in all_positions]) if all_positions else np.zeros(1)
+    pooled = pooled[np.isfinite(pooled)]
+    if pooled.size == 0:
+        return [1.0] * points
+    qs = np.linspace(0.1, 0.9, points) if points > 1 else np.array([0.5])
+    return [round(float(v), 4) for v in np.quantile(pooled, qs)]
