@@ -14,7 +14,8 @@ from typing import Callable
 
 from .decoding.session import ChatSession, GenerationSettings
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
-from .errors import CloudError, UsageError
+from .cloud.budget import CLOUD_MODES, cloud_settings
+from .errors import UsageError
 from .models.gear_files import build_geared, check_writable_dir
 from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for, prepare_geared
 from .models.loading import load_model
@@ -31,8 +32,13 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
                     draft_model: str | None = None, gears: str | None = None,
                     tau: str | None = None, tau_down: str | None = None, window: int | None = None,
                     min_run: int | None = None, normalize: bool | None = None,
-                    policy: str | None = None) -> Profile:
-    """A profile from models.toml with command-line overrides applied (flags win), fully checked."""
+                    policy: str | None = None, cloud: str | None = None,
+                    cloud_options: dict | None = None) -> Profile:
+    """A profile from models.toml with command-line overrides applied (flags win), fully checked.
+
+    `cloud` is off, span or answer (None: the profile's own); `cloud_options` are CloudSettings
+    values (model, budget_usd, …) laid over the profile's, checked by the same cloud_settings.
+    """
     base = name if isinstance(name, Profile) else get_profile(name)
     changes: dict = {}
     if draft_model:
@@ -55,12 +61,21 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
             raise UsageError(f"--gears needs --model or a gears profile ('{base.name}' is {base.mode})")
         changes.update(gears=_parse_gears(gears))
     profile = dataclasses.replace(base, **changes) if changes else base
+    had_cloud_rung = "cloud" in profile.tier_names()
+    profile = _with_cloud(profile, cloud, cloud_options or {})
     tiers = len(profile.tier_names())
     old = profile.router
     if tau is not None:
         up, down = parse_thresholds(tau), None
     elif len(old.up) == tiers - 1:
         up, down = old.up, old.down
+    elif "cloud" in profile.tier_names() and not had_cloud_rung and len(old.up) == tiers - 2:
+        # A cloud rung on a local ladder: its boundary repeats the highest local one.
+        top = max(old.up) if old.up else 1.0
+        up = old.up + (top,)
+        down = None if old.down is None else old.down + (min(old.downs()[-1:] or (top,)),)
+    elif had_cloud_rung and len(old.up) == tiers:
+        up, down = old.up[:-1], None if old.down is None else old.down[:-1]  # the cloud rung went
     else:
         # The ladder changed shape: repeat the profile's first threshold at every boundary.
         up, down = ((old.up[0] if old.up else 1.0),) * (tiers - 1), None
@@ -73,6 +88,24 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
                           policy=old.policy if policy is None else policy)
     router.validate(tiers)
     return dataclasses.replace(profile, router=router)
+
+
+def _with_cloud(profile: Profile, mode: str | None, options: dict) -> Profile:
+    """The profile with its cloud tier switched (off/span/answer) and its settings overridden."""
+    if mode is not None and mode != "off" and mode not in CLOUD_MODES:
+        raise UsageError(f"--cloud must be off, {' or '.join(CLOUD_MODES)} (got '{mode}')")
+    if mode == "off":
+        return dataclasses.replace(profile, cloud=None)
+    if mode is None and profile.cloud is None:
+        if options:
+            raise UsageError("the --cloud-… options need a cloud tier: add --cloud span or "
+                             "--cloud answer, or use a cascade profile")
+        return profile
+    values = dataclasses.asdict(profile.cloud) if profile.cloud is not None else {}
+    values.update(options)
+    if mode is not None:
+        values["mode"] = mode
+    return dataclasses.replace(profile, cloud=cloud_settings(**values))
 
 
 def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
@@ -95,12 +128,9 @@ def build_ladder(profile: Profile, progress: Progress | None = None,
     """Check memory, load the profile's models and assemble its tiers."""
     check_memory(profile, force=force_memory)
     say = progress or (lambda message: None)
-    if profile.cloud is not None:
-        raise CloudError(f"profile '{profile.name}' has a cloud tier, which this version cannot run "
-                         "yet; use a local profile")
     for source in profile.models:
         say(f"loading {source}")
-    if profile.mode == "pair":
+    if len(profile.models) == 2:  # a pair, or a cascade on a pair
         small, large = (load_model(source) for source in profile.models)
         check_shared_tokenizer(small.source, small.tokenizer, large.source, large.tokenizer)
         return pair_ladder(small, large)
@@ -115,9 +145,16 @@ def open_chat(profile: str | Profile | None = None, settings: GenerationSettings
               force_memory: bool = False) -> ChatSession:
     """Load a profile (by name, or the default) and open a chat session on it."""
     chosen = profile if isinstance(profile, Profile) else resolve_profile(profile)
+    cloud = None
+    if chosen.cloud is not None:
+        from .decoding.cloud_span import CloudTier
+
+        cloud = CloudTier(chosen.cloud)  # no key: CloudError here, before any model loads
     ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
     ladder.description = f"{chosen.name}: {ladder.description}"
-    return ChatSession(ladder, chosen.router, settings, system=system)
+    if cloud is not None:
+        ladder.description += f" → cloud {chosen.cloud.model} ({chosen.cloud.mode})"
+    return ChatSession(ladder, chosen.router, settings, system=system, cloud=cloud)
 
 
 def build_gears(source: str, out: Path, planes: str | None = None,

@@ -12,7 +12,8 @@ cloud tier. Errors name the file, the line and what is wrong.
     large = "org/large-repo"             # single / gears (or cascade on them): model (+ gears)
     up = [0.6]                           # bits, one per rung boundary (cascade: + the cloud one)
     down = [0.36]                        # optional, each <= its up
-    [profiles.NAME.cloud]                # cascade only
+    [profiles.NAME.cloud]                # cascade only; the keys of cloud.budget.CloudSettings
+    mode = "span"                        # span: the top rung (one more `up`); answer: hand-off
     model = "claude-haiku-4-5"
 """
 
@@ -27,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .errors import ConfigError, SettingError, UsageError
+from .cloud.budget import CloudSettings, cloud_settings
+from .errors import CloudError, ConfigError, SettingError, UsageError
 from .models.gears import plane_bits_for
 from .resources import bundled_models_toml, user_dir
 from .routing.router import RouterConfig
@@ -42,21 +44,6 @@ _LADDER_KEYS = {"pair": ("small", "large"), "single": ("model",), "gears": ("mod
 
 
 @dataclass(frozen=True)
-class CloudConfig:
-    """The cloud tier of a cascade: which Anthropic model, and its limits."""
-
-    model: str = "claude-haiku-4-5"
-    span_tokens: int = 48  # one span replaces a short uncertain stretch, not the rest of the answer
-    budget_usd: float = 0.05  # per session: a chat costs cents at most unless the user says so
-    timeout_s: float = 20.0
-    handoff: bool = False  # re-asking a whole answer costs more: opt in
-
-
-_CLOUD_TYPES = {"model": str, "span_tokens": int, "budget_usd": float, "timeout_s": float,
-                "handoff": bool}
-
-
-@dataclass(frozen=True)
 class Profile:
     """A ladder of tiers and the router settings that drive it."""
 
@@ -65,19 +52,19 @@ class Profile:
     models: tuple[str, ...]
     gears: tuple[int, ...] = ()
     router: RouterConfig = RouterConfig(up=())
-    cloud: CloudConfig | None = None
+    cloud: CloudSettings | None = None  # the cloud tier: a top rung (mode span) or hand-off (answer)
     description: str = ""
     origin: str = ""
 
     def tier_names(self) -> tuple[str, ...]:
-        """Tier names, bottom first: small/large, g<bits>, model; cloud on top of a cascade."""
+        """Tier names, bottom first: small/large, g<bits>, model; cloud on top when it takes spans."""
         if self.gears:
             local = tuple(f"g{bits}" for bits in self.gears)
         elif len(self.models) == 2:
             local = ("small", "large")
         else:
             local = ("model",)
-        return local + (("cloud",) if self.cloud is not None else ())
+        return local + (("cloud",) if self.cloud is not None and self.cloud.mode == "span" else ())
 
 
 @dataclass
@@ -276,11 +263,11 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
     if mode not in MODES:
         raise fail("mode", f"mode must be one of {', '.join(MODES)} (got {mode!r})")
 
-    cloud = _cloud(table["cloud"], fail) if "cloud" in table else None
-    if mode == "cascade" and cloud is None:
+    if mode == "cascade" and "cloud" not in table:
         raise fail(None, "a cascade profile needs a [profiles.NAME.cloud] table")
-    if mode != "cascade" and cloud is not None:
+    if mode != "cascade" and "cloud" in table:
         raise fail("cloud", f"only a cascade profile has a cloud tier (this one is {mode})")
+    cloud = _cloud(table["cloud"], fail) if "cloud" in table else None
 
     ladder = _ladder_kind(mode, table)
     expected = _LADDER_KEYS[ladder]
@@ -371,26 +358,12 @@ def _thresholds(values, key: str, fail) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _cloud(table, fail) -> CloudConfig:
+def _cloud(table, fail) -> CloudSettings:
     if not isinstance(table, dict):
         raise fail("cloud", "'cloud' must be a table ([profiles.NAME.cloud])")
-    values = {}
-    for key, value in table.items():
-        if key not in _CLOUD_TYPES:
-            raise fail(key, f"unknown cloud key '{key}' (allowed: {', '.join(_CLOUD_TYPES)})",
-                       ("cloud",))
-        kind = _CLOUD_TYPES[key]
-        valid = {
-            str: isinstance(value, str) and value.strip() != "",
-            bool: isinstance(value, bool),
-            int: isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-            float: isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and (value > 0 if key == "timeout_s" else value >= 0),
-        }[kind]
-        if not valid:
-            expected = {str: "a non-empty string", bool: "true or false",
-                        int: "a whole number ≥ 1",
-                        float: "a positive number" if key == "timeout_s" else "a number ≥ 0"}[kind]
-            raise fail(key, f"cloud '{key}' must be {expected} (got {value!r})", ("cloud",))
-        values[key] = float(value) if kind is float else value
-    return CloudConfig(**values)
+    try:  # the cloud tier's own rules, with its own words: flags go through the same function
+        return cloud_settings(**table)
+    except SettingError as exc:
+        raise fail(exc.key if exc.key in table else None, f"cloud: {exc}", ("cloud",)) from None
+    except CloudError as exc:  # a model the price table lacks, with no prices given
+        raise fail("model" if "model" in table else None, f"cloud: {exc}", ("cloud",)) from None

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from mlxswitch.errors import CloudError, ConfigError
-from mlxswitch.profiles import CloudConfig, get_profile, load_profiles, user_models_toml
+from mlxswitch.cloud import CloudSettings
+from mlxswitch.errors import ConfigError
+from mlxswitch.profiles import get_profile, load_profiles, user_models_toml
 from mlxswitch.resources import bundled_models_toml
 
 
@@ -51,20 +52,31 @@ def test_bundled_cascade_example_parses_once_uncommented(tmp_path, monkeypatch):
     profile = get_profile("qwen2.5-0.5b-7b-cloud")
     assert profile.mode == "cascade" and profile.tier_names() == ("small", "large", "cloud")
     assert profile.router.up == (0.6, 2.5) and profile.router.down == (0.36, 1.5)
-    assert profile.cloud == CloudConfig("claude-haiku-4-5", 48, 0.05, 20.0, False)
+    assert profile.cloud == CloudSettings(mode="span", model="claude-haiku-4-5", span_tokens=48,
+                                          budget_usd=0.05, budget_calls=20, timeout_s=20.0)
 
 
-def test_cascade_profiles_parse_but_cannot_run_yet(tmp_path, monkeypatch):
-    from mlxswitch.api import build_ladder
+def test_bundled_cascade_profile_parses_and_runs_locally_with_cloud_off():
+    from mlxswitch.api import resolve_profile
 
+    profile = get_profile("qwen2.5-0.5b-7b-cloud")  # uncommented in the bundled file
+    assert profile.mode == "cascade" and profile.tier_names() == ("small", "large", "cloud")
+    assert profile.cloud.model == "claude-haiku-4-5" and profile.cloud.mode == "span"
+    local = resolve_profile("qwen2.5-0.5b-7b-cloud", cloud="off")
+    assert local.cloud is None and local.tier_names() == ("small", "large")
+    assert local.router.up == (0.6,) and local.router.down == (0.36,)
+    answer = resolve_profile("qwen2.5-0.5b-7b-cloud", cloud="answer",
+                             cloud_options={"handoff_threshold": 1.0})
+    assert answer.tier_names() == ("small", "large") and answer.cloud.handoff_threshold == 1.0
+
+
+def test_cascade_profiles_parse_into_cloud_settings(tmp_path, monkeypatch):
     use_file(tmp_path, monkeypatch,
              '[profiles.c]\nmode = "cascade"\nmodel = "embedded"\ngears = [4, 8]\nup = [2.0, "inf"]\n'
              '[profiles.c.cloud]\nbudget_usd = 0.1\n')
     profile = get_profile("c")
     assert profile.tier_names() == ("g4", "g8", "cloud") and profile.router.up == (2.0, math.inf)
-    assert profile.cloud == CloudConfig(budget_usd=0.1)
-    with pytest.raises(CloudError, match="cloud tier, which this version cannot run yet"):
-        build_ladder(profile)
+    assert profile.cloud == CloudSettings(budget_usd=0.1)
 
 
 # -- the user's file ----------------------------------------------------------------------------
@@ -169,11 +181,13 @@ def test_syntax_error_names_file_line_and_column(tmp_path, monkeypatch, body, li
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\n[profiles.p.cloud]\n'
      'model = "m"\n', 6, "only a cascade profile has a cloud tier"),
     ('[profiles.p]\nmode = "cascade"\nmodel = "a"\nup = [1.0]\n[profiles.p.cloud]\nmodel = "m"\n'
-     'budget = 1\n', 7, "unknown cloud key 'budget'"),
+     'budget = 1\n', 7, "unknown cloud setting 'budget'"),
     ('[profiles.p]\nmode = "cascade"\nmodel = "a"\nup = [1.0]\n[profiles.p.cloud]\nmodel = "m"\n'
-     'span_tokens = 0\n', 7, "cloud 'span_tokens' must be a whole number ≥ 1 (got 0)"),
+     'span_tokens = 0\n', 7, "cloud span tokens must be a whole number from 1 to 1024, got 0"),
     ('[profiles.p]\nmode = "cascade"\nmodel = "a"\nup = [1.0]\ncloud = { timeout_s = -1 }\n', 5,
-     "cloud 'timeout_s' must be a positive number"),
+     "cloud timeout must be a number of seconds above 0"),
+    ('[profiles.p]\nmode = "cascade"\nmodel = "a"\nup = [1.0]\n[profiles.p.cloud]\nmodel = "gpt-x"\n',
+     6, "no price known for cloud model 'gpt-x'"),
     # The key is looked for in p's own table only, not in the profile after it.
     ('[profiles.p]\nmode = "pair"\nsmall = "a"\nlarge = "b"\n\n[profiles.q]\nmode = "single"\n'
      'model = "c"\nup = []\n', 1, "need 1 up threshold(s), got 0"),

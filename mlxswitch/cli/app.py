@@ -126,6 +126,13 @@ def chat(
     whole: Annotated[bool, typer.Option(help="Piped: all of stdin is one prompt.")] = False,
     keep_history: Annotated[bool, typer.Option(help="Piped: the lines are one conversation.")] = False,
     force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
+    cloud: Annotated[Optional[str], typer.Option(help="Cloud tier: off (all local), span (Claude as the top rung) or answer (re-ask uncertain answers). Default: the profile's.")] = None,
+    cloud_model: Annotated[Optional[str], typer.Option(help="Anthropic model id of the cloud tier.")] = None,
+    cloud_budget: Annotated[Optional[float], typer.Option(help="Most US dollars the cloud may cost this session.")] = None,
+    cloud_calls: Annotated[Optional[int], typer.Option(help="Most cloud calls this session.")] = None,
+    cloud_timeout: Annotated[Optional[float], typer.Option(help="Seconds to wait for a cloud reply.")] = None,
+    cloud_span_tokens: Annotated[Optional[int], typer.Option(help="Most tokens of one cloud span.")] = None,
+    cloud_threshold: Annotated[Optional[float], typer.Option(help="--cloud answer: re-ask answers whose mean entropy exceeds this many bits.")] = None,
 ) -> None:
     """Chat on a terminal, answer prompts piped through stdin, or answer one --prompt."""
     from ..api import open_chat, resolve_profile
@@ -136,7 +143,14 @@ def chat(
     # Every flag is checked before anything is read or loaded: a flag error wins.
     chosen = resolve_profile(profile, small=small, large=large, model=model, draft_model=draft_model,
                              gears=gears, tau=tau, tau_down=tau_down, window=window,
-                             min_run=min_run, normalize=normalize, policy=policy)
+                             min_run=min_run, normalize=normalize, policy=policy, cloud=cloud,
+                             cloud_options=_cloud_options(cloud_model, cloud_budget, cloud_calls,
+                                                          cloud_timeout, cloud_span_tokens,
+                                                          cloud_threshold))
+    if chosen.cloud is not None:
+        from ..cloud.client import require_key
+
+        require_key()  # no key: one error line now, before anything is read or loaded
     settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
                                   min_p=min_p, seed=seed, stop=tuple(stop or ()),
                                   max_kv_size=max_kv_size)
@@ -159,6 +173,13 @@ def chat(
         runner = ChatRunner(session, json_output=json_output, color=color, shade=shade, telemetry=sink)
         code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
     raise typer.Exit(code)
+
+
+def _cloud_options(model, budget, calls, timeout, span_tokens, threshold) -> dict:
+    """The --cloud-… flags given, as CloudSettings values (checked with the profile's)."""
+    values = {"model": model, "budget_usd": budget, "budget_calls": calls, "timeout_s": timeout,
+              "span_tokens": span_tokens, "handoff_threshold": threshold}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 @app.command()

@@ -31,7 +31,7 @@ def router_record(session: ChatSession, initial_entropy: float) -> dict:
     """The router settings an answer ran with: enough to re-derive every token's tier."""
     config = session.router_config
     return {
-        "tiers": session.ladder.tier_names,
+        "tiers": session.tier_names,
         "policy": config.policy,
         "up": [json_float(v) for v in config.up],
         "down": [json_float(v) for v in config.downs()],
@@ -47,11 +47,14 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
     """The JSON object printed for one answer with --json."""
     return {
         "prompt": summary.prompt,
-        "text": summary.text,
+        # A hand-off's answer shown is the cloud's; both answers are in "handoff".
+        "text": (summary.handoff["cloud_text"] if summary.handoff and summary.handoff["shown"] == "cloud"
+                 else summary.text),
         "finish_reason": summary.finish_reason,
         "tokens": [event.record() for event in summary.tokens],
         "stats": summary.stats(),
         "router": router_record(session, summary.initial_entropy),
+        **({"handoff": summary.handoff} if summary.handoff is not None else {}),
     }
 
 
@@ -68,12 +71,15 @@ class ChatRunner:
         self.telemetry = telemetry or TelemetryFile(None, None, None)
         self.answer_index = 0
         self._gap_pending = False
+        self._interactive = False
+        if session.cloud is not None:
+            session.cloud.waiting = ui.cloud_waiting(ui.stderr_is_terminal())
 
     # -- piped ------------------------------------------------------------------------------
 
     def piped(self, prompts: Iterable[PromptLine], keep_history: bool) -> int:
         """Answer each prompt as it arrives; stdout gets only answers (or JSON), stderr the rest."""
-        painter = (ui.TokenPainter(ui.make_console(color=True), self.session.ladder.tier_names,
+        painter = (ui.TokenPainter(ui.make_console(color=True), self.session.tier_names,
                                    self.shade, self._max_entropy()) if self.color else None)
         status = ui.make_console(stderr=True)
         first_failure = 0
@@ -93,6 +99,7 @@ class ChatRunner:
                 else:
                     self._finish_output(summary)
                     self._gap_pending = not self.json_output  # one blank line before the next answer
+                    self._print_notices()
                     ui.print_status(status, summary, painter.colours if painter else None)
                     continue
             ui.print_error(str(failure))
@@ -123,8 +130,9 @@ class ChatRunner:
     def interactive(self) -> int:
         """A multi-turn chat on a terminal, until /quit or Ctrl-D."""
         console = ui.make_console(color=self.color)
-        painter = ui.TokenPainter(console, self.session.ladder.tier_names, self.shade,
+        painter = ui.TokenPainter(console, self.session.tier_names, self.shade,
                                   self._max_entropy())
+        self._interactive = True
         ui.print_banner(console, self.session.ladder.description, painter.legend())
         with ui.line_editing(user_dir() / "history"):
             while True:
@@ -156,6 +164,7 @@ class ChatRunner:
                     ui.print_error(str(exc))
                     continue
                 console.print()
+                self._print_notices()
                 if summary is not None:
                     ui.print_status(console, summary, painter.colours)
 
@@ -197,6 +206,9 @@ class ChatRunner:
         stream = self.session.stream(prompt)
         summary = None
         written = 0  # events whose telemetry line is out
+        cloud = self.session.cloud
+        # Piped, a hand-off holds the local answer back: stdout gets only the answer shown.
+        hold = cloud is not None and not cloud.spans_on and not self._interactive
         try:
             for item in stream:
                 if isinstance(item, AnswerSummary):
@@ -204,12 +216,14 @@ class ChatRunner:
                     break
                 self._write_telemetry(item)
                 written += 1
-                if not self.json_output and item.text:
+                if not self.json_output and item.text and not hold:
                     if painter is not None:
                         self._write("")
                         painter.paint(item.text, item.tier, item.entropy)
                     else:
                         self._write(item.text)
+            if summary is not None and cloud is not None and not cloud.spans_on:
+                self._hand_off(summary, painter, hold)
         finally:
             stream.close()  # on Ctrl-C this keeps the partial answer in the history
             summary = summary or self.session.last_summary
@@ -218,10 +232,43 @@ class ChatRunner:
                     self._write_telemetry(event)
                 self.telemetry.write({"answer": self.answer_index, "summary": {
                     "prompt": summary.prompt, "finish_reason": summary.finish_reason,
-                    "stats": summary.stats(), "router": router_record(self.session, summary.initial_entropy)}})
+                    "stats": summary.stats(), "router": router_record(self.session, summary.initial_entropy),
+                    **({"handoff": summary.handoff} if summary.handoff is not None else {})}})
                 self.summaries.append(summary)
                 self.answer_index += 1
         return summary
+
+    def _hand_off(self, summary: AnswerSummary, painter: ui.TokenPainter | None, hold: bool) -> None:
+        """Ask the cloud again when the answer is unsure; show the answer chosen."""
+        live = not hold and not self.json_output
+        started = []
+
+        def on_text(piece: str) -> None:
+            if not live:
+                return
+            if not started:  # the local answer is on screen: the cloud's follows, marked
+                started.append(True)
+                self._write(f"\n\n[{self.session.cloud.settings.model}]\n")
+            if painter is not None:
+                painter.paint(piece, "cloud", None)
+            else:
+                self._write(piece)
+
+        record = self.session.hand_off(summary, on_text)
+        if hold and not self.json_output:
+            shown = record is not None and record["shown"] == "cloud"
+            pieces = [(record["cloud_text"], "cloud")] if shown else [(e.text, e.tier) for e in summary.tokens]
+            for text, tier in pieces:
+                if painter is not None:
+                    self._write("")
+                    painter.paint(text, tier, None)
+                else:
+                    self._write(text)
+
+    def _print_notices(self) -> None:
+        if self.session.cloud is not None:
+            for line in self.session.cloud.take_notices():
+                ui.print_warning(line)
 
     def _write_telemetry(self, event: TokenEvent) -> None:
         self.telemetry.write({"answer": self.answer_index, "index": event.index, **event.record()})

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
+import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -119,7 +121,26 @@ def status_line(summary, colours: dict[str, str] | None = None) -> Text:
         text.append(f" · interrupted after {summary.generated} tokens", style="yellow")
     elif summary.finish_reason == "length":
         text.append(" · stopped at max tokens", style="yellow")
+    _cloud_status(text, summary, colours)
     return text
+
+
+def _cloud_status(text: Text, summary, colours: dict[str, str] | None) -> None:
+    """` · answer: cloud (score 2.41 > 2.00 bits) · cloud $0.0004, 1 call (session $0.0011)`."""
+    handoff = getattr(summary, "handoff", None)
+    if handoff is not None and handoff.get("score") is not None:
+        sign = ">" if handoff["decision"] == "cloud" else "≤"
+        why = f"score {handoff['score']:.2f} {sign} {handoff['threshold']:.2f} bits"
+        if handoff["decision"] == "cloud" and handoff["shown"] == "local":
+            why += ", the cloud failed"
+        text.append(f" · answer: {handoff['shown']} ({why})",
+                    style=(colours or {}).get("cloud", CLOUD_COLOUR) if handoff["shown"] == "cloud" else "")
+    cloud = getattr(summary, "cloud", None)
+    if cloud is not None:
+        answer, session = cloud["answer"], cloud["session"]
+        calls = answer["calls"]
+        text.append(f" · cloud ${answer['usd']:.4f}, {calls} call{'s' if calls != 1 else ''} "
+                    f"(session ${session['usd']:.4f})")
 
 
 def stats_table(summaries: list) -> Table:
@@ -138,6 +159,11 @@ def stats_table(summaries: list) -> Table:
     answers = len(summaries)
     switches = sum(s.switches for s in summaries)
     table.caption = f"{answers} answer{'s' if answers != 1 else ''}, {switches} switches"
+    clouded = [s.cloud for s in summaries if getattr(s, "cloud", None)]
+    if clouded:  # the newest record holds the session's running totals
+        session = clouded[-1]["session"]
+        table.caption += (f", cloud ${session['usd']:.4f} over {session['calls']} calls "
+                          f"({session['input_tokens']} in, {session['output_tokens']} out tokens)")
     return table
 
 
@@ -173,6 +199,40 @@ def loading_status(enabled: bool) -> Iterator:
     console = make_console(stderr=True)
     with console.status("loading…", spinner="dots") as status:
         yield lambda message: status.update(message)
+
+
+def cloud_waiting(enabled: bool):
+    """A factory of spinners shown after the text while a cloud call runs (on a terminal only).
+
+    It draws after the cursor and restores it, so the answer's line is never redrawn, and clears
+    itself when the call ends, Ctrl-C included.
+    """
+    @contextlib.contextmanager
+    def waiting(what: str) -> Iterator[None]:
+        if not enabled:
+            yield
+            return
+        stop = threading.Event()
+
+        def spin() -> None:
+            for frame in itertools.cycle("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"):
+                sys.stderr.write(f"\x1b7\x1b[2m {frame} {what}…\x1b[0m\x1b8")
+                sys.stderr.flush()
+                if stop.wait(0.1):
+                    return
+
+        sys.stdout.flush()
+        thread = threading.Thread(target=spin, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            sys.stderr.write("\x1b[K")  # erase the spinner, from the cursor to the line's end
+            sys.stderr.flush()
+
+    return waiting
 
 
 def stderr_is_terminal() -> bool:

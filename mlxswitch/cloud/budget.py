@@ -10,10 +10,15 @@ from mlxswitch.errors import SettingError
 from mlxswitch.cloud.pricing import PRICES_TAKEN, USAGE_FIELDS, Price, cost_usd, require_price, usage_counts
 
 
+# span: the cloud is the top rung of the ladder; answer: uncertain whole answers are re-asked.
+CLOUD_MODES = ("span", "answer")
+
+
 @dataclass(frozen=True)
 class CloudSettings:
     """What the cloud tier may do: which model, how much per call, per session, how patiently."""
 
+    mode: str = "span"  # span: the top rung of the ladder; answer: re-ask uncertain whole answers
     model: str = "claude-haiku-4-5"
     span_tokens: int = 48  # max_tokens of a span continuation
     answer_tokens: int = 1024  # max_tokens of a whole-answer hand-off
@@ -22,6 +27,8 @@ class CloudSettings:
     budget_calls: int = 20  # per session
     max_retries: int = 1  # the SDK's own retries (with its backoff) on 408/409/429/5xx/connection
     prices: Price | None = None  # overrides the table (needed for a model it lacks)
+    # Hand-off: an answer whose mean token entropy (bits) exceeds this is asked again in the cloud.
+    handoff_threshold: float = 2.0
 
     @property
     def price(self) -> Price:
@@ -76,6 +83,8 @@ def cloud_settings(**values: Any) -> CloudSettings:
             raise SettingError(name, f"unknown cloud setting '{name}' (known: {', '.join(known)})")
     merged = {f.name: values.get(f.name, f.default) for f in fields(CloudSettings)}
 
+    if merged["mode"] not in CLOUD_MODES:
+        raise SettingError("mode", f"cloud mode must be one of {', '.join(CLOUD_MODES)}, got {merged['mode']!r}")
     model = merged["model"]
     if not isinstance(model, str) or not model or any(c.isspace() for c in model):
         raise SettingError("model", f"cloud model must be a model id such as 'claude-haiku-4-5', got {model!r}")
@@ -95,6 +104,11 @@ def cloud_settings(**values: Any) -> CloudSettings:
     if not (_is_number(dollars) and dollars >= 0):
         raise SettingError("budget_usd", f"cloud budget must be a dollar amount of 0 or more, got {dollars!r}")
     merged["timeout_s"], merged["budget_usd"] = float(timeout), float(dollars)
+    threshold = merged["handoff_threshold"]
+    if not (_is_number(threshold) and threshold >= 0):
+        raise SettingError("handoff_threshold",
+                           f"cloud hand-off threshold must be a number of bits of 0 or more, got {threshold!r}")
+    merged["handoff_threshold"] = float(threshold)
     merged["prices"] = _parse_prices(merged["prices"])
 
     settings = CloudSettings(**merged)

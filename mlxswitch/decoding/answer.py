@@ -33,8 +33,8 @@ class TokenEvent:
     text: str
     tier: str
     rung: int
-    entropy: float
-    mean: float
+    entropy: float | None  # None: a cloud token (no distribution was seen)
+    mean: float | None
     guard: bool
     elapsed_s: float
     tried: tuple[str, ...] = ()  # tiers that computed this position, when more than the one that made it
@@ -43,7 +43,8 @@ class TokenEvent:
     def record(self) -> dict:
         """The JSON record of this token (the same in --json and --telemetry)."""
         out = {"id": self.id, "text": self.text, "tier": self.tier,
-               "entropy": json_float(self.entropy), "mean": json_float(self.mean)}
+               "entropy": None if self.entropy is None else json_float(self.entropy),
+               "mean": None if self.mean is None else json_float(self.mean)}
         if self.guard:
             out["guard"] = True
         if len(self.tried) > 1:
@@ -69,6 +70,8 @@ class AnswerSummary:
     catch_up_tokens: dict[str, int] = field(default_factory=dict)
     tier_bytes: dict[str, int] = field(default_factory=dict)
     ended_by_eos: bool = False
+    cloud: dict | None = None  # costs (this answer, the session) and spans, with a cloud tier
+    handoff: dict | None = None  # the hand-off's score, decision and both answers
 
     @property
     def mean_bytes_per_token(self) -> float:
@@ -113,7 +116,7 @@ class AnswerSummary:
 
     def stats(self) -> dict:
         """The `stats` object of the JSON output."""
-        return {
+        out = {
             "generated": self.generated,
             "prompt_tokens": self.prompt_tokens,
             "prefilled_tokens": self.prefilled_tokens,
@@ -128,6 +131,9 @@ class AnswerSummary:
             "bytes_per_token": self.tier_bytes,
             "mean_bytes_per_token": round(self.mean_bytes_per_token),
         }
+        if self.cloud is not None:
+            out["cloud"] = self.cloud
+        return out
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

@@ -8,6 +8,10 @@ Per position the policy names a rung; that rung's cache group is fed the ids it 
 Pipelining as in mlx-lm's generate_step: the next position is built on the same rung and
 `async_eval`ed before this token is read. A move is rare (min_run), and then that speculative
 step is undone by trimming its cache group by one token.
+
+A rung above the ladder's tiers is the cloud: `cloud_span(answer_ids, room)` returns the ids of
+a continuation (re-tokenized; maybe none), which are appended to the sequence as Steps without
+entropy; the next local token catches up on them in one batched feed, one rung below.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..routing.signals import token_signals
 from .tiers import CacheGroup, Ladder
 
 Sampler = Callable[[mx.array], mx.array]
+CloudSpan = Callable[[list[int], int], list[int]]
 # mlx-lm's habit: give the buffer cache back every 256 generated tokens.
 CLEAR_CACHE_EVERY = 256
 
@@ -33,8 +38,8 @@ class Step:
 
     token: int
     rung: int  # the tier whose token was taken
-    entropy: float  # bits, of the distribution that token was sampled from
-    mean: float  # the policy's rolling mean after this token
+    entropy: float | None  # bits, of the distribution that token was sampled from (None: cloud)
+    mean: float | None  # the policy's rolling mean after this token (None: cloud)
     guard: bool  # this token's tier was chosen by the catastrophic guard
     tried: tuple[int, ...]  # rungs that computed this position, in order; the last made the token
     tried_entropies: tuple[float, ...]  # the entropy each of them measured (the last is `entropy`)
@@ -58,8 +63,10 @@ class TokenLoop:
     """Decodes one answer onto `ids` (the conversation so far, extended in place)."""
 
     def __init__(self, ladder: Ladder, ids: list[int], policy: Policy, sampler: Sampler,
-                 prefill_step: int = 512):
+                 prefill_step: int = 512, cloud_span: CloudSpan | None = None):
         self.ladder = ladder
+        self.cloud_span = cloud_span
+        self.top_local = len(ladder.tiers) - 1
         self.ids = ids
         self.policy = policy
         self.sampler = sampler
@@ -76,9 +83,15 @@ class TokenLoop:
         self.initial_entropy = first.entropy()
         decision = self.policy.start(self.initial_entropy)
         guard = decision.guard
+        n = 0  # steps made, cloud ones included
+        if decision.rung > self.top_local:  # unsure from the start: the cloud opens the answer
+            for step in self._span(budget):
+                n += 1
+                yield step
+            decision = self.policy.resume(self.top_local)
         pending = first if decision.rung == 0 else self._produce(decision.rung)
         mx.async_eval(pending.token, pending.signals)
-        for n in range(budget):
+        while n < budget:
             if self.policy.may_review(pending.rung):
                 pending, tried, earlier, catch_up = self._settle(pending)
             else:  # read nothing before the next step is queued: the pipeline stays full
@@ -97,15 +110,32 @@ class TokenLoop:
                        catch_up)
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
+            n += 1
             if speculative is None:
                 continue
             if decision.rung != pending.rung:
                 self._roll_back(self._group(pending.rung))
+                if decision.rung > self.top_local:
+                    for step in self._span(budget - n):
+                        n += 1
+                        yield step
+                    if n >= budget:
+                        return
+                    decision = self.policy.resume(self.top_local)
                 pending = self._produce(decision.rung)
                 mx.async_eval(pending.token, pending.signals)
                 guard = decision.guard
             else:
                 pending, guard = speculative, False
+
+    def _span(self, room: int) -> Iterator[Step]:
+        """The cloud's continuation of the answer so far, at most `room` tokens, as Steps."""
+        if self.cloud_span is None or room < 1:
+            return
+        rung = self.top_local + 1
+        for token in self.cloud_span(self.ids[self.prompt_tokens:], room)[:room]:
+            self.ids.append(token)
+            yield Step(token, rung, None, None, False, (rung,), (None,))
 
     def _settle(self, pending: _Pending):
         """Let the policy have higher rungs recompute this position until it keeps a token.

@@ -6,6 +6,7 @@ conversation, runs the token loop and builds the answer from its steps. It never
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -18,6 +19,7 @@ from ..errors import PromptTooLongError, UsageError
 from ..routing.policies import make_policy
 from ..routing.router import RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
+from .cloud_span import CloudTier
 from .loop import TokenLoop
 from .tiers import Ladder
 
@@ -57,8 +59,10 @@ class ChatSession:
     """A conversation on a ladder: the token ids so far, reused across turns."""
 
     def __init__(self, ladder: Ladder, router_config: RouterConfig,
-                 settings: GenerationSettings | None = None, system: str | None = None):
+                 settings: GenerationSettings | None = None, system: str | None = None,
+                 cloud: CloudTier | None = None):
         self.ladder = ladder
+        self.cloud = cloud
         self.router_config = router_config
         self.settings = settings or GenerationSettings()
         self.system = system
@@ -74,15 +78,23 @@ class ChatSession:
             mx.random.seed(s.seed)
 
     @property
+    def tier_names(self) -> list[str]:
+        """The ladder's tiers, bottom first, with "cloud" on top when the cloud takes spans."""
+        return self.ladder.tier_names + (["cloud"] if self.cloud and self.cloud.spans_on else [])
+
+    @property
     def router_config(self) -> RouterConfig:
         """The routing settings of the next answer (the ladder's vocabulary filled in)."""
         return self._router_config
 
     @router_config.setter
     def router_config(self, config: RouterConfig) -> None:
-        config.validate(len(self.ladder.tiers))
+        config.validate(len(self.tier_names))
         if config.vocab_size != self.ladder.vocab_size:
             config = config.with_vocab(self.ladder.vocab_size)
+        if len(self.tier_names) > len(self.ladder.tiers) and config.top_local is None:
+            # The guard never calls the cloud: its top is the strongest local tier.
+            config = dataclasses.replace(config, top_local=len(self.ladder.tiers) - 1)
         self._router_config = config
 
     def reset(self) -> None:
@@ -120,13 +132,19 @@ class ChatSession:
             group.rewind(common)
         self.ids = list(prompt_ids)
         self.messages = messages
-        ladder = self.ladder
-        builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, ladder.tier_names,
+        ladder, cloud = self.ladder, self.cloud
+        builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, self.tier_names,
                                 len(prompt_ids), len(prompt_ids) - common,
                                 [g.name for g in ladder.groups],
                                 {t.name: t.bytes_per_token for t in ladder.tiers})
-        loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(ladder.tiers)),
-                         self._sampler, self.settings.prefill_step)
+        span = None
+        if cloud is not None:
+            cloud.start_answer()
+            if cloud.spans_on:
+                def span(answer_ids: list[int], room: int) -> list[int]:
+                    return cloud.span(ladder.tokenizer, self.system, messages, answer_ids, room)
+        loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
+                         self._sampler, self.settings.prefill_step, cloud_span=span)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
@@ -144,10 +162,29 @@ class ChatSession:
                 group.rewind(len(self.ids))
             last, self.last_summary = builder.finish(reason, loop.initial_entropy,
                                                      mx.get_peak_memory() / 1e9, loop.ended_by_eos)
+            if cloud is not None:
+                self.last_summary.cloud = cloud.answer_record()
             self.messages.append({"role": "assistant", "content": self.last_summary.text})
         if last is not None:
             yield last
         yield self.last_summary
+
+    def hand_off(self, summary: AnswerSummary, on_text=None) -> dict | None:
+        """With the cloud in answer mode: score the answer, re-ask it when unsure; the record.
+
+        The conversation keeps the answer shown; the summary carries the record and the costs.
+        """
+        cloud = self.cloud
+        if cloud is None or cloud.spans_on or not summary.text.strip():
+            return None
+        messages = self.messages[:-1]  # up to the user turn this answer replied to
+        record = cloud.handoff(self.system, messages, [e.entropy for e in summary.tokens], on_text)
+        record["local_text"] = summary.text
+        if record["shown"] == "cloud":
+            self.messages[-1] = {"role": "assistant", "content": record["cloud_text"]}
+        summary.handoff = record
+        summary.cloud = cloud.answer_record()
+        return record
 
     def _token_budget(self, prompt_ids: list[int], max_tokens: int) -> int:
         context = self.ladder.context_length

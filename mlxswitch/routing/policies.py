@@ -22,6 +22,12 @@ tier of t + 1. `peek` decides on the same position, as Big Little Decoder does:
   With window 1 and min run 1 every position is decided on its own; larger values hold the
   strong tier after an escalation while the mean stays high (hysteresis, no flapping).
 An escalated token costs the cheap step and the strong one: its record lists every tier tried.
+
+A cloud rung above top_local (a cascade) is never reviewed into: a network round trip that
+returns a re-tokenized continuation is no same-position choice. Both policies climb to it from
+top_local on the window: `ead` by its contract, `peek` in commit when b = top_local, c ≥ min_run
+and mean(W) > up[top_local]. After the span the loop calls `resume(top_local)` (b = top_local,
+c = 0, W kept): the cloud tokens carry no entropy and never enter W.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class Policy(Protocol):
     def commit(self, rung: int, entropy: float | None) -> Decision:
         """The token was taken from `rung` with entropy H; the decision for the next position."""
 
+    def resume(self, rung: int) -> Decision:
+        """A cloud span ended: local decoding goes on at `rung`."""
+
 
 class EadPolicy:
     """Entropy Adaptive Decoding: the router contract, deciding token t + 1 from token t."""
@@ -75,6 +84,10 @@ class EadPolicy:
         """Observe the token's entropy (see Router.observe)."""
         return self.router.observe(entropy)
 
+    def resume(self, rung: int) -> Decision:
+        """Go on at `rung` after a cloud span (see Router.resume)."""
+        return self.router.resume(rung)
+
 
 class PeekPolicy:
     """Same-position escalation: the cheap tier computes a position, a stronger one redoes it if unsure."""
@@ -85,6 +98,7 @@ class PeekPolicy:
         Router(config, num_tiers)  # the same checks as any router of this ladder
         self.config = config
         self.top_local = num_tiers - 1 if config.top_local is None else config.top_local
+        self._top = num_tiers - 1
         self._up, self._down = config.up, config.downs()
         self._base, self._count = 0, 0
         self._window: deque[float] = deque(maxlen=config.window)
@@ -124,7 +138,15 @@ class PeekPolicy:
         if (self._count >= self.config.min_run and self._base > 0
                 and self.mean < self._down[self._base - 1]):
             self._base, self._count = self._base - 1, 0
+        elif (self._base == self.top_local < self._top and self._count >= self.config.min_run
+              and self.mean > self._up[self._base]):
+            self._base, self._count = self._base + 1, 0  # to the cloud, on the window (see above)
         return Decision(self._base, self._base - before, False, self.mean)
+
+    def resume(self, rung: int) -> Decision:
+        """Go on at `rung` after a cloud span, with a fresh count and the window kept."""
+        self._base, self._count = rung, 0
+        return Decision(rung, 0, False, self.mean)
 
 
 POLICIES = {"ead": EadPolicy, "peek": PeekPolicy}

@@ -30,6 +30,10 @@ Contract (the telemetry re-derives from it; `replay` and `derive_tiers` run it o
   start(None) leaves W empty and r = 0.
 - top_local (default: top) is the highest local rung; rungs above it (a cloud tier) are reached
   through the up thresholds only, never by the guard, and the guard never moves down.
+- A cloud span: when the decision names a rung above top_local, the engine asks the cloud for a
+  short continuation. Its tokens carry no entropy and are not observed; when the span ends the
+  engine calls resume(top_local): r = top_local, c = 0, s = 0, W unchanged. So the next climb
+  to the cloud needs min_run local tokens whose mean still exceeds up[top_local].
 - Defaults: window 5, min_run 10 (as in the Entropy Adaptive Decoding paper).
 """
 
@@ -218,6 +222,11 @@ class Router:
         while self._rung < self.top and self.mean > self._up[self._rung]:
             self._rung += 1
         return Decision(self._rung, self._rung, False, self.mean)
+
+    def resume(self, rung: int) -> Decision:
+        """A cloud span ended: go on at `rung` (one below the cloud) with a fresh count, W kept."""
+        self._rung, self._count, self._streak = rung, 0, 0
+        return Decision(rung, 0, False, self.mean)
 
     def observe(self, entropy: float | None) -> Decision:
         """Record the entropy of the token just emitted (None: none known); the tier of the next token."""
