@@ -16,7 +16,7 @@ LAYERS = [
     ("mlxswitch.routing.router", "mlxswitch.routing.policies", "mlxswitch.routing",
      "mlxswitch.kernels", "mlxswitch.cloud", "mlxswitch.bench.metrics", "mlxswitch.bench.prompts"),
     ("mlxswitch.routing.signals", "mlxswitch.models"),
-    ("mlxswitch.profiles",),
+    ("mlxswitch.profiles", "mlxswitch.profile_edit"),
     ("mlxswitch.decoding",),
     ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench"),
     ("mlxswitch.cli", "mlxswitch.__main__"),

@@ -177,25 +177,37 @@ class BenchRun:
     top_answers: dict[str, list[int]] = field(default_factory=dict)
 
 
+def collect_positions(ladder: Ladder, prompts: list[BenchPrompt], max_tokens: int,
+                      progress: Progress | None = None, stage: str = "top-tier answers (teacher forcing)"):
+    """The top tier's greedy answer to each prompt and every tier's view of it (teacher-forced).
+
+    Returns the session used (reset between prompts), each prompt's rendered ids, its answer
+    budget, the answers' ids and the Positions.
+    """
+    say = progress or (lambda stage, done, total: None)
+    n = len(ladder.tiers)
+    session = ChatSession(ladder, forced_config(n, n - 1))  # one session: reset between runs
+    prompt_ids = {p.id: session.render([{"role": "user", "content": p.prompt}]) for p in prompts}
+    budget = {p.id: min(max_tokens, p.max_tokens or max_tokens) for p in prompts}
+    top = Arm("top", "tier", forced_config(n, n - 1), tier=n - 1)
+    answers, positions = {}, []
+    for i, prompt in enumerate(prompts):
+        say(stage, i, len(prompts))
+        answer = _engine_run(session, top, prompt, budget[prompt.id])
+        answers[prompt.id] = [t["id"] for t in answer["tokens"]]
+        positions.append(teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id]))
+    say(stage, len(prompts), len(prompts))
+    return session, prompt_ids, budget, answers, positions
+
+
 def run_bench(profile: Profile, ladder: Ladder, prompts: list[BenchPrompt], options: BenchOptions,
               progress: Progress | None = None) -> BenchRun:
     """Measure quality on every prompt, speed on the first `speed_prompts`, interleaved."""
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
-    session = ChatSession(ladder, forced_config(n, n - 1))  # one session: reset between runs
-    prompt_ids = {p.id: session.render([{"role": "user", "content": p.prompt}]) for p in prompts}
-    budget = {p.id: min(options.max_tokens, p.max_tokens or options.max_tokens) for p in prompts}
-
-    # Quality first: the top tier's greedy answers, then every tier along them.
-    top = Arm("top", "tier", forced_config(n, n - 1), tier=n - 1)
-    run = BenchRun(arms=[])
-    for i, prompt in enumerate(prompts):
-        say("top-tier answers (teacher forcing)", i, len(prompts))
-        answer = _engine_run(session, top, prompt, budget[prompt.id])
-        ids = [t["id"] for t in answer["tokens"]]
-        run.top_answers[prompt.id] = ids
-        run.positions.append(teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], ids))
-    say("top-tier answers (teacher forcing)", len(prompts), len(prompts))
+    session, prompt_ids, budget, answers, positions = collect_positions(
+        ladder, prompts, options.max_tokens, progress)
+    run = BenchRun(arms=[], positions=positions, top_answers=answers)
     run.taus = simulate.sweep_thresholds(run.positions, options.sweep_points) if n > 1 else []
     run.arms = make_arms(profile, ladder, run.taus)
 

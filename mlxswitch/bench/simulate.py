@@ -23,13 +23,25 @@ class Positions:
     """One prompt's teacher-forced arrays: entropy (bits) and NLL (nats) per tier and position."""
 
     prompt_id: str
-    entropy: np.ndarray  # (tiers, positions)
-    nll: np.ndarray  # (tiers, positions)
+    entropy: np.ndarray  # (tiers, positions), bits
+    nll: np.ndarray  # (tiers, positions), nats
+    varentropy: np.ndarray | None = None  # (tiers, positions), bits²
+    margin: np.ndarray | None = None  # (tiers, positions), p1 − p2
+
+    def signal(self, name: str) -> np.ndarray:
+        """A signal as an uncertainty (higher = less sure): entropy, varentropy, or 1 − margin."""
+        if name == "margin":
+            return 1.0 - self.margin
+        return self.entropy if name == "entropy" else self.varentropy
 
     def to_dict(self) -> dict:
         """JSON-ready (the bench's figures re-derive from these)."""
-        return {"prompt_id": self.prompt_id, "entropy": np.round(self.entropy, 6).tolist(),
-                "nll": np.round(self.nll, 6).tolist()}
+        out = {"prompt_id": self.prompt_id}
+        for key in ("entropy", "nll", "varentropy", "margin"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = np.round(value, 6).tolist()
+        return out
 
 
 @dataclass(frozen=True)
@@ -43,11 +55,11 @@ class Routed:
         return np.array([rungs[-1] for rungs in self.tried], dtype=np.int64)
 
 
-def route(config: RouterConfig, positions: Positions) -> list[list[int]]:
-    """Run the config's policy over one prompt's positions; the rungs tried at each."""
+def route(config: RouterConfig, positions: Positions, signal: str = "entropy") -> list[list[int]]:
+    """Run the config's policy over one prompt's positions, reading `signal`; the rungs tried at each."""
     tiers = positions.entropy.shape[0]
     policy = make_policy(config, tiers)
-    entropy = positions.entropy
+    entropy = positions.signal(signal)
     rung = policy.start(float(entropy[0, 0])).rung if entropy.shape[1] else 0
     out = []
     for t in range(entropy.shape[1]):
@@ -112,11 +124,12 @@ def forced(all_positions: list[Positions], rung: int) -> list[list[list[int]]]:
     return [[[rung] for _ in range(p.entropy.shape[1])] for p in all_positions]
 
 
-def sweep_thresholds(all_positions: list[Positions], points: int) -> list[float]:
-    """Up thresholds (bits) spread over the bottom tier's entropies: quantiles from 10% to 90%."""
-    pooled = np.concatenate([p.entropy[0] for p in all_positions]) if all_positions else np.zeros(1)
+def sweep_thresholds(all_positions: list[Positions], points: int, signal: str = "entropy",
+                     low: float = 0.1, high: float = 0.9) -> list[float]:
+    """Up thresholds spread over the bottom tier's signal: its quantiles from `low` to `high`."""
+    pooled = np.concatenate([p.signal(signal)[0] for p in all_positions]) if all_positions else np.zeros(1)
     pooled = pooled[np.isfinite(pooled)]
     if pooled.size == 0:
         return [1.0] * points
-    qs = np.linspace(0.1, 0.9, points) if points > 1 else np.array([0.5])
+    qs = np.linspace(low, high, points) if points > 1 else np.array([(low + high) / 2])
     return [round(float(v), 4) for v in np.quantile(pooled, qs)]

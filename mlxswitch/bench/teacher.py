@@ -9,16 +9,19 @@ from ..decoding.tiers import Ladder
 from .simulate import Positions
 
 
-def _entropy_and_nll(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    # float64 log-softmax over the whole vocabulary: the bits the router reads, the nats we score.
+def _signals_and_nll(logits: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:
+    # float64 log-softmax over the whole vocabulary: the numbers the router reads, the nats we score.
     x = logits.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
     log_z = np.log(np.exp(x).sum(axis=-1, keepdims=True))
     logp = x - log_z
     p = np.exp(logp)
-    entropy = -(p * logp).sum(axis=-1) / np.log(2.0)
-    nll = -logp[np.arange(len(targets)), targets]
-    return entropy, nll
+    bits = logp / np.log(2.0)
+    entropy = -(p * bits).sum(axis=-1)
+    varentropy = (p * bits * bits).sum(axis=-1) - entropy**2
+    top2 = np.sort(p, axis=-1)[:, -2:]
+    return {"entropy": entropy, "varentropy": np.maximum(varentropy, 0.0),
+            "margin": top2[:, 1] - top2[:, 0], "nll": -logp[np.arange(len(targets)), targets]}
 
 
 def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer_ids: list[int]) -> Positions:
@@ -26,13 +29,12 @@ def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer
     ids = list(prompt_ids) + list(answer_ids)
     targets = np.asarray(answer_ids, dtype=np.int64)
     tiers = ladder.tiers
-    entropy = np.zeros((len(tiers), len(answer_ids)))
-    nll = np.zeros((len(tiers), len(answer_ids)))
-    if not answer_ids:
-        return Positions(prompt_id, entropy, nll)
-    for r, tier in enumerate(tiers):
-        tier.activate()
-        # Position p's logits predict ids[p + 1]: the answer starts after the prompt's last id.
-        logits = tier.model.model(mx.array(ids[:-1])[None])[0, len(prompt_ids) - 1:]
-        entropy[r], nll[r] = _entropy_and_nll(np.asarray(logits.astype(mx.float32)), targets)
-    return Positions(prompt_id, entropy, nll)
+    arrays = {k: np.zeros((len(tiers), len(answer_ids))) for k in ("entropy", "varentropy", "margin", "nll")}
+    if answer_ids:
+        for r, tier in enumerate(tiers):
+            tier.activate()
+            # Position p's logits predict ids[p + 1]: the answer starts after the prompt's last id.
+            logits = tier.model.model(mx.array(ids[:-1])[None])[0, len(prompt_ids) - 1:]
+            for key, values in _signals_and_nll(np.asarray(logits.astype(mx.float32)), targets).items():
+                arrays[key][r] = values
+    return Positions(prompt_id, arrays["entropy"], arrays["nll"], arrays["varentropy"], arrays["margin"])

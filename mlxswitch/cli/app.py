@@ -269,3 +269,70 @@ def bench(
         save_plot(record, f"mlxswitch bench · {chosen.name} ({' → '.join(ladder.tier_names)}) · "
                           f"{record['machine']['backend']} · {len(items)} prompts", plot)
     ui.make_console().print(ui.bench_table(record))
+
+
+@app.command()
+def calibrate(
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile from models.toml (default: its default).")] = None,
+    small: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the cheap model (with --large).")] = None,
+    large: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the strong model (with --small).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Ad-hoc geared model (with --gears).")] = None,
+    gears: Annotated[Optional[str], typer.Option(help="Gear bits low→high for --model, e.g. 4,8.")] = None,
+    target_share: Annotated[Optional[float], typer.Option(help="Wanted share of top-tier tokens (0–1).")] = None,
+    target_retained: Annotated[Optional[float], typer.Option(help="Wanted retained fidelity (0–1): the cheapest setting reaching it.")] = None,
+    write: Annotated[bool, typer.Option(help="Store the chosen setting as this profile in your models.toml.")] = False,
+    prompts: Annotated[Optional[Path], typer.Option(help="Prompt file with calibration/heldout splits (default: the bundled suite).")] = None,
+    quick: Annotated[bool, typer.Option(help="Two prompts per category and split.")] = False,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens per top-tier answer.")] = 32,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full result to FILE.")] = None,
+    force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
+) -> None:
+    """Choose policy and threshold for a target share or fidelity; report them on held-out prompts."""
+    import dataclasses
+
+    from ..api import build_ladder, resolve_profile
+    from ..bench.calibrate import calibrate as run
+    from ..bench.command import check_output_path, finite, write_json
+    from ..bench.prompts import default_suite_path, load_prompts, select
+    from ..errors import UsageError
+    from ..profile_edit import write_profile
+    from ..routing.router import RouterConfig
+
+    if (target_share is None) == (target_retained is None):
+        raise UsageError("give exactly one of --target-share and --target-retained")
+    for value, flag in ((target_share, "--target-share"), (target_retained, "--target-retained")):
+        if value is not None and not 0 <= value <= 1:
+            raise UsageError(f"{flag} must be between 0 and 1 (got {value:g})")
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
+    if len(chosen.tier_names()) < 2:
+        raise UsageError(f"profile '{chosen.name}' has a single tier: there is nothing to calibrate")
+    if write and chosen.name.startswith("ad-hoc"):
+        raise UsageError("--write stores the setting in a named profile: give --profile NAME")
+    if write and chosen.cloud is not None:
+        raise UsageError("--write keeps local profiles only; calibrate the cascade's local ladder "
+                         "as its own profile")
+    check_output_path(json_path, "--json")
+    items = load_prompts(prompts or default_suite_path())
+    calibration = select(items, quick=quick, split="calibration", per_category=2)
+    heldout = select(items, quick=quick, split="heldout", per_category=2)
+    with ui.loading_status(ui.stderr_is_terminal()) as progress:
+        ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
+    with ui.bench_progress() as progress:
+        result = run(chosen, ladder, calibration, heldout, target_share, target_retained,
+                     max_tokens, progress)
+    if json_path is not None:
+        write_json(finite(result), json_path)
+    ui.make_console().print(ui.calibration_report(chosen.name, result))
+    if write:
+        pick = result["chosen"]
+        tiers = len(chosen.tier_names())
+        router = RouterConfig(up=(pick["tau"],) * (tiers - 1), down=(pick["down"],) * (tiers - 1),
+                              window=pick["window"], min_run=pick["min_run"], policy=pick["policy"])
+        held = result["heldout"]
+        note = (f"mlxswitch calibrate --target-{'share' if target_share is not None else 'retained'} "
+                f"{target_share if target_share is not None else target_retained}: held-out share "
+                f"{held['top_share']:.2f}, retained {held['retained']:.2f} (random {held['random_retained']:.2f})")
+        path = write_profile(dataclasses.replace(chosen, router=router), note)
+        ui.print_dim(ui.make_console(), f"wrote profile '{chosen.name}' to {path}")

@@ -315,3 +315,30 @@ def bench_table(record: dict) -> Table:
                      f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
                      "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token")
     return table
+
+
+def calibration_report(name: str, result: dict) -> Table:
+    """What calibrate chose, and how it does on text it never saw."""
+    pick, held = result["chosen"], result["heldout"]
+    table = Table(title=f"mlxswitch calibrate · {name} · {' → '.join(result['tiers'])}",
+                  show_header=False, show_edge=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+
+    def num(value, digits: int = 3) -> str:
+        return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+    table.add_row("chosen", f"--policy {pick['policy']} --tau {pick['tau']:g} --tau-down {pick['down']:g} "
+                            f"--window {pick['window']} --min-run {pick['min_run']} (signal: {pick['signal']})")
+    cal = pick["calibration"]
+    table.add_row("calibration", f"share {num(cal['top_share'], 2)} · retained {num(cal['retained'])} "
+                                 f"({len(result['prompts']['calibration'])} prompts, {cal['positions']} positions)")
+    table.add_row("held-out", f"share {num(held['top_share'], 2)} · retained {num(held['retained'])} · "
+                              f"random at that share {num(held['random_retained'])} "
+                              f"(×{num(held['vs_random'], 2)}) · oracle {num(held['oracle_retained'])} · "
+                              f"{held['bytes_per_token'] / 1e6:.1f} MB/token "
+                              f"({len(result['prompts']['heldout'])} prompts, {held['positions']} positions)")
+    for split in ("heldout", "calibration"):
+        aurocs = result[f"auroc_{split}"]
+        table.add_row(f"AUROC {split}", " · ".join(f"{signal} {num(v)}" for signal, v in aurocs.items()))
+    return table
