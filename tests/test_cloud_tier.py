@@ -212,3 +212,27 @@ def test_cloud_off_runs_a_cascade_locally_and_options_need_a_cloud(pair, monkeyp
     assert bad.exit_code == 2 and "need a cloud tier" in bad.stderr
     worse = chat([*pair, "--cloud", "sky"], "Hi\n")
     assert worse.exit_code == 2 and "--cloud must be off, span or answer" in worse.stderr
+
+
+def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_pair):
+    import _thread
+    import threading
+
+    from cloud_server import slow
+
+    server.script(slow(8.0, SPAN))
+    small, large = tiny_pair
+    profile = resolve_profile(small=str(small), large=str(large), cloud="span", policy="peek",
+                              tau="0,0", min_run=3, window=1, cloud_options={"timeout_s": 10})
+    session = open_chat(profile, settings=GenerationSettings(max_tokens=24))
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.ask("What is the capital of France?")
+    finally:
+        timer.cancel()
+    summary = session.last_summary
+    assert summary.finish_reason == "interrupted" and summary.generated >= 1
+    assert all(e.tier != "cloud" for e in summary.tokens)
+    assert session.cloud.client.budget.session.calls == 1  # the cancelled call is counted
