@@ -32,7 +32,7 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
                     draft_model: str | None = None, gears: str | None = None,
                     tau: str | None = None, tau_down: str | None = None, window: int | None = None,
                     min_run: int | None = None, normalize: bool | None = None,
-                    policy: str | None = None, cloud: str | None = None,
+                    policy: str | None = None, signal: str | None = None, cloud: str | None = None,
                     cloud_options: dict | None = None) -> Profile:
     """A profile from models.toml with command-line overrides applied (flags win), fully checked.
 
@@ -85,7 +85,8 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
                           window=old.window if window is None else window,
                           min_run=old.min_run if min_run is None else min_run,
                           normalize=old.normalize if normalize is None else normalize,
-                          policy=old.policy if policy is None else policy)
+                          policy=old.policy if policy is None else policy,
+                          signal=old.signal if signal is None else signal)
     router.validate(tiers)
     return dataclasses.replace(profile, router=router)
 

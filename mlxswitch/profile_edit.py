@@ -40,7 +40,8 @@ def profile_table(profile: Profile, comment: str) -> str:
     if profile.gears:
         keys["gears"] = list(profile.gears)
     keys.update(up=list(router.up), down=list(router.downs()), window=router.window,
-                min_run=router.min_run, normalize=router.normalize, policy=router.policy)
+                min_run=router.min_run, normalize=router.normalize, policy=router.policy,
+                signal=router.signal)
     if profile.description:
         keys["description"] = profile.description
     lines += [f"{key} = {_value(value)}" for key, value in keys.items()]

@@ -36,7 +36,7 @@ from .routing.router import RouterConfig
 
 MODES = ("pair", "gears", "single", "cascade")
 _PROFILE_KEYS = ("mode", "description", "small", "large", "model", "gears", "up", "down",
-                 "window", "min_run", "normalize", "policy", "cloud")
+                 "window", "min_run", "normalize", "policy", "signal", "cloud")
 _DEFAULT_KEYS = ("window", "min_run", "normalize")
 _TOP_KEYS = ("default", "defaults", "profiles")
 # Which model keys each local ladder takes; a cascade takes those of the ladder under its cloud.
@@ -299,10 +299,11 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
     down = _thresholds(table["down"], "down", fail) if "down" in table else None
     profile = Profile(name=name, mode=mode, models=models, gears=gears, cloud=cloud,
                       description=table.get("description", ""), origin=str(toml.path))
-    if "policy" in table:
-        if not isinstance(table["policy"], str):
-            raise fail("policy", f"'policy' must be a name (got {table['policy']!r})")
-        settings["policy"] = table["policy"]
+    for key in ("policy", "signal"):
+        if key in table:
+            if not isinstance(table[key], str):
+                raise fail(key, f"'{key}' must be a name (got {table[key]!r})")
+            settings[key] = table[key]
     try:
         router = RouterConfig(up=up, down=down, **settings)
         router.validate(len(profile.tier_names()))

@@ -70,6 +70,20 @@ def _prompt_ids(ladder, prompt):
                                                 add_generation_prompt=True)
 
 
+def _uncertainty(logits: mx.array, signal: str) -> float:
+    x = np.asarray(logits.astype(mx.float32), dtype=np.float64)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if signal == "margin":
+        top2 = np.sort(p)[-2:]
+        return float(1.0 - (top2[1] - top2[0]))
+    if signal == "varentropy":
+        nz = p > 0
+        bits = np.log2(p[nz])
+        return float((p[nz] * bits * bits).sum() - (p[nz] * bits).sum() ** 2)
+    return _entropy_bits(logits)
+
+
 def naive_peek(ladder, prompt_ids, config, max_tokens):
     """Peek run naively: every computation recomputes the whole prefix on its model, no cache."""
     models = [t.model.model for t in ladder.tiers]
@@ -81,7 +95,7 @@ def naive_peek(ladder, prompt_ids, config, max_tokens):
         rungs = [base]
         while True:
             logits = models[rungs[-1]](mx.array(ids)[None])[0, -1]
-            entropy = _entropy_bits(logits)
+            entropy = _uncertainty(logits, config.signal)
             higher = policy.review(rungs[-1], entropy) if policy.may_review(rungs[-1]) else None
             if higher is None:
                 break
@@ -219,3 +233,17 @@ def test_peek_tiers_rederive_from_json_and_telemetry(tiny_pair, tmp_path):
             assert [router["tiers"][r] for r in rungs] == [t["tier"] for t in tokens]
             escalations += sum("tried" in t for t in tokens)
     assert escalations > 0
+
+
+@pytest.mark.parametrize("signal,up,down", [("margin", 0.5, 0.3), ("varentropy", 2.0, 1.2)])
+def test_peek_on_another_signal_matches_the_naive_reference(ladder, signal, up, down):
+    config = RouterConfig(up=(up,), down=(down,), window=1, min_run=1, policy="peek", signal=signal)
+    _, events = _events(ladder, PROMPTS[0], config)
+    tokens, tried = naive_peek(ladder, _prompt_ids(ladder, PROMPTS[0]), config, 24)
+    assert [e.id for e in events] == tokens
+    assert [_tried(e, ladder.tier_names) for e in events] == tried
+    assert any(len(t) > 1 for t in tried) and any(len(t) == 1 for t in tried)
+    # Every token records the value routed on; its tier re-derives from those values.
+    values = [[h for _, h in zip(e.tried, e.tried_signals)] if e.tried else [e.signal] for e in events]
+    assert all(e.signal is not None for e in events)
+    assert derive_rungs(config, 2, None, values) == [e.rung for e in events]

@@ -8,6 +8,7 @@ which played no part in choosing it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,15 +17,13 @@ import numpy as np
 from ..decoding.tiers import Ladder
 from ..errors import UsageError
 from ..profiles import Profile
-from ..routing.router import POLICY_NAMES, RouterConfig
+from ..routing.router import POLICY_NAMES, SIGNAL_NAMES, RouterConfig
 from . import metrics, simulate
 from .prompts import BenchPrompt
 from .report import GAIN_NATS
 from .runner import Progress, collect_positions, sweep_config
 
-SIGNALS = ("entropy", "varentropy", "margin")
-# What the token loop can route on today: the others are measured (AUROC) but not chosen.
-ENGINE_SIGNALS = ("entropy",)
+SIGNALS = SIGNAL_NAMES
 GRID = 41  # thresholds per policy and signal: quantiles of the bottom tier's signal, 2%–98%
 SHARE_TOLERANCE = 0.02  # on calibration text, settings this close to the target share compete
 
@@ -47,8 +46,8 @@ def _sweep(profile: Profile, positions: list[simulate.Positions], tier_bytes: li
     for policy in POLICY_NAMES:
         for signal in signals:
             for tau in sorted(set(simulate.sweep_thresholds(positions, GRID, signal, 0.02, 0.98))):
-                config = sweep_config(profile, policy, tau, n)
-                tried = [simulate.route(config, p, signal) for p in positions]
+                config = dataclasses.replace(sweep_config(profile, policy, tau, n), signal=signal)
+                tried = [simulate.route(config, p) for p in positions]
                 out.append(Candidate(policy, signal, tau, config, simulate.quality(positions, tried, tier_bytes)))
     return out
 
@@ -90,7 +89,7 @@ def aurocs(positions: list[simulate.Positions]) -> dict[str, float]:
 
 def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], heldout: list[BenchPrompt],
               target_share: float | None, target_retained: float | None, max_tokens: int,
-              progress: Progress | None = None, signals: tuple[str, ...] = ENGINE_SIGNALS) -> dict:
+              progress: Progress | None = None, signals: tuple[str, ...] = SIGNALS) -> dict:
     """Sweep on calibration prompts, choose, and report the choice measured on held-out prompts."""
     if len(ladder.tiers) < 2:
         raise UsageError(f"profile '{profile.name}' has a single tier: there is nothing to calibrate")
@@ -99,7 +98,7 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
     *_, held = collect_positions(ladder, heldout, max_tokens, progress, "held-out prompts")
     candidates = _sweep(profile, cal, tier_bytes, signals)
     chosen = choose(candidates, target_share, target_retained)
-    tried = [simulate.route(chosen.config, p, chosen.signal) for p in held]
+    tried = [simulate.route(chosen.config, p) for p in held]
     held_quality = simulate.quality(held, tried, tier_bytes)
     bottom, top, _ = _pooled(held, "entropy")
     random = metrics.random_control(bottom, top, held_quality.top_share)

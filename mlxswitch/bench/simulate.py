@@ -55,11 +55,11 @@ class Routed:
         return np.array([rungs[-1] for rungs in self.tried], dtype=np.int64)
 
 
-def route(config: RouterConfig, positions: Positions, signal: str = "entropy") -> list[list[int]]:
-    """Run the config's policy over one prompt's positions, reading `signal`; the rungs tried at each."""
+def route(config: RouterConfig, positions: Positions) -> list[list[int]]:
+    """Run the config's policy over one prompt's positions, reading its signal; the rungs tried at each."""
     tiers = positions.entropy.shape[0]
     policy = make_policy(config, tiers)
-    entropy = positions.signal(signal)
+    entropy = positions.signal(config.signal)
     rung = policy.start(float(entropy[0, 0])).rung if entropy.shape[1] else 0
     out = []
     for t in range(entropy.shape[1]):

@@ -110,6 +110,7 @@ def chat(
     min_run: Annotated[Optional[int], typer.Option(help="Tokens a tier makes before the router may move.")] = None,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="Compare entropy / log2(vocab) instead of bits.")] = None,
     policy: Annotated[Optional[str], typer.Option(help="ead: token t's entropy picks t+1's tier; peek: the cheap tier computes a position, a stronger one redoes it when unsure.")] = None,
+    signal: Annotated[Optional[str], typer.Option(help="What the policy reads: entropy (bits), varentropy (bits²) or margin (1 − (p1 − p2)); --tau is in its units.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 512,
     temp: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
@@ -143,7 +144,7 @@ def chat(
     # Every flag is checked before anything is read or loaded: a flag error wins.
     chosen = resolve_profile(profile, small=small, large=large, model=model, draft_model=draft_model,
                              gears=gears, tau=tau, tau_down=tau_down, window=window,
-                             min_run=min_run, normalize=normalize, policy=policy, cloud=cloud,
+                             min_run=min_run, normalize=normalize, policy=policy, signal=signal, cloud=cloud,
                              cloud_options=_cloud_options(cloud_model, cloud_budget, cloud_calls,
                                                           cloud_timeout, cloud_span_tokens,
                                                           cloud_threshold))
@@ -329,7 +330,8 @@ def calibrate(
         pick = result["chosen"]
         tiers = len(chosen.tier_names())
         router = RouterConfig(up=(pick["tau"],) * (tiers - 1), down=(pick["down"],) * (tiers - 1),
-                              window=pick["window"], min_run=pick["min_run"], policy=pick["policy"])
+                              window=pick["window"], min_run=pick["min_run"], policy=pick["policy"],
+                              signal=pick["signal"])
         held = result["heldout"]
         note = (f"mlxswitch calibrate --target-{'share' if target_share is not None else 'retained'} "
                 f"{target_share if target_share is not None else target_retained}: held-out share "

@@ -27,19 +27,21 @@ HELP = """commands:
   /quit              leave (Ctrl-D too); Ctrl-C stops an answer"""
 
 
-def router_record(session: ChatSession, initial_entropy: float) -> dict:
+def router_record(session: ChatSession, summary: AnswerSummary) -> dict:
     """The router settings an answer ran with: enough to re-derive every token's tier."""
     config = session.router_config
     return {
         "tiers": session.tier_names,
         "policy": config.policy,
+        "signal": config.signal,
         "up": [json_float(v) for v in config.up],
         "down": [json_float(v) for v in config.downs()],
         "window": config.window,
         "min_run": config.min_run,
         "normalized": config.normalize,
         "vocab_size": config.vocab_size,
-        "initial_entropy": json_float(initial_entropy),
+        "initial_entropy": json_float(summary.initial_entropy),
+        **({"initial_signal": json_float(summary.initial_signal)} if summary.initial_signal is not None else {}),
     }
 
 
@@ -53,7 +55,7 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
         "finish_reason": summary.finish_reason,
         "tokens": [event.record() for event in summary.tokens],
         "stats": summary.stats(),
-        "router": router_record(session, summary.initial_entropy),
+        "router": router_record(session, summary),
         **({"handoff": summary.handoff} if summary.handoff is not None else {}),
     }
 
@@ -232,7 +234,7 @@ class ChatRunner:
                     self._write_telemetry(event)
                 self.telemetry.write({"answer": self.answer_index, "summary": {
                     "prompt": summary.prompt, "finish_reason": summary.finish_reason,
-                    "stats": summary.stats(), "router": router_record(self.session, summary.initial_entropy),
+                    "stats": summary.stats(), "router": router_record(self.session, summary),
                     **({"handoff": summary.handoff} if summary.handoff is not None else {})}})
                 self.summaries.append(summary)
                 self.answer_index += 1

@@ -38,17 +38,20 @@ class TokenEvent:
     guard: bool
     elapsed_s: float
     tried: tuple[str, ...] = ()  # tiers that computed this position, when more than the one that made it
-    tried_entropies: tuple[float, ...] = ()  # the entropy each of them measured
+    tried_signals: tuple[float | None, ...] = ()  # the routed signal each of them measured
+    signal: float | None = None  # the routed signal, when routing reads one other than entropy
 
     def record(self) -> dict:
         """The JSON record of this token (the same in --json and --telemetry)."""
         out = {"id": self.id, "text": self.text, "tier": self.tier,
                "entropy": None if self.entropy is None else json_float(self.entropy),
                "mean": None if self.mean is None else json_float(self.mean)}
+        if self.signal is not None:
+            out["signal"] = json_float(self.signal)
         if self.guard:
             out["guard"] = True
         if len(self.tried) > 1:
-            out["tried"] = [[name, json_float(h)] for name, h in zip(self.tried, self.tried_entropies)]
+            out["tried"] = [[name, json_float(h)] for name, h in zip(self.tried, self.tried_signals)]
         return out
 
 
@@ -70,6 +73,7 @@ class AnswerSummary:
     catch_up_tokens: dict[str, int] = field(default_factory=dict)
     tier_bytes: dict[str, int] = field(default_factory=dict)
     ended_by_eos: bool = False
+    initial_signal: float | None = None  # the routed signal at the prompt's end, when not entropy
     cloud: dict | None = None  # costs (this answer, the session) and spans, with a cloud tier
     handoff: dict | None = None  # the hand-off's score, decision and both answers
 
@@ -185,8 +189,9 @@ class AnswerBuilder:
 
     def __init__(self, prompt: str, tokenizer, stop: tuple[str, ...], tier_names: list[str],
                  prompt_tokens: int, prefilled: int, group_names: list[str],
-                 tier_bytes: dict[str, int]):
+                 tier_bytes: dict[str, int], signal: str = "entropy"):
         self.prompt = prompt
+        self.signal = signal  # the routed signal's name: recorded per token unless it is entropy
         self.tier_names = tier_names
         self.prompt_tokens = prompt_tokens
         self.prefilled = prefilled  # prompt tokens beyond what the conversation already held
@@ -212,12 +217,14 @@ class AnswerBuilder:
         released, self._held = self._held, TokenEvent(
             len(self.events), step.token, self.text.add(step.token), self.tier_names[step.rung],
             step.rung, step.entropy, step.mean, step.guard, elapsed, tried,
-            step.tried_entropies if several else ())
+            step.tried_signals if several else (),
+            step.signal if self.signal != "entropy" else None)
         self.events.append(self._held)
         return released
 
     def finish(self, finish_reason: str, initial_entropy: float, peak_memory_gb: float,
-               ended_by_eos: bool = False) -> tuple[TokenEvent | None, AnswerSummary]:
+               ended_by_eos: bool = False, initial_signal: float | None = None
+               ) -> tuple[TokenEvent | None, AnswerSummary]:
         """The last event (its text completed) and the summary of the answer."""
         last, self._held = self._held, None
         if finish_reason == "interrupted":
@@ -237,5 +244,6 @@ class AnswerBuilder:
             tier_names=self.tier_names, elapsed_s=time.perf_counter() - self.start,
             first_token_s=self.events[0].elapsed_s if self.events else None,
             peak_memory_gb=peak_memory_gb, catch_up_tokens=dict(self.catch_up),
-            tier_bytes=self.tier_bytes, ended_by_eos=ended_by_eos)
+            tier_bytes=self.tier_bytes, ended_by_eos=ended_by_eos,
+            initial_signal=initial_signal if self.signal != "entropy" else None)
         return last, summary

@@ -42,8 +42,13 @@ class Step:
     mean: float | None  # the policy's rolling mean after this token (None: cloud)
     guard: bool  # this token's tier was chosen by the catastrophic guard
     tried: tuple[int, ...]  # rungs that computed this position, in order; the last made the token
-    tried_entropies: tuple[float, ...]  # the entropy each of them measured (the last is `entropy`)
+    tried_signals: tuple[float | None, ...]  # the routed signal each of them measured
     catch_up: dict[str, int] = field(default_factory=dict)  # ids fed per cache group to catch up
+
+    @property
+    def signal(self) -> float | None:
+        """The routed signal of the token taken (its entropy, unless routing reads another)."""
+        return self.tried_signals[-1]
 
 
 @dataclass
@@ -52,19 +57,32 @@ class _Pending:
 
     rung: int
     token: mx.array
-    signals: mx.array
+    signals: mx.array  # [entropy bits, varentropy bits², p1 − p2]
     catch_up: dict[str, int]
+    _values: list[float] | None = None
 
     def entropy(self) -> float:
-        return float(self.signals[0].item())
+        """Entropy in bits (reads the lazy signals: a sync point)."""
+        return self._read()[0]
+
+    def signal(self, name: str) -> float:
+        """The routed signal as an uncertainty: entropy, varentropy, or 1 − margin."""
+        entropy, varentropy, margin = self._read()
+        return {"entropy": entropy, "varentropy": varentropy, "margin": 1.0 - margin}[name]
+
+    def _read(self) -> list[float]:
+        if self._values is None:
+            self._values = self.signals.tolist()
+        return self._values
 
 
 class TokenLoop:
     """Decodes one answer onto `ids` (the conversation so far, extended in place)."""
 
     def __init__(self, ladder: Ladder, ids: list[int], policy: Policy, sampler: Sampler,
-                 prefill_step: int = 512, cloud_span: CloudSpan | None = None):
+                 prefill_step: int = 512, cloud_span: CloudSpan | None = None, signal: str = "entropy"):
         self.ladder = ladder
+        self.signal = signal  # what the policy reads (RouterConfig.signal)
         self.cloud_span = cloud_span
         self.top_local = len(ladder.tiers) - 1
         self.ids = ids
@@ -73,15 +91,17 @@ class TokenLoop:
         self.prefill_step = prefill_step
         self.prompt_tokens = len(ids)
         self.initial_entropy = math.nan
+        self.initial_signal = math.nan
         self.ended_by_eos = False
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
         eos = self.ladder.tokenizer.eos_token_ids
-        # The bottom tier's entropy at the end of the prompt seeds the policy.
+        # The bottom tier's signal at the end of the prompt seeds the policy.
         first = self._produce(0)
         self.initial_entropy = first.entropy()
-        decision = self.policy.start(self.initial_entropy)
+        self.initial_signal = first.signal(self.signal)
+        decision = self.policy.start(self.initial_signal)
         guard = decision.guard
         n = 0  # steps made, cloud ones included
         if decision.rung > self.top_local:  # unsure from the start: the cloud opens the answer
@@ -100,14 +120,14 @@ class TokenLoop:
             if n + 1 < budget:
                 speculative = self._produce(pending.rung, pending.token)
                 mx.async_eval(speculative.token, speculative.signals)
-            token, entropy = int(pending.token.item()), pending.entropy()
+            token, routed = int(pending.token.item()), pending.signal(self.signal)
             self.ids.append(token)
-            decision = self.policy.commit(pending.rung, entropy)
+            decision = self.policy.commit(pending.rung, routed)
             if token in eos:
                 self.ended_by_eos = True
                 return
-            yield Step(token, pending.rung, entropy, decision.mean, guard, tried, earlier + (entropy,),
-                       catch_up)
+            yield Step(token, pending.rung, pending.entropy(), decision.mean, guard, tried,
+                       earlier + (routed,), catch_up)
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             n += 1
@@ -140,16 +160,16 @@ class TokenLoop:
     def _settle(self, pending: _Pending):
         """Let the policy have higher rungs recompute this position until it keeps a token.
 
-        Returns the kept position, the rungs tried, the entropies of the tries it replaced, and
+        Returns the kept position, the rungs tried, the signals of the tries it replaced, and
         the catch-up of every try.
         """
         tried, earlier, catch_up = [pending.rung], [], dict(pending.catch_up)
         while True:
-            entropy = pending.entropy()
-            higher = self.policy.review(pending.rung, entropy)
+            routed = pending.signal(self.signal)
+            higher = self.policy.review(pending.rung, routed)
             if higher is None:
                 return pending, tuple(tried), tuple(earlier), catch_up
-            earlier.append(entropy)
+            earlier.append(routed)
             pending = self._produce(higher)
             tried.append(higher)
             for name, count in pending.catch_up.items():

@@ -136,7 +136,8 @@ class ChatSession:
         builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, self.tier_names,
                                 len(prompt_ids), len(prompt_ids) - common,
                                 [g.name for g in ladder.groups],
-                                {t.name: t.bytes_per_token for t in ladder.tiers})
+                                {t.name: t.bytes_per_token for t in ladder.tiers},
+                                self.router_config.signal)
         span = None
         if cloud is not None:
             cloud.start_answer()
@@ -144,7 +145,8 @@ class ChatSession:
                 def span(answer_ids: list[int], room: int) -> list[int]:
                     return cloud.span(ladder.tokenizer, self.system, messages, answer_ids, room)
         loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
-                         self._sampler, self.settings.prefill_step, cloud_span=span)
+                         self._sampler, self.settings.prefill_step, cloud_span=span,
+                         signal=self.router_config.signal)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
@@ -161,7 +163,8 @@ class ChatSession:
             for group in ladder.groups:  # no cache may claim ids the sequence does not have
                 group.rewind(len(self.ids))
             last, self.last_summary = builder.finish(reason, loop.initial_entropy,
-                                                     mx.get_peak_memory() / 1e9, loop.ended_by_eos)
+                                                     mx.get_peak_memory() / 1e9, loop.ended_by_eos,
+                                                     loop.initial_signal)
             if cloud is not None:
                 self.last_summary.cloud = cloud.answer_record()
             self.messages.append({"role": "assistant", "content": self.last_summary.text})

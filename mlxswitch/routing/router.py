@@ -55,6 +55,9 @@ DEFAULT_MIN_RUN = 10
 # Which tier makes a token: `ead` decides token t + 1 from token t (the contract below); `peek`
 # lets the cheap tier compute position t and a stronger one recompute it when unsure (policies.py).
 POLICY_NAMES = ("ead", "peek")
+# What the policy reads per token, each as an uncertainty (higher = less sure): entropy (bits),
+# varentropy (bits²), or margin as 1 − (p1 − p2). Thresholds are in that signal's units.
+SIGNAL_NAMES = ("entropy", "varentropy", "margin")
 
 
 def max_entropy_bits(vocab_size: int) -> float:
@@ -81,11 +84,18 @@ class RouterConfig:
     guard_count: int = 2
     top_local: int | None = None
     policy: str = "ead"
+    signal: str = "entropy"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
             raise SettingError("policy", f"the policy must be one of {', '.join(POLICY_NAMES)} "
                                          f"(got {self.policy!r})")
+        if self.signal not in SIGNAL_NAMES:
+            raise SettingError("signal", f"the signal must be one of {', '.join(SIGNAL_NAMES)} "
+                                         f"(got {self.signal!r})")
+        if self.normalize and self.signal != "entropy":
+            raise SettingError("normalize", "normalize divides entropy by log2(V); it does not apply "
+                                            f"to {self.signal}")
         object.__setattr__(self, "up", tuple(float(u) for u in self.up))
         if self.down is not None:
             object.__setattr__(self, "down", tuple(float(d) for d in self.down))
@@ -181,7 +191,9 @@ class Router:
         self._down = config.downs()
         self._log2v = max_entropy_bits(config.vocab_size) if config.vocab_size else None
         # Compared in bits, so normalisation does not change which tokens are near-maximal.
-        self._hot_bits = config.guard_fraction * self._log2v if self._log2v else math.inf
+        # Near-maximal is a statement about entropy: with another signal only non-finite values fire.
+        near_max = self._log2v and config.signal == "entropy"
+        self._hot_bits = config.guard_fraction * self._log2v if near_max else math.inf
         self._rung, self._count, self._streak = 0, 0, 0
         self._window: deque[float] = deque(maxlen=config.window)
 
