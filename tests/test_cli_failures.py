@@ -56,6 +56,15 @@ def test_non_utf8_line_is_refused_and_the_others_are_answered(pair_args):
                           "error": "input line 2 is not UTF-8 text (byte 0xff at offset 0); it was skipped"}
 
 
+def test_an_undecodable_typed_line_is_refused_not_fatal():
+    from mlxswitch.cli.streams import typed_line_problem
+
+    # What input() hands over for bytes ff fe on a UTF-8 terminal: surrogate escapes.
+    typed = b"\xff\xfe".decode("utf-8", errors="surrogateescape")
+    assert typed_line_problem(typed) == "the line is not UTF-8 text (byte 0xff); type it again"
+    assert typed_line_problem("naïve café") is None
+
+
 def test_a_failed_prompt_leaves_plain_output_clean(pair_args):
     big = "Say hi.\n" + "word " * 40_000 + "\nName a colour.\n"
     plain = invoke(["chat", *pair_args, "--max-tokens", "5", "--tau", "inf"], big)

@@ -17,7 +17,7 @@ from ..errors import EXIT_INTERRUPTED, MlxSwitchError, UsageError
 from ..resources import user_dir
 from ..routing.router import max_entropy_bits, parse_thresholds
 from . import ui
-from .streams import PromptLine, TelemetryFile
+from .streams import PromptLine, TelemetryFile, typed_line_problem
 
 HELP = """commands:
   /help              this list
@@ -149,6 +149,10 @@ class ChatRunner:
                 except UnicodeDecodeError as exc:
                     ui.print_error(f"the line is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
                                    "type it again")
+                    continue
+                problem = typed_line_problem(line)
+                if problem:
+                    ui.print_error(problem)
                     continue
                 line = line.strip()
                 if not line:

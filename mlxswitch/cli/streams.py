@@ -54,6 +54,15 @@ def prompt_lines(source: BinaryIO | Iterable[str], whole: bool = False) -> Itera
             yield line
 
 
+def typed_line_problem(line: str) -> str | None:
+    """Why a line typed at the terminal cannot be a prompt (None: it can)."""
+    try:  # a terminal may hand undecodable bytes over as surrogate escapes
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"the line is not UTF-8 text (byte 0x{ord(line[exc.start]) & 0xFF:02x}); type it again"
+    return None
+
+
 def peek_prompts(source, whole: bool = False) -> Iterator[PromptLine] | None:
     """The prompts, or None when the input holds none (then nothing needs loading)."""
     lines = prompt_lines(source, whole)
