@@ -48,11 +48,15 @@ def test_calibrate_reports_heldout_figures_and_writes_the_profile(tiny_pair, iso
         "# my own notes stay\n[profiles.other]\nmode = \"single\"\nmodel = \"embedded\"\n\n"
         f"[profiles.tiny]\nmode = \"pair\"\nsmall = \"{small}\"\nlarge = \"{large}\"\nup = [9.0]\n")
     result = runner.invoke(app, ["calibrate", "--profile", "tiny", "--target-share", "0.3", "--quick",
-                                 "--max-tokens", "8", "--write", "--json", str(tmp_path / "c.json")])
+                                 "--max-tokens", "24", "--write", "--json", str(tmp_path / "c.json")])
     assert result.exit_code == 0, result.stderr
     assert "AUROC heldout" in result.stdout and "varentropy" in result.stdout and "margin" in result.stdout
     record = json.loads((tmp_path / "c.json").read_text())
-    assert set(record["auroc_heldout"]) == {"entropy", "varentropy", "margin"}
+    assert set(record["auroc_heldout"]) == {"entropy", "varentropy", "margin", "probe"}
+    learned = record["probe"]
+    assert learned["status"] == "trained" and learned["features"] == 32 + 3  # hidden state + 3 signals
+    assert str(isolated_home) in learned["path"]  # under the user directory
+    assert 0 <= learned["auroc_heldout"] <= 1 and learned["cost_s_per_token"] > 0
     assert not set(record["prompts"]["calibration"]) & set(record["prompts"]["heldout"])
     pick = record["chosen"]
     assert abs(pick["calibration"]["top_share"] - 0.3) < 0.1
@@ -67,3 +71,19 @@ def test_calibrate_reports_heldout_figures_and_writes_the_profile(tiny_pair, iso
     assert again.exit_code == 0, again.stderr
     assert (isolated_home / "models.toml").read_text().count('[profiles."tiny"]') == 1
     assert "other" in load_profiles()
+
+
+def test_the_probe_fits_a_separable_signal_and_round_trips(tmp_path):
+    import numpy as np
+
+    from mlxswitch.bench import metrics, probe
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 6))
+    y = (x[:, 2] - 0.5 * x[:, 4] + 0.1 * rng.normal(size=400)) > 0
+    learned = probe.fit(x[:300], y[:300])
+    assert metrics.auroc(learned.score(x[300:]), y[300:]) > 0.95
+    path = learned.save(tmp_path / "p.npz", {"what": "test"})
+    data = np.load(path)
+    again = probe.Probe(data["mean"], data["scale"], data["weights"], float(data["bias"]))
+    assert np.allclose(again.score(x), learned.score(x))

@@ -18,7 +18,7 @@ from ..decoding.tiers import Ladder
 from ..errors import UsageError
 from ..profiles import Profile
 from ..routing.router import POLICY_NAMES, SIGNAL_NAMES, RouterConfig
-from . import metrics, simulate
+from . import metrics, probe, simulate
 from .prompts import BenchPrompt
 from .report import GAIN_NATS
 from .runner import Progress, collect_positions, sweep_config
@@ -87,6 +87,31 @@ def aurocs(positions: list[simulate.Positions]) -> dict[str, float]:
     return out
 
 
+def train_probe(profile: Profile, ladder: Ladder, session, cal: list[simulate.Positions],
+                held: list[simulate.Positions]) -> dict:
+    """Fit the probe on calibration text, score it on held-out text, save it; a summary."""
+    x_cal, x_held = probe.features(cal), probe.features(held)
+    if x_cal is None or x_held is None:
+        return {"status": "no hidden states from this model's layout: no probe"}
+    y_cal, y_held = probe.labels(cal, GAIN_NATS), probe.labels(held, GAIN_NATS)
+    if y_cal.all() or not y_cal.any():
+        return {"status": "calibration text has one class only: no probe"}
+    learned = probe.fit(x_cal, y_cal)
+    auroc = metrics.auroc(learned.score(x_held), y_held)
+    # What the probe adds to a token, against a step of the cheap tier alone (measured here).
+    cost = probe.per_token_cost_s(learned, x_cal.shape[1])
+    session.router_config = sweep_config(profile, "ead", math.inf, len(ladder.tiers))
+    session.reset()
+    step = session.ask("Say one short sentence about the sea.", 8)
+    cheap_s = 1 / step.tok_per_s if step.tok_per_s else math.nan
+    path = probe.probe_path([profile.name, *profile.models, *ladder.tier_names])
+    learned.save(path, {"profile": profile.name, "models": list(profile.models), "tiers": ladder.tier_names,
+                        "auroc_heldout": auroc, "positions": int(len(y_cal)), "label": f"gain > {GAIN_NATS} nat"})
+    return {"status": "trained", "path": str(path), "features": int(x_cal.shape[1]),
+            "auroc_heldout": auroc, "auroc_calibration": metrics.auroc(learned.score(x_cal), y_cal),
+            "cost_s_per_token": cost, "cheap_step_s": cheap_s, "cost_share_of_cheap_step": cost / cheap_s}
+
+
 def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], heldout: list[BenchPrompt],
               target_share: float | None, target_retained: float | None, max_tokens: int,
               progress: Progress | None = None, signals: tuple[str, ...] = SIGNALS) -> dict:
@@ -94,15 +119,18 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
     if len(ladder.tiers) < 2:
         raise UsageError(f"profile '{profile.name}' has a single tier: there is nothing to calibrate")
     tier_bytes = [t.bytes_per_token for t in ladder.tiers]
-    *_, cal = collect_positions(ladder, calibration, max_tokens, progress, "calibration prompts")
-    *_, held = collect_positions(ladder, heldout, max_tokens, progress, "held-out prompts")
+    session, *_, cal = collect_positions(ladder, calibration, max_tokens, progress, "calibration prompts",
+                                         hidden=True)
+    *_, held = collect_positions(ladder, heldout, max_tokens, progress, "held-out prompts", hidden=True)
     candidates = _sweep(profile, cal, tier_bytes, signals)
     chosen = choose(candidates, target_share, target_retained)
     tried = [simulate.route(chosen.config, p) for p in held]
     held_quality = simulate.quality(held, tried, tier_bytes)
     bottom, top, _ = _pooled(held, "entropy")
     random = metrics.random_control(bottom, top, held_quality.top_share)
+    learned = train_probe(profile, ladder, session, cal, held)
     return {
+        "probe": learned,
         "target": {"share": target_share, "retained": target_retained},
         "chosen": {"policy": chosen.policy, "signal": chosen.signal, "tau": chosen.tau,
                    "window": chosen.config.window, "min_run": chosen.config.min_run,
@@ -110,7 +138,7 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
         "heldout": {**held_quality.to_dict(), "random_retained": random.mean,
                     "oracle_retained": metrics.oracle(bottom, top, held_quality.top_share),
                     "vs_random": held_quality.retained / random.mean if random.mean else math.nan},
-        "auroc_heldout": aurocs(held),
+        "auroc_heldout": {**aurocs(held), "probe": learned.get("auroc_heldout", math.nan)},
         "auroc_calibration": aurocs(cal),
         "prompts": {"calibration": [p.id for p in calibration], "heldout": [p.id for p in heldout]},
         "tiers": ladder.tier_names, "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes)),

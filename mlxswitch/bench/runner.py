@@ -178,7 +178,8 @@ class BenchRun:
 
 
 def collect_positions(ladder: Ladder, prompts: list[BenchPrompt], max_tokens: int,
-                      progress: Progress | None = None, stage: str = "top-tier answers (teacher forcing)"):
+                      progress: Progress | None = None, stage: str = "top-tier answers (teacher forcing)",
+                      hidden: bool = False):
     """The top tier's greedy answer to each prompt and every tier's view of it (teacher-forced).
 
     Returns the session used (reset between prompts), each prompt's rendered ids, its answer
@@ -195,7 +196,7 @@ def collect_positions(ladder: Ladder, prompts: list[BenchPrompt], max_tokens: in
         say(stage, i, len(prompts))
         answer = _engine_run(session, top, prompt, budget[prompt.id])
         answers[prompt.id] = [t["id"] for t in answer["tokens"]]
-        positions.append(teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id]))
+        positions.append(teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id], hidden))
     say(stage, len(prompts), len(prompts))
     return session, prompt_ids, budget, answers, positions
 

@@ -27,6 +27,7 @@ class Positions:
     nll: np.ndarray  # (tiers, positions), nats
     varentropy: np.ndarray | None = None  # (tiers, positions), bits²
     margin: np.ndarray | None = None  # (tiers, positions), p1 − p2
+    hidden: np.ndarray | None = None  # (positions, dims): the bottom tier's last hidden state (not saved)
 
     def signal(self, name: str) -> np.ndarray:
         """A signal as an uncertainty (higher = less sure): entropy, varentropy, or 1 − margin."""

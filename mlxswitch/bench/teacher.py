@@ -24,7 +24,26 @@ def _signals_and_nll(logits: np.ndarray, targets: np.ndarray) -> dict[str, np.nd
             "margin": top2[:, 1] - top2[:, 0], "nll": -logp[np.arange(len(targets)), targets]}
 
 
-def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer_ids: list[int]) -> Positions:
+def bottom_hidden(ladder: Ladder, ids: list[int], start: int) -> np.ndarray | None:
+    """The bottom tier's last hidden state (after the final norm) at positions start…, or None.
+
+    mlx-lm's decoder-only models keep their transformer as `model.model`, whose output is the
+    hidden state the output head reads; a model laid out otherwise gives None (no probe).
+    """
+    tier = ladder.tiers[0]
+    inner = getattr(tier.model.model, "model", None)
+    if inner is None or not callable(inner):
+        return None
+    tier.activate()
+    try:
+        hidden = inner(mx.array(ids)[None])[0, start:]
+    except (TypeError, ValueError):
+        return None
+    return np.asarray(hidden.astype(mx.float32))
+
+
+def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer_ids: list[int],
+                   hidden: bool = False) -> Positions:
     """Entropy (bits) and NLL (nats) of `answer_ids` under every tier, given the prompt and the answer so far."""
     ids = list(prompt_ids) + list(answer_ids)
     targets = np.asarray(answer_ids, dtype=np.int64)
@@ -37,4 +56,6 @@ def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer
             logits = tier.model.model(mx.array(ids[:-1])[None])[0, len(prompt_ids) - 1:]
             for key, values in _signals_and_nll(np.asarray(logits.astype(mx.float32)), targets).items():
                 arrays[key][r] = values
-    return Positions(prompt_id, arrays["entropy"], arrays["nll"], arrays["varentropy"], arrays["margin"])
+    states = bottom_hidden(ladder, ids[:-1], len(prompt_ids) - 1) if hidden and answer_ids else None
+    return Positions(prompt_id, arrays["entropy"], arrays["nll"], arrays["varentropy"], arrays["margin"],
+                     states)
