@@ -205,6 +205,18 @@ def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(
         assert np.allclose(np.array(got), want)
 
 
+def test_reference_setting_bypasses_the_kernel(monkeypatch):
+    monkeypatch.setattr(entropy_kernel, "_KERNEL", _fake_kernel(1024, False))
+    monkeypatch.setattr(entropy_kernel, "_on_gpu", lambda: True)
+    monkeypatch.setattr(entropy_kernel, "_CHECKED", {})
+    monkeypatch.setenv("MLXSWITCH_KERNELS", "reference")
+    launched = []
+    monkeypatch.setattr(entropy_kernel, "_launch", lambda *a, **k: launched.append(1))
+    x = mx.array(_logits(2000))
+    assert np.allclose(np.array(token_signals(x)), np.array(entropy_kernel.reference_token_signals(x)))
+    assert launched == [] and entropy_kernel._CHECKED == {}
+
+
 @pytest.mark.skipif(not mx.metal.is_available(), reason="needs Metal")
 @pytest.mark.parametrize("vocab", (4099,) + VOCABS)
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..resources import metal_source
-from ._common import KernelCheck, float64_token_signals
+from ._common import KernelCheck, float64_token_signals, force_reference, on_gpu
 
 # Bump the suffix whenever metal/entropy.metal changes: MLX caches compiled libraries by name.
 KERNEL_NAME = "mlxswitch_token_signals_onegroup_v2"
@@ -157,12 +157,13 @@ def _first_use_check(dtype: mx.Dtype) -> int | None:
 
 def _on_gpu() -> bool:
     # metal_kernel runs on GPU streams only; a user may have made the CPU the default device.
-    return mx.default_device().type == mx.DeviceType.gpu
+    return on_gpu()
 
 
 def fused_token_signals(logits: mx.array) -> mx.array:
-    """Lazy signals: the fused Metal kernel where it runs and passed its check, else the reference."""
-    if _KERNEL is not None and _on_gpu() and logits.dtype in _FLOAT_DTYPES:
+    """Lazy signals: the fused Metal kernel where it runs and passed its check, else the reference
+    (always with MLXSWITCH_KERNELS=reference)."""
+    if _KERNEL is not None and _on_gpu() and not force_reference() and logits.dtype in _FLOAT_DTYPES:
         if logits.dtype not in _CHECKED:
             _CHECKED[logits.dtype] = _first_use_check(logits.dtype)
         threads = _CHECKED[logits.dtype]
