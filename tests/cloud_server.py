@@ -34,6 +34,18 @@ ERROR_TYPES = {
 }
 
 
+# Environment that could send the SDK elsewhere than the test's own loopback server.
+_NETWORK_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                "ANTHROPIC_BASE_URL", "ANTHROPIC_CUSTOM_HEADERS", "ANTHROPIC_AUTH_TOKEN")
+
+
+def isolate_network(monkeypatch) -> None:
+    """No proxy, base URL or headers from the environment: requests go to our server only."""
+    for name in _NETWORK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
 @dataclass
 class Behaviour:
     """What the server does with one request."""

@@ -12,7 +12,7 @@ import time
 import anthropic
 import pytest
 
-from cloud_server import CloudServer, drop, error, garbage, reply, slow, stream_error
+from cloud_server import CloudServer, isolate_network, drop, error, garbage, reply, slow, stream_error
 from mlxswitch.cloud import (
     PRICES_TAKEN,
     CloudBudget,
@@ -40,10 +40,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(autouse=True)
 def loopback_only(monkeypatch):
     """No proxy, no base URL or headers from the environment: requests go to our server only."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
-                 "ANTHROPIC_BASE_URL", "ANTHROPIC_CUSTOM_HEADERS", "ANTHROPIC_AUTH_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    isolate_network(monkeypatch)
 
 
 @pytest.fixture

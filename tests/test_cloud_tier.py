@@ -10,7 +10,7 @@ import pytest
 from mlx_lm import load
 from typer.testing import CliRunner
 
-from cloud_server import CloudServer, error, garbage, reply, stream_error
+from cloud_server import CloudServer, isolate_network, error, garbage, reply, stream_error
 from mlxswitch.api import open_chat, resolve_profile
 from mlxswitch.cli import app
 from mlxswitch.decoding.session import GenerationSettings
@@ -24,10 +24,7 @@ runner = CliRunner()
 @pytest.fixture(autouse=True)
 def loopback_only(monkeypatch):
     """The marker key, no proxy, and nothing from the environment that could reach the network."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
-                 "ANTHROPIC_BASE_URL", "ANTHROPIC_CUSTOM_HEADERS", "ANTHROPIC_AUTH_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    isolate_network(monkeypatch)
     monkeypatch.setenv("ANTHROPIC_API_KEY", MARKER)
 
 
