@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
 import tomllib
 from pathlib import Path
 
 from .errors import ConfigError, OutputError
+from .files import atomic_file
 from .profiles import Profile, load_profiles, user_models_toml
 
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
@@ -77,12 +76,10 @@ def write_profile(profile: Profile, comment: str) -> Path:
     tomllib.loads(new)  # our own text must parse; a failure here is a bug, not the user's
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(new)
-        os.replace(temporary, path)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    with atomic_file(path, "models.toml") as handle:
+        handle.write(new)
     try:
         load_profiles().get(profile.name)
     except ConfigError:

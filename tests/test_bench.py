@@ -67,9 +67,16 @@ def test_controls_bound_the_policies(quick):
 
 
 def test_plot_is_a_png(quick):
+    import os
+
     _, _, out = quick
     data = (out / "b.png").read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 20_000
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("b.png", "b.json"):  # written through a temporary file, with the usual mode
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~umask
+    assert sorted(p.name for p in out.iterdir()) == ["b.json", "b.png"]
 
 
 def test_figures_rederive_from_the_raw_records(tiny_pair, tmp_path):

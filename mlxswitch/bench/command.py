@@ -7,7 +7,6 @@ import math
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,6 +14,7 @@ import mlx.core as mx
 from .. import __version__
 from ..decoding.tiers import Ladder
 from ..errors import OutputError
+from ..files import atomic_file
 from ..profiles import Profile
 from .prompts import BenchPrompt, default_suite_path, load_prompts, select
 from .report import summarize_bench
@@ -79,14 +79,8 @@ def bench(profile: Profile, ladder: Ladder, prompts: list[BenchPrompt], options:
 
 def write_json(record: dict, path: Path) -> None:
     """Write the record atomically (temporary name beside it, then rename)."""
-    path = Path(path).expanduser()
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(finite(record), handle, ensure_ascii=False, allow_nan=False)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise OutputError(f"--json {path}: cannot write ({exc.strerror or exc})") from None
+    with atomic_file(path, "--json") as handle:
+        json.dump(finite(record), handle, ensure_ascii=False, allow_nan=False)
 
 
 def finite(value):

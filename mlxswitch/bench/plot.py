@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-from ..errors import OutputError, UsageError
+from ..errors import UsageError
+from ..files import atomic_file
 
 POLICY_COLOURS = {"ead": "tab:orange", "peek": "tab:green"}
 
@@ -61,14 +60,8 @@ def save_plot(summary: dict, title: str, path: Path) -> None:
         axis.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path).expanduser()
     try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-        os.close(fd)
-        fig.savefig(temporary, format="png")
-        os.replace(temporary, path)
-    except OSError as exc:
-        Path(temporary).unlink(missing_ok=True) if "temporary" in locals() else None
-        raise OutputError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
+        with atomic_file(path, "--plot", binary=True) as handle:
+            fig.savefig(handle, format="png")
     finally:
         plt.close(fig)

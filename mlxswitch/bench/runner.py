@@ -206,13 +206,14 @@ def run_bench(profile: Profile, ladder: Ladder, prompts: list[BenchPrompt], opti
     """Measure quality on every prompt, speed on the first `speed_prompts`, interleaved."""
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
+    speed = prompts[: max(1, options.speed_prompts)]
+    # One tier has nothing to route: its quality needs no teacher forcing beyond the speed prompts.
     session, prompt_ids, budget, answers, positions = collect_positions(
-        ladder, prompts, options.max_tokens, progress)
+        ladder, prompts if n > 1 else speed, options.max_tokens, progress)
     run = BenchRun(arms=[], positions=positions, top_answers=answers)
     run.taus = simulate.sweep_thresholds(run.positions, options.sweep_points) if n > 1 else []
     run.arms = make_arms(profile, ladder, run.taus)
 
-    speed = prompts[: max(1, options.speed_prompts)]
     total, done = options.repeats * len(speed) * len(run.arms), 0
     for repeat in range(options.repeats):
         for prompt in speed:  # round-robin: every arm sees the same moment of the machine

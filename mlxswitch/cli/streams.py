@@ -7,14 +7,14 @@ import itertools
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, Iterable, Iterator
 
-from ..errors import OutputError, UsageError
+from ..errors import UsageError
+from ..files import commit, open_temporary
 from ..resources import user_dir
 
 
@@ -82,13 +82,8 @@ class TelemetryFile:
         if path is None:
             return cls(None, None, None)
         path = Path(path).expanduser()
-        if path.is_dir():
-            raise OutputError(f"--telemetry {path}: is a directory")
-        try:
-            fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-        except OSError as exc:
-            raise OutputError(f"--telemetry {path}: cannot write there ({exc.strerror or exc})") from None
-        return cls(path, os.fdopen(fd, "w", encoding="utf-8"), Path(temporary))
+        handle, temporary = open_temporary(path, "--telemetry")
+        return cls(path, handle, temporary)
 
     def write(self, record: dict) -> None:
         """Append one record and flush it (a reader may follow the file)."""
@@ -105,11 +100,7 @@ class TelemetryFile:
             return
         self.handle.close()
         self.handle = None
-        try:
-            os.replace(self.temporary, self.path)
-        except OSError as exc:
-            self.temporary.unlink(missing_ok=True)
-            raise OutputError(f"--telemetry {self.path}: cannot write ({exc.strerror or exc})") from None
+        commit(self.temporary, self.path, "--telemetry")
 
 
 def silence_stdout() -> None:

@@ -1,0 +1,59 @@
+"""Files we write for the user, written whole or not at all: a temporary twin, renamed at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from .errors import OutputError
+
+
+def _mode_for(path: Path) -> int:
+    # mkstemp makes 0600 files; a replaced file keeps its mode, a new one follows the umask.
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def open_temporary(path: Path, what: str, binary: bool = False) -> tuple[IO, Path]:
+    """A new file beside `path`, open for writing; OutputError naming `what` when it cannot be made."""
+    if path.is_dir():
+        raise OutputError(f"{what} {path}: is a directory")
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        os.chmod(temporary, _mode_for(path))
+    except OSError as exc:
+        raise OutputError(f"{what} {path}: cannot write there ({exc.strerror or exc})") from None
+    handle = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
+    return handle, Path(temporary)
+
+
+def commit(temporary: Path, path: Path, what: str) -> None:
+    """Put the finished temporary file in place of `path` (one rename: never half-written)."""
+    try:
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, what: str, binary: bool = False) -> Iterator[IO]:
+    """Write `path` through its temporary twin: in place at the end, gone after any error."""
+    path = Path(path).expanduser()
+    handle, temporary = open_temporary(path, what, binary)
+    try:
+        with handle:
+            yield handle
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    commit(temporary, path, what)
