@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -122,6 +123,9 @@ def build_geared(loaded: LoadedModel, out: Path, plane_bits: tuple[int, ...] | N
         save_geared(loaded.model, {**loaded.config, "mlxswitch_gears": {"source": loaded.source}},
                     staging)
         loaded.tokenizer.save_pretrained(str(staging))  # the wrapper forwards to the HF tokenizer
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes 0700; a built model is for everyone
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
