@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -218,6 +219,10 @@ def test_gears_build_then_chat_on_the_saved_model(tiny_pair, tmp_path):
     assert built.exit_code == 0, built.output
     assert "gears 4/8/16 (planes 4+4+8 bits, group 64)" in built.stdout
     assert "built from a float source: every gear is real precision" in built.stdout
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not the temporary directory's 0700
+    assert not list(tmp_path.glob(".geared.partial-*"))  # no staging directory left
     result = invoke(["chat", "--model", str(out), "--gears", "4,8,16", "--tau", "1.0,2.0",
                      "--min-run", "2", "--window", "2", "--json", "--max-tokens", "16"], "hello\n")
     assert result.exit_code == 0, result.output
