@@ -21,7 +21,7 @@ from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for, prepa
 from .models.loading import load_model
 from .models.memory import check_memory
 from .models.tokenizers import check_shared_tokenizer
-from .profiles import Profile, get_profile
+from .profiles import Profile, load_profiles
 from .routing.router import RouterConfig, parse_thresholds
 
 Progress = Callable[[str], None]
@@ -39,7 +39,11 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
     `cloud` is off, span or answer (None: the profile's own); `cloud_options` are CloudSettings
     values (model, budget_usd, …) laid over the profile's, checked by the same cloud_settings.
     """
-    base = name if isinstance(name, Profile) else get_profile(name)
+    profiles = load_profiles()
+    base = name if isinstance(name, Profile) else profiles.get(name)
+    # An ad-hoc ladder routes from [defaults] (ead on entropy), not from the default profile's
+    # tuned settings, which belong to that profile's models.
+    ad_hoc = RouterConfig(up=(), **profiles.defaults)
     changes: dict = {}
     if draft_model:
         if not model or small or large or gears:
@@ -51,11 +55,12 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
             raise UsageError("--small and --large go together (an ad-hoc pair needs both)")
         if model or gears:
             raise UsageError("use either --small/--large or --model, not both")
-        changes.update(name="ad-hoc pair", mode="pair", models=(small, large), gears=(), cloud=None)
+        changes.update(name="ad-hoc pair", mode="pair", models=(small, large), gears=(), cloud=None,
+                       router=ad_hoc, description="")
     elif model:
         gear_bits = _parse_gears(gears) if gears else ()
         changes.update(name="ad-hoc", mode="gears" if gear_bits else "single", models=(model,),
-                       gears=gear_bits, cloud=None)
+                       gears=gear_bits, cloud=None, router=ad_hoc, description="")
     elif gears:
         if base.mode != "gears":
             raise UsageError(f"--gears needs --model or a gears profile ('{base.name}' is {base.mode})")
@@ -153,6 +158,7 @@ def open_chat(profile: str | Profile | None = None, settings: GenerationSettings
         cloud = CloudTier(chosen.cloud)  # no key: CloudError here, before any model loads
     ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
     ladder.description = f"{chosen.name}: {ladder.description}"
+    ladder.note = chosen.description
     if cloud is not None:
         ladder.description += f" → cloud {chosen.cloud.model} ({chosen.cloud.mode})"
     return ChatSession(ladder, chosen.router, settings, system=system, cloud=cloud)

@@ -74,6 +74,7 @@ class ProfileSet:
     profiles: dict[str, Profile] = field(default_factory=dict)
     default: str = ""
     files: list[Path] = field(default_factory=list)
+    defaults: dict = field(default_factory=dict)  # [defaults], merged: what ad-hoc ladders start from
 
     def __iter__(self) -> Iterator[Profile]:
         return iter(self.profiles.values())
@@ -117,7 +118,7 @@ def load_profiles() -> ProfileSet:
         if "default" in toml.data:
             default = (toml.data["default"], toml)
 
-    result = ProfileSet(files=[toml.path for toml in files])
+    result = ProfileSet(files=[toml.path for toml in files], defaults=dict(defaults))
     for name, (table, toml) in tables.items():
         result.profiles[name] = _profile(name, table, defaults, toml)
     if default is None:

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxswitch.cli import app
-from mlxswitch.routing.router import RouterConfig, derive_tiers
+from mlxswitch.routing.policies import derive_rungs
+from mlxswitch.routing.router import RouterConfig
 
 runner = CliRunner()
 
@@ -30,14 +31,19 @@ def _threshold(value):
 
 
 def _rederive(record):
+    # Either policy, on whichever signal it routed on: each token's routed values re-derive its tier.
     router = record["router"]
     config = RouterConfig(up=tuple(map(_threshold, router["up"])),
                           down=tuple(map(_threshold, router["down"])), window=router["window"],
                           min_run=router["min_run"], normalize=router["normalized"],
-                          vocab_size=router["vocab_size"])
-    entropies = [None if t["entropy"] is None else float(t["entropy"]) for t in record["tokens"]]
-    tiers = derive_tiers(float(router["initial_entropy"]), entropies, config, len(router["tiers"]))
-    return [router["tiers"][r] for r in tiers[: len(entropies)]]
+                          vocab_size=router["vocab_size"], policy=router.get("policy", "ead"),
+                          signal=router.get("signal", "entropy"))
+    routed = [[float(h) for _, h in t["tried"]] if "tried" in t else
+              [None if t.get("signal", t["entropy"]) is None else float(t.get("signal", t["entropy"]))]
+              for t in record["tokens"]]
+    initial = float(router.get("initial_signal", router["initial_entropy"]))
+    tiers = derive_rungs(config, len(router["tiers"]), initial, routed)
+    return [router["tiers"][r] for r in tiers]
 
 
 def test_piped_lines_give_one_json_object_each_in_order(pair_args):

@@ -96,7 +96,7 @@ def train_probe(profile: Profile, ladder: Ladder, session, cal: list[simulate.Po
     y_cal, y_held = probe.labels(cal, GAIN_NATS), probe.labels(held, GAIN_NATS)
     if y_cal.all() or not y_cal.any():
         return {"status": "calibration text has one class only: no probe"}
-    learned = probe.fit(x_cal, y_cal)
+    learned, l2, cv = probe.fit_cross_validated(x_cal, y_cal)
     auroc = metrics.auroc(learned.score(x_held), y_held)
     # What the probe adds to a token, against a step of the cheap tier alone (measured here).
     cost = probe.per_token_cost_s(learned, x_cal.shape[1])
@@ -107,7 +107,8 @@ def train_probe(profile: Profile, ladder: Ladder, session, cal: list[simulate.Po
     path = probe.probe_path([profile.name, *profile.models, *ladder.tier_names])
     learned.save(path, {"profile": profile.name, "models": list(profile.models), "tiers": ladder.tier_names,
                         "auroc_heldout": auroc, "positions": int(len(y_cal)), "label": f"gain > {GAIN_NATS} nat"})
-    return {"status": "trained", "path": str(path), "features": int(x_cal.shape[1]),
+    return {"status": "trained", "path": str(path), "features": int(x_cal.shape[1]), "l2": l2,
+            "cv_auroc_by_l2": {str(k): v for k, v in cv.items()},
             "auroc_heldout": auroc, "auroc_calibration": metrics.auroc(learned.score(x_cal), y_cal),
             "cost_s_per_token": cost, "cheap_step_s": cheap_s, "cost_share_of_cheap_step": cost / cheap_s}
 

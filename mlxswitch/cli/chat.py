@@ -135,7 +135,7 @@ class ChatRunner:
         painter = ui.TokenPainter(console, self.session.tier_names, self.shade,
                                   self._max_entropy())
         self._interactive = True
-        ui.print_banner(console, self.session.ladder.description, painter.legend())
+        ui.print_banner(console, self.session.ladder.description, painter.legend(), self.session.ladder.note)
         with ui.line_editing(user_dir() / "history"):
             while True:
                 try:

@@ -47,9 +47,11 @@ def print_error(message: str) -> None:
     console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
 
 
-def print_banner(console: Console, title: str, legend: Text) -> None:
+def print_banner(console: Console, title: str, legend: Text, note: str = "") -> None:
     """The interactive chat's opening lines: what runs, the tier colours, how to get help."""
     console.print(Text(title, style="bold"))
+    if note:
+        console.print(Text(note, style="dim"))
     console.print(legend)
     console.print(Text("/help for commands, Ctrl-D to leave", style="dim"))
 
@@ -341,4 +343,12 @@ def calibration_report(name: str, result: dict) -> Table:
     for split in ("heldout", "calibration"):
         aurocs = result[f"auroc_{split}"]
         table.add_row(f"AUROC {split}", " · ".join(f"{signal} {num(v)}" for signal, v in aurocs.items()))
+    learned = result.get("probe") or {}
+    if learned.get("status") == "trained":
+        table.add_row("probe", f"{learned['features']} features · AUROC held-out {num(learned['auroc_heldout'])} · "
+                               f"{learned['cost_s_per_token'] * 1e6:.0f} µs a token "
+                               f"({100 * learned['cost_share_of_cheap_step']:.2f}% of a cheap step) · "
+                               f"saved {learned['path']} · measured only: routing on it is not wired yet")
+    elif learned:
+        table.add_row("probe", learned.get("status", ""))
     return table

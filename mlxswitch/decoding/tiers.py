@@ -110,6 +110,7 @@ class Ladder:
 
     tiers: list[Tier]
     description: str = ""
+    note: str = ""  # the profile's own words about it, shown under the chat's title
 
     @property
     def groups(self) -> list[CacheGroup]:
