@@ -1,4 +1,5 @@
-"""The fast kernel routes change no token: greedy output with and without MLXSWITCH_KERNELS=reference."""
+"""The fast routes change no token and no tier: greedy output and routing with and without
+MLXSWITCH_KERNELS=reference (the multi-row matmul route, and signals read by NumPy on a CPU)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def _answers(profile, monkeypatch, setting: str, max_tokens: int, prompts=PROMPT
     out = []
     for prompt in prompts:
         session.reset()
-        out.append([e.id for e in session.ask(prompt).tokens])
+        out.append([(e.id, e.tier) for e in session.ask(prompt).tokens])
     return out
 
 
@@ -31,6 +32,7 @@ def test_tiny_ladders_give_the_same_tokens_on_every_route(tiny_pair, monkeypatch
     fast = _answers(profile, monkeypatch, "auto", 16)
     assert fast == _answers(profile, monkeypatch, "reference", 16)
     assert fast == _answers(profile, monkeypatch, "mx", 16)
+    assert len({tier for answer in fast for _, tier in answer}) == 2  # both tiers decided something
 
 
 def test_the_embedded_default_gives_the_same_tokens_on_every_route(monkeypatch):

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import mlx.core as mx
 
 from ..routing.policies import Policy
-from ..routing.signals import token_signals
+from ..routing.signals import LazySignals, read_time_signals
 from .tiers import CacheGroup, Ladder
 
 Sampler = Callable[[mx.array], mx.array]
@@ -57,9 +57,8 @@ class _Pending:
 
     rung: int
     token: mx.array
-    signals: mx.array  # [entropy bits, varentropy bits², p1 − p2]
+    signals: LazySignals  # [entropy bits, varentropy bits², p1 − p2]
     catch_up: dict[str, int]
-    _values: list[float] | None = None
 
     def entropy(self) -> float:
         """Entropy in bits (reads the lazy signals: a sync point)."""
@@ -71,9 +70,7 @@ class _Pending:
         return {"entropy": entropy, "varentropy": varentropy, "margin": 1.0 - margin}[name]
 
     def _read(self) -> list[float]:
-        if self._values is None:
-            self._values = self.signals.tolist()
-        return self._values
+        return self.signals.values()
 
 
 class TokenLoop:
@@ -110,7 +107,7 @@ class TokenLoop:
                 yield step
             decision = self.policy.resume(self.top_local)
         pending = first if decision.rung == 0 else self._produce(decision.rung)
-        mx.async_eval(pending.token, pending.signals)
+        mx.async_eval(pending.token, pending.signals.array)
         while n < budget:
             if self.policy.may_review(pending.rung):
                 pending, tried, earlier, catch_up = self._settle(pending)
@@ -119,7 +116,7 @@ class TokenLoop:
             speculative = None
             if n + 1 < budget:
                 speculative = self._produce(pending.rung, pending.token)
-                mx.async_eval(speculative.token, speculative.signals)
+                mx.async_eval(speculative.token, speculative.signals.array)
             token, routed = int(pending.token.item()), pending.signal(self.signal)
             self.ids.append(token)
             decision = self.policy.commit(pending.rung, routed)
@@ -143,7 +140,7 @@ class TokenLoop:
                         return
                     decision = self.policy.resume(self.top_local)
                 pending = self._produce(decision.rung)
-                mx.async_eval(pending.token, pending.signals)
+                mx.async_eval(pending.token, pending.signals.array)
                 guard = decision.guard
             else:
                 pending, guard = speculative, False
@@ -190,7 +187,7 @@ class TokenLoop:
                 catch_up[group.name] = fed
             token = mx.array(self.ids[group.seen:])
         logits = group.feed(token, tier.gear, self.prefill_step)
-        signals = token_signals(logits)
+        signals = read_time_signals(logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return _Pending(rung, self.sampler(logprobs), signals, catch_up)
 

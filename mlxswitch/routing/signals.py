@@ -17,6 +17,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from ..kernels._common import numpy_routes_allowed, on_gpu
 from ..kernels.entropy import fused_token_signals, reference_token_signals
 from .router import max_entropy_bits
 
@@ -32,6 +33,36 @@ _LN2 = math.log(2.0)
 # e^d is exactly 0 in fp32 below this (as in kernels/entropy.py): clamping there changes nothing.
 _D_FLOOR = -1000.0
 _SCRATCH = threading.local()
+
+
+def read_time_signals(logits: mx.array) -> "LazySignals":
+    """The signals of one logits vector, to be read once it is computed: the fastest correct way here.
+
+    On a GPU they are part of the lazy graph (the fused kernel, or the reference). On a CPU the
+    graph carries only the logits and NumPy reduces them when the loop reads them — after the
+    next step is already queued, so the pipeline stays full — several times faster than MLX's
+    ops there (bench/bench_signals.py). MLXSWITCH_KERNELS=reference|mx keep the mx reference.
+    """
+    if on_gpu() or not numpy_routes_allowed():
+        return LazySignals(token_signals(logits), None)
+    return LazySignals(None, logits)
+
+
+class LazySignals:
+    """[entropy bits, varentropy bits², p1 − p2], computed by mx or read from logits by NumPy."""
+
+    def __init__(self, signals: mx.array | None, logits: mx.array | None):
+        self.array = signals if signals is not None else logits  # what async_eval must compute
+        self._signals, self._logits, self._values = signals, logits, None
+
+    def values(self) -> list[float]:
+        """The three numbers (the first call waits for the computation)."""
+        if self._values is None:
+            if self._signals is not None:
+                self._values = self._signals.tolist()
+            else:
+                self._values = [float(v) for v in token_signals_numpy(self._logits)]
+        return self._values
 
 
 def token_signals(logits: mx.array) -> mx.array:
