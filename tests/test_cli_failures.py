@@ -4,11 +4,9 @@ failure, the other prompts still answered, nothing half-written, streaming pipes
 from __future__ import annotations
 
 import json
-import os
 import select
 import subprocess
 import sys
-import time
 
 import pytest
 from typer.testing import CliRunner
