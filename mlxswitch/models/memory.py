@@ -15,8 +15,8 @@ from typing import Sequence
 
 from ..errors import InsufficientMemoryError, ModelFormatError
 from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
-from .gguf import GROUP_SIZE as GGUF_GROUP_SIZE
-from .gguf import ggml_type, read_header
+from .gguf_reader import GROUP_SIZE as GGUF_GROUP_SIZE
+from .gguf_reader import ggml_type, read_header
 from .sources import local_path
 from .weights import compute_dtype, read_json
 
