@@ -174,3 +174,21 @@ def test_seeded_sampling_is_reproducible(ladder):
     a = ChatSession(ladder, config, settings).ask(PROMPTS[0])
     b = ChatSession(ladder, config, settings).ask(PROMPTS[0])
     assert [e.id for e in a.tokens] == [e.id for e in b.tokens]
+
+
+@pytest.mark.parametrize("settings", [dict(temp=0.0), dict(temp=0.8), dict(temp=0.7, min_p=0.05),
+                                      dict(temp=1.0, top_k=20)])
+def test_samplers_without_top_p_need_no_log_sum_exp(settings):
+    # The loop skips the normalisation pass unless top-p is on: these samplers pick the same
+    # token from raw logits as from log-probabilities.
+    from mlx_lm.sample_utils import make_sampler
+
+    sampler = make_sampler(**settings)
+    rng = np.random.default_rng(0)
+    for seed in range(20):
+        logits = mx.array(rng.normal(0, 4, size=(1, 500)).astype(np.float32))
+        mx.random.seed(seed)
+        raw = sampler(logits).item()
+        mx.random.seed(seed)
+        normalized = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True)).item()
+        assert raw == normalized

@@ -77,8 +77,12 @@ class TokenLoop:
     """Decodes one answer onto `ids` (the conversation so far, extended in place)."""
 
     def __init__(self, ladder: Ladder, ids: list[int], policy: Policy, sampler: Sampler,
-                 prefill_step: int = 512, cloud_span: CloudSpan | None = None, signal: str = "entropy"):
+                 prefill_step: int = 512, cloud_span: CloudSpan | None = None, signal: str = "entropy",
+                 normalize_for_sampler: bool = True):
         self.ladder = ladder
+        # mlx-lm's greedy, temperature, min-p and top-k samplers are all unchanged by a shift of
+        # every logit; only top-p reads probabilities. Otherwise the log-sum-exp pass is skipped.
+        self.normalize_for_sampler = normalize_for_sampler
         self.signal = signal  # what the policy reads (RouterConfig.signal)
         self.cloud_span = cloud_span
         self.top_local = len(ladder.tiers) - 1
@@ -188,8 +192,9 @@ class TokenLoop:
             token = mx.array(self.ids[group.seen:])
         logits = group.feed(token, tier.gear, self.prefill_step)
         signals = read_time_signals(logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return _Pending(rung, self.sampler(logprobs), signals, catch_up)
+        if self.normalize_for_sampler:
+            logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return _Pending(rung, self.sampler(logits), signals, catch_up)
 
     def _group(self, rung: int) -> CacheGroup:
         return self.ladder.tiers[rung].group

@@ -146,7 +146,8 @@ class ChatSession:
                     return cloud.span(ladder.tokenizer, self.system, messages, answer_ids, room)
         loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
                          self._sampler, self.settings.prefill_step, cloud_span=span,
-                         signal=self.router_config.signal)
+                         signal=self.router_config.signal,
+                         normalize_for_sampler=0 < self.settings.top_p < 1)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
