@@ -45,17 +45,6 @@ class Positions:
         return out
 
 
-@dataclass(frozen=True)
-class Routed:
-    """What a policy did on a set of positions."""
-
-    tried: list[list[int]]  # per position, the rungs that computed it; the last was taken
-
-    def taken(self) -> np.ndarray:
-        """The rung taken at each position."""
-        return np.array([rungs[-1] for rungs in self.tried], dtype=np.int64)
-
-
 def route(config: RouterConfig, positions: Positions) -> list[list[int]]:
     """Run the config's policy over one prompt's positions, reading its signal; the rungs tried at each."""
     tiers = positions.entropy.shape[0]
