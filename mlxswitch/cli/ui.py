@@ -312,7 +312,7 @@ def bench_table(record: dict) -> Table:
                       _median(s, "overhead", digits=2), cell(bound, 0))
     auroc = record.get("auroc") or {}
     table.caption = (f"retained: teacher-forced along the top tier's greedy answers "
-                     f"({len(record['prompts'])} prompts); speed: median over "
+                     f"({len(record['positions'])} prompts); speed: median over "
                      f"{record['options']['repeats']} repeat(s) of {len(record['speed_prompts'])} prompt(s); "
                      f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
                      "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token")
