@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..routing.policies import make_policy
-from ..routing.router import RouterConfig
+from ..routing.router import RouterConfig, uncertainty
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,7 @@ class Positions:
 
     def signal(self, name: str) -> np.ndarray:
         """A signal as an uncertainty (higher = less sure): entropy, varentropy, or 1 − margin."""
-        if name == "margin":
-            return 1.0 - self.margin
-        return self.entropy if name == "entropy" else self.varentropy
+        return uncertainty(name, self.entropy, self.varentropy, self.margin)
 
     def to_dict(self) -> dict:
         """JSON-ready (the bench's figures re-derive from these)."""

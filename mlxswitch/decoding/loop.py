@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import mlx.core as mx
 
 from ..routing.policies import Policy
+from ..routing.router import uncertainty
 from ..routing.signals import LazySignals, read_time_signals
 from .tiers import CacheGroup, Ladder
 
@@ -66,8 +67,7 @@ class _Pending:
 
     def signal(self, name: str) -> float:
         """The routed signal as an uncertainty: entropy, varentropy, or 1 − margin."""
-        entropy, varentropy, margin = self._read()
-        return {"entropy": entropy, "varentropy": varentropy, "margin": 1.0 - margin}[name]
+        return uncertainty(name, *self._read())
 
     def _read(self) -> list[float]:
         return self.signals.values()

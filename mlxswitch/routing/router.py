@@ -60,6 +60,13 @@ POLICY_NAMES = ("ead", "peek")
 SIGNAL_NAMES = ("entropy", "varentropy", "margin")
 
 
+def uncertainty(name: str, entropy, varentropy, margin):
+    """The routed signal `name` from the three measured ones (floats or arrays alike)."""
+    if name == "margin":
+        return 1.0 - margin
+    return entropy if name == "entropy" else varentropy
+
+
 def max_entropy_bits(vocab_size: int) -> float:
     """Entropy of the uniform distribution over the vocabulary: log2 V (the normalisation unit)."""
     return math.log2(vocab_size)
