@@ -105,7 +105,8 @@ def test_figures_rederive_from_the_raw_records(tiny_pair, tmp_path):
         if arm["kind"] in ("sweep", "profile"):
             router = arm["router"]
             config = RouterConfig(up=tuple(map(float, router["up"])), down=tuple(map(float, router["down"])),
-                                  window=router["window"], min_run=router["min_run"], policy=router["policy"])
+                                  window=router["window"], min_run=router["min_run"], policy=router["policy"],
+                                  signal=router["signal"])
             q = simulate.quality(positions, [simulate.route(config, p) for p in positions], tier_bytes)
             assert q.retained == pytest.approx(arm["quality"]["retained"])
             assert q.top_share == pytest.approx(arm["quality"]["top_share"])

@@ -20,7 +20,7 @@ from typing import Callable
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
-from ..decoding.answer import AnswerSummary
+from ..decoding.answer import AnswerSummary, json_float
 from ..decoding.session import ChatSession
 from ..decoding.tiers import Ladder
 from ..profiles import Profile
@@ -61,13 +61,10 @@ class Arm:
         return {"name": self.name, "kind": self.kind, "policy": self.policy, "tau": self.tau,
                 "tier": self.tier,
                 "router": None if self.config is None else {
-                    "policy": self.config.policy, "up": [_num(u) for u in self.config.up],
-                    "down": [_num(d) for d in self.config.downs()], "window": self.config.window,
-                    "min_run": self.config.min_run, "normalize": self.config.normalize}}
-
-
-def _num(value: float):
-    return value if math.isfinite(value) else str(value)
+                    "policy": self.config.policy, "up": [json_float(u) for u in self.config.up],
+                    "down": [json_float(d) for d in self.config.downs()], "window": self.config.window,
+                    "min_run": self.config.min_run, "normalize": self.config.normalize,
+                    "signal": self.config.signal}}
 
 
 def forced_config(num_tiers: int, rung: int) -> RouterConfig:
