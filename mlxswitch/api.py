@@ -22,7 +22,8 @@ from .models.loading import load_model
 from .models.memory import check_memory
 from .models.tokenizers import check_shared_tokenizer
 from .profiles import Profile, load_profiles
-from .routing.router import RouterConfig, parse_thresholds
+from .routing.probe import load_probe
+from .routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig, parse_thresholds
 
 Progress = Callable[[str], None]
 
@@ -130,8 +131,12 @@ def _parse_gears(text: str) -> tuple[int, ...]:
 
 
 def build_ladder(profile: Profile, progress: Progress | None = None,
-                 force_memory: bool = False) -> Ladder:
-    """Check memory, load the profile's models and assemble its tiers."""
+                 force_memory: bool = False, with_probe: bool = True) -> Ladder:
+    """Check memory, load the profile's models and assemble its tiers (with its probe, when routed
+    on one and `with_probe`: calibrate, which trains it, does not need it)."""
+    # A missing probe is refused before any model loads.
+    routed = with_probe and profile.router.signal in BOTTOM_ONLY_SIGNALS
+    probe = load_probe(*profile.probe_key()) if routed else None
     check_memory(profile, force=force_memory)
     say = progress or (lambda message: None)
     for source in profile.models:
@@ -139,11 +144,16 @@ def build_ladder(profile: Profile, progress: Progress | None = None,
     if len(profile.models) == 2:  # a pair, or a cascade on a pair
         small, large = (load_model(source) for source in profile.models)
         check_shared_tokenizer(small.source, small.tokenizer, large.source, large.tokenizer)
-        return pair_ladder(small, large)
-    loaded = load_model(profile.models[0])
-    if profile.gears:
-        return gear_ladder(prepare_geared(loaded, profile.gears, progress=say), list(profile.gears))
-    return single_model_ladder(loaded, name=profile.tier_names()[0])
+        ladder = pair_ladder(small, large)
+    else:
+        loaded = load_model(profile.models[0])
+        if profile.gears:
+            ladder = gear_ladder(prepare_geared(loaded, profile.gears, progress=say), list(profile.gears))
+        else:
+            ladder = single_model_ladder(loaded, name=profile.tier_names()[0])
+    if probe is not None:
+        ladder.attach_probe(probe)
+    return ladder
 
 
 def open_chat(profile: str | Profile | None = None, settings: GenerationSettings | None = None,

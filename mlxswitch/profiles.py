@@ -66,6 +66,10 @@ class Profile:
             local = ("model",)
         return local + (("cloud",) if self.cloud is not None and self.cloud.mode == "span" else ())
 
+    def probe_key(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        """What a trained probe is saved under: the profile's name, models and local tiers."""
+        return self.name, tuple(self.models), tuple(t for t in self.tier_names() if t != "cloud")
+
 
 @dataclass
 class ProfileSet:

@@ -29,3 +29,18 @@ def isolated_home(tmp_path, monkeypatch):
 def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
     """Paths of a tiny small/large llama pair sharing a tokenizer (mlx-lm directories)."""
     return make_pair_dirs(tmp_path_factory.mktemp("tiny-pair"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gears_4_8(tmp_path_factory):
+    """A tiny llama nested into gears 4 and 8 (planes 4+4, group 32), loaded."""
+    from mlxswitch.models.gears import nest_model
+    from mlxswitch.models.loading import load_model
+    from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
+
+    tok = train_tokenizer(320)
+    config = llama_config(tok.get_vocab_size(), hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
+    source = save_model_dir(tmp_path_factory.mktemp("gears-4-8") / "m", make_model(config, 5), config, tok)
+    loaded = load_model(str(source))
+    nest_model(loaded.model, (4, 4), 32)
+    return loaded

@@ -118,3 +118,25 @@ def test_a_broken_prompt_file_is_one_error_line(tmp_path):
     result = runner.invoke(app, ["bench", "--model", "./nothing", "--prompts", str(bad)])
     assert result.exit_code == 3
     assert result.stderr.startswith(f"error: {bad}:1: ") and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_teacher_forcing_reads_the_prompt_the_engine_prefilled(tiny_gears_4_8):
+    """A geared ladder prefills at its top gear: g4's forced entropies equal g4's own decoding."""
+    from mlxswitch.bench.runner import forced_config
+    from mlxswitch.bench.teacher import teacher_forced
+    from mlxswitch.decoding.answer import TokenEvent
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+    from mlxswitch.decoding.tiers import gear_ladder
+
+    ladder = gear_ladder(tiny_gears_4_8, [4, 8])
+    session = ChatSession(ladder, forced_config(2, 0), GenerationSettings(max_tokens=12))
+    events = [e for e in session.stream("The quick brown fox") if isinstance(e, TokenEvent)]
+    prompt_ids = session.render([{"role": "user", "content": "The quick brown fox"}])
+    forced = teacher_forced(ladder, "p", prompt_ids, [e.id for e in events], hidden=True)
+    assert np.allclose(forced.entropy[0], [e.entropy for e in events], atol=2e-3)
+    assert forced.hidden.shape == (len(events), tiny_gears_4_8.model.args.hidden_size)
+    # The g4 prompt would read differently: the prompt's gear is part of what is measured.
+    ladder.groups[0].prefill_gear = 4
+    cheap_prompt = teacher_forced(ladder, "p", prompt_ids, [e.id for e in events])
+    ladder.groups[0].prefill_gear = 8
+    assert not np.allclose(cheap_prompt.entropy[0], forced.entropy[0], atol=2e-3)

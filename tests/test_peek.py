@@ -14,7 +14,6 @@ from mlxswitch.cli import app
 from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
-from mlxswitch.models.gears import nest_model
 from mlxswitch.models.loading import load_model
 from mlxswitch.routing.policies import PeekPolicy, derive_rungs, derive_tried
 from mlxswitch.routing.router import RouterConfig
@@ -146,22 +145,6 @@ def test_an_escalated_token_costs_both_tiers(ladder):
     assert summary.mean_bytes_per_token == pytest.approx(expected / len(events))
 
 
-@pytest.fixture(scope="module")
-def tiny_geared(tmp_path_factory):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
-
-    tok = train_tokenizer(320)
-    config = llama_config(tok.get_vocab_size(), hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
-    source = save_model_dir(tmp_path_factory.mktemp("peek-gears") / "m", make_model(config, 5), config, tok)
-    loaded = load_model(str(source))
-    nest_model(loaded.model, (4, 4), 32)
-    return loaded
-
-
 def stepwise_peek_gears(model, prompt_ids, config, max_tokens, eos):
     """One shared cache without pipelining: a re-computed position is trimmed and re-fed at its gear."""
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
@@ -193,8 +176,8 @@ def stepwise_peek_gears(model, prompt_ids, config, max_tokens, eos):
     return tokens, tried
 
 
-def test_peek_on_shared_gears_matches_the_stepwise_reference(tiny_geared):
-    loaded = tiny_geared
+def test_peek_on_shared_gears_matches_the_stepwise_reference(tiny_gears_4_8):
+    loaded = tiny_gears_4_8
     config = RouterConfig(up=(1.2,), down=(0.8,), window=1, min_run=1, policy="peek",
                           vocab_size=loaded.vocab_size)
     ladder = gear_ladder(loaded, [4, 8])

@@ -17,7 +17,8 @@ import numpy as np
 from ..decoding.tiers import Ladder
 from ..errors import UsageError
 from ..profiles import Profile
-from ..routing.router import POLICY_NAMES, SIGNAL_NAMES, RouterConfig
+from ..routing.router import BOTTOM_ONLY_SIGNALS, POLICY_NAMES, SIGNAL_NAMES, RouterConfig
+from ..routing.probe import probe_path
 from . import metrics, probe, simulate
 from .prompts import BenchPrompt
 from .report import GAIN_NATS
@@ -45,6 +46,8 @@ def _sweep(profile: Profile, positions: list[simulate.Positions], tier_bytes: li
     out = []
     for policy in POLICY_NAMES:
         for signal in signals:
+            if signal in BOTTOM_ONLY_SIGNALS and policy != "peek":
+                continue  # the probe exists at every position only when the cheap tier runs first
             for tau in sorted(set(simulate.sweep_thresholds(positions, GRID, signal, 0.02, 0.98))):
                 config = dataclasses.replace(sweep_config(profile, policy, tau, n), signal=signal)
                 tried = [simulate.route(config, p) for p in positions]
@@ -82,35 +85,56 @@ def aurocs(positions: list[simulate.Positions]) -> dict[str, float]:
     """AUROC of each bottom-tier signal for 'the top tier lowers the NLL by more than 0.1 nat here'."""
     out = {}
     for signal in SIGNALS:
+        if signal in BOTTOM_ONLY_SIGNALS and any(p.probe is None for p in positions):
+            continue
         bottom, top, values = _pooled(positions, signal)
         out[signal] = metrics.auroc(values, (bottom - top) > GAIN_NATS)
     return out
 
 
 def train_probe(profile: Profile, ladder: Ladder, session, cal: list[simulate.Positions],
-                held: list[simulate.Positions]) -> dict:
-    """Fit the probe on calibration text, score it on held-out text, save it; a summary."""
+                held: list[simulate.Positions]) -> tuple[dict, list[simulate.Positions], list[simulate.Positions]]:
+    """Fit the probe on calibration text and save it; a summary, and the positions with its scores.
+
+    Calibration positions get their out-of-fold scores (what the sweep may read without fooling
+    itself), held-out ones the final probe's.
+    """
     x_cal, x_held = probe.features(cal), probe.features(held)
     if x_cal is None or x_held is None:
-        return {"status": "no hidden states from this model's layout: no probe"}
+        return {"status": "no hidden states from this model's layout: no probe"}, cal, held
     y_cal, y_held = probe.labels(cal, GAIN_NATS), probe.labels(held, GAIN_NATS)
     if y_cal.all() or not y_cal.any():
-        return {"status": "calibration text has one class only: no probe"}
-    learned, l2, cv = probe.fit_cross_validated(x_cal, y_cal)
-    auroc = metrics.auroc(learned.score(x_held), y_held)
+        return {"status": "calibration text has one class only: no probe"}, cal, held
+    groups = np.concatenate([[i] * p.entropy.shape[1] for i, p in enumerate(cal)])
+    learned, choice, cv, oof = probe.fit_cross_validated(x_cal, y_cal, groups)
+    in_sample = learned.score(x_cal)
+    oof = np.where(np.isfinite(oof), oof, in_sample)  # a fold with one class: no out-of-fold score
+    held_scores = learned.score(x_held)
     # What the probe adds to a token, against a step of the cheap tier alone (measured here).
-    cost = probe.per_token_cost_s(learned, x_cal.shape[1])
+    cost = probe.per_token_cost_s(learned)
     session.router_config = sweep_config(profile, "ead", math.inf, len(ladder.tiers))
     session.reset()
     step = session.ask("Say one short sentence about the sea.", 8)
     cheap_s = 1 / step.tok_per_s if step.tok_per_s else math.nan
-    path = probe.probe_path([profile.name, *profile.models, *ladder.tier_names])
+    auroc = metrics.auroc(held_scores, y_held)
+    path = probe_path(*profile.probe_key())
     learned.save(path, {"profile": profile.name, "models": list(profile.models), "tiers": ladder.tier_names,
-                        "auroc_heldout": auroc, "positions": int(len(y_cal)), "label": f"gain > {GAIN_NATS} nat"})
-    return {"status": "trained", "path": str(path), "features": int(x_cal.shape[1]), "l2": l2,
-            "cv_auroc_by_l2": {str(k): v for k, v in cv.items()},
-            "auroc_heldout": auroc, "auroc_calibration": metrics.auroc(learned.score(x_cal), y_cal),
-            "cost_s_per_token": cost, "cheap_step_s": cheap_s, "cost_share_of_cheap_step": cost / cheap_s}
+                        "auroc_heldout": auroc, "positions": int(len(y_cal)), "label": f"gain > {GAIN_NATS} nat",
+                        **choice})
+    summary = {"status": "trained", "path": str(path), "features": int(x_cal.shape[1]), **choice,
+               "cv_auroc": cv, "auroc_heldout": auroc, "auroc_calibration_in_sample": metrics.auroc(in_sample, y_cal),
+               "auroc_calibration_out_of_fold": metrics.auroc(oof, y_cal),
+               "cost_s_per_token": cost, "cheap_step_s": cheap_s, "cost_share_of_cheap_step": cost / cheap_s}
+    return summary, _with_scores(cal, oof), _with_scores(held, held_scores)
+
+
+def _with_scores(positions: list[simulate.Positions], scores: np.ndarray) -> list[simulate.Positions]:
+    out, start = [], 0
+    for p in positions:
+        n = p.entropy.shape[1]
+        out.append(dataclasses.replace(p, probe=scores[start:start + n]))
+        start += n
+    return out
 
 
 def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], heldout: list[BenchPrompt],
@@ -123,13 +147,15 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
     session, *_, cal = collect_positions(ladder, calibration, max_tokens, progress, "calibration prompts",
                                          hidden=True)
     *_, held = collect_positions(ladder, heldout, max_tokens, progress, "held-out prompts", hidden=True)
+    learned, cal, held = train_probe(profile, ladder, session, cal, held)
+    if learned["status"] != "trained":
+        signals = tuple(s for s in signals if s not in BOTTOM_ONLY_SIGNALS)
     candidates = _sweep(profile, cal, tier_bytes, signals)
     chosen = choose(candidates, target_share, target_retained)
     tried = [simulate.route(chosen.config, p) for p in held]
     held_quality = simulate.quality(held, tried, tier_bytes)
     bottom, top, _ = _pooled(held, "entropy")
     random = metrics.random_control(bottom, top, held_quality.top_share)
-    learned = train_probe(profile, ladder, session, cal, held)
     return {
         "probe": learned,
         "target": {"share": target_share, "retained": target_retained},
@@ -139,7 +165,7 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
         "heldout": {**held_quality.to_dict(), "random_retained": random.mean,
                     "oracle_retained": metrics.oracle(bottom, top, held_quality.top_share),
                     "vs_random": held_quality.retained / random.mean if random.mean else math.nan},
-        "auroc_heldout": {**aurocs(held), "probe": learned.get("auroc_heldout", math.nan)},
+        "auroc_heldout": aurocs(held),
         "auroc_calibration": aurocs(cal),
         "prompts": {"calibration": [p.id for p in calibration], "heldout": [p.id for p in heldout]},
         "tiers": ladder.tier_names, "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes)),

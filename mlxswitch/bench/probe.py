@@ -1,33 +1,33 @@
-"""A learned signal: logistic regression on the cheap tier's last hidden state and its scalar signals.
+"""Training the probe (routing/probe.py): logistic regression on the cheap tier's state, by `calibrate`.
 
 Labels need no human: at each teacher-forced position, does the top tier lower the NLL by more
-than δ (0.1 nat)? Trained on calibration text by `calibrate`, judged by AUROC on held-out text,
-saved under the user directory keyed by the ladder's models. NumPy only.
+than δ (0.1 nat)? The hidden state has hundreds of dimensions against a few hundred positions,
+so the fit first projects it onto its leading principal components; how many (none: the three
+scalars alone, up to all) and the L2 strength are chosen by cross-validation over whole prompts
+of the calibration text. Held-out text never takes part. NumPy only.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from ..resources import user_dir
+from ..routing.probe import SCALARS, Probe, feature_rows
+from .metrics import auroc
 from .simulate import Positions
 
-SCALARS = ("entropy", "varentropy", "margin")
+L2_CHOICES = (1.0, 10.0, 100.0, 1000.0, 10000.0)
+COMPONENT_CHOICES = (0, 8, 32, None)  # leading principal components of the hidden state (None: all)
+FOLDS = 5
 
 
 def features(positions: list[Positions]) -> np.ndarray | None:
     """Per position: the bottom tier's hidden state and its three scalar signals (None: no hidden states)."""
     if not positions or any(p.hidden is None for p in positions):
         return None
-    rows = [np.concatenate([p.hidden, np.stack([p.signal(s)[0] for s in SCALARS], axis=1)], axis=1)
-            for p in positions]
-    return np.concatenate(rows, axis=0).astype(np.float64)
+    return np.concatenate([feature_rows(p.hidden, p.entropy[0], p.varentropy[0], p.margin[0])
+                           for p in positions], axis=0)
 
 
 def labels(positions: list[Positions], gain_nats: float) -> np.ndarray:
@@ -35,32 +35,8 @@ def labels(positions: list[Positions], gain_nats: float) -> np.ndarray:
     return np.concatenate([(p.nll[0] - p.nll[-1]) > gain_nats for p in positions])
 
 
-@dataclass
-class Probe:
-    """Standardize, then logistic regression: p(the top tier helps here)."""
-
-    mean: np.ndarray
-    scale: np.ndarray
-    weights: np.ndarray
-    bias: float
-
-    def score(self, x: np.ndarray) -> np.ndarray:
-        """The probability for each row of features."""
-        z = ((x - self.mean) / self.scale) @ self.weights + self.bias
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
-
-    def save(self, path: Path, meta: dict) -> Path:
-        """Write the probe and what it was trained on (npz + JSON metadata in one file)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, mean=self.mean, scale=self.scale, weights=self.weights, bias=self.bias,
-                 meta=json.dumps(meta))
-        return path
-
-
-def fit(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int = 25) -> Probe:
-    """L2-regularised logistic regression by Newton's method (a few hundred features: exact and fast)."""
-    mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-6
-    z = (x - mean) / scale
+def _newton(z: np.ndarray, y: np.ndarray, l2: float, iterations: int = 25) -> tuple[np.ndarray, float]:
+    """L2-regularised logistic regression on standardized features by Newton's method (exact, fast)."""
     z1 = np.concatenate([z, np.ones((len(z), 1))], axis=1)
     w = np.zeros(z1.shape[1])
     reg = np.full(z1.shape[1], l2)
@@ -74,48 +50,81 @@ def fit(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int = 25) -> 
         w -= step
         if np.abs(step).max() < 1e-6:
             break
-    return Probe(mean, scale, w[:-1], float(w[-1]))
+    return w[:-1], float(w[-1])
 
 
-L2_CHOICES = (1.0, 10.0, 100.0, 1000.0, 10000.0)
+def _basis(z: np.ndarray, components: int | None) -> np.ndarray:
+    """(features, kept): the hidden part onto its leading principal components, the scalars as they are."""
+    hidden = z.shape[1] - len(SCALARS)
+    if components is None or components >= min(hidden, len(z)):
+        return np.eye(z.shape[1])
+    basis = np.zeros((z.shape[1], components + len(SCALARS)))
+    if components:
+        _, _, vt = np.linalg.svd(z[:, :hidden], full_matrices=False)
+        basis[:hidden, :components] = vt[:components].T
+    basis[hidden:, components:] = np.eye(len(SCALARS))
+    return basis
 
 
-def fit_cross_validated(x: np.ndarray, y: np.ndarray, folds: int = 5, seed: int = 0) -> tuple[Probe, float, dict]:
-    """Choose the L2 strength by k-fold AUROC on the training text alone, then fit on all of it.
+def fit(x: np.ndarray, y: np.ndarray, l2: float = 1.0, components: int | None = None) -> Probe:
+    """Standardize, project (see _basis), fit; folded back into one weight per feature."""
+    mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-6
+    z = (x - mean) / scale
+    basis = _basis(z, components)
+    reduced = z @ basis
+    r_mean, r_scale = reduced.mean(axis=0), reduced.std(axis=0) + 1e-6
+    w, b = _newton((reduced - r_mean) / r_scale, y, l2)
+    # σ(((z B − m) / s) · w + b) = σ(z · (B (w / s)) + b − (m / s) · w): the same Probe as any other.
+    return Probe(mean, scale, basis @ (w / r_scale), b - float((r_mean / r_scale) @ w))
 
-    Hundreds of hidden-state features against a few hundred positions overfit without it; the
-    held-out text never takes part in the choice. Returns the probe, the strength and the CV table.
+
+def _folds(groups: np.ndarray, folds: int, seed: int) -> list[np.ndarray]:
+    # Whole prompts per fold: positions of one answer are alike, and a fold must not see its own prompt.
+    names = np.unique(groups)
+    order = np.random.default_rng(seed).permutation(len(names))
+    return [np.flatnonzero(np.isin(groups, names[part])) for part in np.array_split(order, folds)]
+
+
+def fit_cross_validated(x: np.ndarray, y: np.ndarray, groups: np.ndarray, folds: int = FOLDS,
+                        seed: int = 0) -> tuple[Probe, dict, dict, np.ndarray]:
+    """Choose components and L2 by k-fold AUROC over prompts, then fit on all of the calibration text.
+
+    Returns the probe, the choice, the CV table ("components/l2" → mean AUROC) and the
+    out-of-fold score of every position under the choice (what calibrate sweeps thresholds on:
+    in-sample scores of a probe are optimistic).
     """
-    from .metrics import auroc
+    parts = [p for p in _folds(groups, folds, seed) if p.size]
+    table, best, best_key = {}, None, (-np.inf,)
+    for components in COMPONENT_CHOICES:
+        for l2 in L2_CHOICES:
+            scores = []
+            for test in parts:
+                train = np.setdiff1d(np.arange(len(y)), test)
+                if y[train].all() or not y[train].any() or y[test].all() or not y[test].any():
+                    continue
+                scores.append(auroc(fit(x[train], y[train], l2, components).score(x[test]), y[test]))
+            value = float(np.mean(scores)) if scores else float("nan")
+            table[f"{'all' if components is None else components}/{l2:g}"] = value
+            # Ties go to the simpler model (fewer components, stronger L2): listed first / later.
+            key = (value, -(components if components is not None else x.shape[1]), l2)
+            if value == value and key > best_key:
+                best, best_key = (components, l2), key
+    components, l2 = best if best is not None else (0, 1.0)
+    oof = np.full(len(y), np.nan)
+    for test in parts:
+        train = np.setdiff1d(np.arange(len(y)), test)
+        if y[train].any() and not y[train].all():
+            oof[test] = fit(x[train], y[train], l2, components).score(x[test])
+    choice = {"components": "all" if components is None else components, "l2": l2}
+    return fit(x, y, l2, components), choice, table, oof
 
-    order = np.random.default_rng(seed).permutation(len(y))
-    parts = np.array_split(order, folds)
-    table = {}
-    for l2 in L2_CHOICES:
-        scores = []
-        for k in range(folds):
-            test = parts[k]
-            train = np.concatenate([parts[j] for j in range(folds) if j != k])
-            if y[train].all() or not y[train].any() or y[test].all() or not y[test].any():
-                continue
-            scores.append(auroc(fit(x[train], y[train], l2).score(x[test]), y[test]))
-        table[l2] = float(np.mean(scores)) if scores else float("nan")
-    finite = {k: v for k, v in table.items() if v == v}
-    best = max(finite, key=finite.get) if finite else 1.0
-    return fit(x, y, best), best, table
 
-
-def probe_path(key_parts: list[str]) -> Path:
-    """Where the probe of this ladder lives: keyed by its models and tiers."""
-    key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:16]
-    return user_dir() / "probes" / f"{key}.npz"
-
-
-def per_token_cost_s(probe: Probe, dims: int, repeats: int = 200) -> float:
-    """Seconds the probe adds to one token (one feature row scored), measured here."""
-    row = np.random.default_rng(0).normal(size=(1, dims))
-    probe.score(row)
+def per_token_cost_s(probe: Probe, repeats: int = 200) -> float:
+    """Seconds the probe adds to one token, measured here on the path the token loop runs."""
+    hidden = np.random.default_rng(0).normal(size=probe.dims - len(SCALARS)).astype(np.float32)
+    signals = [2.0, 3.0, 0.5]
+    probe.score_position(hidden, signals)
     start = time.perf_counter()
     for _ in range(repeats):
-        probe.score(row)
+        probe.score_position(hidden, signals)
     return (time.perf_counter() - start) / repeats

@@ -11,6 +11,7 @@ Two kinds of measurement, both in one process:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -25,7 +26,7 @@ from ..decoding.session import ChatSession
 from ..decoding.tiers import Ladder
 from ..profiles import Profile
 from ..routing.router import POLICY_NAMES, RouterConfig
-from . import simulate
+from . import probe, simulate
 from .prompts import BenchPrompt, check_answer
 from .teacher import teacher_forced
 
@@ -189,11 +190,15 @@ def collect_positions(ladder: Ladder, prompts: list[BenchPrompt], max_tokens: in
     budget = {p.id: min(max_tokens, p.max_tokens or max_tokens) for p in prompts}
     top = Arm("top", "tier", forced_config(n, n - 1), tier=n - 1)
     answers, positions = {}, []
+    scored = ladder.probe is not None  # a profile routed on the probe: its replay reads the scores
     for i, prompt in enumerate(prompts):
         say(stage, i, len(prompts))
         answer = _engine_run(session, top, prompt, budget[prompt.id])
         answers[prompt.id] = [t["id"] for t in answer["tokens"]]
-        positions.append(teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id], hidden))
+        forced = teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id], hidden or scored)
+        if scored and forced.hidden is not None:
+            forced = dataclasses.replace(forced, probe=ladder.probe.score(probe.features([forced])))
+        positions.append(forced)
     say(stage, len(prompts), len(prompts))
     return session, prompt_ids, budget, answers, positions
 

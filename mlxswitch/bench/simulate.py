@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..routing.policies import make_policy
-from ..routing.router import RouterConfig, uncertainty
+from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig, uncertainty
 
 
 @dataclass(frozen=True)
@@ -28,15 +28,23 @@ class Positions:
     varentropy: np.ndarray | None = None  # (tiers, positions), bits²
     margin: np.ndarray | None = None  # (tiers, positions), p1 − p2
     hidden: np.ndarray | None = None  # (positions, dims): the bottom tier's last hidden state (not saved)
+    probe: np.ndarray | None = None  # (positions,): the probe's score from the bottom tier
 
     def signal(self, name: str) -> np.ndarray:
-        """A signal as an uncertainty (higher = less sure): entropy, varentropy, or 1 − margin."""
+        """A signal as an uncertainty (higher = less sure): entropy, varentropy, 1 − margin, or the
+        probe's score (measured on the bottom tier only: NaN on the others)."""
+        if name in BOTTOM_ONLY_SIGNALS:
+            if self.probe is None:
+                raise ValueError(f"{self.prompt_id}: no probe scores")
+            out = np.full(self.entropy.shape, np.nan)
+            out[0] = self.probe
+            return out
         return uncertainty(name, self.entropy, self.varentropy, self.margin)
 
     def to_dict(self) -> dict:
         """JSON-ready (the bench's figures re-derive from these)."""
         out = {"prompt_id": self.prompt_id}
-        for key in ("entropy", "nll", "varentropy", "margin"):
+        for key in ("entropy", "nll", "varentropy", "margin", "probe"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = np.round(value, 6).tolist()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from ..decoding.tiers import Ladder
+from ..errors import UsageError
+from ..models.heads import split_model
 from .simulate import Positions
 
 
@@ -24,38 +27,63 @@ def _signals_and_nll(logits: np.ndarray, targets: np.ndarray) -> dict[str, np.nd
             "margin": top2[:, 1] - top2[:, 0], "nll": -logp[np.arange(len(targets)), targets]}
 
 
-def bottom_hidden(ladder: Ladder, ids: list[int], start: int) -> np.ndarray | None:
-    """The bottom tier's last hidden state (after the final norm) at positions start…, or None.
-
-    mlx-lm's decoder-only models keep their transformer as `model.model`, whose output is the
-    hidden state the output head reads; a model laid out otherwise gives None (no probe).
-    """
+def _split(ladder: Ladder):
+    """The bottom model's checked body/head split (the probe's view), or None for other layouts."""
     tier = ladder.tiers[0]
-    inner = getattr(tier.model.model, "model", None)
-    if inner is None or not callable(inner):
-        return None
     tier.activate()
     try:
-        hidden = inner(mx.array(ids)[None])[0, start:]
-    except (TypeError, ValueError):
+        return ladder.bottom_split or split_model(tier.model.model, tier.model.name)
+    except UsageError:
         return None
-    return np.asarray(hidden.astype(mx.float32))
+
+
+def _prefilled(group, ids: list[int]) -> list:
+    """A fresh cache of the group's model holding `ids`, written at the group's prefill gear."""
+    model = group.model.model
+    cache = make_prompt_cache(model)
+    if ids:
+        if group.prefill_gear is not None:
+            model.gear_state.set(group.prefill_gear)
+        model(mx.array(ids)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
 
 
 def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer_ids: list[int],
                    hidden: bool = False) -> Positions:
-    """Entropy (bits) and NLL (nats) of `answer_ids` under every tier, given the prompt and the answer so far."""
-    ids = list(prompt_ids) + list(answer_ids)
+    """Entropy (bits) and NLL (nats) of `answer_ids` under every tier, given the prompt and the answer so far.
+
+    As in the token loop, each model's prompt is prefilled once, at its cache group's prefill gear
+    (a gear ladder's top gear): a cheap gear reads the prompt K/V the top gear wrote, which is what
+    it reads when it decodes. Each tier then runs the answer over that prompt cache, which is
+    trimmed back after it. `hidden`: the bottom tier's last hidden states too (the probe's input).
+    """
     targets = np.asarray(answer_ids, dtype=np.int64)
     tiers = ladder.tiers
     arrays = {k: np.zeros((len(tiers), len(answer_ids))) for k in ("entropy", "varentropy", "margin", "nll")}
-    if answer_ids:
+    states = None
+    if not answer_ids:
+        return Positions(prompt_id, arrays["entropy"], arrays["nll"], arrays["varentropy"], arrays["margin"])
+    split = _split(ladder) if hidden else None
+    # Position p's logits predict ids[p + 1]: the answer starts after the prompt's last id.
+    inputs = mx.array([prompt_ids[-1], *answer_ids[:-1]])[None]
+    for group in ladder.groups:
+        model = group.model.model
+        cache = None
         for r, tier in enumerate(tiers):
+            if tier.group is not group:
+                continue
+            if cache is None or not can_trim_prompt_cache(cache):  # a recurrent cache: prefill again
+                cache = _prefilled(group, prompt_ids[:-1])
             tier.activate()
-            # Position p's logits predict ids[p + 1]: the answer starts after the prompt's last id.
-            logits = tier.model.model(mx.array(ids[:-1])[None])[0, len(prompt_ids) - 1:]
+            if r == 0 and split is not None:
+                states_mx = split.body(inputs, cache=cache)
+                logits = split.head(states_mx)[0]
+                states = np.asarray(states_mx[0].astype(mx.float32))
+            else:
+                logits = model(inputs, cache=cache)[0]
             for key, values in _signals_and_nll(np.asarray(logits.astype(mx.float32)), targets).items():
                 arrays[key][r] = values
-    states = bottom_hidden(ladder, ids[:-1], len(prompt_ids) - 1) if hidden and answer_ids else None
+            trim_prompt_cache(cache, inputs.shape[1])
     return Positions(prompt_id, arrays["entropy"], arrays["nll"], arrays["varentropy"], arrays["margin"],
                      states)

@@ -110,7 +110,7 @@ def chat(
     min_run: Annotated[Optional[int], typer.Option(help="Tokens a tier makes before the router may move.")] = None,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="Compare entropy / log2(vocab) instead of bits.")] = None,
     policy: Annotated[Optional[str], typer.Option(help="ead: token t's entropy picks t+1's tier; peek: the cheap tier computes a position, a stronger one redoes it when unsure.")] = None,
-    signal: Annotated[Optional[str], typer.Option(help="What the policy reads: entropy (bits), varentropy (bits²) or margin (1 − (p1 − p2)); --tau is in its units.")] = None,
+    signal: Annotated[Optional[str], typer.Option(help="What the policy reads: entropy (bits), varentropy (bits²), margin (1 − (p1 − p2)) or probe (p(the top tier helps), trained by calibrate; peek only); --tau is in its units.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 512,
     temp: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
@@ -319,7 +319,7 @@ def calibrate(
     calibration = select(items, quick=quick, split="calibration", per_category=2)
     heldout = select(items, quick=quick, split="heldout", per_category=2)
     with ui.loading_status(ui.stderr_is_terminal()) as progress:
-        ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
+        ladder = build_ladder(chosen, progress=progress, force_memory=force_memory, with_probe=False)
     with ui.bench_progress() as progress:
         result = run(chosen, ladder, calibration, heldout, target_share, target_retained,
                      max_tokens, progress)

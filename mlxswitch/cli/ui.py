@@ -345,10 +345,13 @@ def calibration_report(name: str, result: dict) -> Table:
         table.add_row(f"AUROC {split}", " · ".join(f"{signal} {num(v)}" for signal, v in aurocs.items()))
     learned = result.get("probe") or {}
     if learned.get("status") == "trained":
-        table.add_row("probe", f"{learned['features']} features · AUROC held-out {num(learned['auroc_heldout'])} · "
+        table.add_row("probe", f"{learned['features']} features, hidden state on {learned['components']} "
+                               f"principal components, L2 {learned['l2']:g} (by CV over prompts) · "
+                               f"AUROC held-out {num(learned['auroc_heldout'])}, calibration out-of-fold "
+                               f"{num(learned['auroc_calibration_out_of_fold'])} · "
                                f"{learned['cost_s_per_token'] * 1e6:.0f} µs a token "
                                f"({100 * learned['cost_share_of_cheap_step']:.2f}% of a cheap step) · "
-                               f"saved {learned['path']} · measured only: routing on it is not wired yet")
+                               f"saved {learned['path']} (--signal probe --policy peek)")
     elif learned:
         table.add_row("probe", learned.get("status", ""))
     return table

@@ -51,7 +51,8 @@ class TokenEvent:
         if self.guard:
             out["guard"] = True
         if len(self.tried) > 1:
-            out["tried"] = [[name, json_float(h)] for name, h in zip(self.tried, self.tried_signals)]
+            out["tried"] = [[name, None if h is None else json_float(h)]
+                            for name, h in zip(self.tried, self.tried_signals)]
         return out
 
 

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import mlx.core as mx
+import numpy as np
 
 from ..routing.policies import Policy
-from ..routing.router import uncertainty
+from ..routing.probe import Probe
+from ..routing.router import BOTTOM_ONLY_SIGNALS, uncertainty
 from ..routing.signals import LazySignals, read_time_signals
 from .tiers import CacheGroup, Ladder
 
@@ -60,14 +62,30 @@ class _Pending:
     token: mx.array
     signals: LazySignals  # [entropy bits, varentropy bits², p1 − p2]
     catch_up: dict[str, int]
+    hidden: mx.array | None = None  # the last hidden state, when the probe reads this rung
+    probe: Probe | None = None
+    _probe_score: float | None = None
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        """What must be computed before this position can be read (for async_eval)."""
+        return [self.token, self.signals.array] + ([self.hidden] if self.hidden is not None else [])
 
     def entropy(self) -> float:
         """Entropy in bits (reads the lazy signals: a sync point)."""
         return self._read()[0]
 
-    def signal(self, name: str) -> float:
-        """The routed signal as an uncertainty: entropy, varentropy, or 1 − margin."""
-        return uncertainty(name, *self._read())
+    def signal(self, name: str) -> float | None:
+        """The routed signal as an uncertainty: entropy, varentropy, 1 − margin, or the probe's
+        score (None on a rung the probe does not read)."""
+        if name not in BOTTOM_ONLY_SIGNALS:
+            return uncertainty(name, *self._read())
+        if self.hidden is None or self.probe is None:
+            return None
+        if self._probe_score is None:
+            hidden = np.asarray(self.hidden.astype(mx.float32))
+            self._probe_score = self.probe.score_position(hidden, self._read())
+        return self._probe_score
 
     def _read(self) -> list[float]:
         return self.signals.values()
@@ -111,7 +129,7 @@ class TokenLoop:
                 yield step
             decision = self.policy.resume(self.top_local)
         pending = first if decision.rung == 0 else self._produce(decision.rung)
-        mx.async_eval(pending.token, pending.signals.array)
+        mx.async_eval(*pending.arrays)
         while n < budget:
             if self.policy.may_review(pending.rung):
                 pending, tried, earlier, catch_up = self._settle(pending)
@@ -119,8 +137,12 @@ class TokenLoop:
                 tried, earlier, catch_up = (pending.rung,), (), pending.catch_up
             speculative = None
             if n + 1 < budget:
-                speculative = self._produce(pending.rung, pending.token)
-                mx.async_eval(speculative.token, speculative.signals.array)
+                # Queued before the policy decides: on the rung that made this token (where the
+                # next position starts unless the policy moves), or on the bottom rung for a
+                # bottom-only signal, where every position starts.
+                first_rung = 0 if self.signal in BOTTOM_ONLY_SIGNALS else pending.rung
+                speculative = self._produce(first_rung, pending.token)
+                mx.async_eval(*speculative.arrays)
             token, routed = int(pending.token.item()), pending.signal(self.signal)
             self.ids.append(token)
             decision = self.policy.commit(pending.rung, routed)
@@ -134,8 +156,8 @@ class TokenLoop:
             n += 1
             if speculative is None:
                 continue
-            if decision.rung != pending.rung:
-                self._roll_back(self._group(pending.rung))
+            if decision.rung != speculative.rung:
+                self._roll_back(self._group(speculative.rung))
                 if decision.rung > self.top_local:
                     for step in self._span(budget - n):
                         n += 1
@@ -144,7 +166,7 @@ class TokenLoop:
                         return
                     decision = self.policy.resume(self.top_local)
                 pending = self._produce(decision.rung)
-                mx.async_eval(pending.token, pending.signals.array)
+                mx.async_eval(*pending.arrays)
                 guard = decision.guard
             else:
                 pending, guard = speculative, False
@@ -190,11 +212,14 @@ class TokenLoop:
             if fed > 0:
                 catch_up[group.name] = fed
             token = mx.array(self.ids[group.seen:])
-        logits = group.feed(token, tier.gear, self.prefill_step)
+        # The probe reads the bottom rung's hidden state: only there is the model run in halves.
+        probe = self.ladder.probe if rung == 0 and self.signal in BOTTOM_ONLY_SIGNALS else None
+        logits, hidden = group.feed(token, tier.gear, self.prefill_step,
+                                    self.ladder.bottom_split if probe is not None else None)
         signals = read_time_signals(logits)
         if self.normalize_for_sampler:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return _Pending(rung, self.sampler(logits), signals, catch_up)
+        return _Pending(rung, self.sampler(logits), signals, catch_up, hidden, probe)
 
     def _group(self, rung: int) -> CacheGroup:
         return self.ladder.tiers[rung].group

@@ -17,7 +17,7 @@ from mlx_lm.utils import common_prefix_len
 
 from ..errors import PromptTooLongError, UsageError
 from ..routing.policies import make_policy
-from ..routing.router import RouterConfig
+from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
 from .loop import TokenLoop
@@ -90,6 +90,9 @@ class ChatSession:
     @router_config.setter
     def router_config(self, config: RouterConfig) -> None:
         config.validate(len(self.tier_names))
+        if config.signal in BOTTOM_ONLY_SIGNALS and self.ladder.probe is None:
+            raise UsageError("routing on the probe needs the probe that `mlxswitch calibrate` trains for "
+                             "this profile; none is attached to this ladder")
         if config.vocab_size != self.ladder.vocab_size:
             config = config.with_vocab(self.ladder.vocab_size)
         if len(self.tier_names) > len(self.ladder.tiers) and config.top_local is None:

@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from ..errors import UsageError
 from ..models.gears import bytes_per_token
+from ..models.heads import SplitModel, split_model
 from ..models.weights import LoadedModel
+from ..routing.probe import SCALARS, Probe
 
 
 @dataclass(eq=False)
@@ -35,8 +38,10 @@ class CacheGroup:
         """Whether the cache can drop its newest tokens (attention caches can; recurrent ones not)."""
         return can_trim_prompt_cache(self.cache)
 
-    def feed(self, inputs: mx.array, gear: int | None, chunk: int) -> mx.array:
-        """Run the model over `inputs` (ids after `seen`); lazy logits of the last position.
+    def feed(self, inputs: mx.array, gear: int | None, chunk: int,
+             split: SplitModel | None = None) -> tuple[mx.array, mx.array | None]:
+        """Run the model over `inputs` (ids after `seen`); lazy logits of the last position, and
+        its hidden state when `split` (this model's checked body/head split) is given.
 
         All but the last id only fill the cache, in chunks, at the prefill gear: evaluating the
         cache state alone skips the output head for them (as mlx-lm's prefill does), and cheap
@@ -54,7 +59,10 @@ class CacheGroup:
             inputs = inputs[part.size:]
         self.seen += inputs.size
         self._activate(gear)
-        return model(inputs[None], cache=self.cache)[:, -1, :]
+        if split is None:
+            return model(inputs[None], cache=self.cache)[:, -1, :], None
+        hidden = split.body(inputs[None], cache=self.cache)[:, -1:, :]
+        return split.head(hidden)[:, -1, :], hidden[0, -1]
 
     def rewind(self, keep: int) -> None:
         """Keep only the first `keep` tokens, trimming when possible and starting over otherwise."""
@@ -111,6 +119,18 @@ class Ladder:
     tiers: list[Tier]
     description: str = ""
     note: str = ""  # the profile's own words about it, shown under the chat's title
+    probe: Probe | None = None  # the learned signal, with the bottom model's split (attach_probe)
+    bottom_split: SplitModel | None = None
+
+    def attach_probe(self, probe: Probe) -> None:
+        """Route on `probe`: check that it reads this bottom model's hidden state, split the model."""
+        bottom = self.tiers[0]
+        bottom.activate()
+        split = split_model(bottom.model.model, bottom.model.name)
+        if probe.dims != split.hidden_size + len(SCALARS):
+            raise UsageError(f"the saved probe reads {probe.dims - len(SCALARS)} hidden dimensions but "
+                             f"{bottom.model.name} has {split.hidden_size}: run `mlxswitch calibrate` again")
+        self.probe, self.bottom_split = probe, split
 
     @property
     def groups(self) -> list[CacheGroup]:

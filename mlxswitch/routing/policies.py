@@ -23,6 +23,18 @@ tier of t + 1. `peek` decides on the same position, as Big Little Decoder does:
   strong tier after an escalation while the mean stays high (hysteresis, no flapping).
 An escalated token costs the cheap step and the strong one: its record lists every tier tried.
 
+A signal measured on the bottom rung only (the probe, BOTTOM_ONLY_SIGNALS) changes `peek`:
+every position is computed by rung 0 first, so the signal exists at every position.
+- State: a held rung L (0 at start), the window W of the bottom rung's values, the count c.
+- review(0, S): the rung asked for is max(L, the highest i + 1 with S > up[i]) (a non-finite S
+  → top_local); rung 0 keeps its token when that is 0. Rungs above 0 measure nothing and are
+  never reviewed.
+- commit(r, ·): W gets the bottom value S of this position (the one review saw when r > 0);
+  if r > L: L = r, c = 1; else c += 1. Then, if c ≥ min_run and L > 0 and mean(W) < down[L − 1]:
+  L −= 1, c = 0. The next position starts on rung 0 again.
+So once the probe has sent a position up, the next positions go up too while the mean of their
+cheap scores stays above down (each still costs the cheap step: the probe needs it).
+
 A cloud rung above top_local (a cascade) is never reviewed into: a network round trip that
 returns a re-tokenized continuation is no same-position choice. Both policies climb to it from
 top_local on the window: `ead` by its contract, `peek` in commit when b = top_local, c ≥ min_run
@@ -36,7 +48,7 @@ import math
 from collections import deque
 from typing import Iterable, Protocol
 
-from .router import POLICY_NAMES, Decision, Router, RouterConfig, derive_tiers
+from .router import BOTTOM_ONLY_SIGNALS, POLICY_NAMES, Decision, Router, RouterConfig, derive_tiers
 
 
 class Policy(Protocol):
@@ -102,6 +114,10 @@ class PeekPolicy:
         self._up, self._down = config.up, config.downs()
         self._base, self._count = 0, 0
         self._window: deque[float] = deque(maxlen=config.window)
+        # A bottom-only signal: _base is the held rung L, every position starts on rung 0, and
+        # _bottom is the value rung 0 measured at the current position.
+        self.bottom_only = config.signal in BOTTOM_ONLY_SIGNALS
+        self._bottom: float | None = None
 
     @property
     def mean(self) -> float:
@@ -115,19 +131,35 @@ class PeekPolicy:
         return Decision(0, 0, False, self.mean)
 
     def may_review(self, rung: int) -> bool:
-        """Below the top local rung a position can still be handed up."""
-        return rung < self.top_local
+        """Below the top local rung a position can still be handed up (from rung 0 only, bottom-only)."""
+        return rung < self.top_local and (rung == 0 or not self.bottom_only)
 
     def review(self, rung: int, entropy: float | None) -> int | None:
         """Hand this position one rung up when its entropy crosses up[rung]; the guard jumps to the top."""
+        if self.bottom_only:
+            return self._review_bottom(rung, entropy)
         if entropy is None or rung >= self.top_local:
             return None
         if not math.isfinite(entropy):
             return self.top_local
         return rung + 1 if self.config.units(entropy) > self._up[rung] else None
 
+    def _review_bottom(self, rung: int, value: float | None) -> int | None:
+        if rung != 0 or value is None:
+            return None
+        self._bottom = value
+        if not math.isfinite(value):
+            return self.top_local
+        crossed = [i + 1 for i, up in enumerate(self._up[: self.top_local]) if value > up]
+        asked = max([self._base, *crossed])
+        return asked if asked > 0 else None
+
     def commit(self, rung: int, entropy: float | None) -> Decision:
         """Record the taken token; hold an escalated rung, step down once the mean falls below down."""
+        if self.bottom_only:
+            # The window holds the bottom rung's values: a higher rung measured nothing here.
+            entropy = entropy if rung == 0 else self._bottom
+            self._bottom = None
         if entropy is not None and math.isfinite(entropy):
             self._window.append(self.config.units(entropy))
         before = self._base
@@ -141,12 +173,19 @@ class PeekPolicy:
         elif (self._base == self.top_local < self._top and self._count >= self.config.min_run
               and self.mean > self._up[self._base]):
             self._base, self._count = self._base + 1, 0  # to the cloud, on the window (see above)
-        return Decision(self._base, self._base - before, False, self.mean)
+        return Decision(self._next_rung(), self._base - before, False, self.mean)
 
     def resume(self, rung: int) -> Decision:
         """Go on at `rung` after a cloud span, with a fresh count and the window kept."""
         self._base, self._count = rung, 0
-        return Decision(rung, 0, False, self.mean)
+        return Decision(self._next_rung(), 0, False, self.mean)
+
+    def _next_rung(self) -> int:
+        # With a bottom-only signal the held rung is asked for in review, after rung 0 has run;
+        # only the cloud (above top_local) is reached directly.
+        if self.bottom_only and self._base <= self.top_local:
+            return 0
+        return self._base
 
 
 POLICIES = {"ead": EadPolicy, "peek": PeekPolicy}

@@ -56,12 +56,18 @@ DEFAULT_MIN_RUN = 10
 # lets the cheap tier compute position t and a stronger one recompute it when unsure (policies.py).
 POLICY_NAMES = ("ead", "peek")
 # What the policy reads per token, each as an uncertainty (higher = less sure): entropy (bits),
-# varentropy (bits²), or margin as 1 − (p1 − p2). Thresholds are in that signal's units.
-SIGNAL_NAMES = ("entropy", "varentropy", "margin")
+# varentropy (bits²), margin as 1 − (p1 − p2), or the probe's probability that the top tier helps
+# (routing/probe.py). Thresholds are in that signal's units.
+SIGNAL_NAMES = ("entropy", "varentropy", "margin", "probe")
+# Signals measured on the bottom rung only (the probe reads the cheap tier's hidden state): only
+# `peek` can route on them, since every position is then computed by the bottom rung first.
+BOTTOM_ONLY_SIGNALS = ("probe",)
 
 
 def uncertainty(name: str, entropy, varentropy, margin):
-    """The routed signal `name` from the three measured ones (floats or arrays alike)."""
+    """The routed signal `name` from the three measured ones (floats or arrays alike; not the probe)."""
+    if name in BOTTOM_ONLY_SIGNALS:
+        raise ValueError(f"the {name} is not computed from entropy, varentropy and margin")
     if name == "margin":
         return 1.0 - margin
     return entropy if name == "entropy" else varentropy
@@ -103,6 +109,9 @@ class RouterConfig:
         if self.normalize and self.signal != "entropy":
             raise SettingError("normalize", "normalize divides entropy by log2(V); it does not apply "
                                             f"to {self.signal}")
+        if self.signal in BOTTOM_ONLY_SIGNALS and self.policy != "peek":
+            raise SettingError("signal", f"the {self.signal} reads the cheap tier's state at the position "
+                                         "it scores, so it needs the peek policy (--policy peek)")
         object.__setattr__(self, "up", tuple(float(u) for u in self.up))
         if self.down is not None:
             object.__setattr__(self, "down", tuple(float(d) for d in self.down))
@@ -115,13 +124,14 @@ class RouterConfig:
         for i, (u, d) in enumerate(zip(self.up, downs)):
             if d > u:
                 raise SettingError("down", f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}")
-        if self.normalize:
-            # Normalised entropies lie in [0, 1]: a finite threshold outside it is never crossed.
+        if self.normalize or self.signal == "probe":
+            # Normalised entropies and probabilities lie in [0, 1]: a finite threshold outside is never crossed.
             outside = [t for t in (*self.up, *downs) if math.isfinite(t) and not 0 <= t <= 1]
             if outside:
+                what = ("with normalize, thresholds are fractions of log2(V)" if self.normalize
+                        else "the probe's thresholds are probabilities")
                 raise SettingError("down" if set(outside) <= set(downs) - set(self.up) else "up",
-                                   "with normalize, thresholds are fractions of log2(V), between 0 and 1; "
-                                   f"got {', '.join(f'{t:g}' for t in outside)}")
+                                   f"{what}, between 0 and 1; got {', '.join(f'{t:g}' for t in outside)}")
         if self.window < 1:
             raise SettingError("window", f"the window must be at least 1 token (got {self.window})")
         if self.min_run < 1:
