@@ -12,6 +12,7 @@ from .models.gears import resident_bytes
 from .models.sources import model_available_offline
 from .profiles import load_profiles, user_models_toml
 from .resources import bundled_models_toml, embedded_gguf_path, metal_dir
+from .routing.probe import describe_probe
 
 
 def profile_rows() -> list[dict]:
@@ -85,6 +86,8 @@ def doctor_report() -> DoctorReport:
         for group in ladder.groups:
             ladder_rows.append((f"resident {group.model.name}",
                                 f"{resident_bytes(group.model.model) / 1e6:.1f} MB; {group.model.precision}"))
+        if len(ladder.tiers) > 1:
+            ladder_rows.append(("probe", describe_probe(*default.probe_key())))
     except MlxSwitchError as exc:
         ladder_rows.append(("load", f"failed: {exc}"))
         report.problems.append(f"the default profile cannot load ({exc})")

@@ -53,6 +53,12 @@ def test_calibrate_reports_heldout_figures_and_writes_the_profile(tiny_pair, iso
     assert "AUROC heldout" in result.stdout and "varentropy" in result.stdout and "margin" in result.stdout
     record = json.loads((tmp_path / "c.json").read_text())
     assert set(record["auroc_heldout"]) == {"entropy", "varentropy", "margin", "probe"}
+    # Each signal's own best setting for the target, measured on the same held-out text.
+    assert set(record["per_signal_heldout"]) == {"entropy", "varentropy", "margin", "probe"}
+    assert record["per_signal_heldout"]["probe"]["policy"] == "peek"
+    chosen = record["per_signal_heldout"][record["chosen"]["signal"]]
+    assert chosen["retained"] == pytest.approx(record["heldout"]["retained"])
+    assert "best on probe" in result.stdout
     learned = record["probe"]
     assert learned["status"] == "trained" and learned["features"] == 32 + 3  # hidden state + 3 signals
     assert str(isolated_home) in learned["path"]  # under the user directory

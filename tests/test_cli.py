@@ -208,6 +208,8 @@ def test_doctor_reports_without_revealing_the_key(monkeypatch):
     assert "sk-ant-secret-value" not in result.stdout
     assert "set (ANTHROPIC_API_KEY)" in result.stdout
     assert "checksum verified" in result.stdout
+    # A fresh user directory holds no probe: doctor says how to train one.
+    assert "probe" in result.stdout and "mlxswitch calibrate --profile embedded" in result.stdout
 
 
 def test_embedded_default_answers_paris_offline():

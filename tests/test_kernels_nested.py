@@ -65,6 +65,19 @@ def test_reference_is_the_sum_of_dequantized_planes_in_float64(plane_bits):
 
 # -- CPU multi-row routes -------------------------------------------------------------------------
 
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("plane_bits", [(4,), (8,), (4, 4), (8, 4), (4, 4, 8)])
+def test_the_numpy_route_matches_the_truth_for_every_group_size_and_batch_shape(plane_bits, group_size):
+    # The NumPy route reorders each group's columns (even, then odd) in x and the weight alike.
+    x, planes, b = _case(plane_bits, group_size, out_dims=40, in_dims=256, rows=6)
+    x = x.reshape(2, 3, 256)
+    for active in range(1, len(plane_bits) + 1):
+        want = nested.fp32_truth(x, planes, plane_bits, group_size, active, b)
+        got = nested.dense_nested_matmul(x, planes, plane_bits, group_size, active, b, use_numpy=True)
+        assert got.shape == (2, 3, 40)
+        assert _err(got, want) < TOL[F32], active
+
+
 @pytest.mark.parametrize("plane_bits", [(4,), (4, 4), (4, 4, 8), (2, 2)])
 def test_cpu_routes_match_reference_over_rows(plane_bits):
     # Every row count 1..300 (out 40, in 128: cheap), the active plane count cycling with it.

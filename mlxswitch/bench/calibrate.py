@@ -137,6 +137,13 @@ def _with_scores(positions: list[simulate.Positions], scores: np.ndarray) -> lis
     return out
 
 
+def _heldout(candidate: Candidate, held: list[simulate.Positions], tier_bytes: list[int],
+             bottom: np.ndarray, top: np.ndarray):
+    """A setting replayed on held-out text, and the random control at the share it reached."""
+    quality = simulate.quality(held, [simulate.route(candidate.config, p) for p in held], tier_bytes)
+    return quality, metrics.random_control(bottom, top, quality.top_share)
+
+
 def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], heldout: list[BenchPrompt],
               target_share: float | None, target_retained: float | None, max_tokens: int,
               progress: Progress | None = None, signals: tuple[str, ...] = SIGNALS) -> dict:
@@ -152,10 +159,20 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
         signals = tuple(s for s in signals if s not in BOTTOM_ONLY_SIGNALS)
     candidates = _sweep(profile, cal, tier_bytes, signals)
     chosen = choose(candidates, target_share, target_retained)
-    tried = [simulate.route(chosen.config, p) for p in held]
-    held_quality = simulate.quality(held, tried, tier_bytes)
     bottom, top, _ = _pooled(held, "entropy")
-    random = metrics.random_control(bottom, top, held_quality.top_share)
+    held_quality, random = _heldout(chosen, held, tier_bytes, bottom, top)
+    # The best setting of each signal for the same target, on the same held-out text: how the
+    # signals compare where it matters (share and retained), not only by AUROC.
+    per_signal = {}
+    for signal in signals:
+        try:
+            best = choose([c for c in candidates if c.signal == signal], target_share, target_retained)
+        except UsageError as exc:
+            per_signal[signal] = {"status": str(exc)}
+            continue
+        quality, control = _heldout(best, held, tier_bytes, bottom, top)
+        per_signal[signal] = {"policy": best.policy, "tau": best.tau, **quality.to_dict(),
+                              "random_retained": control.mean}
     return {
         "probe": learned,
         "target": {"share": target_share, "retained": target_retained},
@@ -165,6 +182,7 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
         "heldout": {**held_quality.to_dict(), "random_retained": random.mean,
                     "oracle_retained": metrics.oracle(bottom, top, held_quality.top_share),
                     "vs_random": held_quality.retained / random.mean if random.mean else math.nan},
+        "per_signal_heldout": per_signal,
         "auroc_heldout": aurocs(held),
         "auroc_calibration": aurocs(cal),
         "prompts": {"calibration": [p.id for p in calibration], "heldout": [p.id for p in heldout]},

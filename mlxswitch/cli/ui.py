@@ -340,6 +340,13 @@ def calibration_report(name: str, result: dict) -> Table:
                               f"(×{num(held['vs_random'], 2)}) · oracle {num(held['oracle_retained'])} · "
                               f"{held['bytes_per_token'] / 1e6:.1f} MB/token "
                               f"({len(result['prompts']['heldout'])} prompts, {held['positions']} positions)")
+    for signal, best in result.get("per_signal_heldout", {}).items():
+        if "top_share" in best:
+            table.add_row(f"best on {signal}", f"--policy {best['policy']} --tau {best['tau']:g}: held-out share "
+                                               f"{num(best['top_share'], 2)} · retained {num(best['retained'])} "
+                                               f"(random {num(best['random_retained'])})")
+        else:
+            table.add_row(f"best on {signal}", best.get("status", ""))
     for split in ("heldout", "calibration"):
         aurocs = result[f"auroc_{split}"]
         table.add_row(f"AUROC {split}", " · ".join(f"{signal} {num(v)}" for signal, v in aurocs.items()))

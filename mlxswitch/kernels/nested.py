@@ -95,29 +95,62 @@ def _scratch(shape: tuple[int, ...], slot: int) -> np.ndarray:
 
 
 def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
-    """dense_weight in NumPy for 4- and 8-bit planes: byte views instead of MLX's unpacking loop.
+    """dense_weight in NumPy for 4- and 8-bit planes, its columns in the split order (see below).
+
+    Byte views instead of MLX's unpacking loop. MLX packs values from the low bits up and the CPU
+    is little-endian, so a plane's bytes are its 8-bit values in order, and a byte's low then
+    high nibble are two 4-bit values in order. Writing each group's low nibbles (its even
+    columns), then its high nibbles (its odd ones), keeps every pass contiguous: no strided
+    interleave. `split_columns` puts x in the same order. The planes' biases are summed first
+    (one pass for any plane count). Measured on two 1536×576 planes at 37 rows, product
+    included: 2.8 ms against 4.5 ms interleaved (one plane: 1.9 against 2.2).
 
     The result is a scratch buffer: use it before the next call on this thread.
     """
-    # MLX packs values from the low bits up and the CPU is little-endian, so a plane's bytes are
-    # its 8-bit values in order, and a byte's low then high nibble are two 4-bit values in order.
-    # Measured on two 1536×576 planes: 2.4 ms against 4.4 ms for mx.dequantize.
-    weight = None
-    for p, bits in zip(planes, plane_bits):
+    rows = planes[0]["weight"].shape[0]
+    groups = planes[0]["scales"].shape[1]
+    half = group_size // 2
+    weight = _scratch((rows, groups, 2, half), 0)
+    part = _scratch((rows, groups, 2, half), 1) if len(planes) > 1 else weight
+    codes = _scratch_bytes((rows, groups, half), 2)
+    bias = None
+    for index, (p, bits) in enumerate(zip(planes, plane_bits)):
         raw = np.asarray(p["weight"]).view(np.uint8)
-        rows = raw.shape[0]
+        scale = np.asarray(p["scales"].astype(mx.float32))[:, :, None]
+        out = weight if index == 0 else part
         if bits == 8:
-            values = raw
+            values = raw.reshape(rows, groups, half, 2)
+            np.multiply(values[..., 0], scale, out=out[:, :, 0])
+            np.multiply(values[..., 1], scale, out=out[:, :, 1])
         else:
-            values = np.empty((rows, raw.shape[1] * 2), dtype=np.uint8)
-            np.bitwise_and(raw, 0xF, out=values[:, 0::2])
-            np.right_shift(raw, 4, out=values[:, 1::2])
-        values = values.reshape(rows, -1, group_size)
-        part = _scratch(values.shape, 0 if weight is None else 1)
-        np.multiply(values, np.asarray(p["scales"].astype(mx.float32))[:, :, None], out=part)
-        part += np.asarray(p["biases"].astype(mx.float32))[:, :, None]
-        weight = part if weight is None else np.add(weight, part, out=weight)
-    return weight.reshape(weight.shape[0], -1)
+            raw = raw.reshape(rows, groups, half)
+            np.bitwise_and(raw, 0xF, out=codes)
+            np.multiply(codes, scale, out=out[:, :, 0])
+            np.right_shift(raw, 4, out=codes)
+            np.multiply(codes, scale, out=out[:, :, 1])
+        if index:
+            np.add(weight, part, out=weight)
+        b = np.asarray(p["biases"].astype(mx.float32))
+        bias = b if bias is None else bias + b
+    weight += bias[:, :, None, None]
+    return weight.reshape(rows, -1)
+
+
+def split_columns(x: np.ndarray, group_size: int) -> np.ndarray:
+    """x's columns in _numpy_dense_weight's order: per group, its even columns, then its odd ones."""
+    lead, width = x.shape[:-1], x.shape[-1]
+    grouped = x.reshape(*lead, width // group_size, group_size // 2, 2)
+    return np.ascontiguousarray(np.swapaxes(grouped, -1, -2)).reshape(*lead, width)
+
+
+def _scratch_bytes(shape: tuple[int, ...], slot: int) -> np.ndarray:
+    buffers = _SCRATCH.__dict__.setdefault("bytes", {})
+    key = (shape, slot)
+    if key not in buffers:
+        if len(buffers) > 32:
+            buffers.clear()
+        buffers[key] = np.empty(shape, dtype=np.uint8)
+    return buffers[key]
 
 
 def _row_blocks(out_dims: int, in_dims: int) -> list[tuple[int, int]]:
@@ -142,6 +175,8 @@ def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.ar
     xs = np.asarray(x32).reshape(-1, x32.shape[-1])  # a zero-copy view of MLX's buffer
     out = np.empty((xs.shape[0], blocks[-1][1]), dtype=np.float32)
     byte_aligned = all(bits in (4, 8) for bits in plane_bits)
+    if byte_aligned:
+        xs = split_columns(xs, group_size)  # the weight's column order (see _numpy_dense_weight)
     for r0, r1 in blocks:
         rows = _rows_of(planes, r0, r1)
         if byte_aligned:

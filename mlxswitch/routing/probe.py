@@ -93,3 +93,18 @@ def load_probe(profile_name: str, models: tuple[str, ...], tiers: tuple[str, ...
                          f"`mlxswitch calibrate --profile {profile_name} --target-share 0.25` first "
                          f"(it saves one under {path.parent})")
     return Probe.load(path)
+
+
+def describe_probe(profile_name: str, models: tuple[str, ...], tiers: tuple[str, ...]) -> str:
+    """One line for `doctor`: where this profile's probe is and how it scored, or how to train one."""
+    path = probe_path(profile_name, models, tiers)
+    if not path.exists():
+        return f"none (train one: mlxswitch calibrate --profile {profile_name} --target-share 0.25)"
+    try:
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+    except (OSError, ValueError, KeyError):
+        return f"{path}: unreadable (run mlxswitch calibrate again)"
+    auroc = meta.get("auroc_heldout")
+    scored = f"held-out AUROC {auroc:.3f}, " if isinstance(auroc, float) and math.isfinite(auroc) else ""
+    return f"{path} ({scored}{meta.get('positions', '?')} training positions)"
