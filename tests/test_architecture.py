@@ -15,7 +15,7 @@ LAYERS = [
     ("mlxswitch", "mlxswitch.errors", "mlxswitch.resources", "mlxswitch.files"),
     ("mlxswitch.routing.router", "mlxswitch.routing.policies", "mlxswitch.routing",
      "mlxswitch.kernels", "mlxswitch.cloud", "mlxswitch.bench.metrics", "mlxswitch.bench.prompts"),
-    ("mlxswitch.routing.signals", "mlxswitch.models"),
+    ("mlxswitch.routing.signals", "mlxswitch.routing.probe", "mlxswitch.models"),
     ("mlxswitch.profiles", "mlxswitch.profile_edit"),
     ("mlxswitch.decoding",),
     ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench"),
