@@ -71,6 +71,18 @@ def test_three_tiers_go_to_the_highest_boundary_the_score_crosses_and_step_down_
     assert policy.review(0, 0.1) is None
 
 
+def test_the_cloud_is_reached_on_the_window_of_cheap_scores_and_never_reviewed_into():
+    config = RouterConfig(up=(0.5, 0.8), down=(0.3, 0.6), window=1, min_run=1, policy="peek",
+                          signal="probe", top_local=1)
+    policy = PeekPolicy(config, 3)
+    policy.start(None)
+    assert policy.review(0, 0.95) == 1  # the top local rung, not the cloud
+    assert policy.commit(1, None).rung == 2  # mean 0.95 > up[top local]: a cloud span next
+    assert policy.resume(1).rung == 0  # local decoding resumes on the cheap rung…
+    assert policy.review(0, 0.1) == 1  # …with the top local rung held
+    assert policy.commit(1, None).rung == 0  # 0.1 < down[0]: released
+
+
 def test_records_rederive_from_the_bottom_values_alone():
     config = _config(up=0.6, down=0.4, window=2, min_run=2)
     tried = [[0.2], [0.7, None], [0.45, None], [0.1, None], [0.35]]
@@ -243,3 +255,21 @@ def test_probe_routing_on_shared_gears_matches_the_stepwise_reference(tiny_gears
     assert [[0, 1] if e.tried else [e.rung] for e in events] == tried
     assert any(len(t) > 1 for t in tried) and any(len(t) == 1 for t in tried)
     assert np.allclose([(e.tried_signals or (e.signal,))[0] for e in events], scores, rtol=0, atol=2e-5)
+
+
+def test_calibrate_saves_the_probe_that_a_probe_profile_then_routes_on(tiny_pair, isolated_home):
+    small, large = tiny_pair
+    (isolated_home / "models.toml").write_text(
+        f'[profiles.tiny]\nmode = "pair"\nsmall = "{small}"\nlarge = "{large}"\n'
+        'policy = "peek"\nsignal = "probe"\nup = [0.5]\nwindow = 1\nmin_run = 1\n')
+    before = CliRunner().invoke(app, ["chat", "--profile", "tiny", "--json", "--max-tokens", "8"], input="Hi\n")
+    assert before.exit_code != 0 and "no probe is trained for profile 'tiny'" in before.stderr
+    # Calibrating a profile that routes on the probe does not need one: it trains it.
+    calibrated = CliRunner().invoke(app, ["calibrate", "--profile", "tiny", "--target-share", "0.3", "--quick",
+                                          "--max-tokens", "24"])
+    assert calibrated.exit_code == 0, calibrated.stderr
+    assert "best on probe" in calibrated.stdout, calibrated.stdout
+    after = CliRunner().invoke(app, ["chat", "--profile", "tiny", "--json", "--max-tokens", "8"], input="Hi\n")
+    assert after.exit_code == 0, after.stderr
+    record = json.loads(after.stdout)
+    assert record["router"]["signal"] == "probe" and 0 <= record["router"]["initial_signal"] <= 1
