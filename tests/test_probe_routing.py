@@ -200,11 +200,14 @@ def test_chat_on_the_probe_loads_it_from_the_user_directory(tiny_pair, isolated_
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["router"]["signal"] == "probe"
-    tokens = record["tokens"]
-    tried = [[None if v is None else float(v) for _, v in t["tried"]] if "tried" in t else [float(t["signal"])]
-             for t in tokens]
     config = _config(0.5, 0.5)
-    assert [record["router"]["tiers"][r] for r in derive_rungs(config, 2, None, tried)] == [t["tier"] for t in tokens]
+    lines = [json.loads(line) for line in telemetry.read_text().splitlines()]
+    for tokens in (record["tokens"], [r for r in lines if "index" in r]):
+        tried = [[None if v is None else float(v) for _, v in t["tried"]] if "tried" in t else [float(t["signal"])]
+                 for t in tokens]
+        rungs = derive_rungs(config, 2, None, tried)
+        assert [record["router"]["tiers"][r] for r in rungs] == [t["tier"] for t in tokens]
+    assert any("tried" in t for t in record["tokens"]) and any("tried" not in t for t in record["tokens"])
 
 
 def stepwise_probe_gears(model, split, prompt_ids, config, probe, max_tokens, eos):
