@@ -8,7 +8,6 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from ..decoding.tiers import Ladder
 from ..errors import UsageError
-from ..models.heads import split_model
 from .simulate import Positions
 
 
@@ -29,10 +28,8 @@ def _signals_and_nll(logits: np.ndarray, targets: np.ndarray) -> dict[str, np.nd
 
 def _split(ladder: Ladder):
     """The bottom model's checked body/head split (the probe's view), or None for other layouts."""
-    tier = ladder.tiers[0]
-    tier.activate()
     try:
-        return ladder.bottom_split or split_model(tier.model.model, tier.model.name)
+        return ladder.bottom_split
     except UsageError:
         return None
 

@@ -102,6 +102,8 @@ class TokenLoop:
         # every logit; only top-p reads probabilities. Otherwise the log-sum-exp pass is skipped.
         self.normalize_for_sampler = normalize_for_sampler
         self.signal = signal  # what the policy reads (RouterConfig.signal)
+        # A bottom-only signal (the probe): every position starts on rung 0, which reads it.
+        self.bottom_first = signal in BOTTOM_ONLY_SIGNALS
         self.cloud_span = cloud_span
         self.top_local = len(ladder.tiers) - 1
         self.ids = ids
@@ -140,7 +142,7 @@ class TokenLoop:
                 # Queued before the policy decides: on the rung that made this token (where the
                 # next position starts unless the policy moves), or on the bottom rung for a
                 # bottom-only signal, where every position starts.
-                first_rung = 0 if self.signal in BOTTOM_ONLY_SIGNALS else pending.rung
+                first_rung = 0 if self.bottom_first else pending.rung
                 speculative = self._produce(first_rung, pending.token)
                 mx.async_eval(*speculative.arrays)
             token, routed = int(pending.token.item()), pending.signal(self.signal)
@@ -213,7 +215,7 @@ class TokenLoop:
                 catch_up[group.name] = fed
             token = mx.array(self.ids[group.seen:])
         # The probe reads the bottom rung's hidden state: only there is the model run in halves.
-        probe = self.ladder.probe if rung == 0 and self.signal in BOTTOM_ONLY_SIGNALS else None
+        probe = self.ladder.probe if rung == 0 and self.bottom_first else None
         logits, hidden = group.feed(token, tier.gear, self.prefill_step,
                                     self.ladder.bottom_split if probe is not None else None)
         signals = read_time_signals(logits)

@@ -119,18 +119,25 @@ class Ladder:
     tiers: list[Tier]
     description: str = ""
     note: str = ""  # the profile's own words about it, shown under the chat's title
-    probe: Probe | None = None  # the learned signal, with the bottom model's split (attach_probe)
-    bottom_split: SplitModel | None = None
+    probe: Probe | None = None  # the learned signal (attach_probe)
+    _bottom_split: SplitModel | None = field(default=None, repr=False)
+
+    @property
+    def bottom_split(self) -> SplitModel:
+        """The bottom model's checked body/head split (checked once; a UsageError for other layouts)."""
+        if self._bottom_split is None:
+            bottom = self.tiers[0]
+            bottom.activate()
+            self._bottom_split = split_model(bottom.model.model, bottom.model.name)
+        return self._bottom_split
 
     def attach_probe(self, probe: Probe) -> None:
-        """Route on `probe`: check that it reads this bottom model's hidden state, split the model."""
-        bottom = self.tiers[0]
-        bottom.activate()
-        split = split_model(bottom.model.model, bottom.model.name)
+        """Route on `probe`, once it is checked to read this bottom model's hidden state."""
+        split = self.bottom_split
         if probe.dims != split.hidden_size + len(SCALARS):
             raise UsageError(f"the saved probe reads {probe.dims - len(SCALARS)} hidden dimensions but "
-                             f"{bottom.model.name} has {split.hidden_size}: run `mlxswitch calibrate` again")
-        self.probe, self.bottom_split = probe, split
+                             f"{self.tiers[0].model.name} has {split.hidden_size}: run `mlxswitch calibrate` again")
+        self.probe = probe
 
     @property
     def groups(self) -> list[CacheGroup]:
