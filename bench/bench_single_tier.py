@@ -17,7 +17,7 @@ from mlx_lm.generate import stream_generate
 
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import single_model_ladder
-from mlxswitch.models.loading import load_model
+from mlxswitch.models.sources import load_model
 from mlxswitch.routing.router import RouterConfig
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

@@ -12,14 +12,19 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
+from .cloud.budget import CLOUD_MODES, cloud_settings
 from .decoding.session import ChatSession, GenerationSettings
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
-from .cloud.budget import CLOUD_MODES, cloud_settings
 from .errors import UsageError
 from .models.gear_files import build_geared, check_writable_dir
-from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for, prepare_geared
-from .models.loading import load_model
+from .models.gears import (
+    DEFAULT_GROUP_SIZE,
+    GROUP_SIZES,
+    plane_bits_for,
+    prepare_geared,
+)
 from .models.memory import check_memory
+from .models.sources import load_model
 from .models.tokenizers import check_shared_tokenizer
 from .profiles import Profile, load_profiles
 from .routing.probe import load_probe
@@ -142,11 +147,11 @@ def build_ladder(profile: Profile, progress: Progress | None = None,
     for source in profile.models:
         say(f"loading {source}")
     if len(profile.models) == 2:  # a pair, or a cascade on a pair
-        small, large = (load_model(source) for source in profile.models)
+        small, large = (load_model(source, say) for source in profile.models)
         check_shared_tokenizer(small.source, small.tokenizer, large.source, large.tokenizer)
         ladder = pair_ladder(small, large)
     else:
-        loaded = load_model(profile.models[0])
+        loaded = load_model(profile.models[0], say)
         if profile.gears:
             ladder = gear_ladder(prepare_geared(loaded, profile.gears, progress=say), list(profile.gears))
         else:

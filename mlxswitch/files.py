@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -57,3 +58,30 @@ def atomic_file(path: Path, what: str, binary: bool = False) -> Iterator[IO]:
         temporary.unlink(missing_ok=True)
         raise
     commit(temporary, path, what)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path, replace: bool = False) -> Iterator[Path]:
+    """Fill a temporary directory beside `path`, renamed to it at the end, gone after any error.
+
+    An existing `path` is replaced only with `replace`; otherwise the finished twin is dropped
+    (another process got there first with the same content).
+    """
+    path = Path(path).expanduser()
+    staging = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+        yield staging
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes 0700; what we write is for everyone
+        if path.exists() and replace:
+            shutil.rmtree(path)
+        if not path.exists():
+            staging.rename(path)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

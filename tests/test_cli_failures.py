@@ -264,7 +264,7 @@ def test_an_answer_ended_at_once_says_why_without_timings(tiny_pair):
     from mlxswitch.cli.ui import status_line
     from mlxswitch.decoding.session import ChatSession, GenerationSettings
     from mlxswitch.decoding.tiers import single_model_ladder
-    from mlxswitch.models.loading import load_model
+    from mlxswitch.models.sources import load_model
 
     loaded = load_model(str(tiny_pair[0]))
     session = ChatSession(single_model_ladder(loaded), RouterConfig(up=()), GenerationSettings(max_tokens=4))

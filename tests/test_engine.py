@@ -13,7 +13,7 @@ from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.errors import PromptTooLongError
 from mlxswitch.decoding.tiers import pair_ladder
-from mlxswitch.models.loading import load_model
+from mlxswitch.models.sources import load_model
 from mlxswitch.routing.router import Router, RouterConfig, derive_tiers
 
 INF = math.inf

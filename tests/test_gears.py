@@ -20,7 +20,7 @@ from mlxswitch.models.gears import (GearState, NestedLinear, bytes_per_token, ge
                                     honest_plane_bits, nest_model, plane_bits_for, resident_bytes,
                                     source_bits)
 from mlxswitch.decoding.tiers import gear_ladder
-from mlxswitch.models.loading import load_model
+from mlxswitch.models.sources import load_model
 from mlxswitch.resources import embedded_gguf_path
 from mlxswitch.routing.router import RouterConfig, derive_tiers
 

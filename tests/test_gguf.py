@@ -15,6 +15,7 @@ from tinymodels import train_tokenizer
 
 from mlxswitch.errors import ModelFormatError
 from mlxswitch.models.gguf import load_gguf
+from mlxswitch.models.loading import load_gguf_file
 from mlxswitch.resources import embedded_gguf_path
 
 CHAT_PROMPTS = ["What is the capital of France?", "Name three colours."]
@@ -359,18 +360,13 @@ def _raw_gguf(path, tensors: list[tuple[str, int, list[int], bytes]], strings: d
     path.write_bytes(header + b"\0" * (-len(header) % 32) + blobs)
 
 
-def test_k_quant_and_other_foreign_tensor_types_are_refused_by_name(tmp_path):
-    path = tmp_path / "kquant.gguf"
-    # mx.load would silently hand this Q6_K tensor over dequantized, as float16...
+def test_tensor_types_without_a_conversion_are_refused_by_name(tmp_path):
+    path = tmp_path / "q2k.gguf"
     _raw_gguf(path, [("token_embd.weight", 0, [32, 2], b"\0" * 256),
-                     ("output.weight", 14, [256, 1], b"\0" * 210)], {"general.architecture": "llama"})
-    with pytest.raises(ModelFormatError,
-                       match=r"kquant.gguf: 1 tensor\(s\) use Q6_K \(first: 'output.weight', Q6_K\)"):
-        load_gguf(path, mx.float32)
-    # ...and refuses this Q5_0 one with a message that does not say why.
-    _raw_gguf(path, [("output.weight", 6, [32, 1], b"\0" * 22)], {"general.architecture": "llama"})
-    with pytest.raises(ModelFormatError, match=r"use Q5_0 .*only F32/F16/BF16/Q4_0/Q4_1/Q8_0"):
-        load_gguf(path, mx.float32)
+                     ("output.weight", 10, [256, 1], b"\0" * 84)], {"general.architecture": "llama"})
+    with pytest.raises(ModelFormatError, match=r"q2k.gguf: 1 tensor\(s\) use Q2_K \(first: 'output.weight'\), "
+                                               r"which mlxswitch cannot load; supported GGUF types: F32, F16"):
+        load_gguf_file("q2k", path, "q2k")
 
 
 def test_bf16_beyond_float16_range_is_refused(tmp_path):
@@ -422,7 +418,7 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path, tiny_vocab):
 
 def test_saved_gears_of_a_llama3_gguf_keep_its_rope_factors(tmp_path, tiny_vocab):
     from mlxswitch.models.gear_files import build_geared, load_geared_dir
-    from mlxswitch.models.loading import load_model
+    from mlxswitch.models.sources import load_model
 
     factors = _llama3_rope_factors(HIDDEN // HEADS, 10000.0, 8.0, 1.0, 4.0, 64)
     path = tmp_path / "llama3.gguf"

@@ -43,7 +43,7 @@ def test_the_embedded_default_gives_the_same_tokens_on_every_route(monkeypatch):
 
 
 def test_plain_quantized_models_take_the_multi_row_route():
-    from mlxswitch.models.loading import load_model
+    from mlxswitch.models.sources import load_model
 
     model = load_model("embedded").model
     layers = [m for _, m in model.named_modules() if isinstance(m, RowsQuantizedLinear)]

@@ -14,7 +14,7 @@ from mlxswitch.cli import app
 from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
-from mlxswitch.models.loading import load_model
+from mlxswitch.models.sources import load_model
 from mlxswitch.routing.policies import PeekPolicy, derive_rungs, derive_tried
 from mlxswitch.routing.router import RouterConfig
 

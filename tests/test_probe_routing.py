@@ -16,7 +16,7 @@ from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import pair_ladder
 from mlxswitch.errors import SettingError, UsageError
 from mlxswitch.models.heads import split_model
-from mlxswitch.models.loading import load_model
+from mlxswitch.models.sources import load_model
 from mlxswitch.routing.policies import PeekPolicy, derive_rungs, derive_tried
 from mlxswitch.routing.probe import Probe, probe_path
 from mlxswitch.routing.router import RouterConfig

@@ -101,7 +101,7 @@ def test_different_end_of_sequence_ids_are_refused(tmp_path):
 # -- memory -------------------------------------------------------------------------------------
 
 def resident(path: Path) -> int:
-    from mlxswitch.models.loading import load_model
+    from mlxswitch.models.sources import load_model
 
     return sum(v.nbytes for _, v in tree_flatten(load_model(str(path)).model.parameters()))
 

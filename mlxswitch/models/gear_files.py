@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,9 +10,24 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..errors import ModelFormatError, ModelNotFoundError, OutputError, UsageError
-from .gears import (DEFAULT_GROUP_SIZE, HALF_DTYPES, OTHER_DTYPE, STORAGE_DTYPE, GearState,
-                    NestedLinear, exact_dtype, gear_report, honest_plane_bits, linear_layers,
-                    nest_model, plane_bits_for, plane_group_size, replace_module, source_bits)
+from ..files import atomic_dir
+from .gears import (
+    DEFAULT_GROUP_SIZE,
+    HALF_DTYPES,
+    OTHER_DTYPE,
+    STORAGE_DTYPE,
+    GearState,
+    NestedLinear,
+    exact_dtype,
+    gear_report,
+    honest_plane_bits,
+    linear_layers,
+    nest_model,
+    plane_bits_for,
+    plane_group_size,
+    replace_module,
+    source_bits,
+)
 from .gguf import use_rope_factors
 from .weights import LoadedModel, compute_dtype, load_checked_weights, model_classes
 
@@ -115,25 +127,11 @@ def build_geared(loaded: LoadedModel, out: Path, plane_bits: tuple[int, ...] | N
     check_writable_dir(out, force)
     planes = tuple(plane_bits or honest_plane_bits(source_bits(loaded.model)))
     plane_bits_for(tuple(sum(planes[: i + 1]) for i in range(len(planes))))  # validates widths
-    staging = None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    with atomic_dir(out, replace=True) as staging:
         nest_model(loaded.model, planes, group_size)
         save_geared(loaded.model, {**loaded.config, "mlxswitch_gears": {"source": loaded.source}},
                     staging)
         loaded.tokenizer.save_pretrained(str(staging))  # the wrapper forwards to the HF tokenizer
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes 0700; a built model is for everyone
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    except OSError as exc:
-        raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     return [f"built {out} from {loaded.source}", *gear_report(loaded.model).lines(),
             f"saved {size / 1e6:.1f} MB"]

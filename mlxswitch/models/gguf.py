@@ -1,8 +1,10 @@
 """GGUF files (llama.cpp / Ollama / LM Studio) as mlx-lm models, tokenizer and chat template included.
 
-`mx.load` reads the tensors (Q4_0/Q4_1/Q8_0 arrive as MLX affine triples, group size 32); the
-model config is rebuilt here from the metadata, the tokenizer in gguf_tokenizer.py, and the
-header (tensor types, read without loading) in gguf_reader.py.
+Two ways in. A file whose every tensor `mx.load` reads exactly (F32/F16/BF16, and Q4_0/Q4_1/Q8_0,
+which arrive as MLX affine triples, group size 32) loads directly. Any other file (K-quants,
+Q5_0/Q5_1) is converted once by gguf_convert.py into a cached mlx-lm directory. The model config
+is rebuilt here from the metadata, the tokenizer in gguf_tokenizer.py, and the header (tensor
+types, read without loading) in gguf_reader.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import ModelFormatError
+from .gguf_convert import (
+    Progress,
+    convert_tensors,
+    find_converted,
+    known_sha256,
+    reader_metadata,
+    refuse_unknown_types,
+    write_converted,
+)
+from .gguf_convert import tensor_types as convert_tensor_types
 from .gguf_reader import BF16, GROUP_SIZE, ggml_type, header_types_or_none, meta_value
 from .gguf_tokenizer import build_tokenizer
 from .weights import load_checked_weights, model_classes
@@ -42,18 +54,25 @@ _ROPE_FREQS = "rope_freqs.weight"
 _ARCHITECTURES = {"llama": {"rope_traditional": True}, "qwen2": {"rope_traditional": False}}
 
 def load_gguf(path: Path, float_dtype: mx.Dtype | None) -> tuple[nn.Module, TokenizerWrapper, dict]:
-    """Build an mlx-lm model, its tokenizer and an mlx-lm style config from a GGUF file.
+    """Build an mlx-lm model, its tokenizer and an mlx-lm style config from a GGUF file whose
+    tensors `mx.load` reads exactly (see `needs_conversion`).
 
     float_dtype: every floating tensor (quantization scales and norms included) is cast to it;
     None keeps the checkpoint's precision, i.e. the float dtype holding most of its values.
     """
     path = Path(path)
     tensors, meta = _read(path)
+    _check_tensor_types(path, tensors)
+    return _assemble(path, meta, tensors, float_dtype)
+
+
+def _assemble(path: Path, meta: dict, tensors: dict, float_dtype: mx.Dtype | None
+              ) -> tuple[nn.Module, TokenizerWrapper, dict]:
+    """Model, tokenizer and config from GGUF metadata and tensors under their GGUF names."""
     arch = meta_value(meta, "general.architecture", path)
     if arch not in _ARCHITECTURES:
         raise ModelFormatError(f"{path.name}: architecture '{arch}' is not supported "
                                f"(supported: {', '.join(_ARCHITECTURES)})")
-    _check_tensor_types(path, tensors)
     tokenizer = build_tokenizer(meta, path)
     rope_factors = tensors.pop(_ROPE_FREQS, None)
     weights = _rename(tensors, path)
@@ -65,31 +84,51 @@ def load_gguf(path: Path, float_dtype: mx.Dtype | None) -> tuple[nn.Module, Toke
     return model, tokenizer, config
 
 
+def needs_conversion(path: Path) -> bool:
+    """Whether a GGUF holds a tensor type that `mx.load` does not read exactly (K-quants, Q5_x)."""
+    types = header_types_or_none(Path(path))
+    if types is None:
+        raise ModelFormatError(f"{Path(path).name}: not a GGUF file (unreadable header)")
+    return any(not ggml_type(kind).native for kind in types.values())
+
+
+def convert_gguf(path: Path, progress: Progress | None = None, sha256: str | None = None) -> Path:
+    """The mlx-lm directory converted from this GGUF, made once (keyed by its sha256) and cached;
+    `sha256` when the caller verified it already."""
+    path = Path(path)
+    refuse_unknown_types(path, {name: ggml_type(kind).name
+                                for name, kind in (header_types_or_none(path) or {}).items()})
+    sha256 = sha256 or known_sha256(path)
+    found = find_converted(sha256)
+    if found is not None:
+        return found
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises ValueError/struct errors/IndexError for a damaged file
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise ModelFormatError(f"{path.name}: cannot read as GGUF ({reason})") from exc
+    types = convert_tensor_types(reader)
+    meta = reader_metadata(reader)
+    tensors = convert_tensors(path, reader, progress)
+    model, tokenizer, config = _assemble(path, meta, tensors, None)
+    del tensors
+    return write_converted(path, sha256, model, config, tokenizer, types)
+
+
 def _read(path: Path) -> tuple[dict, dict]:
     try:
         return mx.load(str(path), return_metadata=True)
     except Exception as exc:  # mlx raises plain RuntimeError/ValueError for any unreadable file
-        _refuse_foreign_types(path, header_types_or_none(path))  # names the type, if that is why
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].removeprefix("[load_gguf] ")
         raise ModelFormatError(f"{path.name}: cannot read as GGUF ({reason})") from exc
-
-
-def _refuse_foreign_types(path: Path, types: dict[str, int] | None) -> None:
-    foreign = {name: kind for name, kind in (types or {}).items() if not ggml_type(kind).native}
-    if foreign:
-        first, kind = next(iter(foreign.items()))
-        kinds = sorted({ggml_type(k).name for k in foreign.values()})
-        raise ModelFormatError(
-            f"{path.name}: {len(foreign)} tensor(s) use {'/'.join(kinds)} (first: '{first}', "
-            f"{ggml_type(kind).name}); only F32/F16/BF16/Q4_0/Q4_1/Q8_0 GGUF "
-            "tensors are supported — pick a Q4_0, Q8_0 or F16 file")
 
 
 def _check_tensor_types(path: Path, tensors: dict) -> None:
     types = header_types_or_none(path)
     if types is None:
         raise ModelFormatError(f"{path.name}: unreadable GGUF header")
-    _refuse_foreign_types(path, types)
     for name, kind in types.items():
         # mx.load reads BF16 as float16, whose range ends at 65504.
         if kind == BF16 and not mx.all(mx.isfinite(tensors[name])).item():

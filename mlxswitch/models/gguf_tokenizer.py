@@ -38,7 +38,15 @@ _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 def build_tokenizer(meta: dict, path: Path) -> TokenizerWrapper:
     """The GGUF's byte-level BPE tokenizer and chat template as an mlx-lm TokenizerWrapper."""
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
     from transformers import PreTrainedTokenizerFast
 
     kind = meta_value(meta, "tokenizer.ggml.model", path)

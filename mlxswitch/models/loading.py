@@ -1,44 +1,34 @@
-"""One entry point for every model source: the embedded default, a GGUF file, an mlx-lm dir, a HF repo."""
+"""Loading a model's files by format: a GGUF file (read directly or converted once), an mlx-lm dir."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-from ..errors import ModelFormatError, ModelNotFoundError
-from ..resources import EMBEDDED_MODEL_NAME, EMBEDDED_SOURCE, embedded_gguf_path
+import mlx.core as mx
+
+from ..errors import ModelFormatError
 from .gear_files import load_geared_dir
-from .gguf import load_gguf
+from .gguf import convert_gguf, load_gguf, needs_conversion, use_rope_factors
 from .rows import use_fast_rows
-from .sources import hub_snapshot, is_embedded, looks_like_path
 from .weights import LoadedModel, cast_floats, compute_dtype, read_json
 
-
-def load_model(source: str) -> LoadedModel:
-    """Load a model from the embedded default, a .gguf file, an mlx-lm dir or a HF repo id."""
-    source = source.strip()
-    if is_embedded(source):
-        return _load_gguf_source(EMBEDDED_SOURCE, embedded_gguf_path(), EMBEDDED_MODEL_NAME)
-    if looks_like_path(source):
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise ModelNotFoundError(f"model '{source}': no such file or directory")
-        if path.is_file():
-            if path.suffix.lower() != ".gguf":
-                raise ModelFormatError(
-                    f"model '{source}': a model file must be .gguf; otherwise give an mlx-lm directory")
-            return _load_gguf_source(source, path, path.stem)
-        return _load_mlx_dir(source, path, path.name)
-    return _load_mlx_dir(source, hub_snapshot(source, download=True), source.split("/")[-1])
+Progress = Callable[[str], None]
 
 
-def _load_gguf_source(source: str, path: Path, name: str) -> LoadedModel:
+def load_gguf_file(source: str, path: Path, name: str, progress: Progress | None = None) -> LoadedModel:
+    """A GGUF file: straight through `mx.load` when it reads every tensor exactly, else converted
+    once into a cached mlx-lm directory (gguf_convert.py) and loaded from there."""
+    if needs_conversion(path):
+        return load_mlx_dir(source, convert_gguf(path, progress), name)
     model, tokenizer, config = load_gguf(path, compute_dtype())
     use_fast_rows(model)
     return LoadedModel(source, name, model, tokenizer, config,
                        precision=str(config.get("quantization_label", "gguf")))
 
 
-def _load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
+def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
+    """An mlx-lm directory (nested gears saved by `gears build` included)."""
     from mlx_lm.utils import load as mlx_lm_load
 
     if not (path / "config.json").exists():
@@ -52,15 +42,19 @@ def _load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
         raise ModelFormatError(f"model '{source}': {str(exc).splitlines()[0]}") from exc
     except FileNotFoundError as exc:
         raise ModelFormatError(f"model '{source}': {exc}") from exc
+    if config.get("rope_freqs"):  # a converted llama 3.x GGUF: mlx-lm does not know the factors
+        use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
     cast_floats(model, compute_dtype())
     use_fast_rows(model)
     return LoadedModel(source, name, model, tokenizer, config, precision=_precision_label(config))
 
 
 def _precision_label(config: dict) -> str:
+    converted = config.get("mlxswitch_gguf")
+    if converted:
+        kinds = "/".join(converted.get("types", {}))
+        return f"GGUF {config.get('gguf_file_type', '')} ({kinds}) as MLX affine".replace("  ", " ")
     quant = config.get("quantization") or config.get("quantization_config") or {}
     if isinstance(quant, dict) and quant.get("bits"):
         return f"{quant['bits']}-bit"
     return str(config.get("torch_dtype") or config.get("dtype") or "float")
-
-

@@ -2,133 +2,26 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import platform
 import re
-import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import InsufficientMemoryError, ModelFormatError
+from ..errors import InsufficientMemoryError
+from .footprint import Footprint, float_width
 from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
-from .gguf_reader import GROUP_SIZE as GGUF_GROUP_SIZE
-from .gguf_reader import ggml_type, read_header
-from .sources import local_path
-from .weights import compute_dtype, read_json
+from .sources import model_source
 
 KV_CONTEXT_TOKENS = 4096
 _GB = 1e9
 
 
-# -- memory -------------------------------------------------------------------------------------
-
-_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-                      "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
-                      "BOOL": 1}
-
-
-@dataclass(frozen=True)
-class _Weights:
-    """A model's weights as they will sit in memory here, and its shape for the KV cache."""
-
-    bytes: int
-    params: int  # parameters, quantized ones unpacked
-    config: dict  # mlx-lm style: num_hidden_layers, num_key_value_heads, head_dim, …
-
-
-def _floats_become_fp32() -> bool:
-    return compute_dtype() is not None  # on a CPU every float tensor is cast to float32
-
-
-def _float_width(stored: int) -> int:
-    return 4 if _floats_become_fp32() else stored
-
-
-def _dir_weights(folder: Path) -> _Weights | None:
-    files = sorted(folder.glob("*.safetensors"))
-    shards = set(_read_json(folder / "model.safetensors.index.json").get("weight_map", {}).values())
-    if not files or not shards <= {file.name for file in files}:
-        return None  # nothing here, or a download that stopped half-way
-    config = _read_json(folder / "config.json")
-    quant = config.get("quantization") or config.get("quantization_config") or {}
-    bits = int(quant.get("bits", 4)) if isinstance(quant, dict) else 4
-    size = params = 0
-    for file in files:
-        # The header is an 8-byte little-endian length and a JSON table: no weights are read.
-        with open(file, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        header.pop("__metadata__", None)
-        for name, info in header.items():
-            count = math.prod(info["shape"])
-            dtype = info["dtype"]
-            is_float = dtype.startswith(("F", "BF"))
-            size += count * (_float_width(_SAFETENSORS_BYTES.get(dtype, 4)) if is_float
-                             else _SAFETENSORS_BYTES.get(dtype, 4))
-            if dtype == "U32" and name.endswith("weight"):
-                params += count * 32 // bits  # packed quantized weights
-            elif not name.endswith((".scales", ".biases")):
-                params += count
-    return _Weights(size, params, config)
-
-
-def _read_json(path: Path) -> dict:
-    # An estimate goes on without a file the loader will complain about itself.
-    try:
-        return read_json(path)
-    except ModelFormatError:
-        return {}
-
-
-def _gguf_weights(path: Path) -> _Weights:
-    header = read_header(path)
-    meta = header.meta
-    size = params = 0
-    for kind, count in header.tensors.values():
-        params += count
-        kind = ggml_type(kind)
-        if kind.float_bytes:
-            size += count * _float_width(kind.float_bytes)
-        elif kind.quant_bits:
-            # MLX holds a block as packed weights plus a scale and a bias (fp16; fp32 on a CPU).
-            size += count * kind.quant_bits // 8 + 2 * (count // GGUF_GROUP_SIZE) * _float_width(2)
-        else:  # a type the loader will refuse anyway: count it at 8 bits
-            size += count
-    arch = meta.get("general.architecture", "llama")
-    heads = meta.get(f"{arch}.attention.head_count")
-    config = {"num_hidden_layers": meta.get(f"{arch}.block_count"),
-              "num_attention_heads": heads,
-              "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", heads),
-              "hidden_size": meta.get(f"{arch}.embedding_length"),
-              "max_position_embeddings": meta.get(f"{arch}.context_length")}
-    return _Weights(size, params, config)
-
-
-def _weights(source: str) -> _Weights | None:
-    path = local_path(source)
-    if path is None:
-        return None
-    if path.is_file():
-        try:
-            return _gguf_weights(path)
-        except (OSError, ValueError, KeyError, struct.error):
-            # Not a readable GGUF: the loader will say so; guess from the file size meanwhile.
-            size = path.stat().st_size
-            return _Weights(size, size * 2, {})
-    try:
-        return _dir_weights(path)
-    except (OSError, ValueError, KeyError, struct.error):
-        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        return _Weights(size, size // 2, _read_json(path / "config.json")) if size else None
-
-
 def estimate_model_bytes(source: str) -> int | None:
     """Bytes the model's weights take once loaded here (floats in fp32 on a CPU); None if not local."""
-    weights = _weights(source)
+    weights = model_source(source).footprint()
     return weights.bytes if weights is not None else None
 
 
@@ -136,7 +29,7 @@ _PARAMS_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)([BM])(?![A-Za-z])")
 _BITS_IN_NAME = re.compile(r"(\d+)[-_]?bit", re.IGNORECASE)
 
 
-def _guess_weights(source: str) -> _Weights | None:
+def _guess_weights(source: str) -> Footprint | None:
     name = source.rsplit("/", 1)[-1]
     found = _PARAMS_IN_NAME.search(name)
     if found is None:
@@ -144,10 +37,10 @@ def _guess_weights(source: str) -> _Weights | None:
     params = int(float(found.group(1)) * (1e9 if found.group(2) == "B" else 1e6))
     bits = _BITS_IN_NAME.search(name)
     if bits:  # b-bit weights plus a scale and a bias per group of 64
-        per_param = int(bits.group(1)) / 8 + 2 * _float_width(2) / 64
+        per_param = int(bits.group(1)) / 8 + 2 * float_width(2) / 64
     else:  # no quantization in the name: a half-precision checkpoint
-        per_param = _float_width(2)
-    return _Weights(int(params * per_param), params, {})
+        per_param = float_width(2)
+    return Footprint(int(params * per_param), params, {})
 
 
 def guess_model_bytes(source: str) -> int | None:
@@ -158,7 +51,7 @@ def guess_model_bytes(source: str) -> int | None:
 
 def kv_cache_bytes(config: dict, tokens: int = KV_CONTEXT_TOKENS) -> int:
     """Keys and values for `tokens` of context (capped by the model's own), from an mlx-lm config."""
-    width = _float_width(2)
+    width = float_width(2)
     if not config.get("num_hidden_layers"):
         return 64 * 1024 * tokens * width // 2  # ~a 3B GQA model's fp16 KV per token, when unknown
     tokens = min(tokens, int(config.get("max_position_embeddings") or tokens))
@@ -168,12 +61,12 @@ def kv_cache_bytes(config: dict, tokens: int = KV_CONTEXT_TOKENS) -> int:
     return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * width * tokens
 
 
-def _gear_plane_bytes(weights: _Weights, gears: tuple[int, ...]) -> int:
+def _gear_plane_bytes(weights: Footprint, gears: tuple[int, ...]) -> int:
     """Nesting in memory: the planes (top gear's bits + scales per plane) sit beside the source."""
     if weights.config.get("mlxswitch_gears"):
         return 0  # saved already nested: the files are the planes
     planes = plane_bits_for(tuple(gears))
-    per_param = sum(planes) / 8 + len(planes) * 2 * _float_width(2) / DEFAULT_GROUP_SIZE
+    per_param = sum(planes) / 8 + len(planes) * 2 * float_width(2) / DEFAULT_GROUP_SIZE
     return int(weights.params * per_param)
 
 
@@ -263,7 +156,7 @@ def estimate_memory(profile_or_sources, tokens: int = KV_CONTEXT_TOKENS) -> Memo
     roles = ("small", "large") if len(sources) == 2 else ("model",) * len(sources)
     models = []
     for role, source in zip(roles, sources):
-        weights, guessed = _weights(source), False
+        weights, guessed = model_source(source).footprint(), False
         if weights is None:
             weights, guessed = _guess_weights(source), True
         if weights is None:
