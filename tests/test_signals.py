@@ -453,3 +453,18 @@ def test_metal_source_emulated_special_values(build, capfd):
     # fewer logits than threads: most threads stay empty
     x = _logits(37, seed=9)
     assert error(_emulated(mx.float32, x, 1024, build, capfd), float64_token_signals(x)) < 1e-4
+
+
+def test_the_float64_truth_equals_a_naive_log_softmax():
+    # The truth shares the engine's identities (kernels/entropy.py); this keeps it honest against
+    # the textbook formulas, written out independently.
+    rng = np.random.default_rng(5)
+    for v in (2, 7, 4099):
+        x = rng.normal(0, 4, v)
+        p = np.exp(x - x.max())
+        p /= p.sum()
+        bits = np.log2(p)
+        entropy = -(p * bits).sum()
+        top = np.sort(p)[-2:]
+        want = [entropy, (p * bits * bits).sum() - entropy**2, top[1] - top[0]]
+        assert np.allclose(float64_token_signals(x), want, rtol=1e-9, atol=1e-12)

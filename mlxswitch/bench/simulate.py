@@ -66,7 +66,7 @@ def route(config: RouterConfig, positions: Positions) -> list[list[int]]:
     if not values.shape[1]:
         return []
     settled = replay(make_policy(config, values.shape[0]), float(values[0, 0]),
-                     (ColumnPosition(values[:, t]) for t in range(values.shape[1])))
+                     (ColumnPosition(values[:, t].tolist()) for t in range(values.shape[1])))
     return [list(s.rungs) for s in settled]
 
 

@@ -100,7 +100,7 @@ class _LivePosition:
         self.loop, self.pending, self.queue_next = loop, pending, queue_next
         self.catch_up = dict(pending.catch_up)  # ids fed per cache group, every try counted
         self.speculative: _Pending | None = None
-        self.token: int | None = None
+        self.token = -1  # read in take()
 
     def measure(self, rung: int, attempt: int) -> float | None:
         """The routed signal of this position on `rung` (computed there first if it is another)."""

@@ -36,9 +36,8 @@ SIGNALS: tuple[SignalSpec, ...] = (
 )
 SIGNAL_BY_NAME = {s.name: s for s in SIGNALS}
 # The reduction's outputs, in its order: what the probe reads as scalars and the teacher records.
-MEASURED: tuple[SignalSpec, ...] = tuple(sorted((s for s in SIGNALS if s.index is not None),
-                                                key=lambda s: s.index))
-assert [s.index for s in MEASURED] == list(range(len(MEASURED)))
+MEASURED: tuple[SignalSpec, ...] = tuple(s for s in SIGNALS if s.index is not None)
+assert [s.index for s in MEASURED] == list(range(len(MEASURED))), "list them in the reduction's order"
 
 
 def uncertainty(name: str, measured: Sequence):
