@@ -1,6 +1,12 @@
 """One error hierarchy; every message here reaches the user verbatim as one line."""
 
 
+def one_line(text: object, limit: int) -> str:
+    """`text` on one line (whitespace runs collapsed), cut to `limit` characters with an ellipsis."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class MlxSwitchError(Exception):
     """Base of every error the CLI shows as a one-line message with a non-zero exit."""
 

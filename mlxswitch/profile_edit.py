@@ -38,9 +38,7 @@ def profile_table(profile: Profile, comment: str) -> str:
         keys["model"] = profile.models[0]
     if profile.gears:
         keys["gears"] = list(profile.gears)
-    keys.update(up=list(router.up), down=list(router.downs()), window=router.window,
-                min_run=router.min_run, normalize=router.normalize, policy=router.policy,
-                signal=router.signal)
+    keys.update(router.settings())
     if profile.description:
         keys["description"] = profile.description
     lines += [f"{key} = {_value(value)}" for key, value in keys.items()]

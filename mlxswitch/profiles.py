@@ -135,11 +135,6 @@ def load_profiles() -> ProfileSet:
     return result
 
 
-def get_profile(name: str | None = None) -> Profile:
-    """One profile by name (None: the default)."""
-    return load_profiles().get(name)
-
-
 # -- reading a file -----------------------------------------------------------------------------
 
 _TOML_POSITION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)")

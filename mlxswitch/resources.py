@@ -20,10 +20,11 @@ EMBEDDED_SOURCE = "embedded:smollm2-135m"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _data_path(name: str) -> Path:
+def bundled_file(inside: str, checkout: str | None = None) -> Path:
+    """A shipped file: `inside` the package (a wheel), else `checkout` (default: the same) in a checkout."""
     # A wheel carries data inside the package (force-include); a checkout keeps it at the repo root.
-    inside = _PACKAGE_DIR / name
-    return inside if inside.exists() else _PACKAGE_DIR.parent / name
+    path = _PACKAGE_DIR / inside
+    return path if path.exists() else _PACKAGE_DIR.parent / (checkout or inside)
 
 
 def user_dir() -> Path:
@@ -45,7 +46,7 @@ def cache_dir() -> Path:
 
 def metal_dir() -> Path:
     """Directory holding the `*.metal` kernel bodies."""
-    return _data_path("metal")
+    return bundled_file("metal")
 
 
 def metal_source(name: str) -> str:
@@ -55,7 +56,7 @@ def metal_source(name: str) -> str:
 
 def bundled_models_toml() -> Path:
     """Path of the models.toml that ships with the package."""
-    return _data_path("models.toml")
+    return bundled_file("models.toml")
 
 
 def _embedded_gguf_location() -> Path | None:

@@ -21,7 +21,8 @@ LAYERS = [
     ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench"),
     ("mlxswitch.cli", "mlxswitch.__main__"),
 ]
-PURE = ("mlxswitch.routing.router", "mlxswitch.routing.policies")
+PURE = ("mlxswitch.routing.router", "mlxswitch.routing.policies", "mlxswitch.routing.walk",
+        "mlxswitch.routing.registry")
 
 
 def _module_name(path: Path) -> str:

@@ -1,15 +1,17 @@
-"""mlxswitch.bench: the prompt suite loader/checker and the pure routing/speed metrics."""
+"""mlxswitch.bench: the prompt suite loader/checker, the metrics, and the figures the report derives."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from mlxswitch.bench import metrics as M
+from mlxswitch.bench import simulate
 from mlxswitch.bench.prompts import (
     CATEGORIES,
     BenchPrompt,
@@ -19,7 +21,10 @@ from mlxswitch.bench.prompts import (
     numbers_in,
     select,
 )
+from mlxswitch.bench.report import summarize_bench
+from mlxswitch.bench.runner import Arm, BenchRun, forced_config, sweep_config
 from mlxswitch.errors import ConfigError, UsageError
+from mlxswitch.routing.router import RouterConfig
 
 
 def _data(seed: int, n: int = 400):
@@ -35,12 +40,31 @@ def _data(seed: int, n: int = 400):
 # ---------------------------------------------------------------- retained fidelity and controls
 
 
-def test_retained_endpoints():
-    b, t, _ = _data(0)
-    assert M.retained_fidelity(b, t, np.zeros(b.size, bool)) == 0.0
-    assert M.retained_fidelity(b, t, np.ones(b.size, bool)) == pytest.approx(1.0)
-    assert M.share(np.zeros(4, bool)) == 0.0 and M.share([1, 0, 0, 1]) == 0.5
-    assert math.isnan(M.share([]))
+def _positions(seed: int, prompts: int = 2, n: int = 200) -> list[simulate.Positions]:
+    """Teacher-forced arrays for a pair: the bottom tier's entropy is a noisy view of the gain."""
+    out = []
+    for k in range(prompts):
+        b, t, signal = _data(seed * 10 + k, n)
+        out.append(simulate.Positions(f"p{k}", np.stack([signal, signal]), np.stack([b, t])))
+    return out
+
+
+def _pooled(positions):
+    return (np.concatenate([p.nll[0] for p in positions]), np.concatenate([p.nll[-1] for p in positions]))
+
+
+def test_reported_quality_endpoints_and_the_retained_formula():
+    positions = _positions(0)
+    tier_bytes = [100, 300]
+    alone = [simulate.quality(positions, simulate.forced(positions, r), tier_bytes) for r in (0, 1)]
+    assert alone[0].retained == 0.0 and alone[0].top_share == 0.0 and alone[0].bytes_per_token == 100
+    assert alone[1].retained == pytest.approx(1.0) and alone[1].top_share == 1.0
+    assert M.retained(3.0, 2.0, 1.0) == 0.5 and math.isnan(M.retained(1.0, 1.0, 1.0))
+    # An escalated position costs both tiers: 100 + 300 bytes, then a cheap one 100.
+    hand = simulate.Positions("h", np.array([[5.0, 0.0], [0.5, 0.0]]), np.array([[2.0, 1.0], [1.0, 1.0]]))
+    config = RouterConfig(up=(1.0,), window=1, min_run=1, policy="peek")
+    q = simulate.quality([hand], [simulate.route(config, hand)], tier_bytes)
+    assert (q.top_share, q.bytes_per_token, q.retained) == (0.5, 250, 1.0)
 
 
 def test_retained_hand_case_and_zero_gap():
@@ -54,18 +78,21 @@ def test_retained_hand_case_and_zero_gap():
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_oracle_dominates_signal_and_random(seed):
-    b, t, s = _data(seed)
-    for sh in (0.0, 0.1, 0.25, 0.5, 0.8, 1.0):
-        o = M.oracle(b, t, sh)
-        r = M.ranked_by_signal(b, t, s, sh)
-        rc = M.random_control(b, t, sh, seed=seed, draws=200)
-        assert o >= r - 1e-12
-        assert o >= rc.mean - 1e-12 and o >= rc.p95 - 1e-12
-        assert rc.p5 <= rc.draws_mean <= rc.p95
+def test_the_oracle_bounds_every_replayed_policy_and_the_random_control(seed):
+    positions = _positions(seed)
+    b, t = _pooled(positions)
+    for policy in ("ead", "peek"):
+        for tau in simulate.sweep_thresholds(positions, 5):
+            config = RouterConfig(up=(tau,), window=1, min_run=1, policy=policy)
+            q = simulate.quality(positions, [simulate.route(config, p) for p in positions], [1, 2])
+            rc = M.random_control(b, t, q.top_share, seed=seed, draws=200)
+            assert M.oracle(b, t, q.top_share) >= max(q.retained, rc.mean, rc.p95) - 1e-12
+            assert rc.p5 <= rc.draws_mean <= rc.p95
     assert M.oracle(b, t, 0.0) == 0.0 and M.oracle(b, t, 1.0) == pytest.approx(1.0)
-    # The informative signal beats random at a moderate share.
-    assert M.ranked_by_signal(b, t, s, 0.3) > M.random_control(b, t, 0.3).p95
+    # The informative signal beats random at a moderate share, deciding on the same position.
+    config = RouterConfig(up=(float(np.quantile(b - t, 0.7)),), window=1, min_run=1, policy="peek")
+    q = simulate.quality(positions, [simulate.route(config, p) for p in positions], [1, 2])
+    assert q.retained > M.random_control(b, t, q.top_share).p95
 
 
 def test_random_expectation_equals_share():
@@ -89,22 +116,67 @@ def test_oracle_ties_and_rounding():
         M.count_for_share(1.5, 10)
 
 
-def test_curve_matches_pointwise():
-    b, t, s = _data(3, n=200)
-    c = M.curve(b, t, s, seed=2, draws=50)
-    assert c.share[0] == 0.0 and c.share[-1] == 1.0 and len(c.share) == 21
-    for i, sh in enumerate(c.share):
-        assert c.oracle[i] == pytest.approx(M.oracle(b, t, sh))
-        assert c.signal[i] == pytest.approx(M.ranked_by_signal(b, t, s, sh))
-        assert c.random_mean[i] == pytest.approx(M.random_control(b, t, sh).mean)
+# ---------------------------------------------------------------- the bench's report
+
+
+def _record(arm, tiers, decode_s, generated=5, prompt="p0"):
+    tokens = [{"id": i, "tier": tier, **({"tried": tried} if tried else {})}
+              for i, (tier, tried) in enumerate(tiers)]
+    counts = Counter(t["tier"] for t in tokens)
+    return {"arm": arm, "repeat": 0, "prompt_id": prompt, "generated": generated, "prefilled": 10,
+            "first_token_s": 0.5, "decode_s": decode_s, "peak_memory_gb": 1.0, "switches": 0,
+            "catch_up_tokens": 0, "tier_counts": dict(counts), "mean_bytes_per_token": 150.0,
+            "tokens": tokens, "correct": None}
+
+
+def _summary(positions):
+    profile = SimpleNamespace(router=RouterConfig(up=(1.0,), window=1, min_run=1, policy="peek"))
+    tiers = [SimpleNamespace(bytes_per_token=100), SimpleNamespace(bytes_per_token=300)]
+    ladder = SimpleNamespace(tier_names=["small", "large"], tiers=tiers)
+    peek = sweep_config(profile, "peek", 1.0, 2)
+    arms = [Arm("small alone", "tier", forced_config(2, 0), tier=0),
+            Arm("large alone", "tier", forced_config(2, 1), tier=1),
+            Arm("peek τ=1", "sweep", peek, policy="peek", tau=1.0)]
+    runs = [_record("small alone", [("small", None)] * 5, 0.4),  # 0.1 s per decoded token
+            _record("large alone", [("large", None)] * 5, 0.8),  # 0.2 s
+            # One escalated token (both tiers computed it) and three cheap ones: ideal 0.3 + 3 × 0.1.
+            _record("peek τ=1", [("small", None), ("large", ["small", "large"])] + [("small", None)] * 3,
+                    0.9)]
+    run = BenchRun(arms=arms, runs=runs, positions=positions, taus=[1.0])
+    return summarize_bench(run, profile, ladder), profile
+
+
+def test_the_report_counts_every_tier_an_escalated_token_ran_in_the_overhead():
+    summary, _ = _summary(_positions(1))
+    arms = {a["name"]: a for a in summary["arms"]}
+    assert arms["small alone"]["speed"]["overhead"]["median"] == pytest.approx(1.0)
+    assert arms["peek τ=1"]["speed"]["overhead"]["median"] == pytest.approx(0.9 / 0.6)
+    assert arms["peek τ=1"]["speed"]["decode_tok_per_s"]["median"] == pytest.approx(4 / 0.9)
+    assert arms["peek τ=1"]["speed"]["top_share"]["median"] == pytest.approx(1 / 5)
+
+
+def test_the_reported_curves_and_controls_are_the_metrics_at_each_share():
+    positions = _positions(3)
+    summary, profile = _summary(positions)
+    b, t = _pooled(positions)
+    curves = summary["curves"]
+    assert curves["share"][0] == 0.0 and curves["share"][-1] == 1.0 and len(curves["share"]) == 21
+    for i, sh in enumerate(curves["share"]):
+        assert curves["oracle"][i] == pytest.approx(M.oracle(b, t, sh))
+        assert curves["random"][i] == pytest.approx(M.random_control(b, t, sh).mean)
     # Where the top tier is worse at some positions the oracle beats top-only (retained > 1) mid-curve.
-    assert np.all(c.oracle >= c.signal - 1e-12) and c.oracle.max() > 1.0 and c.oracle[-1] == pytest.approx(1.0)
-    d = c.to_dict()
-    assert json.loads(json.dumps(d))["k"][-1] == 200
-    shares, retained = M.threshold_curve(b, t, s, [-np.inf, np.inf])
-    assert shares.tolist() == [1.0, 0.0] and retained[0] == pytest.approx(1.0) and retained[1] == 0.0
-    flat = M.curve([1.0, 1.0], [1.0, 1.0])
-    assert np.isnan(flat.oracle).all() and flat.signal is None
+    assert max(curves["oracle"]) > 1.0 and curves["oracle"][-1] == pytest.approx(1.0)
+    for policy, points in curves["policies"].items():
+        for point in points:
+            config = sweep_config(profile, policy, point["tau"], 2)
+            q = simulate.quality(positions, [simulate.route(config, p) for p in positions], [100, 300])
+            assert point["retained"] == pytest.approx(q.retained) and point["top_share"] == q.top_share
+    peek = next(a for a in summary["arms"] if a["name"] == "peek τ=1")
+    assert peek["random_control"]["mean"] == pytest.approx(
+        M.random_control(b, t, peek["quality"]["top_share"]).mean)
+    assert peek["oracle"] == pytest.approx(M.oracle(b, t, peek["quality"]["top_share"]))
+    flat = [simulate.Positions("f", np.ones((2, 3)), np.ones((2, 3)))]
+    assert all(v is None for v in _summary(flat)[0]["curves"]["oracle"])  # no gap: null, not NaN
 
 
 # ---------------------------------------------------------------- AUROC
@@ -141,7 +213,7 @@ def test_auroc_matches_naive_reference():
 # ---------------------------------------------------------------- speed helpers
 
 
-def test_summarize_bounds_and_overhead():
+def test_summarize_and_bounds():
     assert M.summarize([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
     assert math.isnan(M.summarize([])["median"])
     bound = M.apple_bound_tok_s(1e9)  # 1 GB per token
@@ -150,12 +222,6 @@ def test_summarize_bounds_and_overhead():
     assert M.apple_bound_tok_s(1e9, efficiency=0.5)["M2 Ultra"] == pytest.approx(400.0)
     with pytest.raises(ValueError):
         M.apple_bound_tok_s(0)
-    ideal = 80 * 0.01 + 20 * 0.05  # 1.8 s
-    assert M.overhead_ratio(2.7, {"small": 80, "large": 20}, {"small": 0.01, "large": 0.05}) == pytest.approx(1.5)
-    assert ideal == pytest.approx(1.8)
-    assert math.isnan(M.overhead_ratio(1.0, {"small": 0}, {"small": 0.01}))
-    with pytest.raises(ValueError):
-        M.overhead_ratio(1.0, {"cloud": 3}, {"small": 0.01})
 
 
 # ---------------------------------------------------------------- prompt suite

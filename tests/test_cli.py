@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxswitch.cli import app
-from mlxswitch.routing.policies import derive_rungs
 from mlxswitch.routing.router import RouterConfig
+from mlxswitch.routing.walk import derive_rungs
 
 runner = CliRunner()
 

@@ -138,13 +138,12 @@ def test_budget_totals_per_answer_and_session():
     assert data["session"]["usd"] == pytest.approx(round(first + second, 6))
     assert data["answer"]["calls"] == 2 and data["answer"]["output_tokens"] == 5
     assert data["limits"] == {"usd": 1.0, "calls": 3} and data["prices_taken"] == PRICES_TAKEN
-    assert not budget.allows() and "3 of 3 calls" in budget.refusal()
+    assert "3 of 3 calls" in budget.refusal()
 
 
 def test_budget_refuses_a_call_that_could_overshoot():
     budget = CloudBudget(cloud_settings(budget_usd=0.001))
-    assert budget.allows(0.0009)
-    assert not budget.allows(0.0011)
+    assert budget.refusal(0.0009) is None
     assert "the next call could cost up to $0.0011" in budget.refusal(0.0011)
 
 

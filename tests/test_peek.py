@@ -15,8 +15,9 @@ from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
 from mlxswitch.models.sources import load_model
-from mlxswitch.routing.policies import PeekPolicy, derive_rungs, derive_tried
+from mlxswitch.routing.policies import PeekPolicy
 from mlxswitch.routing.router import RouterConfig
+from mlxswitch.routing.walk import derive_rungs, derive_tried
 
 PROMPTS = ["What is the capital of France?", "Count: one two three", "def add(a, b):"]
 

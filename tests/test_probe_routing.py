@@ -17,9 +17,10 @@ from mlxswitch.decoding.tiers import pair_ladder
 from mlxswitch.errors import SettingError, UsageError
 from mlxswitch.models.heads import split_model
 from mlxswitch.models.sources import load_model
-from mlxswitch.routing.policies import PeekPolicy, derive_rungs, derive_tried
+from mlxswitch.routing.policies import PeekPolicy
 from mlxswitch.routing.probe import Probe, probe_path
 from mlxswitch.routing.router import RouterConfig
+from mlxswitch.routing.walk import derive_rungs, derive_tried
 
 PROMPTS = ["What is the capital of France?", "Count: one two three"]
 

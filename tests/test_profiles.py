@@ -9,7 +9,7 @@ import pytest
 
 from mlxswitch.cloud import CloudSettings
 from mlxswitch.errors import ConfigError
-from mlxswitch.profiles import get_profile, load_profiles, user_models_toml
+from mlxswitch.profiles import load_profiles, user_models_toml
 from mlxswitch.resources import bundled_models_toml
 
 
@@ -54,7 +54,7 @@ def test_bundled_cascade_example_parses_once_uncommented(tmp_path, monkeypatch):
     text = bundled_models_toml().read_text()
     block = text.split("# BEGIN cascade example\n")[1].split("# END cascade example")[0]
     use_file(tmp_path, monkeypatch, re.sub(r"^# ?", "", block, flags=re.M))
-    profile = get_profile("qwen2.5-0.5b-7b-cloud")
+    profile = load_profiles().get("qwen2.5-0.5b-7b-cloud")
     assert profile.mode == "cascade" and profile.tier_names() == ("small", "large", "cloud")
     assert profile.router.up == (0.6, 2.5) and profile.router.down == (0.36, 1.5)
     assert profile.cloud == CloudSettings(mode="span", model="claude-haiku-4-5", span_tokens=48,
@@ -64,7 +64,7 @@ def test_bundled_cascade_example_parses_once_uncommented(tmp_path, monkeypatch):
 def test_bundled_cascade_profile_parses_and_runs_locally_with_cloud_off():
     from mlxswitch.api import resolve_profile
 
-    profile = get_profile("qwen2.5-0.5b-7b-cloud")  # uncommented in the bundled file
+    profile = load_profiles().get("qwen2.5-0.5b-7b-cloud")  # uncommented in the bundled file
     assert profile.mode == "cascade" and profile.tier_names() == ("small", "large", "cloud")
     assert profile.cloud.model == "claude-haiku-4-5" and profile.cloud.mode == "span"
     local = resolve_profile("qwen2.5-0.5b-7b-cloud", cloud="off")
@@ -79,7 +79,7 @@ def test_cascade_profiles_parse_into_cloud_settings(tmp_path, monkeypatch):
     use_file(tmp_path, monkeypatch,
              '[profiles.c]\nmode = "cascade"\nmodel = "embedded"\ngears = [4, 8]\nup = [2.0, "inf"]\n'
              '[profiles.c.cloud]\nbudget_usd = 0.1\n')
-    profile = get_profile("c")
+    profile = load_profiles().get("c")
     assert profile.tier_names() == ("g4", "g8", "cloud") and profile.router.up == (2.0, math.inf)
     assert profile.cloud == CloudSettings(budget_usd=0.1)
 
@@ -93,7 +93,7 @@ def test_user_file_in_home_overrides_and_adds(isolated_home):
         '[profiles.embedded]\nmode = "single"\nmodel = "embedded"\n')
     profiles = load_profiles()
     assert user_models_toml() == isolated_home / "models.toml"
-    assert profiles.default == "mine" and get_profile(None).name == "mine"
+    assert profiles.default == "mine" and load_profiles().get(None).name == "mine"
     mine = profiles.get("mine")
     assert mine.models == ("a/b", "a/c") and mine.router.down is None
     assert (mine.router.window, mine.router.min_run) == (3, 7) and mine.origin == str(isolated_home / "models.toml")
@@ -126,14 +126,14 @@ def test_paths_expand_home_and_resolve_against_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     path = use_file(tmp_path, monkeypatch,
                     '[profiles.p]\nmode = "pair"\nsmall = "~/m/small"\nlarge = "./m/large.gguf"\nup = 1\n')
-    profile = get_profile("p")
+    profile = load_profiles().get("p")
     assert profile.models == (str(tmp_path / "home" / "m" / "small"), str(tmp_path / "m" / "large.gguf"))
     assert profile.router.up == (1.0,) and path.exists()
 
 
 def test_unknown_profile_lists_the_known_ones():
     with pytest.raises(ConfigError) as error:
-        get_profile("nope")
+        load_profiles().get("nope")
     message = str(error.value)
     assert message.startswith("unknown profile 'nope' (known: embedded, embedded-plain, ")
     assert "qwen2.5-0.5b-7b" in message and "llama3.2-1b-3b" in message

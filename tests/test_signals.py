@@ -22,7 +22,8 @@ import pytest
 
 from mlxswitch.kernels import entropy as entropy_kernel
 from mlxswitch.kernels import float64_token_signals, kernel_self_check
-from mlxswitch.routing.signals import entropy_bits, max_entropy_bits, token_signals, token_signals_numpy
+from mlxswitch.routing.router import max_entropy_bits
+from mlxswitch.routing.signals import token_signals, token_signals_numpy
 
 VOCABS = (49152, 151936)
 error = entropy_kernel.signals_error
@@ -104,7 +105,7 @@ def test_known_values():
     h, var, margin = np.array(token_signals(mx.zeros((1, v))))
     assert abs(h - max_entropy_bits(v)) < 1e-4 and var < 1e-4 and margin == 0
     assert np.array(token_signals(mx.array(cases["tie"])))[2] == 0.0
-    assert float(entropy_bits(mx.zeros((v,), dtype=mx.bfloat16))) == pytest.approx(math.log2(v))
+    assert float(token_signals(mx.zeros((v,), dtype=mx.bfloat16))[0]) == pytest.approx(math.log2(v))
     assert max_entropy_bits(151936) == pytest.approx(17.2131, abs=1e-4)
 
 
@@ -181,7 +182,7 @@ def _fake_kernel(max_threads: int, wrong: bool = False):
 def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(
         monkeypatch, max_threads, wrong, expected):
     monkeypatch.setattr(entropy_kernel, "_KERNEL", _fake_kernel(max_threads, wrong))
-    monkeypatch.setattr(entropy_kernel, "_on_gpu", lambda: True)
+    monkeypatch.setattr(entropy_kernel, "on_gpu", lambda: True)
     monkeypatch.setattr(entropy_kernel, "_CHECKED", {})
     launched = []
     real_launch = entropy_kernel._launch
@@ -207,7 +208,7 @@ def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(
 
 def test_reference_setting_bypasses_the_kernel(monkeypatch):
     monkeypatch.setattr(entropy_kernel, "_KERNEL", _fake_kernel(1024, False))
-    monkeypatch.setattr(entropy_kernel, "_on_gpu", lambda: True)
+    monkeypatch.setattr(entropy_kernel, "on_gpu", lambda: True)
     monkeypatch.setattr(entropy_kernel, "_CHECKED", {})
     monkeypatch.setenv("MLXSWITCH_KERNELS", "reference")
     launched = []
@@ -452,3 +453,18 @@ def test_metal_source_emulated_special_values(build, capfd):
     # fewer logits than threads: most threads stay empty
     x = _logits(37, seed=9)
     assert error(_emulated(mx.float32, x, 1024, build, capfd), float64_token_signals(x)) < 1e-4
+
+
+def test_the_float64_truth_equals_a_naive_log_softmax():
+    # The truth shares the engine's identities (kernels/entropy.py); this keeps it honest against
+    # the textbook formulas, written out independently.
+    rng = np.random.default_rng(5)
+    for v in (2, 7, 4099):
+        x = rng.normal(0, 4, v)
+        p = np.exp(x - x.max())
+        p /= p.sum()
+        bits = np.log2(p)
+        entropy = -(p * bits).sum()
+        top = np.sort(p)[-2:]
+        want = [entropy, (p * bits * bits).sum() - entropy**2, top[1] - top[0]]
+        assert np.allclose(float64_token_signals(x), want, rtol=1e-9, atol=1e-12)

@@ -17,12 +17,13 @@ import numpy as np
 from ..decoding.tiers import Ladder
 from ..errors import UsageError
 from ..profiles import Profile
+from ..routing.registry import POLICY_BY_NAME, SIGNAL_BY_NAME
 from ..routing.router import BOTTOM_ONLY_SIGNALS, POLICY_NAMES, SIGNAL_NAMES, RouterConfig
 from ..routing.probe import probe_path
 from . import metrics, probe, simulate
 from .prompts import BenchPrompt
 from .report import GAIN_NATS
-from .runner import Progress, collect_positions, sweep_config
+from .runner import Progress, collect_positions, forced_config, sweep_config
 
 SIGNALS = SIGNAL_NAMES
 GRID = 41  # thresholds per policy and signal: quantiles of the bottom tier's signal, 2%–98%
@@ -46,7 +47,7 @@ def _sweep(profile: Profile, positions: list[simulate.Positions], tier_bytes: li
     out = []
     for policy in POLICY_NAMES:
         for signal in signals:
-            if signal in BOTTOM_ONLY_SIGNALS and policy != "peek":
+            if SIGNAL_BY_NAME[signal].bottom_only and not POLICY_BY_NAME[policy].reads_bottom_only:
                 continue  # the probe exists at every position only when the cheap tier runs first
             for tau in sorted(set(simulate.sweep_thresholds(positions, GRID, signal, 0.02, 0.98))):
                 config = dataclasses.replace(sweep_config(profile, policy, tau, n), signal=signal)
@@ -112,7 +113,7 @@ def train_probe(profile: Profile, ladder: Ladder, session, cal: list[simulate.Po
     held_scores = learned.score(x_held)
     # What the probe adds to a token, against a step of the cheap tier alone (measured here).
     cost = probe.per_token_cost_s(learned)
-    session.router_config = sweep_config(profile, "ead", math.inf, len(ladder.tiers))
+    session.router_config = forced_config(len(ladder.tiers), 0)
     session.reset()
     step = session.ask("Say one short sentence about the sea.", 8)
     cheap_s = 1 / step.tok_per_s if step.tok_per_s else math.nan

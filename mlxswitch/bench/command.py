@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import sys
@@ -15,6 +14,7 @@ from .. import __version__
 from ..decoding.tiers import Ladder
 from ..errors import OutputError
 from ..files import atomic_file
+from ..json_numbers import finite
 from ..profiles import Profile
 from .prompts import BenchPrompt, default_suite_path, load_prompts, select
 from .report import summarize_bench
@@ -81,14 +81,3 @@ def write_json(record: dict, path: Path) -> None:
     """Write the record atomically (temporary name beside it, then rename)."""
     with atomic_file(path, "--json") as handle:
         json.dump(finite(record), handle, ensure_ascii=False, allow_nan=False)
-
-
-def finite(value):
-    """The record with every NaN or infinite float as null (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value

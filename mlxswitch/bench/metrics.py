@@ -10,8 +10,8 @@ gains), with gain[t] = nll_bottom[t] - nll_top[t]; the curves below use that.
 
 Shares are turned into counts as k = floor(share * n + 0.5) (half up, not Python's banker's
 rounding). Rankings break ties by position (earlier first), so every result is deterministic.
-The ordering oracle >= ranked_by_signal and oracle >= random holds whenever the total gain is
-positive (the top tier is better on average), the only case where retained is meaningful.
+The oracle bounds every routing at its share, and the random control's band, whenever the total
+gain is positive (the top tier is better on average), the only case where retained is meaningful.
 Retained can exceed 1 (a policy that skips the positions where the top tier is worse beats
 top-only) and be negative; it is not clipped.
 """
@@ -19,7 +19,7 @@ top-only) and be negative; it is not clipped.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -76,23 +76,19 @@ def _total_gain(b: np.ndarray, t: np.ndarray, eps: float) -> float:
     return math.nan if b.size == 0 or abs(gain / b.size) <= eps else gain
 
 
+def retained(nll_bottom: float, nll: float, nll_top: float, eps: float = GAP_EPS) -> float:
+    """The share of the bottom → top gap in mean NLL a routing closes (NaN when |gap| <= eps)."""
+    gap = float(nll_bottom - nll_top)
+    return float(nll_bottom - nll) / gap if abs(gap) > eps else math.nan
+
+
 def retained_fidelity(nll_bottom, nll_top, chosen_top_mask, eps: float = GAP_EPS) -> float:
-    """(mean NLL_bottom - mean NLL_policy) / (mean NLL_bottom - mean NLL_top); NaN if |gap| <= eps or n = 0."""
+    """`retained` of a mask choosing the top tier per position; NaN when n = 0."""
     b, t = _pair(nll_bottom, nll_top)
     m = _mask(chosen_top_mask, b.size)
     if b.size == 0:
         return math.nan
-    gap = float(b.mean() - t.mean())
-    if abs(gap) <= eps:
-        return math.nan
-    policy = np.where(m, t, b)
-    return float(b.mean() - policy.mean()) / gap
-
-
-def share(mask) -> float:
-    """Fraction of positions sent to the top tier (NaN for an empty mask)."""
-    m = np.asarray(mask).reshape(-1).astype(bool)
-    return float(m.mean()) if m.size else math.nan
+    return retained(b.mean(), np.where(m, t, b).mean(), t.mean(), eps)
 
 
 def top_k_mask(values, k: int) -> np.ndarray:
@@ -156,17 +152,6 @@ def oracle(nll_bottom, nll_top, share: float, eps: float = GAP_EPS) -> float:
     return retained_fidelity(b, t, top_k_mask(b - t, count_for_share(share, b.size)), eps)
 
 
-def ranked_by_signal(nll_bottom, nll_top, signal, share: float, eps: float = GAP_EPS) -> float:
-    """Retained when the top tier takes the k = round(share * n) highest-signal positions."""
-    b, t = _pair(nll_bottom, nll_top)
-    s = np.asarray(signal, dtype=np.float64).reshape(-1)
-    if s.size != b.size:
-        raise ValueError(f"signal has {s.size} positions, expected {b.size}")
-    if b.size == 0:
-        return math.nan
-    return retained_fidelity(b, t, top_k_mask(s, count_for_share(share, b.size)), eps)
-
-
 def auroc(scores, labels) -> float:
     """P(score of a positive > score of a negative), ties counted half (Mann-Whitney U); NaN if a class is empty."""
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
@@ -195,63 +180,6 @@ def share_grid(points: int = 21) -> np.ndarray:
     return np.linspace(0.0, 1.0, points)
 
 
-def _ranked_curve(gain: np.ndarray, order_values: np.ndarray, ks: np.ndarray, total: float) -> np.ndarray:
-    order = np.argsort(-order_values, kind="stable")
-    cum = np.concatenate([[0.0], np.cumsum(gain[order])])
-    return cum[ks] / total
-
-
-@dataclass(frozen=True)
-class Curve:
-    """Retained fidelity against share for the oracle, a signal ranking and the random control."""
-
-    share: np.ndarray  # requested shares
-    k: np.ndarray  # positions given to the top tier at each share
-    oracle: np.ndarray
-    signal: np.ndarray | None  # None when no signal was given
-    random_mean: np.ndarray
-    random_p5: np.ndarray
-    random_p95: np.ndarray
-
-    def to_dict(self) -> dict:
-        """Plain lists (NaN kept as float nan), for JSON or plotting."""
-        return {name: (None if v is None else np.asarray(v).tolist()) for name, v in self.__dict__.items()}
-
-
-def curve(nll_bottom, nll_top, signal=None, shares=None, seed: int = 0, draws: int = RANDOM_DRAWS,
-          eps: float = GAP_EPS) -> Curve:
-    """Sweep shares (default 0, 0.05, ..., 1) for the oracle, the signal ranking and the random control."""
-    b, t = _pair(nll_bottom, nll_top)
-    n = b.size
-    grid = share_grid() if shares is None else np.asarray(shares, dtype=np.float64).reshape(-1)
-    ks = np.array([count_for_share(float(x), n) for x in grid], dtype=np.int64)
-    total = _total_gain(b, t, eps)
-    nan = np.full(grid.size, math.nan)
-    s = None if signal is None else np.asarray(signal, dtype=np.float64).reshape(-1)
-    if s is not None and s.size != n:
-        raise ValueError(f"signal has {s.size} positions, expected {n}")
-    if math.isnan(total):
-        return Curve(grid, ks, nan, None if s is None else nan.copy(), nan.copy(), nan.copy(), nan.copy())
-    gain = b - t
-    oracle_r = _ranked_curve(gain, gain, ks, total)
-    signal_r = None if s is None else _ranked_curve(gain, s, ks, total)
-    rand = [random_control(b, t, float(x), seed=seed, draws=draws, eps=eps) for x in grid]
-    return Curve(grid, ks, oracle_r, signal_r, np.array([r.mean for r in rand]),
-                 np.array([r.p5 for r in rand]), np.array([r.p95 for r in rand]))
-
-
-def threshold_curve(nll_bottom, nll_top, signal, thresholds, eps: float = GAP_EPS) -> tuple[np.ndarray, np.ndarray]:
-    """(share, retained) when positions with signal > threshold go to the top, for each threshold."""
-    b, t = _pair(nll_bottom, nll_top)
-    s = np.asarray(signal, dtype=np.float64).reshape(-1)
-    if s.size != b.size:
-        raise ValueError(f"signal has {s.size} positions, expected {b.size}")
-    taus = np.asarray(thresholds, dtype=np.float64).reshape(-1)
-    shares = np.array([share(s > tau) for tau in taus])
-    retained = np.array([retained_fidelity(b, t, s > tau, eps) if b.size else math.nan for tau in taus])
-    return shares, retained
-
-
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """Median, min and max over repeats (NaN for no values), plus their count n."""
     v = np.asarray(list(values), dtype=np.float64).reshape(-1)
@@ -267,13 +195,3 @@ def apple_bound_tok_s(bytes_per_token: float, efficiency: float = 1.0) -> dict[s
     if not (0 < efficiency <= 1):
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
     return {chip: efficiency * gbps * 1e9 / bytes_per_token for chip, gbps in APPLE_BANDWIDTH_GBPS.items()}
-
-
-def overhead_ratio(measured_s: float, tier_tokens: Mapping[str, int],
-                   tier_seconds_per_token: Mapping[str, float]) -> float:
-    """measured / ideal, ideal = sum of tokens on each tier x its alone seconds per token (NaN if ideal is 0)."""
-    missing = sorted(set(tier_tokens) - set(tier_seconds_per_token))
-    if missing:
-        raise ValueError(f"no seconds-per-token for tier(s): {', '.join(missing)}")
-    ideal = sum(float(n) * float(tier_seconds_per_token[tier]) for tier, n in tier_tokens.items())
-    return float(measured_s) / ideal if ideal > 0 else math.nan

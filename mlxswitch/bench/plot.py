@@ -6,8 +6,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import atomic_file
-
-POLICY_COLOURS = {"ead": "tab:orange", "peek": "tab:green"}
+from ..routing.registry import POLICY_BY_NAME
 
 
 def _pyplot():
@@ -39,7 +38,7 @@ def save_plot(summary: dict, title: str, path: Path) -> None:
         for policy, points in curves["policies"].items():
             xs = [p["top_share"] for p in points]
             ys = [p["retained"] for p in points]
-            colour = POLICY_COLOURS.get(policy)
+            colour = POLICY_BY_NAME[policy].colour
             by_share.plot(xs, ys, marker=".", color=colour, label=f"{policy} (threshold sweep)")
             by_bytes.plot([p["bytes_per_token"] / 1e6 for p in points], ys, marker=".", color=colour,
                           label=f"{policy} (threshold sweep)")

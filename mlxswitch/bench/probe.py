@@ -26,8 +26,7 @@ def features(positions: list[Positions]) -> np.ndarray | None:
     """Per position: the bottom tier's hidden state and its three scalar signals (None: no hidden states)."""
     if not positions or any(p.hidden is None for p in positions):
         return None
-    return np.concatenate([feature_rows(p.hidden, p.entropy[0], p.varentropy[0], p.margin[0])
-                           for p in positions], axis=0)
+    return np.concatenate([feature_rows(p.hidden, [m[0] for m in p.measured()]) for p in positions], axis=0)
 
 
 def labels(positions: list[Positions], gain_nats: float) -> np.ndarray:

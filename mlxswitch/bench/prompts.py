@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, UsageError, one_line
+from ..resources import bundled_file
 
 CATEGORIES = ("code", "arithmetic", "facts", "instructions", "chat")
 SPLITS = ("calibration", "heldout")
@@ -33,7 +34,6 @@ NUMBER_TOLERANCE = 1e-6
 QUICK_PER_CATEGORY = 2
 
 _KEYS = {"id", "category", "prompt", "answer", "max_tokens", "split"}
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../mlxswitch
 
 # A number in model output: optional minus, digits with optional thousands commas (1,250 -> 1250),
 # optional decimals. "1,2,3" is read as the three numbers 1, 2 and 3, not as 123.
@@ -60,18 +60,14 @@ class BenchPrompt:
 
 def default_suite_path() -> Path:
     """The bundled suite: mlxswitch/bench_prompts/suite.jsonl in a wheel, bench/prompts/suite.jsonl in a checkout."""
-    inside = _PACKAGE_DIR / "bench_prompts" / "suite.jsonl"
-    if inside.is_file():
-        return inside
-    checkout = _PACKAGE_DIR.parent / "bench" / "prompts" / "suite.jsonl"
-    if checkout.is_file():
-        return checkout
-    raise ConfigError(f"the bundled prompt suite is missing (looked for {inside} and {checkout})")
+    path = bundled_file("bench_prompts/suite.jsonl", "bench/prompts/suite.jsonl")
+    if not path.is_file():
+        raise ConfigError(f"the bundled prompt suite is missing (looked for {path})")
+    return path
 
 
-def _one_line(text: str, limit: int = 80) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+# Characters of the user's text an error message quotes.
+QUOTED = 80
 
 
 def _parse_answer(raw: object, where: str) -> tuple[str | None, float | str | None]:
@@ -85,7 +81,7 @@ def _parse_answer(raw: object, where: str) -> tuple[str | None, float | str | No
     (kind, value), = raw.items()
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            got = _one_line(json.dumps(value))
+            got = one_line(json.dumps(value), QUOTED)
             raise ConfigError(f'{where}: answer "number" must be a finite JSON number (got {got})')
         return "number", float(value)
     if kind == "regex":
@@ -94,9 +90,10 @@ def _parse_answer(raw: object, where: str) -> tuple[str | None, float | str | No
         try:
             re.compile(value)
         except re.error as exc:
-            raise ConfigError(f"{where}: bad answer regex {_one_line(json.dumps(value))}: {_one_line(exc)}") from None
+            raise ConfigError(f"{where}: bad answer regex {one_line(json.dumps(value), QUOTED)}: "
+                              f"{one_line(exc, QUOTED)}") from None
         return "regex", value
-    raise ConfigError(f'{where}: unknown answer kind "{_one_line(kind, 40)}" (expected "number" or "regex")')
+    raise ConfigError(f'{where}: unknown answer kind "{one_line(kind, 40)}" (expected "number" or "regex")')
 
 
 def _required_text(obj: dict, key: str, where: str) -> str:
@@ -125,10 +122,12 @@ def _parse_line(line: str, where: str) -> BenchPrompt:
     kind, value = _parse_answer(obj.get("answer"), where)
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ConfigError(f'{where}: "max_tokens" must be a positive integer (got {_one_line(json.dumps(max_tokens))})')
+        raise ConfigError(f'{where}: "max_tokens" must be a positive integer '
+                          f'(got {one_line(json.dumps(max_tokens), QUOTED)})')
     split = obj.get("split", "heldout")
     if split not in SPLITS:
-        raise ConfigError(f'{where}: "split" must be "calibration" or "heldout" (got {_one_line(json.dumps(split))})')
+        raise ConfigError(f'{where}: "split" must be "calibration" or "heldout" '
+                          f'(got {one_line(json.dumps(split), QUOTED)})')
     return BenchPrompt(pid, category, prompt, kind, value, max_tokens, split)
 
 
@@ -144,7 +143,7 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({_one_line(exc.strerror or exc)})") from None
+        raise ConfigError(f"{path}: cannot read ({one_line(exc.strerror or exc, QUOTED)})") from None
     prompts: list[BenchPrompt] = []
     first_line: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -153,7 +152,8 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
         where = f"{path}:{lineno}"
         item = _parse_line(line, where)
         if item.id in first_line:
-            raise ConfigError(f'{where}: duplicate id "{_one_line(item.id, 40)}" (first on line {first_line[item.id]})')
+            raise ConfigError(f'{where}: duplicate id "{one_line(item.id, 40)}" '
+                              f'(first on line {first_line[item.id]})')
         first_line[item.id] = lineno
         prompts.append(item)
     if not prompts:

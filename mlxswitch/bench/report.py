@@ -9,7 +9,9 @@ from collections import defaultdict
 import numpy as np
 
 from ..decoding.tiers import Ladder
+from ..json_numbers import finite
 from ..profiles import Profile
+from ..routing.router import POLICY_NAMES
 from . import metrics, simulate
 from .runner import Arm, BenchRun, sweep_config
 
@@ -148,7 +150,7 @@ def _curves(run: BenchRun, profile: Profile, bottom, top, signal, tier_bytes) ->
     randoms = [metrics.random_control(bottom, top, s) for s in grid]
     lines = {}
     taus = simulate.sweep_thresholds(run.positions, PLOT_POINTS)
-    for policy in ("ead", "peek"):
+    for policy in POLICY_NAMES:
         points = []
         for tau in sorted(set(taus)):
             config = sweep_config(profile, policy, tau, n)
@@ -156,16 +158,12 @@ def _curves(run: BenchRun, profile: Profile, bottom, top, signal, tier_bytes) ->
             points.append({"tau": tau, **q.to_dict()})
         lines[policy] = points
     lo, hi = tier_bytes[0], tier_bytes[-1]
-    return {"share": grid.tolist(), "oracle": _clean(oracle),
-            "random": _clean([r.mean for r in randoms]), "random_p5": _clean([r.p5 for r in randoms]),
-            "random_p95": _clean([r.p95 for r in randoms]),
+    return {"share": grid.tolist(), "oracle": finite(oracle),
+            "random": finite([r.mean for r in randoms]), "random_p5": finite([r.p5 for r in randoms]),
+            "random_p95": finite([r.p95 for r in randoms]),
             # Controls know where to go without computing the cheap step: their cheapest cost.
             "control_bytes_per_token": [lo + s * (hi - lo) for s in grid.tolist()],
             "policies": lines}
-
-
-def _clean(values) -> list:
-    return [None if v is None or not math.isfinite(v) else float(v) for v in values]
 
 
 def _auroc(bottom, top, signal) -> dict:
@@ -174,5 +172,5 @@ def _auroc(bottom, top, signal) -> dict:
         return {}
     labels = (bottom - top) > GAIN_NATS
     value = metrics.auroc(signal, labels)
-    return {"entropy": None if not math.isfinite(value) else value, "label": f"gain > {GAIN_NATS} nat",
+    return {"entropy": finite(value), "label": f"gain > {GAIN_NATS} nat",
             "positives": int(labels.sum()), "positions": int(labels.size)}

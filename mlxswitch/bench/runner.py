@@ -21,10 +21,12 @@ from typing import Callable
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
-from ..decoding.answer import AnswerSummary, json_float
+from ..decoding.answer import AnswerSummary
 from ..decoding.session import ChatSession
 from ..decoding.tiers import Ladder
+from ..json_numbers import json_float
 from ..profiles import Profile
+from ..routing.registry import POLICY_BY_NAME
 from ..routing.router import POLICY_NAMES, RouterConfig
 from . import probe, simulate
 from .prompts import BenchPrompt, check_answer
@@ -61,11 +63,7 @@ class Arm:
         """The arm's identity in the JSON."""
         return {"name": self.name, "kind": self.kind, "policy": self.policy, "tau": self.tau,
                 "tier": self.tier,
-                "router": None if self.config is None else {
-                    "policy": self.config.policy, "up": [json_float(u) for u in self.config.up],
-                    "down": [json_float(d) for d in self.config.downs()], "window": self.config.window,
-                    "min_run": self.config.min_run, "normalize": self.config.normalize,
-                    "signal": self.config.signal}}
+                "router": None if self.config is None else self.config.settings(json_float)}
 
 
 def forced_config(num_tiers: int, rung: int) -> RouterConfig:
@@ -76,10 +74,11 @@ def forced_config(num_tiers: int, rung: int) -> RouterConfig:
 def sweep_config(profile: Profile, policy: str, tau: float, num_tiers: int) -> RouterConfig:
     """One swept point: the same up threshold at every boundary, down = 0.6 × up.
 
-    `ead` keeps the profile's window and min run (its contract); `peek` decides each position
-    on its own (window 1, min run 1), the setting in which it is meant to beat `ead`.
+    Window and min run are the policy's sweep timing (registry.py): `ead` keeps the profile's
+    (its contract), `peek` decides each position on its own (window 1, min run 1).
     """
-    window, min_run = (profile.router.window, profile.router.min_run) if policy == "ead" else (1, 1)
+    timing = POLICY_BY_NAME[policy].sweep_timing
+    window, min_run = timing or (profile.router.window, profile.router.min_run)
     return RouterConfig(up=(tau,) * (num_tiers - 1), window=window, min_run=min_run, policy=policy)
 
 

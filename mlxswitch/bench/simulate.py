@@ -14,8 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..json_numbers import finite
 from ..routing.policies import make_policy
-from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig, uncertainty
+from ..routing.registry import MEASURED, SIGNAL_BY_NAME, uncertainty
+from ..routing.router import RouterConfig
+from ..routing.walk import ColumnPosition, replay
+from . import metrics
 
 
 @dataclass(frozen=True)
@@ -33,18 +37,23 @@ class Positions:
     def signal(self, name: str) -> np.ndarray:
         """A signal as an uncertainty (higher = less sure): entropy, varentropy, 1 − margin, or the
         probe's score (measured on the bottom tier only: NaN on the others)."""
-        if name in BOTTOM_ONLY_SIGNALS:
+        if SIGNAL_BY_NAME[name].bottom_only:
             if self.probe is None:
                 raise ValueError(f"{self.prompt_id}: no probe scores")
             out = np.full(self.entropy.shape, np.nan)
             out[0] = self.probe
             return out
-        return uncertainty(name, self.entropy, self.varentropy, self.margin)
+        return uncertainty(name, self.measured())
+
+    def measured(self) -> tuple[np.ndarray | None, ...]:
+        """The logits reduction's outputs per tier and position, in registry.MEASURED order."""
+        return tuple(getattr(self, s.name) for s in MEASURED)
 
     def to_dict(self) -> dict:
         """JSON-ready (the bench's figures re-derive from these)."""
         out = {"prompt_id": self.prompt_id}
-        for key in ("entropy", "nll", "varentropy", "margin", "probe"):
+        # The key order of the records: the first measured signal (entropy), nll, the others.
+        for key in (MEASURED[0].name, "nll", *(s.name for s in MEASURED[1:]), "probe"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = np.round(value, 6).tolist()
@@ -53,21 +62,12 @@ class Positions:
 
 def route(config: RouterConfig, positions: Positions) -> list[list[int]]:
     """Run the config's policy over one prompt's positions, reading its signal; the rungs tried at each."""
-    tiers = positions.entropy.shape[0]
-    policy = make_policy(config, tiers)
-    entropy = positions.signal(config.signal)
-    rung = policy.start(float(entropy[0, 0])).rung if entropy.shape[1] else 0
-    out = []
-    for t in range(entropy.shape[1]):
-        rungs = [rung]
-        while policy.may_review(rungs[-1]):
-            higher = policy.review(rungs[-1], float(entropy[rungs[-1], t]))
-            if higher is None:
-                break
-            rungs.append(higher)
-        out.append(rungs)
-        rung = policy.commit(rungs[-1], float(entropy[rungs[-1], t])).rung
-    return out
+    values = positions.signal(config.signal)
+    if not values.shape[1]:
+        return []
+    settled = replay(make_policy(config, values.shape[0]), float(values[0, 0]),
+                     (ColumnPosition(values[:, t].tolist()) for t in range(values.shape[1])))
+    return [list(s.rungs) for s in settled]
 
 
 @dataclass(frozen=True)
@@ -82,17 +82,7 @@ class Quality:
 
     def to_dict(self) -> dict:
         """JSON-ready figures."""
-        return {k: _finite(v) for k, v in self.__dict__.items()}
-
-
-def _finite(value):
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def retained(nll_bottom: float, nll: float, nll_top: float, eps: float = 1e-9) -> float:
-    """Share of the bottom → top NLL gap a routing closes (NaN when there is no gap)."""
-    gap = nll_bottom - nll_top
-    return (nll_bottom - nll) / gap if abs(gap) > eps else math.nan
+        return finite(self.__dict__)
 
 
 def quality(all_positions: list[Positions], all_tried: list[list[list[int]]],
@@ -112,7 +102,7 @@ def quality(all_positions: list[Positions], all_tried: list[list[list[int]]],
     if not count:
         return Quality(0, math.nan, math.nan, math.nan, math.nan)
     return Quality(int(count), top_count / count, nll_sum / count,
-                   retained(bottom / count, nll_sum / count, top_sum / count), bytes_sum / count)
+                   metrics.retained(bottom / count, nll_sum / count, top_sum / count), bytes_sum / count)
 
 
 def forced(all_positions: list[Positions], rung: int) -> list[list[list[int]]]:

@@ -8,22 +8,19 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from ..decoding.tiers import Ladder
 from ..errors import UsageError
+from ..kernels.entropy import numpy_token_signals
+from ..routing.registry import MEASURED
 from .simulate import Positions
 
 
 def _signals_and_nll(logits: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:
-    # float64 log-softmax over the whole vocabulary: the numbers the router reads, the nats we score.
+    # float64 over the whole vocabulary: the numbers the router reads (the engine's reduction),
+    # and the nats we score: NLL = log Σ e^(x − max) − (x_target − max).
     x = logits.astype(np.float64)
+    measured = numpy_token_signals(x, np.float64)
     x -= x.max(axis=-1, keepdims=True)
-    log_z = np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    logp = x - log_z
-    p = np.exp(logp)
-    bits = logp / np.log(2.0)
-    entropy = -(p * bits).sum(axis=-1)
-    varentropy = (p * bits * bits).sum(axis=-1) - entropy**2
-    top2 = np.sort(p, axis=-1)[:, -2:]
-    return {"entropy": entropy, "varentropy": np.maximum(varentropy, 0.0),
-            "margin": top2[:, 1] - top2[:, 0], "nll": -logp[np.arange(len(targets)), targets]}
+    nll = np.log(np.exp(x).sum(axis=-1)) - x[np.arange(len(targets)), targets]
+    return {"nll": nll, **{s.name: measured[:, s.index] for s in MEASURED}}
 
 
 def _split(ladder: Ladder):
@@ -57,10 +54,10 @@ def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer
     """
     targets = np.asarray(answer_ids, dtype=np.int64)
     tiers = ladder.tiers
-    arrays = {k: np.zeros((len(tiers), len(answer_ids))) for k in ("entropy", "varentropy", "margin", "nll")}
+    arrays = {k: np.zeros((len(tiers), len(answer_ids))) for k in ("nll", *(s.name for s in MEASURED))}
     states = None
     if not answer_ids:
-        return Positions(prompt_id, arrays["entropy"], arrays["nll"], arrays["varentropy"], arrays["margin"])
+        return Positions(prompt_id, **arrays)
     split = _split(ladder) if hidden else None
     # Position p's logits predict ids[p + 1]: the answer starts after the prompt's last id.
     inputs = mx.array([prompt_ids[-1], *answer_ids[:-1]])[None]
@@ -82,5 +79,4 @@ def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer
             for key, values in _signals_and_nll(np.asarray(logits.astype(mx.float32)), targets).items():
                 arrays[key][r] = values
             trim_prompt_cache(cache, inputs.shape[1])
-    return Positions(prompt_id, arrays["entropy"], arrays["nll"], arrays["varentropy"], arrays["margin"],
-                     states)
+    return Positions(prompt_id, **arrays, hidden=states)

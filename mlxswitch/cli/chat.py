@@ -30,15 +30,11 @@ HELP = """commands:
 def router_record(session: ChatSession, summary: AnswerSummary) -> dict:
     """The router settings an answer ran with: enough to re-derive every token's tier."""
     config = session.router_config
+    settings = config.settings(json_float)
+    settings["normalized"] = settings.pop("normalize")  # this record's name for it
     return {
         "tiers": session.tier_names,
-        "policy": config.policy,
-        "signal": config.signal,
-        "up": [json_float(v) for v in config.up],
-        "down": [json_float(v) for v in config.downs()],
-        "window": config.window,
-        "min_run": config.min_run,
-        "normalized": config.normalize,
+        **settings,
         "vocab_size": config.vocab_size,
         "initial_entropy": json_float(summary.initial_entropy),
         **({"initial_signal": json_float(summary.initial_signal)} if summary.initial_signal is not None else {}),

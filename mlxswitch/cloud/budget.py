@@ -168,10 +168,6 @@ class CloudBudget:
             )
         return None
 
-    def allows(self, estimate_usd: float = 0.0) -> bool:
-        """Whether the next call fits the caps."""
-        return self.refusal(estimate_usd) is None
-
     def charge(self, usage: Any, failed: bool = False) -> float:
         """Count one call and its usage (SDK Usage or dict, None when unknown); returns its dollars."""
         counts = usage_counts(usage) if usage is not None else {}

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import anthropic
 
-from mlxswitch.errors import CloudError
+from mlxswitch.errors import CloudError, one_line
 from mlxswitch.cloud.budget import CloudBudget, CloudSettings
 from mlxswitch.cloud.pricing import estimate_usd, usage_counts
 from mlxswitch.cloud.span import Passthrough, SpanSplicer, span_prompt
@@ -80,9 +80,8 @@ _STATUS = {
 }
 
 
-def _one_line(text: str, limit: int = 120) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+# Characters of a cloud failure a notice shows.
+SHOWN = 120
 
 
 def _conversation(system: str | None, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict]]:
@@ -237,11 +236,12 @@ class CloudClient:
             status, detail = err.status_code, err.api_message or ""
             if status == 200:  # an `error` event inside a 200 stream: the SDK never retries these
                 kind = err.type or "error"
-                return _one_line(f"cloud tier failed mid-reply: {kind}" + (f": {detail}" if detail else ""))
+                return one_line(f"cloud tier failed mid-reply: {kind}" + (f": {detail}" if detail else ""),
+                                SHOWN)
             label = _STATUS.get(status) or ("server error" if status >= 500 else "request rejected")
             if status not in _STATUS and status < 500 and detail:
                 label += f": {detail}"
-            return _one_line(f"cloud tier unavailable: HTTP {status} {label}")
+            return one_line(f"cloud tier unavailable: HTTP {status} {label}", SHOWN)
         if isinstance(err, anthropic.APIConnectionError):
             url = urlsplit(str(self._sdk.base_url))
             return f"cloud tier unavailable: cannot connect to {url.hostname}" + (f":{url.port}" if url.port else "")

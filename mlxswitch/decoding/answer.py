@@ -7,21 +7,13 @@ its last bytes, and a held-back stop-string prefix, at the end).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
+from ..json_numbers import json_float, rounded
 from .loop import Step
 
 FINISH_REASONS = ("stop", "length", "interrupted")
-
-
-def json_float(value: float) -> float | str:
-    """A float for JSON: rounded when finite, "nan"/"inf"/"-inf" strings otherwise."""
-    # JSON has no NaN/inf; strings keep them distinct from null (no entropy) and float() reads them.
-    if not math.isfinite(value):
-        return str(float(value))
-    return round(float(value), 6)
 
 
 @dataclass(frozen=True)
@@ -128,9 +120,9 @@ class AnswerSummary:
             "tiers": self.tier_counts,
             "switches": self.switches,
             "catch_up_tokens": self.catch_up_tokens,
-            "tok_per_s": _rounded(self.tok_per_s, 3),
-            "prompt_tok_per_s": _rounded(self.prompt_tok_per_s, 3),
-            "first_token_s": _rounded(self.first_token_s, 4),
+            "tok_per_s": rounded(self.tok_per_s, 3),
+            "prompt_tok_per_s": rounded(self.prompt_tok_per_s, 3),
+            "first_token_s": rounded(self.first_token_s, 4),
             "elapsed_s": round(self.elapsed_s, 4),
             "peak_memory_gb": round(self.peak_memory_gb, 4),
             "bytes_per_token": self.tier_bytes,
@@ -139,10 +131,6 @@ class AnswerSummary:
         if self.cloud is not None:
             out["cloud"] = self.cloud
         return out
-
-
-def _rounded(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 class TextAssembler:

@@ -13,6 +13,7 @@ import math
 from typing import Callable, ContextManager
 
 from ..cloud.budget import CloudSettings
+from ..json_numbers import rounded
 
 Waiting = Callable[[str], ContextManager]
 OnText = Callable[[str], None]
@@ -68,7 +69,7 @@ class CloudTier:
             text, usd = exc.partial, None
         ids = list(tokenizer.encode(text, add_special_tokens=False))[:room] if text else []
         self.spans.append({"at": len(answer_ids), "tokens": len(ids), "text": text,
-                           "usd": None if usd is None else round(usd, 6)})
+                           "usd": rounded(usd, 6)})
         return ids
 
     def handoff(self, system: str | None, messages: list[dict], entropies: list[float | None],
@@ -80,8 +81,7 @@ class CloudTier:
         mean = math.fsum(finite) / len(finite) if finite else None
         peak = max(finite) if finite else None
         threshold = self.settings.handoff_threshold
-        record = {"score": None if mean is None else round(mean, 6),
-                  "peak": None if peak is None else round(peak, 6), "threshold": threshold,
+        record = {"score": rounded(mean, 6), "peak": rounded(peak, 6), "threshold": threshold,
                   "decision": "local", "shown": "local", "cloud_text": None}
         if mean is None or mean <= threshold:
             return record

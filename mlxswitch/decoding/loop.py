@@ -2,8 +2,9 @@
 
 Per position the policy names a rung; that rung's cache group is fed the ids it has not seen
 (catch-up) and samples a token. The policy may have a higher rung recompute the same position
-(`review`); once a token is taken it decides the next position (`commit`). The loop yields a
-`Step` per token and knows nothing of text, timing or answers.
+(`review`); once a token is taken it decides the next position (`commit`): one `Walk.step`
+(routing/walk.py, the walk the bench replays). The loop yields a `Step` per token and knows
+nothing of text, timing or answers.
 
 Pipelining as in mlx-lm's generate_step: the next position is built on the same rung and
 `async_eval`ed before this token is read. A move is rare (min_run), and then that speculative
@@ -25,8 +26,9 @@ import numpy as np
 
 from ..routing.policies import Policy
 from ..routing.probe import Probe
-from ..routing.router import BOTTOM_ONLY_SIGNALS, uncertainty
+from ..routing.registry import SIGNAL_BY_NAME, uncertainty
 from ..routing.signals import LazySignals, read_time_signals
+from ..routing.walk import Walk
 from .tiers import CacheGroup, Ladder
 
 Sampler = Callable[[mx.array], mx.array]
@@ -60,7 +62,7 @@ class _Pending:
 
     rung: int
     token: mx.array
-    signals: LazySignals  # [entropy bits, varentropy bits², p1 − p2]
+    signals: LazySignals  # the logits reduction's outputs, in registry.MEASURED order
     catch_up: dict[str, int]
     hidden: mx.array | None = None  # the last hidden state, when the probe reads this rung
     probe: Probe | None = None
@@ -76,10 +78,10 @@ class _Pending:
         return self._read()[0]
 
     def signal(self, name: str) -> float | None:
-        """The routed signal as an uncertainty: entropy, varentropy, 1 − margin, or the probe's
-        score (None on a rung the probe does not read)."""
-        if name not in BOTTOM_ONLY_SIGNALS:
-            return uncertainty(name, *self._read())
+        """The routed signal as an uncertainty (registry.py), or the probe's score (None on a rung
+        the probe does not read)."""
+        if not SIGNAL_BY_NAME[name].bottom_only:
+            return uncertainty(name, self._read())
         if self.hidden is None or self.probe is None:
             return None
         if self._probe_score is None:
@@ -89,6 +91,40 @@ class _Pending:
 
     def _read(self) -> list[float]:
         return self.signals.values()
+
+
+class _LivePosition:
+    """One position computed on the tiers for the walk (routing/walk.py), lazily."""
+
+    def __init__(self, loop: TokenLoop, pending: _Pending, queue_next: bool):
+        self.loop, self.pending, self.queue_next = loop, pending, queue_next
+        self.catch_up = dict(pending.catch_up)  # ids fed per cache group, every try counted
+        self.speculative: _Pending | None = None
+        self.token = -1  # read in take()
+
+    def measure(self, rung: int, attempt: int) -> float | None:
+        """The routed signal of this position on `rung` (computed there first if it is another)."""
+        return self._on(rung).signal(self.loop.signal)
+
+    def take(self, rung: int, attempt: int) -> float | None:
+        """Queue the next position, then read this one's token and routed signal."""
+        pending = self._on(rung)
+        if self.queue_next:
+            # Queued before the policy decides: on the rung that made this token (where the next
+            # position starts unless the policy moves), or on the bottom rung for a bottom-only
+            # signal, where every position starts. Nothing is read before: the pipeline stays full.
+            first_rung = 0 if self.loop.bottom_first else pending.rung
+            self.speculative = self.loop._produce(first_rung, pending.token)
+            mx.async_eval(*self.speculative.arrays)
+        self.token = int(pending.token.item())
+        return pending.signal(self.loop.signal)
+
+    def _on(self, rung: int) -> _Pending:
+        if rung != self.pending.rung:  # a higher rung recomputes the same position
+            self.pending = self.loop._produce(rung)
+            for name, count in self.pending.catch_up.items():
+                self.catch_up[name] = self.catch_up.get(name, 0) + count
+        return self.pending
 
 
 class TokenLoop:
@@ -103,7 +139,7 @@ class TokenLoop:
         self.normalize_for_sampler = normalize_for_sampler
         self.signal = signal  # what the policy reads (RouterConfig.signal)
         # A bottom-only signal (the probe): every position starts on rung 0, which reads it.
-        self.bottom_first = signal in BOTTOM_ONLY_SIGNALS
+        self.bottom_first = SIGNAL_BY_NAME[signal].bottom_only
         self.cloud_span = cloud_span
         self.top_local = len(ladder.tiers) - 1
         self.ids = ids
@@ -118,41 +154,32 @@ class TokenLoop:
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
         eos = self.ladder.tokenizer.eos_token_ids
+        walk = Walk(self.policy)
         # The bottom tier's signal at the end of the prompt seeds the policy.
         first = self._produce(0)
         self.initial_entropy = first.entropy()
         self.initial_signal = first.signal(self.signal)
-        decision = self.policy.start(self.initial_signal)
+        decision = walk.start(self.initial_signal)
         guard = decision.guard
         n = 0  # steps made, cloud ones included
         if decision.rung > self.top_local:  # unsure from the start: the cloud opens the answer
             for step in self._span(budget):
                 n += 1
                 yield step
-            decision = self.policy.resume(self.top_local)
+            decision = walk.resume(self.top_local)
         pending = first if decision.rung == 0 else self._produce(decision.rung)
         mx.async_eval(*pending.arrays)
         while n < budget:
-            if self.policy.may_review(pending.rung):
-                pending, tried, earlier, catch_up = self._settle(pending)
-            else:  # read nothing before the next step is queued: the pipeline stays full
-                tried, earlier, catch_up = (pending.rung,), (), pending.catch_up
-            speculative = None
-            if n + 1 < budget:
-                # Queued before the policy decides: on the rung that made this token (where the
-                # next position starts unless the policy moves), or on the bottom rung for a
-                # bottom-only signal, where every position starts.
-                first_rung = 0 if self.bottom_first else pending.rung
-                speculative = self._produce(first_rung, pending.token)
-                mx.async_eval(*speculative.arrays)
-            token, routed = int(pending.token.item()), pending.signal(self.signal)
-            self.ids.append(token)
-            decision = self.policy.commit(pending.rung, routed)
-            if token in eos:
+            position = _LivePosition(self, pending, queue_next=n + 1 < budget)
+            settled = walk.step(pending.rung, position)
+            pending, speculative, decision = position.pending, position.speculative, settled.decision
+            self.ids.append(position.token)
+            if position.token in eos:
                 self.ended_by_eos = True
                 return
-            yield Step(token, pending.rung, pending.entropy(), decision.mean, guard, tried,
-                       earlier + (routed,), catch_up)
+            earlier = settled.measured[: len(settled.rungs) - 1]  # the tries it replaced
+            yield Step(position.token, pending.rung, pending.entropy(), decision.mean, guard, settled.rungs,
+                       earlier + (settled.taken,), position.catch_up)
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             n += 1
@@ -166,7 +193,7 @@ class TokenLoop:
                         yield step
                     if n >= budget:
                         return
-                    decision = self.policy.resume(self.top_local)
+                    decision = walk.resume(self.top_local)
                 pending = self._produce(decision.rung)
                 mx.async_eval(*pending.arrays)
                 guard = decision.guard
@@ -181,24 +208,6 @@ class TokenLoop:
         for token in self.cloud_span(self.ids[self.prompt_tokens:], room)[:room]:
             self.ids.append(token)
             yield Step(token, rung, None, None, False, (rung,), (None,))
-
-    def _settle(self, pending: _Pending):
-        """Let the policy have higher rungs recompute this position until it keeps a token.
-
-        Returns the kept position, the rungs tried, the signals of the tries it replaced, and
-        the catch-up of every try.
-        """
-        tried, earlier, catch_up = [pending.rung], [], dict(pending.catch_up)
-        while True:
-            routed = pending.signal(self.signal)
-            higher = self.policy.review(pending.rung, routed)
-            if higher is None:
-                return pending, tuple(tried), tuple(earlier), catch_up
-            earlier.append(routed)
-            pending = self._produce(higher)
-            tried.append(higher)
-            for name, count in pending.catch_up.items():
-                catch_up[name] = catch_up.get(name, 0) + count
 
     def _produce(self, rung: int, token: mx.array | None = None) -> _Pending:
         """Lazily run rung's tier on the ids its group has not seen (or on `token`)."""

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import mlx.core as mx
-import numpy as np
 
 # The one place the environment is read. Values:
 #   "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
@@ -104,15 +103,3 @@ class KernelCheck:
     name: str
     backend: str
     status: str
-
-
-def float64_token_signals(logits: np.ndarray) -> np.ndarray:
-    """[entropy bits, varentropy bits², p1 − p2] of one logits vector in float64 NumPy (the truth)."""
-    x = np.asarray(logits, dtype=np.float64).reshape(-1)
-    z = np.exp(x - x.max())
-    p = z / z.sum()
-    logp = np.log(p, where=p > 0, out=np.zeros_like(p))  # p = 0 adds 0 (masked tokens)
-    entropy = -(p * logp).sum()
-    varentropy = (p * logp * logp).sum() - entropy**2
-    top = np.sort(p)[-2:] if p.size > 1 else np.array([0.0, p[0]])
-    return np.array([entropy / np.log(2), varentropy / np.log(2) ** 2, top[1] - top[0]])

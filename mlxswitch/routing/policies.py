@@ -7,6 +7,7 @@ The seam, per position t of the answer:
 - `review(rung, H)` after a rung computed position t with entropy H: None keeps its token, a
   higher rung recomputes the same position t (and is reviewed in turn).
 - `commit(rung, H)` once the token of position t is taken from `rung`: the decision for t + 1.
+walk.py runs this seam over positions, once for the token loop, the bench and the telemetry.
 
 `ead` (the router contract in router.py) never reviews: the entropy of token t chooses the
 tier of t + 1. `peek` decides on the same position, as Big Little Decoder does:
@@ -46,9 +47,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Iterable, Protocol
+from typing import Protocol
 
-from .router import BOTTOM_ONLY_SIGNALS, POLICY_NAMES, Decision, Router, RouterConfig, derive_tiers
+from .router import BOTTOM_ONLY_SIGNALS, POLICY_NAMES, Decision, Router, RouterConfig
 
 
 class Policy(Protocol):
@@ -188,44 +189,11 @@ class PeekPolicy:
         return self._base
 
 
-POLICIES = {"ead": EadPolicy, "peek": PeekPolicy}
-assert tuple(POLICIES) == POLICY_NAMES  # router.py validates names without importing this module
+# The classes of the policies described in registry.py (router.py checks names against it).
+POLICY_CLASSES = {"ead": EadPolicy, "peek": PeekPolicy}
+assert tuple(POLICY_CLASSES) == POLICY_NAMES
 
 
 def make_policy(config: RouterConfig, num_tiers: int) -> Policy:
     """A fresh instance of the config's policy, for one answer."""
-    return POLICIES[config.policy](config, num_tiers)
-
-
-def derive_tried(config: RouterConfig, num_tiers: int, initial_entropy: float | None,
-                 tried_entropies: Iterable[list[float | None]]) -> list[list[int]]:
-    """Re-derive, for every token, the rungs that computed its position (the last made it).
-
-    `tried_entropies[k]` lists the entropies measured at position k, in the order the rungs
-    ran (one entry unless the policy escalated there): a telemetry record holds exactly that.
-    """
-    policy = make_policy(config, num_tiers)
-    rung = policy.start(initial_entropy).rung
-    out = []
-    for entropies in tried_entropies:
-        rungs = [rung]
-        # The rule reviews each measured entropy in turn; a record that disagrees shows up as a
-        # list of another length (fewer tries than the rule asks for, or more).
-        for entropy in entropies:
-            higher = policy.review(rungs[-1], entropy) if policy.may_review(rungs[-1]) else None
-            if higher is None:
-                break
-            rungs.append(higher)
-        out.append(rungs)
-        taken = entropies[min(len(rungs), len(entropies)) - 1]
-        rung = policy.commit(rungs[-1], taken).rung
-    return out
-
-
-def derive_rungs(config: RouterConfig, num_tiers: int, initial_entropy: float | None,
-                 tried_entropies: list[list[float | None]]) -> list[int]:
-    """The rung that made each token, for any policy (ead: derive_tiers on the taken entropies)."""
-    if config.policy == "ead":
-        entropies = [e[-1] for e in tried_entropies]
-        return derive_tiers(initial_entropy, entropies, config, num_tiers)[: len(entropies)]
-    return [rungs[-1] for rungs in derive_tried(config, num_tiers, initial_entropy, tried_entropies)]
+    return POLICY_CLASSES[config.policy](config, num_tiers)

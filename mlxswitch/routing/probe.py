@@ -19,15 +19,16 @@ import numpy as np
 from ..errors import UsageError
 from ..files import atomic_file
 from ..resources import user_dir
-from .router import uncertainty
+from .registry import MEASURED, uncertainty
 
-# The scalar features, each as the router reads it (an uncertainty: 1 − margin, not margin).
-SCALARS = ("entropy", "varentropy", "margin")
+# The scalar features: every signal of the logits reduction, each as the router reads it.
+SCALARS = tuple(s.name for s in MEASURED)
 
 
-def feature_rows(hidden: np.ndarray, entropy, varentropy, margin) -> np.ndarray:
-    """Features per position: the hidden state (n, d) then the three scalar uncertainties (n,)."""
-    scalars = np.stack([np.asarray(uncertainty(s, entropy, varentropy, margin), dtype=np.float64).reshape(-1)
+def feature_rows(hidden: np.ndarray, measured) -> np.ndarray:
+    """Features per position: the hidden state (n, d) then the scalar uncertainties, from the
+    reduction's outputs in registry.MEASURED order (each (n,) or a float)."""
+    scalars = np.stack([np.asarray(uncertainty(s, measured), dtype=np.float64).reshape(-1)
                         for s in SCALARS], axis=1)
     return np.concatenate([np.asarray(hidden, dtype=np.float64).reshape(len(scalars), -1), scalars], axis=1)
 
@@ -52,10 +53,10 @@ class Probe:
         return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
 
     def score_position(self, hidden: np.ndarray, signals: list[float]) -> float:
-        """One position: its hidden state (d,) and its [entropy bits, varentropy bits², p1 − p2]."""
+        """One position: its hidden state (d,) and the reduction's outputs (registry.MEASURED order)."""
         if not all(math.isfinite(v) for v in signals):
             return math.nan  # broken logits: the policy's guard takes it (as for any signal)
-        return float(self.score(feature_rows(hidden[None], *signals))[0])
+        return float(self.score(feature_rows(hidden[None], signals))[0])
 
     def save(self, path: Path, meta: dict) -> Path:
         """Write the probe and what it was trained on (npz + JSON metadata in one file), atomically."""

@@ -43,34 +43,23 @@ import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable
 
 from ..errors import SettingError, UsageError
+from .registry import POLICIES, POLICY_BY_NAME, SIGNAL_BY_NAME, SIGNALS
 
 # Matches the bundled profiles (down = 0.6 x up): a tier keeps the lead for a while after taking it.
 DEFAULT_DOWN_RATIO = 0.6
 # As in the Entropy Adaptive Decoding paper: a 5-token rolling mean, 10 tokens before a move.
 DEFAULT_WINDOW = 5
 DEFAULT_MIN_RUN = 10
-# Which tier makes a token: `ead` decides token t + 1 from token t (the contract below); `peek`
-# lets the cheap tier compute position t and a stronger one recompute it when unsure (policies.py).
-POLICY_NAMES = ("ead", "peek")
-# What the policy reads per token, each as an uncertainty (higher = less sure): entropy (bits),
-# varentropy (bits²), margin as 1 − (p1 − p2), or the probe's probability that the top tier helps
-# (routing/probe.py). Thresholds are in that signal's units.
-SIGNAL_NAMES = ("entropy", "varentropy", "margin", "probe")
-# Signals measured on the bottom rung only (the probe reads the cheap tier's hidden state): only
-# `peek` can route on them, since every position is then computed by the bottom rung first.
-BOTTOM_ONLY_SIGNALS = ("probe",)
-
-
-def uncertainty(name: str, entropy, varentropy, margin):
-    """The routed signal `name` from the three measured ones (floats or arrays alike; not the probe)."""
-    if name in BOTTOM_ONLY_SIGNALS:
-        raise ValueError(f"the {name} is not computed from entropy, varentropy and margin")
-    if name == "margin":
-        return 1.0 - margin
-    return entropy if name == "entropy" else varentropy
+# Which tier makes a token (`ead`, `peek`: policies.py) and what it reads (entropy, varentropy,
+# margin, probe): each described once in registry.py. Thresholds are in the signal's units.
+POLICY_NAMES = tuple(p.name for p in POLICIES)
+SIGNAL_NAMES = tuple(s.name for s in SIGNALS)
+# Signals measured on the bottom rung only (the probe reads the cheap tier's hidden state): only a
+# policy that computes every position on the bottom rung first can route on them.
+BOTTOM_ONLY_SIGNALS = tuple(s.name for s in SIGNALS if s.bottom_only)
 
 
 def max_entropy_bits(vocab_size: int) -> float:
@@ -106,12 +95,14 @@ class RouterConfig:
         if self.signal not in SIGNAL_NAMES:
             raise SettingError("signal", f"the signal must be one of {', '.join(SIGNAL_NAMES)} "
                                          f"(got {self.signal!r})")
-        if self.normalize and self.signal != "entropy":
+        spec = SIGNAL_BY_NAME[self.signal]
+        if self.normalize and not spec.normalisable:
             raise SettingError("normalize", "normalize divides entropy by log2(V); it does not apply "
                                             f"to {self.signal}")
-        if self.signal in BOTTOM_ONLY_SIGNALS and self.policy != "peek":
+        if spec.bottom_only and not POLICY_BY_NAME[self.policy].reads_bottom_only:
+            reader = next(p.name for p in POLICIES if p.reads_bottom_only)
             raise SettingError("signal", f"the {self.signal} reads the cheap tier's state at the position "
-                                         "it scores, so it needs the peek policy (--policy peek)")
+                                         f"it scores, so it needs the {reader} policy (--policy {reader})")
         object.__setattr__(self, "up", tuple(float(u) for u in self.up))
         if self.down is not None:
             object.__setattr__(self, "down", tuple(float(d) for d in self.down))
@@ -124,12 +115,12 @@ class RouterConfig:
         for i, (u, d) in enumerate(zip(self.up, downs)):
             if d > u:
                 raise SettingError("down", f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}")
-        if self.normalize or self.signal == "probe":
+        if self.normalize or spec.probability:
             # Normalised entropies and probabilities lie in [0, 1]: a finite threshold outside is never crossed.
             outside = [t for t in (*self.up, *downs) if math.isfinite(t) and not 0 <= t <= 1]
             if outside:
                 what = ("with normalize, thresholds are fractions of log2(V)" if self.normalize
-                        else "the probe's thresholds are probabilities")
+                        else f"the {self.signal}'s thresholds are probabilities")
                 raise SettingError("down" if set(outside) <= set(downs) - set(self.up) else "up",
                                    f"{what}, between 0 and 1; got {', '.join(f'{t:g}' for t in outside)}")
         if self.window < 1:
@@ -169,6 +160,12 @@ class RouterConfig:
         """An entropy in bits as the thresholds compare it (a fraction of log2 V when normalized)."""
         return entropy / max_entropy_bits(self.vocab_size) if self.normalize else entropy
 
+    def settings(self, number: Callable[[float], object] = float) -> dict:
+        """The settings a record or a profile rebuilds this config from; thresholds through `number`."""
+        return {"policy": self.policy, "signal": self.signal, "up": [number(u) for u in self.up],
+                "down": [number(d) for d in self.downs()], "window": self.window,
+                "min_run": self.min_run, "normalize": self.normalize}
+
     def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> "RouterConfig":
         """The same settings with new thresholds (checked like any other config)."""
         return dataclasses.replace(self, up=up, down=down)
@@ -182,15 +179,6 @@ class Decision:
     moved: int  # -1, 0, +1; rungs climbed at start; the jump size for a guard jump
     guard: bool  # the move was the catastrophic guard
     mean: float  # rolling mean after this observation, in the compared units (NaN: empty window)
-
-
-class RouterState(NamedTuple):
-    """An immutable copy of a router's state, for snapshot()/restore()."""
-
-    rung: int
-    count: int
-    streak: int
-    window: tuple[float, ...]
 
 
 class Router:
@@ -209,7 +197,7 @@ class Router:
         self._log2v = max_entropy_bits(config.vocab_size) if config.vocab_size else None
         # Compared in bits, so normalisation does not change which tokens are near-maximal.
         # Near-maximal is a statement about entropy: with another signal only non-finite values fire.
-        near_max = self._log2v and config.signal == "entropy"
+        near_max = self._log2v and SIGNAL_BY_NAME[config.signal].normalisable
         self._hot_bits = config.guard_fraction * self._log2v if near_max else math.inf
         self._rung, self._count, self._streak = 0, 0, 0
         self._window: deque[float] = deque(maxlen=config.window)
@@ -230,16 +218,6 @@ class Router:
         # fsum: a correctly rounded sum, so a replay in any language gets the same mean.
         return math.fsum(self._window) / len(self._window) if self._window else math.nan
 
-    def snapshot(self) -> RouterState:
-        """The current state, to restore() after a speculative decision is undone."""
-        return RouterState(self._rung, self._count, self._streak, tuple(self._window))
-
-    def restore(self, state: RouterState) -> None:
-        """Return to a state taken by snapshot()."""
-        self._rung, self._count, self._streak = state.rung, state.count, state.streak
-        self._window.clear()
-        self._window.extend(state.window)
-
     def start(self, initial_entropy: float | None) -> Decision:
         """Seed W with the prompt's entropy H0, climb while mean(W) > up[r]; the tier of token 0."""
         self._rung, self._count, self._streak = 0, 0, 0
@@ -247,7 +225,7 @@ class Router:
         if initial_entropy is not None and not math.isfinite(initial_entropy):
             return self._guard_jump()
         if initial_entropy is not None:
-            self._window.append(self._units(initial_entropy))
+            self._window.append(self.config.units(initial_entropy))
         while self._rung < self.top and self.mean > self._up[self._rung]:
             self._rung += 1
         return Decision(self._rung, self._rung, False, self.mean)
@@ -267,7 +245,7 @@ class Router:
             self._streak += 1
         else:
             self._streak = self._streak + 1 if entropy > self._hot_bits else 0
-            self._window.append(self._units(entropy))
+            self._window.append(self.config.units(entropy))
         if broken or self._streak >= self.config.guard_count:
             decision = self._guard_jump()
             if decision.guard:
@@ -291,9 +269,6 @@ class Router:
         jump = self.top_local - self._rung
         self._rung, self._count = self.top_local, 0
         return Decision(self._rung, jump, True, self.mean)
-
-    def _units(self, entropy: float) -> float:
-        return entropy / self._log2v if self.config.normalize else entropy
 
 
 def replay(initial_entropy: float | None, entropies: Iterable[float | None], config: RouterConfig,
