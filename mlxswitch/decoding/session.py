@@ -171,7 +171,10 @@ class ChatSession:
                                                      loop.initial_signal)
             if cloud is not None:
                 self.last_summary.cloud = cloud.answer_record()
-            self.messages.append({"role": "assistant", "content": self.last_summary.text})
+            if self.last_summary.text.strip():
+                self.messages.append({"role": "assistant", "content": self.last_summary.text})
+            else:  # no text, no turn: the question goes too, so the turns still alternate
+                self.messages = messages[:-1]
         if last is not None:
             yield last
         yield self.last_summary
