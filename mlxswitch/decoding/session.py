@@ -154,7 +154,9 @@ class ChatSession:
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
-            with wired_limit(ladder.tiers[-1].model.model, [self._stream]), mx.stream(self._stream):
+            # wired_limit sums the arrays of the module it is given against the recommended
+            # working set: hand it every model the ladder holds, not only the top one.
+            with wired_limit(ladder.weights(), [self._stream]), mx.stream(self._stream):
                 for step in loop.steps(budget):
                     event = builder.add(step)
                     if event is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from ..errors import UsageError
@@ -112,6 +113,14 @@ class Tier:
             self.group.model.model.gear_state.set(self.gear)
 
 
+class _Models(nn.Module):
+    """Several models as one module: mlx-lm's wired_limit sizes the one module it is given."""
+
+    def __init__(self, models: list[nn.Module]):
+        super().__init__()
+        self.models = models
+
+
 @dataclass
 class Ladder:
     """Tiers from cheapest to strongest, with the tokenizer they all share."""
@@ -122,18 +131,27 @@ class Ladder:
     probe: Probe | None = None  # the learned signal (attach_probe)
     _bottom_split: SplitModel | None = field(default=None, repr=False)
 
-    @property
     def bottom_split(self) -> SplitModel:
         """The bottom model's checked body/head split (checked once; a UsageError for other layouts)."""
         if self._bottom_split is None:
             bottom = self.tiers[0]
-            bottom.activate()
-            self._bottom_split = split_model(bottom.model.model, bottom.model.name)
+            state = getattr(bottom.model.model, "gear_state", None)
+            found = state.gear if state is not None else None
+            bottom.activate()  # the check runs a forward pass at the gear the probe reads
+            try:
+                self._bottom_split = split_model(bottom.model.model, bottom.model.name)
+            finally:
+                if found is not None:
+                    state.set(found)
         return self._bottom_split
+
+    def weights(self) -> nn.Module:
+        """Every distinct model of the ladder as one module (a pair's two, a gear ladder's one)."""
+        return _Models([g.model.model for g in self.groups])
 
     def attach_probe(self, probe: Probe) -> None:
         """Route on `probe`, once it is checked to read this bottom model's hidden state."""
-        split = self.bottom_split
+        split = self.bottom_split()
         if probe.dims != split.hidden_size + len(SCALARS):
             raise UsageError(f"the saved probe reads {probe.dims - len(SCALARS)} hidden dimensions but "
                              f"{self.tiers[0].model.name} has {split.hidden_size}: run `mlxswitch calibrate` again")
