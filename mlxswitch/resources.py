@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,9 +27,24 @@ def _data_path(name: str) -> Path:
 
 
 def user_dir() -> Path:
-    """The user's mlxswitch directory: $MLXSWITCH_HOME, or ~/.config/mlxswitch (tests point it at a temp dir)."""
+    """The user's mlxswitch directory: $MLXSWITCH_HOME, else the platform's (tests point it at a temp dir)."""
     home = os.environ.get("MLXSWITCH_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".config" / "mlxswitch"
+    if home:
+        return Path(home).expanduser()
+    new, old = _platform_app_dir("mlxswitch"), Path.home() / ".config" / "mlxswitch"
+    # Versions before this one used ~/.config/mlxswitch everywhere: keep reading it until the
+    # platform's own directory exists.
+    return old if old.is_dir() and not new.exists() else new
+
+
+def _platform_app_dir(name: str) -> Path:
+    # click.get_app_dir's rule (roaming on Windows), written out: the base layer imports no CLI library.
+    if sys.platform.startswith("win"):
+        base = os.environ.get("APPDATA")
+        return Path(base) / name if base else Path.home() / name
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / name
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser() / name
 
 
 def metal_dir() -> Path:
