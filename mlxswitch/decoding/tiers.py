@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    KVCache,
+    RotatingKVCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
 from ..errors import UsageError
 from ..models.gears import bytes_per_token
@@ -65,19 +71,23 @@ class CacheGroup:
         hidden = split.body(inputs[None], cache=self.cache)[:, -1:, :]
         return split.head(hidden)[:, -1, :], hidden[0, -1]
 
-    def rewind(self, keep: int) -> None:
-        """Keep only the first `keep` tokens, trimming when possible and starting over otherwise."""
+    def rewind(self, keep: int) -> int:
+        """Keep only the first `keep` tokens, trimming when possible and starting over otherwise;
+        how many of those `keep` tokens must be fed again (0 unless it started over)."""
         if keep >= self.seen:
-            return
+            return 0
         if self.trimmable:
             trim_prompt_cache(self.cache, self.seen - keep)
             self.seen = keep
-        else:
-            self.reset()
+            return 0
+        self.reset()
+        return keep
 
     def reset(self) -> None:
         """Forget everything the cache holds."""
-        self.cache = make_prompt_cache(self.model.model, max_kv_size=self.max_kv_size)
+        self.cache = make_prompt_cache(self.model.model)
+        if self.max_kv_size is not None:
+            self.cache = _rotating(self.cache, self.max_kv_size, self.model.name)
         self.seen = 0
 
     def limit_cache(self, max_kv_size: int | None) -> None:
@@ -89,6 +99,16 @@ class CacheGroup:
     def _activate(self, gear: int | None) -> None:
         if gear is not None:
             self.model.model.gear_state.set(gear)
+
+
+def _rotating(cache: list, max_kv_size: int, name: str) -> list:
+    """Rotating caches in place of plain ones: mlx-lm's make_prompt_cache ignores max_kv_size for
+    a model with its own make_cache (llama, qwen2 …), so the bound is applied here for all."""
+    if not all(type(c) is KVCache for c in cache):
+        kinds = ", ".join(sorted({type(c).__name__ for c in cache} - {"KVCache"}))
+        raise UsageError(f"--max-kv-size cannot bound {name}'s cache ({kinds} layers); leave it out")
+    # keep=4: mlx-lm's own choice, the first tokens stay (attention sinks).
+    return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in cache]
 
 
 @dataclass(eq=False)
