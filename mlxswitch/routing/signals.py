@@ -76,8 +76,8 @@ def entropy_bits(logits: mx.array) -> mx.array:
 
 
 def _scratch(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # Fresh 600 KB temporaries per token cost page faults (1.4 ms instead of 0.5 ms at 152k,
-    # depending on malloc's mmap threshold); reuse three per thread instead.
+    # Fresh 600 KB temporaries per token cost page faults (past malloc's mmap threshold) that
+    # outweigh the reduction itself; reuse three per thread instead (bench/results/signals.txt).
     buffers = getattr(_SCRATCH, "buffers", None)
     if buffers is None or buffers[0].size != size:
         buffers = _SCRATCH.buffers = tuple(np.empty(size, dtype=np.float32) for _ in range(3))
