@@ -72,8 +72,7 @@ class CacheGroup:
         return split.head(hidden)[:, -1, :], hidden[0, -1]
 
     def rewind(self, keep: int) -> int:
-        """Keep only the first `keep` tokens, trimming when possible and starting over otherwise;
-        how many of those `keep` tokens must be fed again (0 unless it started over)."""
+        """Keep the first `keep` tokens (trimmed, else started over); how many must be fed again."""
         if keep >= self.seen:
             return 0
         if self.trimmable:
