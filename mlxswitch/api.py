@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from .cloud.budget import CLOUD_MODES, cloud_settings
-from .decoding.session import ChatSession, GenerationSettings
+from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
 from .errors import UsageError
 from .models.gear_files import build_geared, check_writable_dir
@@ -166,6 +166,8 @@ def open_chat(profile: str | Profile | None = None, settings: GenerationSettings
               force_memory: bool = False) -> ChatSession:
     """Load a profile (by name, or the default) and open a chat session on it."""
     chosen = profile if isinstance(profile, Profile) else resolve_profile(profile)
+    if settings is not None:
+        check_cache_bound(settings, chosen.tier_names())  # before loading: a flag error
     cloud = None
     if chosen.cloud is not None:
         from .decoding.cloud_span import CloudTier

@@ -28,9 +28,24 @@ def bundled_file(inside: str, checkout: str | None = None) -> Path:
 
 
 def user_dir() -> Path:
-    """The user's mlxswitch directory: $MLXSWITCH_HOME, or ~/.config/mlxswitch (tests point it at a temp dir)."""
+    """The user's mlxswitch directory: $MLXSWITCH_HOME, else the platform's (tests point it at a temp dir)."""
     home = os.environ.get("MLXSWITCH_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".config" / "mlxswitch"
+    if home:
+        return Path(home).expanduser()
+    new, old = _platform_app_dir("mlxswitch"), Path.home() / ".config" / "mlxswitch"
+    # Versions before this one used ~/.config/mlxswitch everywhere: keep reading it until the
+    # platform's own directory exists.
+    return old if old.is_dir() and not new.exists() else new
+
+
+def _platform_app_dir(name: str) -> Path:
+    # click.get_app_dir's rule (roaming on Windows), written out: the base layer imports no CLI library.
+    if sys.platform.startswith("win"):
+        base = os.environ.get("APPDATA")
+        return Path(base) / name if base else Path.home() / name
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / name
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser() / name
 
 
 def cache_dir() -> Path:

@@ -250,12 +250,62 @@ def test_draft_model_spells_a_pair(tiny_pair):
     assert a["router"]["tiers"] == ["small", "large"] and a["tokens"] == b["tokens"]
 
 
-def test_max_kv_size_keeps_a_rotating_cache(pair_args):
-    result = invoke(["chat", *pair_args, "--json", "--max-tokens", "8", "--max-kv-size", "16",
-                     "--tau", "1.5", "--tau-down", "1.0", "--window", "2", "--min-run", "1"],
-                    "Hello there, how are you today?\n")
-    assert result.exit_code == 0
-    assert json.loads(result.stdout)["stats"]["generated"] > 0
+def test_max_kv_size_keeps_a_rotating_cache(tiny_pair):
+    # A llama: mlx-lm builds its cache with the model's own make_cache and would ignore the bound.
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+    from mlxswitch.decoding.tiers import single_model_ladder
+    from mlxswitch.models.loading import load_model
+
+    loaded = load_model(str(tiny_pair[0]))
+    prompt = "Hello there, how are you today?"
+
+    def answer(max_kv_size):
+        session = ChatSession(single_model_ladder(loaded), RouterConfig(up=()),
+                              GenerationSettings(max_tokens=24, max_kv_size=max_kv_size))
+        return session, [e.id for e in session.ask(prompt).tokens]
+
+    session, bounded = answer(16)
+    cache = session.ladder.groups[0].cache
+    assert all(isinstance(c, RotatingKVCache) and c.max_size == 16 and c.size() == 16 for c in cache)
+    # The same tokens as mlx-lm's own greedy loop over the same rotating cache (its default keep=4) …
+    ids = mx.array(session.render([{"role": "user", "content": prompt}]))
+    reference = [RotatingKVCache(max_size=16, keep=4) for _ in loaded.model.layers]
+    steps = generate_step(ids, loaded.model, prompt_cache=reference, max_tokens=len(bounded))
+    assert bounded == [int(token) for token, _ in steps]
+    # … and not those of an unbounded cache: the bound is not a no-op.
+    assert bounded != answer(None)[1]
+
+
+def test_max_kv_size_on_a_switching_ladder_is_refused_before_loading():
+    # The models do not exist: a check after loading would fail on them (exit 4) instead.
+    result = invoke(["chat", "--small", "/nonexistent/a", "--large", "/nonexistent/b",
+                     "--max-kv-size", "16"], "Hello\n")
+    assert result.exit_code == 2
+    assert one_error_line(result) == (
+        "error: --max-kv-size works with one tier only: switching between small and large trims the "
+        "KV cache, which a rotating cache past its limit cannot do; use one model (--model M)")
+
+
+def test_a_rotating_cache_rebuilt_between_turns_says_so(tiny_pair):
+    from mlxswitch.cli.ui import status_line
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+    from mlxswitch.decoding.tiers import single_model_ladder
+    from mlxswitch.models.loading import load_model
+
+    session = ChatSession(single_model_ladder(load_model(str(tiny_pair[0]))), RouterConfig(up=()),
+                          GenerationSettings(max_tokens=20, max_kv_size=16))
+    first = session.ask("Hello there, how are you today?")
+    assert first.refed_tokens == 0 and first.prefilled_tokens == first.prompt_tokens
+    second = session.ask("Name a colour.")
+    # Past its limit the cache cannot drop the previous answer's tail: the whole conversation is
+    # fed again, and the figures and the status line say so.
+    assert second.refed_tokens > 0 and second.prefilled_tokens == second.prompt_tokens
+    assert second.stats()["refed_tokens"] == second.refed_tokens
+    assert f"KV cache rebuilt: {second.refed_tokens} earlier tokens fed again" in status_line(second).plain
 
 
 # -- zero-token answers --------------------------------------------------------------------------

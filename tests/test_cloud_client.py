@@ -445,13 +445,16 @@ def test_ctrl_c_while_the_sdk_reads(server):
     assert client.budget.session.failed_calls == 1
 
 
-def test_bad_conversations_are_programming_errors(server):
+def test_a_conversation_the_api_would_refuse_is_a_cloud_failure_before_sending(server):
+    # A cloud failure, not a ValueError: the caller's cloud handling keeps the local answer.
     client = make_client(server)
-    with pytest.raises(ValueError, match="must end with a user message"):
+    with pytest.raises(CloudFailure, match="must end with a user message"):
         client.answer(None, [*QUESTION, {"role": "assistant", "content": "Par"}])
-    with pytest.raises(ValueError, match="non-empty text"):
+    with pytest.raises(CloudFailure, match="non-empty text"):
         client.answer(None, [{"role": "user", "content": " "}])
-    assert server.requests == []
+    with pytest.raises(CloudFailure, match="non-empty text"):
+        client.continue_span(None, [*QUESTION, {"role": "assistant", "content": ""}, *QUESTION], "Pa")
+    assert server.requests == [] and client.budget.session.calls == 0
 
 
 def test_server_speaks_plain_json_too(server):

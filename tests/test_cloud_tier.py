@@ -233,3 +233,25 @@ def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_p
     assert summary.finish_reason == "interrupted" and summary.generated >= 1
     assert all(e.tier != "cloud" for e in summary.tokens)
     assert session.cloud.client.budget.session.calls == 1  # the cancelled call is counted
+
+
+def test_an_empty_answer_leaves_no_turn_and_the_next_span_still_goes_up(server, tiny_pair):
+    server.script(reply(SPAN, output_tokens=8))
+    small, large = tiny_pair
+    profile = resolve_profile(small=str(small), large=str(large), cloud="span", policy="peek",
+                              tau="0,0", min_run=3, window=1, cloud_options={"budget_calls": 1})
+    session = open_chat(profile, settings=GenerationSettings(max_tokens=16))
+    tokenizer = session.ladder.tokenizer
+    eos = set(tokenizer.eos_token_ids)
+    tokenizer.eos_token_ids = range(session.ladder.vocab_size)  # every token ends the answer at once
+    try:
+        empty = session.ask("Name a colour.")
+    finally:
+        tokenizer.eos_token_ids = eos
+    assert empty.text == "" and empty.finish_reason == "stop"
+    assert all(m["content"].strip() for m in session.messages)  # no empty assistant turn
+    summary = session.ask("What is the capital of France?")
+    assert summary.cloud["spans"][0]["text"] == SPAN and summary.cloud["answer"]["calls"] == 1
+    sent = server.requests[0].body["messages"]
+    assert all(m["content"].strip() for m in sent) and sent[-1]["role"] == "user"
+    assert [m["role"] for m in session.messages][-2:] == ["user", "assistant"]

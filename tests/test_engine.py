@@ -192,3 +192,38 @@ def test_samplers_without_top_p_need_no_log_sum_exp(settings):
         mx.random.seed(seed)
         normalized = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True)).item()
         assert raw == normalized
+
+
+def test_the_wired_limit_counts_every_model_of_the_ladder(ladder, monkeypatch):
+    import contextlib
+
+    from mlx.utils import tree_reduce
+
+    import mlxswitch.decoding.session as session_module
+
+    seen = []
+
+    @contextlib.contextmanager
+    def recording(model, streams=None):
+        seen.append(model)
+        yield
+
+    monkeypatch.setattr(session_module, "wired_limit", recording)
+    ChatSession(ladder, RouterConfig(up=(0.5,))).ask("Hi", max_tokens=2)
+
+    def nbytes(tree):
+        return tree_reduce(lambda acc, x: acc + x.nbytes if isinstance(x, mx.array) else acc, tree, 0)
+
+    [given] = seen
+    small, large = (nbytes(t.model.model) for t in ladder.tiers)
+    assert nbytes(given) == small + large
+
+
+def test_the_bottom_split_is_checked_once_and_leaves_the_gear_it_found(tiny_gears_4_8):
+    from mlxswitch.decoding.tiers import gear_ladder
+
+    gears = gear_ladder(tiny_gears_4_8, [4, 8])
+    state = tiny_gears_4_8.model.gear_state
+    state.set(8)
+    split = gears.bottom_split()
+    assert state.gear == 8 and gears.bottom_split() is split

@@ -253,7 +253,7 @@ def test_probe_routing_on_shared_gears_matches_the_stepwise_reference(tiny_gears
     prompt = "The quick brown fox"
     session, events = _run(ladder, prompt, config)
     ids = session.render([{"role": "user", "content": prompt}])
-    tokens, tried, scores = stepwise_probe_gears(loaded.model, ladder.bottom_split, ids, config, ladder.probe,
+    tokens, tried, scores = stepwise_probe_gears(loaded.model, ladder.bottom_split(), ids, config, ladder.probe,
                                                  24, ladder.tokenizer.eos_token_ids)
     assert [e.id for e in events] == tokens
     assert [[0, 1] if e.tried else [e.rung] for e in events] == tried

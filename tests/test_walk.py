@@ -14,7 +14,7 @@ from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import pair_ladder
 from mlxswitch.models.heads import split_model
-from mlxswitch.models.loading import load_model
+from mlxswitch.models.sources import load_model
 from mlxswitch.routing.policies import PeekPolicy
 from mlxswitch.routing.probe import Probe
 from mlxswitch.routing.router import RouterConfig

@@ -4,7 +4,8 @@ Along the top tier's greedy answer to a prompt, every tier's entropy and NLL are
 position (teacher forcing). A policy is run on them exactly as the token loop runs it: the rung
 it asks for computes the position, `review` may hand the position up, the taken rung's NLL
 counts, and `commit` sees the taken rung's entropy. This measures where a policy puts the strong
-tier at no generation cost, deterministically (DESIGN.md §8).
+tier at no generation cost, deterministically: the quality a policy would reach, separated from
+the speed of the run that measures it.
 """
 
 from __future__ import annotations

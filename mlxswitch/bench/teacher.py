@@ -26,7 +26,7 @@ def _signals_and_nll(logits: np.ndarray, targets: np.ndarray) -> dict[str, np.nd
 def _split(ladder: Ladder):
     """The bottom model's checked body/head split (the probe's view), or None for other layouts."""
     try:
-        return ladder.bottom_split
+        return ladder.bottom_split()
     except UsageError:
         return None
 

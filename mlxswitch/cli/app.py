@@ -137,7 +137,7 @@ def chat(
 ) -> None:
     """Chat on a terminal, answer prompts piped through stdin, or answer one --prompt."""
     from ..api import open_chat, resolve_profile
-    from ..decoding.session import GenerationSettings
+    from ..decoding.session import GenerationSettings, check_cache_bound
     from .chat import ChatRunner
     from .streams import TelemetryFile, peek_prompts
 
@@ -155,6 +155,7 @@ def chat(
     settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
                                   min_p=min_p, seed=seed, stop=tuple(stop or ()),
                                   max_kv_size=max_kv_size)
+    check_cache_bound(settings, chosen.tier_names())
     sink = TelemetryFile.open(telemetry)  # refuses an unwritable path now, not after loading
     with sink:
         if prompt is not None:

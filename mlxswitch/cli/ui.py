@@ -123,6 +123,9 @@ def status_line(summary, colours: dict[str, str] | None = None) -> Text:
         text.append(f" · interrupted after {summary.generated} tokens", style="yellow")
     elif summary.finish_reason == "length":
         text.append(" · stopped at max tokens", style="yellow")
+    if getattr(summary, "refed_tokens", 0):
+        text.append(f" · KV cache rebuilt: {summary.refed_tokens} earlier tokens fed again "
+                    "(--max-kv-size: a rotating cache past its limit cannot rewind)", style="yellow")
     _cloud_status(text, summary, colours)
     return text
 

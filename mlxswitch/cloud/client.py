@@ -85,21 +85,29 @@ SHOWN = 120
 
 
 def _conversation(system: str | None, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict]]:
-    """System text and user/assistant turns; a "system" turn joins the system text."""
+    """System text and user/assistant turns; a "system" turn joins the system text.
+
+    A conversation the API would refuse is a CloudFailure raised before sending, so callers
+    handle it as any failed call (the local answer stands) rather than as a crash.
+    """
     systems, turns = [system] if system else [], []
     for m in messages:
         role, content = m.get("role"), m.get("content")
         if not isinstance(content, str) or not content.strip():
-            raise ValueError(f"a {role!r} message needs non-empty text content")
+            raise _unsendable(f"a {role!r} message needs non-empty text content")
         if role == "system":
             systems.append(content)
         elif role in ("user", "assistant"):
             turns.append({"role": role, "content": content})
         else:
-            raise ValueError(f"unknown message role {role!r}")
+            raise _unsendable(f"unknown message role {role!r}")
     if not turns or turns[-1]["role"] != "user":
-        raise ValueError("the conversation must end with a user message")
+        raise _unsendable("the conversation must end with a user message")
     return "\n\n".join(systems), turns
+
+
+def _unsendable(why: str) -> CloudFailure:
+    return CloudFailure(f"cloud tier not asked: the API would refuse this request ({why})")
 
 
 class CloudClient:

@@ -69,6 +69,7 @@ class AnswerSummary:
     initial_signal: float | None = None  # the routed signal at the prompt's end, when not entropy
     cloud: dict | None = None  # costs (this answer, the session) and spans, with a cloud tier
     handoff: dict | None = None  # the hand-off's score, decision and both answers
+    refed_tokens: int = 0  # earlier tokens prefilled again: a rotating cache that could not rewind
 
     @property
     def mean_bytes_per_token(self) -> float:
@@ -128,6 +129,8 @@ class AnswerSummary:
             "bytes_per_token": self.tier_bytes,
             "mean_bytes_per_token": round(self.mean_bytes_per_token),
         }
+        if self.refed_tokens:
+            out["refed_tokens"] = self.refed_tokens
         if self.cloud is not None:
             out["cloud"] = self.cloud
         return out

@@ -226,7 +226,7 @@ class TokenLoop:
         # The probe reads the bottom rung's hidden state: only there is the model run in halves.
         probe = self.ladder.probe if rung == 0 and self.bottom_first else None
         logits, hidden = group.feed(token, tier.gear, self.prefill_step,
-                                    self.ladder.bottom_split if probe is not None else None)
+                                    self.ladder.bottom_split() if probe is not None else None)
         signals = read_time_signals(logits)
         if self.normalize_for_sampler:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -55,6 +55,16 @@ class GenerationSettings:
             raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
 
 
+def check_cache_bound(settings: GenerationSettings, tier_names: list[str] | tuple[str, ...]) -> None:
+    """Refuse a bounded (rotating) KV cache on a ladder that switches tiers; a UsageError."""
+    # Switching trims a cache by the token it computed ahead (and peek re-computes positions);
+    # a rotating cache past its limit cannot be trimmed, so every switch would re-prefill it all.
+    if settings.max_kv_size is not None and len(tier_names) > 1:
+        raise UsageError(f"--max-kv-size works with one tier only: switching between "
+                         f"{', '.join(tier_names[:-1])} and {tier_names[-1]} trims the KV cache, "
+                         "which a rotating cache past its limit cannot do; use one model (--model M)")
+
+
 class ChatSession:
     """A conversation on a ladder: the token ids so far, reused across turns."""
 
@@ -69,6 +79,7 @@ class ChatSession:
         self.messages: list[dict] = []
         self.ids: list[int] = []
         self.last_summary: AnswerSummary | None = None
+        check_cache_bound(self.settings, self.tier_names)
         self._stream = mx.new_stream(mx.default_device())
         for group in ladder.groups:
             group.limit_cache(self.settings.max_kv_size)
@@ -131,13 +142,13 @@ class ChatSession:
         prompt_ids = self.render(messages)
         budget = self._token_budget(prompt_ids, max_tokens or self.settings.max_tokens)
         common = common_prefix_len(self.ids, prompt_ids)
-        for group in self.ladder.groups:
-            group.rewind(common)
+        # A rotating cache past its limit cannot be rewound: it starts over and is fed it all again.
+        refed = max(group.rewind(common) for group in self.ladder.groups)
         self.ids = list(prompt_ids)
         self.messages = messages
         ladder, cloud = self.ladder, self.cloud
         builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, self.tier_names,
-                                len(prompt_ids), len(prompt_ids) - common,
+                                len(prompt_ids), len(prompt_ids) - common + refed,
                                 [g.name for g in ladder.groups],
                                 {t.name: t.bytes_per_token for t in ladder.tiers},
                                 self.router_config.signal)
@@ -154,7 +165,9 @@ class ChatSession:
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
-            with wired_limit(ladder.tiers[-1].model.model, [self._stream]), mx.stream(self._stream):
+            # wired_limit sums the arrays of the module it is given against the recommended
+            # working set: hand it every model the ladder holds, not only the top one.
+            with wired_limit(ladder.weights(), [self._stream]), mx.stream(self._stream):
                 for step in loop.steps(budget):
                     event = builder.add(step)
                     if event is not None:
@@ -169,9 +182,13 @@ class ChatSession:
             last, self.last_summary = builder.finish(reason, loop.initial_entropy,
                                                      mx.get_peak_memory() / 1e9, loop.ended_by_eos,
                                                      loop.initial_signal)
+            self.last_summary.refed_tokens = refed
             if cloud is not None:
                 self.last_summary.cloud = cloud.answer_record()
-            self.messages.append({"role": "assistant", "content": self.last_summary.text})
+            if self.last_summary.text.strip():
+                self.messages.append({"role": "assistant", "content": self.last_summary.text})
+            else:  # no text, no turn: the question goes too, so the turns still alternate
+                self.messages = messages[:-1]
         if last is not None:
             yield last
         yield self.last_summary

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+import mlx.nn as nn
+from mlx_lm.models.cache import (
+    KVCache,
+    RotatingKVCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
 from ..errors import UsageError
 from ..models.gears import bytes_per_token
@@ -64,19 +71,22 @@ class CacheGroup:
         hidden = split.body(inputs[None], cache=self.cache)[:, -1:, :]
         return split.head(hidden)[:, -1, :], hidden[0, -1]
 
-    def rewind(self, keep: int) -> None:
-        """Keep only the first `keep` tokens, trimming when possible and starting over otherwise."""
+    def rewind(self, keep: int) -> int:
+        """Keep the first `keep` tokens (trimmed, else started over); how many must be fed again."""
         if keep >= self.seen:
-            return
+            return 0
         if self.trimmable:
             trim_prompt_cache(self.cache, self.seen - keep)
             self.seen = keep
-        else:
-            self.reset()
+            return 0
+        self.reset()
+        return keep
 
     def reset(self) -> None:
         """Forget everything the cache holds."""
-        self.cache = make_prompt_cache(self.model.model, max_kv_size=self.max_kv_size)
+        self.cache = make_prompt_cache(self.model.model)
+        if self.max_kv_size is not None:
+            self.cache = _rotating(self.cache, self.max_kv_size, self.model.name)
         self.seen = 0
 
     def limit_cache(self, max_kv_size: int | None) -> None:
@@ -88,6 +98,16 @@ class CacheGroup:
     def _activate(self, gear: int | None) -> None:
         if gear is not None:
             self.model.model.gear_state.set(gear)
+
+
+def _rotating(cache: list, max_kv_size: int, name: str) -> list:
+    """Rotating caches in place of plain ones: mlx-lm's make_prompt_cache ignores max_kv_size for
+    a model with its own make_cache (llama, qwen2 …), so the bound is applied here for all."""
+    if not all(type(c) is KVCache for c in cache):
+        kinds = ", ".join(sorted({type(c).__name__ for c in cache} - {"KVCache"}))
+        raise UsageError(f"--max-kv-size cannot bound {name}'s cache ({kinds} layers); leave it out")
+    # keep=4: mlx-lm's own choice, the first tokens stay (attention sinks).
+    return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in cache]
 
 
 @dataclass(eq=False)
@@ -112,6 +132,14 @@ class Tier:
             self.group.model.model.gear_state.set(self.gear)
 
 
+class _Models(nn.Module):
+    """Several models as one module: mlx-lm's wired_limit sizes the one module it is given."""
+
+    def __init__(self, models: list[nn.Module]):
+        super().__init__()
+        self.models = models
+
+
 @dataclass
 class Ladder:
     """Tiers from cheapest to strongest, with the tokenizer they all share."""
@@ -122,18 +150,27 @@ class Ladder:
     probe: Probe | None = None  # the learned signal (attach_probe)
     _bottom_split: SplitModel | None = field(default=None, repr=False)
 
-    @property
     def bottom_split(self) -> SplitModel:
         """The bottom model's checked body/head split (checked once; a UsageError for other layouts)."""
         if self._bottom_split is None:
             bottom = self.tiers[0]
-            bottom.activate()
-            self._bottom_split = split_model(bottom.model.model, bottom.model.name)
+            state = getattr(bottom.model.model, "gear_state", None)
+            found = state.gear if state is not None else None
+            bottom.activate()  # the check runs a forward pass at the gear the probe reads
+            try:
+                self._bottom_split = split_model(bottom.model.model, bottom.model.name)
+            finally:
+                if found is not None:
+                    state.set(found)
         return self._bottom_split
+
+    def weights(self) -> nn.Module:
+        """Every distinct model of the ladder as one module (a pair's two, a gear ladder's one)."""
+        return _Models([g.model.model for g in self.groups])
 
     def attach_probe(self, probe: Probe) -> None:
         """Route on `probe`, once it is checked to read this bottom model's hidden state."""
-        split = self.bottom_split
+        split = self.bottom_split()
         if probe.dims != split.hidden_size + len(SCALARS):
             raise UsageError(f"the saved probe reads {probe.dims - len(SCALARS)} hidden dimensions but "
                              f"{self.tiers[0].model.name} has {split.hidden_size}: run `mlxswitch calibrate` again")

@@ -80,9 +80,8 @@ def _openblas_threads():
 @contextmanager
 def single_threaded_blas():
     """Run NumPy's OpenBLAS on one thread inside the block, then restore its setting."""
-    # Measured here (2 shared cores, one busy): a 1-row x 576 x 1536 product took 8 ms with
-    # OpenBLAS's 2 spinning threads and 0.06 ms with one; uncontended, one thread is at most 2x
-    # slower, and next to dequantizing the planes that is noise. Set and restore cost ~1 us.
+    # On shared cores OpenBLAS's spinning worker threads can make a small product orders of
+    # magnitude slower; uncontended, one thread loses little next to dequantizing the planes.
     threads = _openblas_threads()
     if threads is None:
         yield

@@ -53,8 +53,8 @@ def reference_token_signals(logits: mx.array) -> mx.array:
     e = mx.exp(d)
     ed = e * d
     s, s1, s2 = _accurate_sum(e), _accurate_sum(ed), _accurate_sum(ed * d)
-    # Second largest logit without a sort (topk costs 1.5 ms at 152k on CPU); a tie for the
-    # largest makes it the largest (margin 0).
+    # Second largest logit without a sort (a top-k over the vocabulary costs more on a CPU than
+    # this one masked max); a tie for the largest makes it the largest (margin 0).
     below = mx.max(mx.where(x < top, x, -math.inf))
     second = mx.where(mx.sum(x == top) > 1, top, below)
     mean_d = s1 / s

@@ -24,13 +24,12 @@ BLOCK_ROWS = RESULTS_PER_SIMD * SIMDS_PER_GROUP
 # The fused kernel is a mat-vec: one x row per grid z, weights re-read per row. Past a few rows
 # MLX's tiled quantized matmul (one call per plane) reuses weights better. Unmeasured on a Mac.
 METAL_MAX_ROWS = 4
-# CPU rule, measured on Linux x86_64 (MLX 0.32.4; bench/bench_kernels.py): dequantizing a plane
-# costs about as much as 2–3 rows of MLX's scalar quantized_matmul, and NumPy's BLAS makes the
-# dense product nearly free (200×576×1536: 4 ms on one thread; MLX's own fp32 matmul 140 ms). So
-# dequantize + BLAS wins from 4 rows at any plane count and layer size (break-even near 3 rows;
-# 4 rows: 1.0–1.9×, 8 rows: 2–3×, 37 rows: 7–15×, 200 rows: 19–60× on SmolLM2/Qwen layers).
+# CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
+# kernels-smollm2.txt): dequantizing a plane costs about as much as a few rows of MLX's scalar
+# quantized_matmul, and NumPy's BLAS makes the dense product nearly free, so dequantize + BLAS
+# wins from 4 rows at any plane count and layer size (break-even near 3 rows), more the more rows.
 # MLX's dense matmul costs as much a row as one plane of quantized_matmul: without NumPy, dense
-# pays only with ≥ 2 planes (2 planes 1.4× at 8 rows, 3 planes 1.0–1.3× at 4 rows).
+# pays only with ≥ 2 planes (from 8 rows with 2, from 4 with 3).
 BLAS_MIN_ROWS = 4
 MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry
 DEQUANT_BLOCK = 1 << 20  # weights dequantized at a time by the dense routes
@@ -83,8 +82,8 @@ def dense_weight(planes, plane_bits, group_size, active) -> mx.array:
 
 
 def _scratch(shape: tuple[int, ...], slot: int, dtype=np.float32) -> np.ndarray:
-    # Fresh multi-MB temporaries per layer cost page faults (6 ms instead of 2.4 for two
-    # 1536×576 planes); a few reused buffers per thread, shape and dtype avoid them.
+    # Fresh multi-MB temporaries per layer cost page faults that can double a layer's time; a few
+    # reused buffers per thread, shape and dtype avoid them.
     buffers = _SCRATCH.__dict__.setdefault("buffers", {})
     key = (shape, slot, np.dtype(dtype).str)
     if key not in buffers:
@@ -102,8 +101,8 @@ def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
     high nibble are two 4-bit values in order. Writing each group's low nibbles (its even
     columns), then its high nibbles (its odd ones), keeps every pass contiguous: no strided
     interleave. `split_columns` puts x in the same order. The planes' biases are summed first
-    (one pass for any plane count). Measured on two 1536×576 planes at 37 rows, product
-    included: 2.8 ms against 4.5 ms interleaved (one plane: 1.9 against 2.2).
+    (one pass for any plane count). It measured faster than the interleaved order on SmolLM2's
+    layers, more so with two planes (bench/bench_kernels.py; bench/results/kernels-smollm2.txt).
 
     The result is a scratch buffer: use it before the next call on this thread.
     """
@@ -145,8 +144,8 @@ def split_columns(x: np.ndarray, group_size: int) -> np.ndarray:
 
 def _row_blocks(out_dims: int, in_dims: int) -> list[tuple[int, int]]:
     # Dequantize DEQUANT_BLOCK weights at a time: a 4 MB fp32 block stays in cache while its
-    # planes are summed and multiplied. A whole 18944×3584 layer costs 3–4× more per weight
-    # (6.4 against 1.7 ns for one plane, 21 against 6 for three) and 271 MB of memory.
+    # planes are summed and multiplied. A whole 18944×3584 layer at once falls out of cache,
+    # costs several times more per weight, and takes 271 MB of memory.
     step = max(8, DEQUANT_BLOCK // in_dims)
     return [(r, min(r + step, out_dims)) for r in range(0, out_dims, step)]
 

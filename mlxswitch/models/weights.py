@@ -43,8 +43,8 @@ class LoadedModel:
 
 def compute_dtype() -> mx.Dtype | None:
     """The float dtype to compute in: float32 on CPU, None (keep the checkpoint's) on a GPU."""
-    # On MLX's CPU backend bf16 is 2x slower with wrong reductions, and fp16 quantization
-    # scales make quantized_matmul ~30x slower; fp32 is the fast, correct choice there.
+    # On MLX's CPU backend bf16 is slower with wrong reductions, and fp16 quantization scales
+    # make quantized_matmul many times slower; fp32 is the fast, correct choice there.
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
