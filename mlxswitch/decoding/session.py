@@ -126,17 +126,48 @@ class ChatSession:
 
         max_tokens: this answer's limit, when it differs from the settings' (the bench uses it).
         """
-        self.last_summary = None
         messages = self.messages + [{"role": "user", "content": prompt}]
-        prompt_ids = self.render(messages)
-        budget = self._token_budget(prompt_ids, max_tokens or self.settings.max_tokens)
+        settings = self.settings if max_tokens is None else dataclasses.replace(self.settings,
+                                                                                 max_tokens=max_tokens)
+        return self._answer(prompt, self.render(messages), messages, settings)
+
+    def stream_conversation(self, messages: list[dict], settings: GenerationSettings | None = None
+                            ) -> Iterator[TokenEvent | AnswerSummary]:
+        """Answer a whole conversation given at once (a server request), as `stream` does.
+
+        The caches keep what the new conversation shares with the sequence so far, so a client
+        that sends its history again each turn pays only for the new part.
+        """
+        prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        return self._answer(prompt, self.render(messages), list(messages), settings or self.settings)
+
+    def stream_text(self, text: str, settings: GenerationSettings | None = None
+                    ) -> Iterator[TokenEvent | AnswerSummary]:
+        """Continue raw text (no chat template, no system prompt): a plain completion."""
+        return self._answer(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
+
+    def _answer(self, prompt: str, prompt_ids: list[int], messages: list[dict] | None,
+                settings: GenerationSettings) -> Iterator[TokenEvent | AnswerSummary]:
+        """Check the prompt's length now (a refusal raises before the first event), then stream."""
+        self.last_summary = None
+        budget = self._token_budget(prompt_ids, settings.max_tokens)
+        return self._generate(prompt, prompt_ids, messages, settings, budget)
+
+    def _generate(self, prompt: str, prompt_ids: list[int], messages: list[dict] | None,
+                  settings: GenerationSettings, budget: int) -> Iterator[TokenEvent | AnswerSummary]:
         common = common_prefix_len(self.ids, prompt_ids)
         for group in self.ladder.groups:
             group.rewind(common)
         self.ids = list(prompt_ids)
-        self.messages = messages
+        self.messages = messages if messages is not None else []
+        sampler = self._sampler
+        if settings is not self.settings:
+            sampler = make_sampler(temp=settings.temperature, top_p=settings.top_p, min_p=settings.min_p,
+                                   top_k=settings.top_k)
+            if settings.seed is not None:
+                mx.random.seed(settings.seed)
         ladder, cloud = self.ladder, self.cloud
-        builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, self.tier_names,
+        builder = AnswerBuilder(prompt, ladder.tokenizer, settings.stop, self.tier_names,
                                 len(prompt_ids), len(prompt_ids) - common,
                                 [g.name for g in ladder.groups],
                                 {t.name: t.bytes_per_token for t in ladder.tiers},
@@ -145,12 +176,14 @@ class ChatSession:
         if cloud is not None:
             cloud.start_answer()
             if cloud.spans_on:
+                chat = self.messages
+
                 def span(answer_ids: list[int], room: int) -> list[int]:
-                    return cloud.span(ladder.tokenizer, self.system, messages, answer_ids, room)
+                    return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
         loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
-                         self._sampler, self.settings.prefill_step, cloud_span=span,
+                         sampler, settings.prefill_step, cloud_span=span,
                          signal=self.router_config.signal,
-                         normalize_for_sampler=0 < self.settings.top_p < 1)
+                         normalize_for_sampler=0 < settings.top_p < 1)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
@@ -171,7 +204,8 @@ class ChatSession:
                                                      loop.initial_signal)
             if cloud is not None:
                 self.last_summary.cloud = cloud.answer_record()
-            self.messages.append({"role": "assistant", "content": self.last_summary.text})
+            if messages is not None:
+                self.messages.append({"role": "assistant", "content": self.last_summary.text})
         if last is not None:
             yield last
         yield self.last_summary
@@ -198,5 +232,5 @@ class ChatSession:
         if len(prompt_ids) >= context:
             raise PromptTooLongError(
                 f"the prompt is {len(prompt_ids)} tokens with the conversation so far, but the "
-                f"context holds {context}; shorten it or start over (/reset)")
+                f"context holds {context}; shorten it or start over (/reset)", len(prompt_ids), context)
         return min(max_tokens, context - len(prompt_ids))
