@@ -39,7 +39,7 @@ def server(tiny_pair, tmp_path_factory):
     port = _free_port()
     home = tmp_path_factory.mktemp("serve-home")
     env = {**os.environ, "MLXSWITCH_HOME": str(home), "HF_HUB_OFFLINE": "1", "MLXSWITCH_API_KEY": KEY}
-    env.pop("ANTHROPIC_API_KEY", None)
+    env["ANTHROPIC_API_KEY"] = "sk-ant-never-shown"  # set, and never in a response or the log
     env.pop("MLXSWITCH_MODELS", None)
     log = home / "server.log"
     with open(log, "wb") as sink:
@@ -63,7 +63,7 @@ def server(tiny_pair, tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    assert KEY not in log.read_text()
+    assert KEY not in log.read_text() and "sk-ant-never-shown" not in log.read_text()
 
 
 @pytest.fixture
@@ -164,6 +164,8 @@ HI = [{"role": "user", "content": "hi"}]
     (CHAT, {"messages": HI, "stream": "yes"}, 400, "stream", None),
     (CHAT, {"messages": HI, "stop": 5}, 400, "stop", None),
     (CHAT, {"messages": HI, "n": 2}, 400, "n", None),
+    (CHAT, {"messages": HI, "seed": -1}, 400, "seed", None),
+    (CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
     (CHAT, {"messages": HI, "model": "no-such-model"}, 404, "model", "model_not_found"),
     (CHAT, {"messages": HI, "model": "../../etc/passwd"}, 404, "model", "model_not_found"),
     (CHAT, {"messages": [{"role": "user", "content": "one two three " * 300}]}, 400, "messages",
@@ -246,6 +248,7 @@ def test_loopback_only_unless_asked(monkeypatch, tiny_pair):
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.com")
     seen = {}
+    monkeypatch.delenv("MLXSWITCH_API_KEY", raising=False)
     monkeypatch.setattr("mlxswitch.server.Worker.open", lambda self, make: None)
     monkeypatch.setattr("mlxswitch.server.run", lambda config, worker, host, port, log_level: seen.update(
         host=host, config=config))

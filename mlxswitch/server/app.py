@@ -10,6 +10,7 @@ import hmac
 import time
 from dataclasses import dataclass, field
 
+from jinja2 import TemplateError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request as HttpRequest
@@ -103,6 +104,9 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
                                f"{exc.context}",
                                param="messages" if kind == "chat" else "prompt",
                                code="context_length_exceeded") from None
+        except TemplateError as exc:  # the model's chat template refuses this conversation
+            raise RequestError(f"the model's chat template refuses these messages: {exc}",
+                               param="messages", code="invalid_conversation") from None
         ident = out.new_id(kind)
         if req.stream:
             return StreamingResponse(_sse(job, kind, ident, model, req.include_usage),

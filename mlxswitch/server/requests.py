@@ -78,6 +78,8 @@ def parse_body(raw: bytes, kind: str, defaults: GenerationSettings) -> Request:
     if not 0 < top_p <= 1:
         raise RequestError(f"top_p must be in (0, 1] (got {top_p:g})", param="top_p")
     seed = _optional(body, "seed", int)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise RequestError(f"seed must be between 0 and 2**63 - 1 (got {seed})", param="seed")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise RequestError("stream_options must be an object", param="stream_options")

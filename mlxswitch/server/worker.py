@@ -31,6 +31,7 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-generate")
         self._lock = asyncio.Lock()
         self._admitted = 0  # the request generating plus those waiting for it
+        self.closing = threading.Event()  # set at shutdown: a running generation ends at its next token
 
     def open(self, make_session: Callable[[], ChatSession]) -> ChatSession:
         """Open the session on the worker thread (blocking: call before serving)."""
@@ -38,7 +39,8 @@ class Worker:
         return self.session
 
     def close(self) -> None:
-        """Stop the thread once its current work is done."""
+        """End the running generation at its next token and let the thread go."""
+        self.closing.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -97,7 +99,7 @@ class Job:
                 if isinstance(item, AnswerSummary):
                     self.summary = item
                 loop.call_soon_threadsafe(put, item)
-                if self._cancel.is_set():
+                if self._cancel.is_set() or self.worker.closing.is_set():
                     break
         except BaseException as exc:  # handed to the request, which answers 500
             loop.call_soon_threadsafe(put, exc)
