@@ -89,7 +89,8 @@ def one_client(base: str, model: str, tokens: int, out: list) -> None:
 def level(base: str, model: str, clients: int, tokens: int) -> dict:
     """`clients` streams at once: median time to first byte and their tokens/s together."""
     results: list = []
-    threads = [threading.Thread(target=one_client, args=(base, model, tokens, results)) for _ in range(clients)]
+    threads = [threading.Thread(target=one_client, args=(base, model, tokens, results))
+               for _ in range(clients)]
     started = time.perf_counter()
     for thread in threads:
         thread.start()

@@ -141,6 +141,23 @@ def test_completions_stream_and_not(client):
     assert tiers == whole.model_extra["mlxswitch"]["tiers"]
 
 
+def test_logprobs_chat_and_completions(client):
+    answer = client.chat.completions.create(model="ad-hoc pair", messages=HI, max_tokens=6, temperature=0,
+                                            logprobs=True, top_logprobs=3)
+    content = answer.choices[0].logprobs.content
+    assert len(content) == answer.usage.completion_tokens
+    for entry in content:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and tops[0] <= 0
+        assert entry.logprob == pytest.approx(tops[0])  # greedy: the token taken is the likeliest
+        assert entry.token == entry.top_logprobs[0].token
+    chunks = list(client.completions.create(model="ad-hoc pair", prompt="The quick", max_tokens=4,
+                                            temperature=0, logprobs=2, stream=True))
+    probs = [c.choices[0].logprobs for c in chunks if c.choices[0].finish_reason is None]
+    assert len(probs) == 4 and all(len(p.tokens) == 1 and len(p.top_logprobs[0]) <= 2 for p in probs)
+    assert probs[1].text_offset[0] == len(chunks[0].choices[0].text)
+
+
 def test_models_and_health(server, client):
     models = client.models.list()
     ids = [m.id for m in models.data]
@@ -165,7 +182,8 @@ HI = [{"role": "user", "content": "hi"}]
     (CHAT, {"messages": HI, "stop": 5}, 400, "stop", None),
     (CHAT, {"messages": HI, "n": 2}, 400, "n", None),
     (CHAT, {"messages": HI, "seed": -1}, 400, "seed", None),
-    (CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+    (CHAT, {"messages": HI, "top_logprobs": 2}, 400, "top_logprobs", None),
+    (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
     (CHAT, {"messages": HI, "model": "no-such-model"}, 404, "model", "model_not_found"),
     (CHAT, {"messages": HI, "model": "../../etc/passwd"}, 404, "model", "model_not_found"),
     (CHAT, {"messages": [{"role": "user", "content": "one two three " * 300}]}, 400, "messages",

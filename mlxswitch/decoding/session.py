@@ -24,6 +24,9 @@ from .loop import TokenLoop
 from .tiers import Ladder
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """How to sample and when to stop; checked when built."""
@@ -37,6 +40,7 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     prefill_step: int = 512
     max_kv_size: int | None = None  # a rotating KV cache of this many tokens (mlx-lm's option)
+    top_logprobs: int | None = None  # None: no log-probabilities; k ≥ 0: each token's and the top k
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -51,6 +55,9 @@ class GenerationSettings:
             raise UsageError(f"--min-p must be in [0, 1] (got {self.min_p})")
         if self.max_kv_size is not None and self.max_kv_size < 1:
             raise UsageError(f"--max-kv-size must be at least 1 token (got {self.max_kv_size})")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise UsageError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS} "
+                             f"(got {self.top_logprobs})")
         if self.prefill_step < 1:
             raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
 
@@ -183,7 +190,7 @@ class ChatSession:
         loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
                          sampler, settings.prefill_step, cloud_span=span,
                          signal=self.router_config.signal,
-                         normalize_for_sampler=0 < settings.top_p < 1)
+                         normalize_for_sampler=0 < settings.top_p < 1, top_logprobs=settings.top_logprobs)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:

@@ -108,8 +108,9 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
             raise RequestError(f"the model's chat template refuses these messages: {exc}",
                                param="messages", code="invalid_conversation") from None
         ident = out.new_id(kind)
+        decode = _decoder(worker.session.ladder.tokenizer) if req.settings.top_logprobs is not None else None
         if req.stream:
-            return StreamingResponse(_sse(job, kind, ident, model, req.include_usage),
+            return StreamingResponse(_sse(job, kind, ident, model, req.include_usage, decode),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         summary = None
@@ -120,7 +121,7 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
                 job.stop()
         if summary is None:  # the client left; nobody reads this
             return Response(status_code=499)
-        return JSONResponse(out.completion(kind, ident, model, summary))
+        return JSONResponse(out.completion(kind, ident, model, summary, decode))
 
     async def chat_completions(request: HttpRequest) -> Response:
         return await generate(request, "chat")
@@ -171,15 +172,20 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
     return Starlette(routes=routes, exception_handlers=handlers)
 
 
-async def _sse(job, kind: str, ident: str, model: str, include_usage: bool):
+def _decoder(tokenizer):
+    """One token id → its text, for log-probability entries."""
+    return lambda token: tokenizer.decode([token])
+
+
+async def _sse(job, kind: str, ident: str, model: str, include_usage: bool, decode):
     """The streamed answer: one chunk per token, the finish chunk, the usage chunk, [DONE]."""
-    created, first = int(time.time()), True
+    created, first, offset = int(time.time()), True, 0
     async for item in job.events():  # a client that leaves cancels this: events() stops the job
         if isinstance(item, AnswerSummary):
             yield out.sse(out.final_chunk(kind, ident, model, created, item))
             if include_usage:
                 yield out.sse(out.usage_chunk(kind, ident, model, created, item))
             break
-        yield out.sse(out.chunk(kind, ident, model, created, [item], first))
-        first = False
+        yield out.sse(out.chunk(kind, ident, model, created, [item], first, decode, offset))
+        first, offset = False, offset + len(item.text)
     yield out.sse("[DONE]")

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..decoding.session import GenerationSettings
+from ..decoding.session import MAX_TOP_LOGPROBS, GenerationSettings
 from ..errors import RequestError, UsageError
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -64,9 +64,7 @@ def parse_body(raw: bytes, kind: str, defaults: GenerationSettings) -> Request:
     n = _optional(body, "n", int)
     if n is not None and n != 1:
         raise RequestError(f"n must be 1: one answer per request is generated (got {n})", param="n")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise RequestError("logprobs are not supported; each streamed chunk carries its tokens' entropy in "
-                           "'mlxswitch.entropies' instead", param="logprobs", code="unsupported_parameter")
+    top_logprobs = _logprobs(body, kind)
     max_tokens = _optional(body, "max_completion_tokens", int)
     max_tokens = _optional(body, "max_tokens", int) if max_tokens is None else max_tokens
     if max_tokens is not None and max_tokens < 1:
@@ -88,7 +86,7 @@ def parse_body(raw: bytes, kind: str, defaults: GenerationSettings) -> Request:
                                                             defaults.max_tokens),
                                    temperature=temperature, top_p=top_p,
                                    seed=defaults.seed if seed is None else seed,
-                                   stop=defaults.stop if stop is None else stop)
+                                   stop=defaults.stop if stop is None else stop, top_logprobs=top_logprobs)
     return Request(kind=kind, model=model, messages=messages, prompt=prompt, settings=settings,
                    stream=bool(_optional(body, "stream", bool)),
                    include_usage=bool(_optional(options or {}, "include_usage", bool)))
@@ -103,6 +101,21 @@ def _optional(body: dict, key: str, kind: type):
         return value
     names = {str: "a string", int: "an integer", bool: "a boolean"}
     raise RequestError(f"{key} must be {names[kind]} (got {json.dumps(value)[:40]})", param=key)
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """None (none asked for) or how many alternatives to list with each token's log-probability."""
+    if kind == "text":  # completions: logprobs is the number of alternatives
+        count = _optional(body, "logprobs", int)
+        param = "logprobs"
+    else:  # chat: logprobs is a switch, top_logprobs the number
+        wanted, count = _optional(body, "logprobs", bool), _optional(body, "top_logprobs", int)
+        if count is not None and not wanted:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        count, param = (count or 0) if wanted else None, "top_logprobs"
+    if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"{param} must be between 0 and {MAX_TOP_LOGPROBS} (got {count})", param=param)
+    return count
 
 
 def _number(body: dict, key: str, default: float) -> float:

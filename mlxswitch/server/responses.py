@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Callable
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
 from ..errors import RequestError
 
+Decode = Callable[[int], str]
 OBJECTS = {"chat": ("chat.completion", "chat.completion.chunk", "chatcmpl"),
            "text": ("text_completion", "text_completion", "cmpl")}
 
@@ -26,14 +28,38 @@ def _entropy(event: TokenEvent) -> float | str | None:
     return None if event.entropy is None else json_float(event.entropy)
 
 
-def _choice(kind: str, text: str | None, finish: str | None, delta: bool, first: bool = False) -> dict:
+def logprobs(kind: str, events: list[TokenEvent], decode: Decode | None, offset: int = 0) -> dict | None:
+    """OpenAI's logprobs object for `events` (None when none were asked for).
+
+    Natural logs of the tier's distribution before temperature; `offset`: the text before them.
+    """
+    if decode is None or not events or events[0].logprob is None:
+        return None
+    if kind == "chat":
+        def entry(token: str, logprob: float) -> dict:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {"content": [{**entry(decode(e.id), e.logprob),
+                             "top_logprobs": [entry(decode(i), lp) for i, lp in e.top_logprobs]}
+                            for e in events]}
+    offsets, at = [], offset
+    for e in events:
+        offsets.append(at)
+        at += len(e.text)
+    return {"tokens": [decode(e.id) for e in events], "token_logprobs": [e.logprob for e in events],
+            "top_logprobs": [{decode(i): lp for i, lp in e.top_logprobs} for e in events],
+            "text_offset": offsets}
+
+
+def _choice(kind: str, text: str | None, finish: str | None, delta: bool, first: bool = False,
+            probs: dict | None = None) -> dict:
     if kind == "text":
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": probs, "finish_reason": finish}
     if delta:
         body = {"role": "assistant", "content": text or ""} if first else \
             ({"content": text} if text is not None else {})
-        return {"index": 0, "delta": body, "logprobs": None, "finish_reason": finish}
-    return {"index": 0, "message": {"role": "assistant", "content": text or ""}, "logprobs": None,
+        return {"index": 0, "delta": body, "logprobs": probs, "finish_reason": finish}
+    return {"index": 0, "message": {"role": "assistant", "content": text or ""}, "logprobs": probs,
             "finish_reason": finish}
 
 
@@ -58,10 +84,11 @@ def _finish(summary: AnswerSummary) -> str:
 
 
 def chunk(kind: str, ident: str, model: str, created: int, events: list[TokenEvent],
-          first: bool = False) -> dict:
+          first: bool = False, decode: Decode | None = None, offset: int = 0) -> dict:
     """A streamed chunk holding `events`' text, with their tiers and entropies."""
+    probs = logprobs(kind, events, decode, offset)
     return {"id": ident, "object": OBJECTS[kind][1], "created": created, "model": model,
-            "choices": [_choice(kind, "".join(e.text for e in events), None, True, first)],
+            "choices": [_choice(kind, "".join(e.text for e in events), None, True, first, probs)],
             "mlxswitch": {"tiers": [e.tier for e in events], "entropies": [_entropy(e) for e in events]}}
 
 
@@ -78,10 +105,12 @@ def usage_chunk(kind: str, ident: str, model: str, created: int, summary: Answer
             "usage": usage(summary)}
 
 
-def completion(kind: str, ident: str, model: str, summary: AnswerSummary) -> dict:
+def completion(kind: str, ident: str, model: str, summary: AnswerSummary,
+               decode: Decode | None = None) -> dict:
     """The whole (non-streamed) response."""
+    probs = logprobs(kind, summary.tokens, decode)
     return {"id": ident, "object": OBJECTS[kind][0], "created": int(time.time()), "model": model,
-            "choices": [_choice(kind, summary.text, _finish(summary), False)],
+            "choices": [_choice(kind, summary.text, _finish(summary), False, probs=probs)],
             "usage": usage(summary),
             "mlxswitch": {"tiers": [e.tier for e in summary.tokens],
                           "entropies": [_entropy(e) for e in summary.tokens],
