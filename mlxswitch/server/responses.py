@@ -36,7 +36,7 @@ def logprobs(kind: str, events: list[TokenEvent], decode: Decode | None, offset:
     if decode is None or not events or events[0].logprob is None:
         return None
     if kind == "chat":
-        def entry(token: str, logprob: float) -> dict:
+        def entry(token: str, logprob: float | None) -> dict:
             return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
         return {"content": [{**entry(decode(e.id), e.logprob),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Callable, Generator
 
 from ..decoding.answer import AnswerSummary, TokenEvent
 from ..decoding.session import ChatSession
 from ..errors import RequestError
 
-Start = Callable[[ChatSession], Iterator[TokenEvent | AnswerSummary]]
+Events = Generator[TokenEvent | AnswerSummary, None, None]
+Start = Callable[[ChatSession], Events]
 _DONE = object()
 
 
@@ -25,7 +26,7 @@ class Worker:
 
     def __init__(self, queue_size: int):
         self.queue_size = queue_size
-        self.session: ChatSession | None = None
+        self._session: ChatSession | None = None
         self.busy = False  # a generation is running (for /health)
         self.last_summary: AnswerSummary | None = None  # the last answer's, interrupted ones too
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-generate")
@@ -35,8 +36,15 @@ class Worker:
 
     def open(self, make_session: Callable[[], ChatSession]) -> ChatSession:
         """Open the session on the worker thread (blocking: call before serving)."""
-        self.session = self._executor.submit(make_session).result()
-        return self.session
+        self._session = self._executor.submit(make_session).result()
+        return self._session
+
+    @property
+    def session(self) -> ChatSession:
+        """The session generations run on (opened by `open`)."""
+        if self._session is None:
+            raise RuntimeError("the worker's session is not open yet")
+        return self._session
 
     def close(self) -> None:
         """End the running generation at its next token and let the thread go."""
@@ -79,7 +87,7 @@ class Job:
         self.summary: AnswerSummary | None = None
         self._cancel = threading.Event()
         self._released = False
-        self._stream: Iterator | None = None
+        self._stream: Events | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._thread_done: asyncio.Future | None = None
 
@@ -93,9 +101,10 @@ class Job:
 
     def _produce(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the worker thread: run the generation, hand each event to the event loop."""
-        put = self._queue.put_nowait
+        put, stream = self._queue.put_nowait, self._stream
+        assert stream is not None
         try:
-            for item in self._stream:
+            for item in stream:
                 if isinstance(item, AnswerSummary):
                     self.summary = item
                 loop.call_soon_threadsafe(put, item)
@@ -104,7 +113,7 @@ class Job:
         except BaseException as exc:  # handed to the request, which answers 500
             loop.call_soon_threadsafe(put, exc)
         finally:
-            self._stream.close()  # an interrupted answer is kept in the conversation
+            stream.close()  # an interrupted answer is kept in the conversation
             if self.summary is None:
                 self.summary = self.worker.session.last_summary
             self.worker.last_summary = self.summary
