@@ -169,6 +169,7 @@ def test_models_and_health(server, client):
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
+LONG = [{"role": "user", "content": "Tell me a long story"}]  # the tiny pair runs to 400 tokens on it
 
 
 @pytest.mark.parametrize("path,body,status,param,code", [
@@ -221,8 +222,8 @@ def test_api_key_is_required(server):
 
 def test_a_client_that_hangs_up_stops_its_generation(server):
     base = server[0]
-    with httpx.stream("POST", base + CHAT, headers=_headers(), timeout=30,
-                      json={"messages": HI, "max_tokens": 400, "stream": True}) as response:
+    body = {"messages": LONG, "max_tokens": 400, "stream": True, "temperature": 0}
+    with httpx.stream("POST", base + CHAT, headers=_headers(), timeout=30, json=body) as response:
         lines = response.iter_lines()
         got = [line for line, _ in zip(lines, range(8)) if line.startswith("data:")]
         assert len(got) >= 3
@@ -233,6 +234,16 @@ def test_a_client_that_hangs_up_stops_its_generation(server):
     assert health["last_answer"]["tokens"] < 100
     ok = httpx.post(base + CHAT, json={"messages": HI, "max_tokens": 2}, headers=_headers(), timeout=30)
     assert ok.status_code == 200
+
+
+def test_a_client_that_gives_up_on_a_whole_answer_stops_it_too(server):
+    base = server[0]
+    with pytest.raises(httpx.ReadTimeout):  # the client closes the connection when it times out
+        httpx.post(base + CHAT, headers=_headers(), timeout=httpx.Timeout(5, read=0.3),
+                   json={"messages": LONG, "max_tokens": 400, "temperature": 0})
+    health = _wait_idle(base)
+    assert health["last_answer"]["finish_reason"] == "interrupted"
+    assert health["last_answer"]["tokens"] < 400
 
 
 def test_concurrent_clients_are_queued_and_overflow_gets_429(server):
@@ -247,7 +258,7 @@ def test_concurrent_clients_are_queued_and_overflow_gets_429(server):
             results.append((r.status_code, r.headers.get("retry-after"), tokens))
 
     # 1 generating + QUEUE waiting are served; with twice as many at once some must be refused.
-    threads = [threading.Thread(target=ask, args=(40,)) for _ in range(2 * (QUEUE + 1))]
+    threads = [threading.Thread(target=ask, args=(60,)) for _ in range(2 * (QUEUE + 1))]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
