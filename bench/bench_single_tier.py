@@ -14,9 +14,8 @@ import argparse
 import math
 import statistics
 import time
-from pathlib import Path
 
-import mlx.nn as nn
+from mlx import nn
 from mlx_lm.generate import stream_generate
 
 from mlxswitch.decoding.session import ChatSession, GenerationSettings

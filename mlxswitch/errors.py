@@ -62,6 +62,10 @@ class PromptTooLongError(MlxSwitchError):
 
     exit_code = 7
 
+    def __init__(self, message: str, tokens: int = 0, context: int = 0):
+        super().__init__(message)
+        self.tokens, self.context = tokens, context
+
 
 class CloudError(MlxSwitchError):
     """The cloud tier is misconfigured (no key) or failed (network, API, budget)."""
@@ -73,6 +77,17 @@ class OutputError(MlxSwitchError):
     """A file or directory we were asked to write cannot be written (nothing half-written is left)."""
 
     exit_code = 9
+
+
+class RequestError(MlxSwitchError):
+    """An HTTP request to `mlxswitch serve` is refused; the fields of OpenAI's error object."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.type, self.param, self.code = status, type, param, code
 
 
 # Exit codes that no error class carries.

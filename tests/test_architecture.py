@@ -19,6 +19,7 @@ LAYERS = [
     ("mlxswitch.profiles", "mlxswitch.profile_edit"),
     ("mlxswitch.decoding",),
     ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench"),
+    ("mlxswitch.server",),  # the HTTP server: just below the CLI, which starts it
     ("mlxswitch.cli", "mlxswitch.__main__"),
 ]
 PURE = ("mlxswitch.routing.router", "mlxswitch.routing.policies", "mlxswitch.routing.walk",

@@ -258,7 +258,7 @@ def test_max_kv_size_keeps_a_rotating_cache(tiny_pair):
 
     from mlxswitch.decoding.session import ChatSession, GenerationSettings
     from mlxswitch.decoding.tiers import single_model_ladder
-    from mlxswitch.models.loading import load_model
+    from mlxswitch.models.sources import load_model
 
     loaded = load_model(str(tiny_pair[0]))
     prompt = "Hello there, how are you today?"
@@ -294,7 +294,7 @@ def test_a_rotating_cache_rebuilt_between_turns_says_so(tiny_pair):
     from mlxswitch.cli.ui import status_line
     from mlxswitch.decoding.session import ChatSession, GenerationSettings
     from mlxswitch.decoding.tiers import single_model_ladder
-    from mlxswitch.models.loading import load_model
+    from mlxswitch.models.sources import load_model
 
     session = ChatSession(single_model_ladder(load_model(str(tiny_pair[0]))), RouterConfig(up=()),
                           GenerationSettings(max_tokens=20, max_kv_size=16))

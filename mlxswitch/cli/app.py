@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from .. import __version__
 from ..errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, MlxSwitchError
+from . import options as o
 from . import ui
 from .streams import silence_stdout, write_crash_log
 
@@ -98,64 +99,50 @@ def _root(
 @app.command()
 def chat(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Answer this one prompt and exit (as mlx_lm.generate).")] = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile from models.toml (default: its default).")] = None,
-    small: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the cheap model (with --large).")] = None,
-    large: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the strong model (with --small).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Ad-hoc single model, the geared model with --gears, or the large model with --draft-model.")] = None,
-    draft_model: Annotated[Optional[str], typer.Option(help="With --model: a pair whose cheap tier is this model (mlx-lm's spelling).")] = None,
-    gears: Annotated[Optional[str], typer.Option(help="Gear bits low→high for --model, e.g. 4,8,16.")] = None,
-    tau: Annotated[Optional[str], typer.Option(help="Up thresholds in bits, one per rung boundary (inf/-inf allowed).")] = None,
-    tau_down: Annotated[Optional[str], typer.Option(help="Down thresholds (≤ up): the hysteresis band.")] = None,
-    window: Annotated[Optional[int], typer.Option(help="Rolling-mean window in tokens.")] = None,
-    min_run: Annotated[Optional[int], typer.Option(help="Tokens a tier makes before the router may move.")] = None,
-    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="Compare entropy / log2(vocab) instead of bits.")] = None,
-    policy: Annotated[Optional[str], typer.Option(help="ead: token t's entropy picks t+1's tier; peek: the cheap tier computes a position, a stronger one redoes it when unsure.")] = None,
-    signal: Annotated[Optional[str], typer.Option(help="What the policy reads: entropy (bits), varentropy (bits²), margin (1 − (p1 − p2)) or probe (p(the top tier helps), trained by calibrate; peek only); --tau is in its units.")] = None,
-    max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 512,
-    temp: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Sample among the k likeliest (0 = all).")] = 0,
-    min_p: Annotated[float, typer.Option(help="Drop tokens below min_p × the top probability.")] = 0.0,
-    seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling.")] = None,
-    max_kv_size: Annotated[Optional[int], typer.Option(help="Keep at most this many tokens in each KV cache (a rotating cache).")] = None,
-    system: Annotated[Optional[str], typer.Option("--system", "--system-prompt", help="System prompt.")] = None,
-    stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object per answer on stdout (JSON Lines).")] = False,
+    profile: o.ProfileOpt = None,
+    small: o.SmallOpt = None,
+    large: o.LargeOpt = None,
+    model: o.ModelOpt = None,
+    draft_model: o.DraftModelOpt = None,
+    gears: o.GearsOpt = None,
+    tau: o.TauOpt = None,
+    tau_down: o.TauDownOpt = None,
+    window: o.WindowOpt = None,
+    min_run: o.MinRunOpt = None,
+    normalize: o.NormalizeOpt = None,
+    policy: o.PolicyOpt = None,
+    signal: o.SignalOpt = None,
+    max_tokens: o.MaxTokensOpt = 512,
+    temp: o.TempOpt = 0.0,
+    top_p: o.TopPOpt = 1.0,
+    top_k: o.TopKOpt = 0,
+    min_p: o.MinPOpt = 0.0,
+    seed: o.SeedOpt = None,
+    max_kv_size: o.MaxKvSizeOpt = None,
+    system: o.SystemOpt = None,
+    stop: o.StopOpt = None,
+    json_output: o.JsonLinesOpt = False,
     color: Annotated[Optional[bool], typer.Option("--color/--no-color", help="Colour tokens by tier (default: only on a terminal).")] = None,
     shade: Annotated[bool, typer.Option(help="Shade tokens by entropy (bold = unsure).")] = False,
     telemetry: Annotated[Optional[Path], typer.Option(help="Write per-token records as JSON Lines to FILE.")] = None,
     whole: Annotated[bool, typer.Option(help="Piped: all of stdin is one prompt.")] = False,
     keep_history: Annotated[bool, typer.Option(help="Piped: the lines are one conversation.")] = False,
-    force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
-    cloud: Annotated[Optional[str], typer.Option(help="Cloud tier: off (all local), span (Claude as the top rung) or answer (re-ask uncertain answers). Default: the profile's.")] = None,
-    cloud_model: Annotated[Optional[str], typer.Option(help="Anthropic model id of the cloud tier.")] = None,
-    cloud_budget: Annotated[Optional[float], typer.Option(help="Most US dollars the cloud may cost this session.")] = None,
-    cloud_calls: Annotated[Optional[int], typer.Option(help="Most cloud calls this session.")] = None,
-    cloud_timeout: Annotated[Optional[float], typer.Option(help="Seconds to wait for a cloud reply.")] = None,
-    cloud_span_tokens: Annotated[Optional[int], typer.Option(help="Most tokens of one cloud span.")] = None,
-    cloud_threshold: Annotated[Optional[float], typer.Option(help="--cloud answer: re-ask answers whose mean entropy exceeds this many bits.")] = None,
+    force_memory: o.ForceMemoryOpt = False,
+    cloud: o.CloudOpt = None,
+    cloud_model: o.CloudModelOpt = None,
+    cloud_budget: o.CloudBudgetOpt = None,
+    cloud_calls: o.CloudCallsOpt = None,
+    cloud_timeout: o.CloudTimeoutOpt = None,
+    cloud_span_tokens: o.CloudSpanTokensOpt = None,
+    cloud_threshold: o.CloudThresholdOpt = None,
 ) -> None:
     """Chat on a terminal, answer prompts piped through stdin, or answer one --prompt."""
-    from ..api import open_chat, resolve_profile
-    from ..decoding.session import GenerationSettings, check_cache_bound
+    from ..api import open_chat
     from .chat import ChatRunner
     from .streams import TelemetryFile, peek_prompts
 
     # Every flag is checked before anything is read or loaded: a flag error wins.
-    chosen = resolve_profile(profile, small=small, large=large, model=model, draft_model=draft_model,
-                             gears=gears, tau=tau, tau_down=tau_down, window=window,
-                             min_run=min_run, normalize=normalize, policy=policy, signal=signal, cloud=cloud,
-                             cloud_options=_cloud_options(cloud_model, cloud_budget, cloud_calls,
-                                                          cloud_timeout, cloud_span_tokens,
-                                                          cloud_threshold))
-    if chosen.cloud is not None:
-        from ..cloud.client import require_key
-
-        require_key()  # no key: one error line now, before anything is read or loaded
-    settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
-                                  min_p=min_p, seed=seed, stop=tuple(stop or ()),
-                                  max_kv_size=max_kv_size)
-    check_cache_bound(settings, chosen.tier_names())
+    chosen, settings = _routing_and_sampling(**{k: v for k, v in locals().items() if k in _SHARED})
     sink = TelemetryFile.open(telemetry)  # refuses an unwritable path now, not after loading
     with sink:
         if prompt is not None:
@@ -176,12 +163,109 @@ def chat(
         code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
     raise typer.Exit(code)
 
+# The routing, sampling and cloud options `chat` and `serve` share, resolved in one place.
+_SHARED = ("profile", "small", "large", "model", "draft_model", "gears", "tau", "tau_down", "window",
+           "min_run", "normalize", "policy", "signal", "max_tokens", "temp", "top_p", "top_k", "min_p",
+           "seed", "max_kv_size", "stop", "cloud", "cloud_model", "cloud_budget", "cloud_calls",
+           "cloud_timeout", "cloud_span_tokens", "cloud_threshold")
 
-def _cloud_options(model, budget, calls, timeout, span_tokens, threshold) -> dict:
-    """The --cloud-… flags given, as CloudSettings values (checked with the profile's)."""
-    values = {"model": model, "budget_usd": budget, "budget_calls": calls, "timeout_s": timeout,
-              "span_tokens": span_tokens, "handoff_threshold": threshold}
-    return {key: value for key, value in values.items() if value is not None}
+
+def _routing_and_sampling(profile, small, large, model, draft_model, gears, tau, tau_down, window,
+                          min_run, normalize, policy, signal, max_tokens, temp, top_p, top_k, min_p,
+                          seed, max_kv_size, stop, cloud, cloud_model, cloud_budget, cloud_calls,
+                          cloud_timeout, cloud_span_tokens, cloud_threshold):
+    """The profile with the flags laid over it, and the sampling settings; all checked, nothing loaded."""
+    from ..api import resolve_profile
+    from ..decoding.session import GenerationSettings, check_cache_bound
+
+    chosen = resolve_profile(profile, small=small, large=large, model=model, draft_model=draft_model,
+                             gears=gears, tau=tau, tau_down=tau_down, window=window,
+                             min_run=min_run, normalize=normalize, policy=policy, signal=signal, cloud=cloud,
+                             cloud_options=o.cloud_options(cloud_model, cloud_budget, cloud_calls,
+                                                           cloud_timeout, cloud_span_tokens,
+                                                           cloud_threshold))
+    if chosen.cloud is not None:
+        from ..cloud.client import require_key
+
+        require_key()  # no key: one error line now, before anything is read or loaded
+    settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
+                                  min_p=min_p, seed=seed, stop=tuple(stop or ()),
+                                  max_kv_size=max_kv_size)
+    check_cache_bound(settings, chosen.tier_names())
+    return chosen, settings
+
+
+@app.command()
+def serve(
+    profile: o.ProfileOpt = None,
+    small: o.SmallOpt = None,
+    large: o.LargeOpt = None,
+    model: o.ModelOpt = None,
+    draft_model: o.DraftModelOpt = None,
+    gears: o.GearsOpt = None,
+    tau: o.TauOpt = None,
+    tau_down: o.TauDownOpt = None,
+    window: o.WindowOpt = None,
+    min_run: o.MinRunOpt = None,
+    normalize: o.NormalizeOpt = None,
+    policy: o.PolicyOpt = None,
+    signal: o.SignalOpt = None,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", help="Tokens per answer when a request does not say; a request asking more "
+                             "gets this many.")] = 512,
+    temp: o.TempOpt = 0.0,
+    top_p: o.TopPOpt = 1.0,
+    top_k: o.TopKOpt = 0,
+    min_p: o.MinPOpt = 0.0,
+    seed: o.SeedOpt = None,
+    max_kv_size: o.MaxKvSizeOpt = None,
+    system: o.SystemOpt = None,
+    stop: o.StopOpt = None,
+    force_memory: o.ForceMemoryOpt = False,
+    cloud: o.CloudOpt = None,
+    cloud_model: o.CloudModelOpt = None,
+    cloud_budget: o.CloudBudgetOpt = None,
+    cloud_calls: o.CloudCallsOpt = None,
+    cloud_timeout: o.CloudTimeoutOpt = None,
+    cloud_span_tokens: o.CloudSpanTokensOpt = None,
+    cloud_threshold: o.CloudThresholdOpt = None,
+    host: Annotated[str, typer.Option(
+        "--host", help="Address to listen on (anything but loopback is warned about).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="MLXSWITCH_API_KEY", show_default=False,
+        help="Require 'Authorization: Bearer KEY' on /v1/… (or set MLXSWITCH_API_KEY).")] = None,
+    queue_size: Annotated[int, typer.Option(
+        "--queue-size", help="Requests that may wait behind the one generating; more get 429.")] = 8,
+    max_body_bytes: Annotated[int, typer.Option(
+        "--max-body-bytes", help="Larger request bodies are refused (413) unread.")] = 1_000_000,
+    log_level: Annotated[str, typer.Option(
+        "--log-level", help="uvicorn's log level: critical, error, warning, info, debug.")] = "info",
+) -> None:
+    """Serve the profile over an OpenAI-compatible HTTP API; every token says which tier made it."""
+    from ..api import open_chat
+    from ..checks import profile_rows
+    from ..errors import UsageError
+    from ..server import ServeConfig, ServerLimits, Worker, is_loopback, run
+
+    chosen, settings = _routing_and_sampling(**{k: v for k, v in locals().items() if k in _SHARED})
+    limits = ServerLimits(max_body_bytes=max_body_bytes, queue_size=queue_size)
+    if not 0 < port < 65536:
+        raise UsageError(f"--port must be between 1 and 65535 (got {port})")
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key (or MLXSWITCH_API_KEY) is empty")
+    if not is_loopback(host):
+        ui.print_warning(f"listening on {host}: other machines can reach this server"
+                         + ("" if api_key else "; anyone who can reach it may use it (set --api-key)"))
+    worker = Worker(limits.queue_size)
+    with ui.loading_status(ui.stderr_is_terminal()) as progress:
+        # The session is opened on the worker's thread: MLX streams belong to their thread.
+        worker.open(lambda: open_chat(chosen, settings=settings, progress=progress,
+                                      force_memory=force_memory))
+    config = ServeConfig(model=chosen.name, settings=settings, limits=limits, api_key=api_key, system=system,
+                         profiles=profile_rows())
+    ui.print_dim(ui.make_console(stderr=True), f"serving '{chosen.name}' on http://{host}:{port}/v1")
+    run(config, worker, host, port, log_level=log_level)
 
 
 @app.command()
@@ -224,19 +308,19 @@ def gears_build(
 
 @app.command()
 def bench(
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile from models.toml (default: its default).")] = None,
-    small: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the cheap model (with --large).")] = None,
-    large: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the strong model (with --small).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Ad-hoc single model, or the geared model with --gears.")] = None,
-    gears: Annotated[Optional[str], typer.Option(help="Gear bits low→high for --model, e.g. 4,8.")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="Prompt file (JSON Lines, bench/prompts format; default: the bundled suite).")] = None,
+    profile: o.ProfileOpt = None,
+    small: o.SmallOpt = None,
+    large: o.LargeOpt = None,
+    model: o.ModelOpt = None,
+    gears: o.GearsOpt = None,
+    prompts: o.PromptsOpt = None,
     quick: Annotated[bool, typer.Option(help="One prompt per category, short answers, 3 sweep points: about 2 minutes.")] = False,
     repeats: Annotated[int, typer.Option(help="Repeats of every speed arm (figures: median, min–max).")] = 1,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Most tokens per answer (default 32; --quick 12).")] = None,
+    max_tokens: o.OptionalMaxTokensOpt = None,
     speed_prompts: Annotated[Optional[int], typer.Option(help="Prompts every speed arm runs (default 4; --quick 1).")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure and raw record to FILE.")] = None,
+    json_path: o.JsonFileOpt = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a two-panel PNG (retained fidelity vs share and vs bytes).")] = None,
-    force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
+    force_memory: o.ForceMemoryOpt = False,
 ) -> None:
     """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
     from ..api import build_ladder, resolve_profile
@@ -275,19 +359,19 @@ def bench(
 
 @app.command()
 def calibrate(
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile from models.toml (default: its default).")] = None,
-    small: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the cheap model (with --large).")] = None,
-    large: Annotated[Optional[str], typer.Option(help="Ad-hoc pair: the strong model (with --small).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Ad-hoc geared model (with --gears).")] = None,
-    gears: Annotated[Optional[str], typer.Option(help="Gear bits low→high for --model, e.g. 4,8.")] = None,
+    profile: o.ProfileOpt = None,
+    small: o.SmallOpt = None,
+    large: o.LargeOpt = None,
+    model: o.ModelOpt = None,
+    gears: o.GearsOpt = None,
     target_share: Annotated[Optional[float], typer.Option(help="Wanted share of top-tier tokens (0–1).")] = None,
     target_retained: Annotated[Optional[float], typer.Option(help="Wanted retained fidelity (0–1): the cheapest setting reaching it.")] = None,
     write: Annotated[bool, typer.Option(help="Store the chosen setting as this profile in your models.toml.")] = False,
-    prompts: Annotated[Optional[Path], typer.Option(help="Prompt file with calibration/heldout splits (default: the bundled suite).")] = None,
+    prompts: o.PromptsOpt = None,
     quick: Annotated[bool, typer.Option(help="Two prompts per category and split.")] = False,
-    max_tokens: Annotated[int, typer.Option(help="Most tokens per top-tier answer.")] = 32,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full result to FILE.")] = None,
-    force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
+    max_tokens: o.MaxTokensOpt = 32,
+    json_path: o.JsonFileOpt = None,
+    force_memory: o.ForceMemoryOpt = False,
 ) -> None:
     """Choose policy and threshold for a target share or fidelity; report them on held-out prompts."""
     import dataclasses

@@ -32,6 +32,8 @@ class TokenEvent:
     tried: tuple[str, ...] = ()  # tiers that computed this position, when more than the one that made it
     tried_signals: tuple[float | None, ...] = ()  # the routed signal each of them measured
     signal: float | None = None  # the routed signal, when routing reads one other than entropy
+    logprob: float | None = None  # natural log, of the distribution before temperature; when asked for
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # (id, logprob) of the likeliest, when asked for
 
     def record(self) -> dict:
         """The JSON record of this token (the same in --json and --telemetry)."""
@@ -210,7 +212,7 @@ class AnswerBuilder:
             len(self.events), step.token, self.text.add(step.token), self.tier_names[step.rung],
             step.rung, step.entropy, step.mean, step.guard, elapsed, tried,
             step.tried_signals if several else (),
-            step.signal if self.signal != "entropy" else None)
+            step.signal if self.signal != "entropy" else None, step.logprob, step.top_logprobs)
         self.events.append(self._held)
         return released
 

@@ -49,6 +49,8 @@ class Step:
     tried: tuple[int, ...]  # rungs that computed this position, in order; the last made the token
     tried_signals: tuple[float | None, ...]  # the routed signal each of them measured
     catch_up: dict[str, int] = field(default_factory=dict)  # ids fed per cache group to catch up
+    logprob: float | None = None  # the token's log-probability (natural log), when asked for
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the likeliest ids and theirs, when asked for
 
     @property
     def signal(self) -> float | None:
@@ -67,11 +69,13 @@ class _Pending:
     hidden: mx.array | None = None  # the last hidden state, when the probe reads this rung
     probe: Probe | None = None
     _probe_score: float | None = None
+    logprobs: mx.array | None = None  # log-softmax of the logits, when log-probabilities are asked for
 
     @property
     def arrays(self) -> list[mx.array]:
         """What must be computed before this position can be read (for async_eval)."""
-        return [self.token, self.signals.array] + ([self.hidden] if self.hidden is not None else [])
+        return ([self.token, self.signals.array] + ([self.hidden] if self.hidden is not None else [])
+                + ([self.logprobs] if self.logprobs is not None else []))
 
     def entropy(self) -> float:
         """Entropy in bits (reads the lazy signals: a sync point)."""
@@ -91,6 +95,15 @@ class _Pending:
 
     def _read(self) -> list[float]:
         return self.signals.values()
+
+    def token_logprobs(self, token: int, top: int) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+        """The token's log-probability and the `top` likeliest ids with theirs (a sync point)."""
+        if self.logprobs is None:
+            return None, ()
+        values = np.asarray(self.logprobs.astype(mx.float32)).reshape(-1)
+        best = np.argpartition(-values, top - 1)[:top] if top else np.array([], dtype=np.int64)
+        best = best[np.argsort(-values[best])]
+        return float(values[token]), tuple((int(i), float(values[i])) for i in best)
 
 
 class _LivePosition:
@@ -132,8 +145,9 @@ class TokenLoop:
 
     def __init__(self, ladder: Ladder, ids: list[int], policy: Policy, sampler: Sampler,
                  prefill_step: int = 512, cloud_span: CloudSpan | None = None, signal: str = "entropy",
-                 normalize_for_sampler: bool = True):
+                 normalize_for_sampler: bool = True, top_logprobs: int | None = None):
         self.ladder = ladder
+        self.top_logprobs = top_logprobs  # None: no log-probabilities; k: the token's and the top k
         # mlx-lm's greedy, temperature, min-p and top-k samplers are all unchanged by a shift of
         # every logit; only top-p reads probabilities. Otherwise the log-sum-exp pass is skipped.
         self.normalize_for_sampler = normalize_for_sampler
@@ -178,8 +192,10 @@ class TokenLoop:
                 self.ended_by_eos = True
                 return
             earlier = settled.measured[: len(settled.rungs) - 1]  # the tries it replaced
+            logprob, top = (pending.token_logprobs(position.token, self.top_logprobs)
+                            if self.top_logprobs is not None else (None, ()))
             yield Step(position.token, pending.rung, pending.entropy(), decision.mean, guard, settled.rungs,
-                       earlier + (settled.taken,), position.catch_up)
+                       earlier + (settled.taken,), position.catch_up, logprob, top)
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             n += 1
@@ -228,9 +244,10 @@ class TokenLoop:
         logits, hidden = group.feed(token, tier.gear, self.prefill_step,
                                     self.ladder.bottom_split() if probe is not None else None)
         signals = read_time_signals(logits)
-        if self.normalize_for_sampler:
+        if self.normalize_for_sampler or self.top_logprobs is not None:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return _Pending(rung, self.sampler(logits), signals, catch_up, hidden, probe)
+        logprobs = logits if self.top_logprobs is not None else None
+        return _Pending(rung, self.sampler(logits), signals, catch_up, hidden, probe, logprobs=logprobs)
 
     def _group(self, rung: int) -> CacheGroup:
         return self.ladder.tiers[rung].group

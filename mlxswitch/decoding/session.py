@@ -24,6 +24,9 @@ from .loop import TokenLoop
 from .tiers import Ladder
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """How to sample and when to stop; checked when built."""
@@ -37,6 +40,7 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     prefill_step: int = 512
     max_kv_size: int | None = None  # a rotating KV cache of this many tokens (mlx-lm's option)
+    top_logprobs: int | None = None  # None: no log-probabilities; k ≥ 0: each token's and the top k
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -51,6 +55,9 @@ class GenerationSettings:
             raise UsageError(f"--min-p must be in [0, 1] (got {self.min_p})")
         if self.max_kv_size is not None and self.max_kv_size < 1:
             raise UsageError(f"--max-kv-size must be at least 1 token (got {self.max_kv_size})")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise UsageError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS} "
+                             f"(got {self.top_logprobs})")
         if self.prefill_step < 1:
             raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
 
@@ -137,17 +144,48 @@ class ChatSession:
 
         max_tokens: this answer's limit, when it differs from the settings' (the bench uses it).
         """
-        self.last_summary = None
         messages = self.messages + [{"role": "user", "content": prompt}]
-        prompt_ids = self.render(messages)
-        budget = self._token_budget(prompt_ids, max_tokens or self.settings.max_tokens)
+        settings = self.settings if max_tokens is None else dataclasses.replace(self.settings,
+                                                                                 max_tokens=max_tokens)
+        return self._answer(prompt, self.render(messages), messages, settings)
+
+    def stream_conversation(self, messages: list[dict], settings: GenerationSettings | None = None
+                            ) -> Iterator[TokenEvent | AnswerSummary]:
+        """Answer a whole conversation given at once (a server request), as `stream` does.
+
+        The caches keep what the new conversation shares with the sequence so far, so a client
+        that sends its history again each turn pays only for the new part.
+        """
+        prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        return self._answer(prompt, self.render(messages), list(messages), settings or self.settings)
+
+    def stream_text(self, text: str, settings: GenerationSettings | None = None
+                    ) -> Iterator[TokenEvent | AnswerSummary]:
+        """Continue raw text (no chat template, no system prompt): a plain completion."""
+        return self._answer(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
+
+    def _answer(self, prompt: str, prompt_ids: list[int], messages: list[dict] | None,
+                settings: GenerationSettings) -> Iterator[TokenEvent | AnswerSummary]:
+        """Check the prompt's length now (a refusal raises before the first event), then stream."""
+        self.last_summary = None
+        budget = self._token_budget(prompt_ids, settings.max_tokens)
+        return self._generate(prompt, prompt_ids, messages, settings, budget)
+
+    def _generate(self, prompt: str, prompt_ids: list[int], messages: list[dict] | None,
+                  settings: GenerationSettings, budget: int) -> Iterator[TokenEvent | AnswerSummary]:
         common = common_prefix_len(self.ids, prompt_ids)
         # A rotating cache past its limit cannot be rewound: it starts over and is fed it all again.
         refed = max(group.rewind(common) for group in self.ladder.groups)
         self.ids = list(prompt_ids)
-        self.messages = messages
+        self.messages = messages if messages is not None else []
+        sampler = self._sampler
+        if settings is not self.settings:
+            sampler = make_sampler(temp=settings.temperature, top_p=settings.top_p, min_p=settings.min_p,
+                                   top_k=settings.top_k)
+            if settings.seed is not None:
+                mx.random.seed(settings.seed)
         ladder, cloud = self.ladder, self.cloud
-        builder = AnswerBuilder(prompt, ladder.tokenizer, self.settings.stop, self.tier_names,
+        builder = AnswerBuilder(prompt, ladder.tokenizer, settings.stop, self.tier_names,
                                 len(prompt_ids), len(prompt_ids) - common + refed,
                                 [g.name for g in ladder.groups],
                                 {t.name: t.bytes_per_token for t in ladder.tiers},
@@ -156,12 +194,14 @@ class ChatSession:
         if cloud is not None:
             cloud.start_answer()
             if cloud.spans_on:
+                chat = self.messages
+
                 def span(answer_ids: list[int], room: int) -> list[int]:
-                    return cloud.span(ladder.tokenizer, self.system, messages, answer_ids, room)
+                    return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
         loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
-                         self._sampler, self.settings.prefill_step, cloud_span=span,
+                         sampler, settings.prefill_step, cloud_span=span,
                          signal=self.router_config.signal,
-                         normalize_for_sampler=0 < self.settings.top_p < 1)
+                         normalize_for_sampler=0 < settings.top_p < 1, top_logprobs=settings.top_logprobs)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
@@ -185,10 +225,11 @@ class ChatSession:
             self.last_summary.refed_tokens = refed
             if cloud is not None:
                 self.last_summary.cloud = cloud.answer_record()
-            if self.last_summary.text.strip():
-                self.messages.append({"role": "assistant", "content": self.last_summary.text})
-            else:  # no text, no turn: the question goes too, so the turns still alternate
-                self.messages = messages[:-1]
+            if messages is not None:
+                if self.last_summary.text.strip():
+                    self.messages.append({"role": "assistant", "content": self.last_summary.text})
+                else:  # no text, no turn: the question goes too, so the turns still alternate
+                    self.messages = messages[:-1]
         if last is not None:
             yield last
         yield self.last_summary
@@ -215,5 +256,5 @@ class ChatSession:
         if len(prompt_ids) >= context:
             raise PromptTooLongError(
                 f"the prompt is {len(prompt_ids)} tokens with the conversation so far, but the "
-                f"context holds {context}; shorten it or start over (/reset)")
+                f"context holds {context}; shorten it or start over (/reset)", len(prompt_ids), context)
         return min(max_tokens, context - len(prompt_ids))

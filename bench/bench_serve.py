@@ -1,0 +1,155 @@
+"""`mlxswitch serve` against `mlx_lm.server` on the same model: time to first byte and tokens/s.
+
+    uv run python bench/bench_serve.py [--tokens 32] [--rounds 2] [--clients 1,2,4]
+
+The embedded SmolLM2 GGUF is loaded once and saved as an mlx-lm directory (same weights) for
+mlx_lm.server; mlxswitch serves it as `embedded-plain` (one tier, the same model) and as the
+geared default `embedded`. All servers run at once on loopback; each round visits them in turn
+(the order rotates), and for each, 1, 2 and 4 clients stream the same chat prompt with greedy
+decoding at the same moment. Per level: median time to first byte (first SSE chunk), and the
+tokens/s the clients got together (all completion tokens / wall time from first request to last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def free_port() -> int:
+    """A port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_embedded(out: Path) -> Path:
+    """The embedded GGUF as an mlx-lm directory (mlx_lm.server reads nothing else)."""
+    from mlx_lm.utils import save_config, save_model
+
+    from mlxswitch.models.sources import load_model
+
+    loaded = load_model("embedded")
+    save_model(out, loaded.model)
+    config = {k: v for k, v in loaded.config.items() if k not in ("gguf_file_type", "quantization_label")}
+    save_config(config, out / "config.json")
+    loaded.tokenizer.save_pretrained(str(out))
+    return out
+
+
+def start(name: str, command: list[str], port: int, logs: Path) -> tuple[str, subprocess.Popen, str]:
+    """Start one server and wait (bounded) until it answers."""
+    log = open(logs / f"{name}.log", "wb")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            sys.exit(f"{name} exited: {(logs / f'{name}.log').read_text()[-2000:]}")
+        try:
+            httpx.get(f"{base}/v1/models", timeout=1)
+            return name, proc, base
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    sys.exit(f"{name} did not start")
+
+
+def one_client(base: str, model: str, tokens: int, out: list) -> None:
+    """Stream one greedy chat answer; record (time to first byte, completion tokens, end time)."""
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    started, first, count, usage = time.perf_counter(), None, 0, None
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            first = first or time.perf_counter()
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = httpx.Response(200, content=payload).json()
+            usage = chunk.get("usage") or usage
+            count += sum(1 for c in chunk.get("choices", []) if (c.get("delta") or {}).get("content"))
+    done = time.perf_counter()
+    out.append((first - started, usage["completion_tokens"] if usage else count, done))
+
+
+def level(base: str, model: str, clients: int, tokens: int) -> dict:
+    """`clients` streams at once: median time to first byte and their tokens/s together."""
+    results: list = []
+    threads = [threading.Thread(target=one_client, args=(base, model, tokens, results))
+               for _ in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = max(r[2] for r in results) - started
+    return {"ttfb_s": statistics.median(r[0] for r in results), "tokens": sum(r[1] for r in results),
+            "tok_per_s": sum(r[1] for r in results) / wall}
+
+
+def main() -> None:
+    """Start the servers, run the alternating rounds, print one table."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clients", default="1,2,4")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_dir = save_embedded(tmp / "smollm2-mlx")
+        env_home = tmp / "home"
+        env_home.mkdir()
+        os.environ["MLXSWITCH_HOME"] = str(env_home)
+        ports = [free_port() for _ in range(3)]
+        servers = [
+            start("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
+                                    "--port", str(ports[0]), "--log-level", "WARNING"], ports[0], tmp),
+            start("mlxswitch embedded-plain", [sys.executable, "-m", "mlxswitch", "serve", "--profile",
+                                               "embedded-plain", "--port", str(ports[1]), "--log-level",
+                                               "warning"], ports[1], tmp),
+            start("mlxswitch embedded (gears)", [sys.executable, "-m", "mlxswitch", "serve", "--port",
+                                                 str(ports[2]), "--log-level", "warning"], ports[2], tmp),
+        ]
+        models = {"mlx_lm.server": str(model_dir), "mlxswitch embedded-plain": "embedded-plain",
+                  "mlxswitch embedded (gears)": "embedded"}
+        try:
+            for name, _, base in servers:  # warm-up: the first request pays one-time costs
+                level(base, models[name], 1, 4)
+            rows: dict = {}
+            for r in range(args.rounds):
+                order = servers[r % len(servers):] + servers[: r % len(servers)]
+                for name, _, base in order:
+                    for clients in levels:
+                        rows.setdefault((name, clients), []).append(level(base, models[name], clients,
+                                                                          args.tokens))
+        finally:
+            for _, proc, _ in servers:
+                proc.terminate()
+                proc.wait(timeout=30)
+    print(f"{args.tokens} tokens per answer, greedy, {args.rounds} rounds (server order rotating), "
+          f"median over rounds; ttfb = time to the first SSE chunk")
+    print(f"{'server':<28} {'clients':>7} {'ttfb s':>8} {'tok/s (all clients)':>20} {'tokens':>7}")
+    for (name, clients), runs in rows.items():
+        print(f"{name:<28} {clients:>7} {statistics.median(x['ttfb_s'] for x in runs):>8.2f} "
+              f"{statistics.median(x['tok_per_s'] for x in runs):>20.2f} "
+              f"{statistics.median(x['tokens'] for x in runs):>7.0f}")
+
+
+if __name__ == "__main__":
+    main()

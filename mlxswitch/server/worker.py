@@ -1,0 +1,145 @@
+"""One generation at a time on one loaded ladder, off the event loop, stoppable between tokens.
+
+MLX streams belong to the thread that made them, so the session is opened on the worker's one
+thread and every generation runs there. Requests beyond the one generating wait in a bounded
+queue (asyncio.Lock wakes its waiters in order); a full queue is refused at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator, Callable, Generator
+
+from ..decoding.answer import AnswerSummary, TokenEvent
+from ..decoding.session import ChatSession
+from ..errors import RequestError
+
+Events = Generator[TokenEvent | AnswerSummary, None, None]
+Start = Callable[[ChatSession], Events]
+_DONE = object()
+
+
+class Worker:
+    """Owns the session and the thread that generates on it."""
+
+    def __init__(self, queue_size: int):
+        self.queue_size = queue_size
+        self._session: ChatSession | None = None
+        self.busy = False  # a generation is running (for /health)
+        self.last_summary: AnswerSummary | None = None  # the last answer's, interrupted ones too
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-generate")
+        self._lock = asyncio.Lock()
+        self._admitted = 0  # the request generating plus those waiting for it
+        self.closing = threading.Event()  # set at shutdown: a running generation ends at its next token
+
+    def open(self, make_session: Callable[[], ChatSession]) -> ChatSession:
+        """Open the session on the worker thread (blocking: call before serving)."""
+        self._session = self._executor.submit(make_session).result()
+        return self._session
+
+    @property
+    def session(self) -> ChatSession:
+        """The session generations run on (opened by `open`)."""
+        if self._session is None:
+            raise RuntimeError("the worker's session is not open yet")
+        return self._session
+
+    def close(self) -> None:
+        """End the running generation at its next token and let the thread go."""
+        self.closing.set()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued behind the one generating."""
+        return max(self._admitted - 1, 0)
+
+    async def run(self, start: Start) -> "Job":
+        """Queue, then start a generation; RequestError for a full queue or a refused prompt.
+
+        The prompt is checked (too long?) before this returns, so a refusal is still a 4xx.
+        """
+        if self._admitted > self.queue_size:
+            raise RequestError(f"the server is busy: {self.queue_size} request(s) are already waiting; "
+                               "retry shortly", status=429, type="rate_limit_error", code="queue_full")
+        self._admitted += 1
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._admitted -= 1
+            raise
+        job = Job(self)
+        try:
+            await job.begin(start)
+        except BaseException:
+            job.release()
+            raise
+        return job
+
+
+class Job:
+    """One generation: its events as an async iterator; `stop()` ends it at the next token."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.summary: AnswerSummary | None = None
+        self._cancel = threading.Event()
+        self._released = False
+        self._stream: Events | None = None
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._thread_done: asyncio.Future | None = None
+
+    async def begin(self, start: Start) -> None:
+        """Render and check the prompt on the worker thread; raises what the session raises."""
+        loop = asyncio.get_running_loop()
+        self._stream = await loop.run_in_executor(self.worker._executor, start, self.worker.session)
+        self.worker.busy = True
+        self._thread_done = loop.run_in_executor(self.worker._executor, self._produce, loop)
+        self._thread_done.add_done_callback(lambda _: self.release())
+
+    def _produce(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the worker thread: run the generation, hand each event to the event loop."""
+        put, stream = self._queue.put_nowait, self._stream
+        assert stream is not None
+        try:
+            for item in stream:
+                if isinstance(item, AnswerSummary):
+                    self.summary = item
+                loop.call_soon_threadsafe(put, item)
+                if self._cancel.is_set() or self.worker.closing.is_set():
+                    break
+        except BaseException as exc:  # handed to the request, which answers 500
+            loop.call_soon_threadsafe(put, exc)
+        finally:
+            stream.close()  # an interrupted answer is kept in the conversation
+            if self.summary is None:
+                self.summary = self.worker.session.last_summary
+            self.worker.last_summary = self.summary
+            loop.call_soon_threadsafe(put, _DONE)
+
+    async def events(self) -> AsyncIterator[TokenEvent | AnswerSummary]:
+        """The answer's events as they are made; stops the generation if the consumer leaves."""
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Ask the generation to end after the token being computed."""
+        self._cancel.set()
+
+    def release(self) -> None:
+        """Let the next queued request start (once)."""
+        if not self._released:
+            self._released = True
+            self.worker.busy = False
+            self.worker._admitted -= 1
+            self.worker._lock.release()
