@@ -236,6 +236,14 @@ def bench(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure and raw record to FILE.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a two-panel PNG (retained fidelity vs share and vs bytes).")] = None,
     force_memory: Annotated[bool, typer.Option(help="Load even if the memory estimate says it will not fit.")] = False,
+    suite: Annotated[str, typer.Option(help="prompts (the prompt suite) or humaneval (pass@1 by execution; needs the humaneval extra).")] = "prompts",
+    records: Annotated[Optional[Path], typer.Option(help="humaneval: the resumable records file (default: one per profile in the user directory).")] = None,
+    restart: Annotated[bool, typer.Option(help="humaneval: start the records file over instead of resuming it.")] = False,
+    problems: Annotated[Optional[str], typer.Option(help="humaneval: only these problems (ids or numbers, comma-separated).")] = None,
+    split: Annotated[str, typer.Option(help="humaneval: calibration (even ids), heldout (odd ids) or all.")] = "all",
+    limit: Annotated[Optional[int], typer.Option(help="humaneval: the first N problems (after --problems and --split).")] = None,
+    arms: Annotated[Optional[str], typer.Option(help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative (bottom and top always run).")] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="humaneval: seconds each program may run (default 10).")] = None,
 ) -> None:
     """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
     from ..api import build_ladder, resolve_profile
@@ -244,6 +252,16 @@ def bench(
     from ..errors import UsageError
 
     chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
+    if suite not in ("prompts", "humaneval"):
+        raise UsageError(f"--suite must be prompts or humaneval (got '{suite}')")
+    if suite == "humaneval":
+        from .humaneval import bench_humaneval
+
+        bench_humaneval(chosen, prompts=prompts, repeats=repeats, speed_prompts=speed_prompts, quick=quick,
+                        max_tokens=max_tokens, json_path=json_path, plot=plot, force_memory=force_memory,
+                        records=records, restart=restart, problems=problems, split=split, limit=limit,
+                        arms=arms, timeout=timeout)
+        return
     for value, flag in ((repeats, "--repeats"), (max_tokens, "--max-tokens"), (speed_prompts, "--speed-prompts")):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1 (got {value})")

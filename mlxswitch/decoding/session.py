@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import wired_limit
@@ -16,7 +16,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import PromptTooLongError, UsageError
-from ..routing.policies import make_policy
+from ..routing.policies import Policy, make_policy
 from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
@@ -69,6 +69,9 @@ class ChatSession:
         self.messages: list[dict] = []
         self.ids: list[int] = []
         self.last_summary: AnswerSummary | None = None
+        # A hook for controls (the bench's random and oracle arms): builds the next answer's
+        # policy from (router_config, tiers) instead of make_policy.
+        self.policy_factory: Callable[[RouterConfig, int], Policy] | None = None
         self._stream = mx.new_stream(mx.default_device())
         for group in ladder.groups:
             group.limit_cache(self.settings.max_kv_size)
@@ -147,7 +150,8 @@ class ChatSession:
             if cloud.spans_on:
                 def span(answer_ids: list[int], room: int) -> list[int]:
                     return cloud.span(ladder.tokenizer, self.system, messages, answer_ids, room)
-        loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
+        policy = (self.policy_factory or make_policy)(self.router_config, len(self.tier_names))
+        loop = TokenLoop(ladder, self.ids, policy,
                          self._sampler, self.settings.prefill_step, cloud_span=span,
                          signal=self.router_config.signal,
                          normalize_for_sampler=0 < self.settings.top_p < 1)
