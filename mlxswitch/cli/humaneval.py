@@ -44,7 +44,8 @@ def bench_humaneval(profile: Profile, *, prompts: Path | None, repeats: int, spe
     if plot is not None:
         from ..bench.humaneval.plot import save_humaneval_plot
 
-        title = (f"mlxswitch bench --suite humaneval · {profile.name} ({' → '.join(ladder.tier_names)}) · "
+        tiers = " → ".join(ladder.tier_names)
+        title = (f"mlxswitch bench --suite humaneval · {profile.name} ({tiers}) · "
                  f"{record['machine']['backend']} · {len(record['answered'])} problems")
         save_humaneval_plot(record, title, plot)
     ui.make_console().print(ui.humaneval_table(record))

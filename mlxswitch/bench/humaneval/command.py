@@ -54,7 +54,9 @@ def plan(profile: Profile, problems: str | None = None, split: str = "all", limi
     options = HumanEvalOptions(max_tokens=max_tokens, groups=groups,
                                timeout_s=timeout_s or HumanEvalOptions.timeout_s,
                                **(QUICK if quick else {}))
-    calibration = [p for p in every if p.split == "calibration"][: options.threshold_problems]
+    # Thresholds come from the calibration half: the problems run from it, else its first ones.
+    calibration = ([p for p in chosen if p.split == "calibration"]
+                   or [p for p in every if p.split == "calibration"])[: options.threshold_problems]
     path = records_path or default_records_path(profile)
     if records_path is None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@ tier's greedy token differs, for the oracle), the profile, the swept points, the
 controls (each after the arm it matches), the oracle, mlx-lm on each tier, speculative.
 Before the first problem, when swept arms are asked for, the thresholds are chosen as the bench
 chooses them (quantiles of the bottom tier's entropy along the top tier's greedy answers) on the
-first `threshold_problems` problems of the calibration half, and kept in the header.
+first `threshold_problems` calibration-half problems of the run (or of all problems, when the
+run has none from that half), and kept in the header.
 """
 
 from __future__ import annotations
