@@ -64,18 +64,20 @@ def _prompt(problem: Problem) -> BenchPrompt:
 
 
 def _thresholds(session: ChatSession, ladder: Ladder, calibration: list[Problem],
-                options: HumanEvalOptions, say: Progress) -> list[float]:
-    """Swept thresholds as the bench chooses them, on calibration problems' top-tier answers."""
+                options: HumanEvalOptions, say: Progress) -> tuple[list[float], dict]:
+    """Swept thresholds as the bench chooses them, on calibration problems' top-tier answers;
+    those answers too (the top-alone arm's, when the problem is run: not decoded twice)."""
     n = len(ladder.tiers)
-    top = Arm("top", "tier", forced_config(n, n - 1), tier=n - 1)
-    positions = []
+    top = Arm(f"{ladder.tier_names[-1]} alone", "tier", forced_config(n, n - 1), tier=n - 1)
+    positions, answers = [], {}
     for i, problem in enumerate(calibration):
         say("thresholds (top-tier answers)", i, len(calibration))
         answer = engine_run(session, top, _prompt(problem), options.max_tokens)
+        answers[(problem.task_id, top.name)] = answer
         ids = session.render([{"role": "user", "content": instruction(problem)}])
         positions.append(teacher_forced(ladder, problem.task_id, ids, [t["id"] for t in answer["tokens"]]))
     say("thresholds (top-tier answers)", len(calibration), len(calibration))
-    return simulate.sweep_thresholds(positions, options.sweep_points)
+    return simulate.sweep_thresholds(positions, options.sweep_points), answers
 
 
 def _share(record: dict, top_name: str) -> float:
@@ -120,13 +122,14 @@ def _positions_record(ladder: Ladder, problem: Problem, prompt_ids: list[int], t
 def run_humaneval(profile: Profile, ladder: Ladder, problems: list[Problem], calibration: list[Problem],
                   options: HumanEvalOptions, records: Records, progress: Progress | None = None) -> list[Arm]:
     """Decode, execute and record every (problem, arm) not yet in `records`; the arms run."""
+    early: dict = {}  # top-tier answers decoded to choose the thresholds
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
     session = ChatSession(ladder, forced_config(n, n - 1), GenerationSettings(max_tokens=options.max_tokens))
     wanted = settings(profile, problems, options)
     if records.header is None:
         swept = n > 1 and {"ead", "peek"} & set(options.groups)
-        taus = _thresholds(session, ladder, calibration, options, say) if swept else []
+        taus, early = _thresholds(session, ladder, calibration, options, say) if swept else ([], {})
         arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
         records.start(wanted, {"taus": taus, "arms": [a.to_dict() for a in arms],
                                "tier_names": ladder.tier_names,
@@ -144,7 +147,8 @@ def run_humaneval(profile: Profile, ladder: Ladder, problems: list[Problem], cal
             key = (problem.task_id, arm.name)
             if key not in done:
                 say("humaneval arms", count, total)
-                record = _decode(session, ladder, arm, problem, prompt_ids, done, positions, options)
+                record = early.pop(key, None) or _decode(session, ladder, arm, problem, prompt_ids, done,
+                                                         positions, options)
                 code = extract_code(record["text"])
                 result = run_program(program(problem, code), options.timeout_s, options.memory_mb)
                 done[key] = {"type": "result", "task_id": problem.task_id, "arm": arm.name,
