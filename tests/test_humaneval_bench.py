@@ -79,6 +79,13 @@ def test_figures_rederive_from_the_records(full_run):
             assert arm["seconds_per_problem"] == pytest.approx(sum(r["elapsed_s"] for r in mine) / 2)
             assert arm["projection"]["tok_per_s_bound"]["M1"] > 0
         assert arm["teacher_forced"]["top_share"] is not None
+    # The whole summary is a function of the records file alone.
+    from mlxswitch.bench.command import finite
+    from mlxswitch.bench.humaneval.report import summarize
+
+    lines = _lines(out / "r.jsonl")
+    assert json.loads(json.dumps(finite(summarize(lines[0], lines[1:])))) == \
+        {k: record[k] for k in ("suite", "arms", "problems", "taus", "answered")}
     by_name = {a["name"]: a for a in record["arms"]}
     assert by_name["small alone"]["teacher_forced"]["retained"] == pytest.approx(0.0, abs=1e-9)
     assert by_name["large alone"]["teacher_forced"]["retained"] == pytest.approx(1.0)
