@@ -23,9 +23,12 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
     for axis, x in ((by_share, "top_share"), (by_time, "seconds_per_problem")):
         for policy in ("ead", "peek"):
             xs, ys, _ = _xy([a for a in arms if a["kind"] == "sweep" and a["policy"] == policy], x)
-            axis.plot(xs, ys, marker=".", color=POLICY_COLOURS[policy], label=f"{policy} (threshold sweep)")
+            if xs:
+                axis.plot(xs, ys, marker=".", color=POLICY_COLOURS[policy],
+                          label=f"{policy} (threshold sweep)")
         xs, ys, _ = _xy([a for a in arms if a["kind"] == "random"], x)
-        axis.plot(xs, ys, ls="--", color="grey", marker=".", label="random routing (matched share)")
+        if xs:
+            axis.plot(xs, ys, ls="--", color="grey", marker=".", label="random routing (matched share)")
         oracle = next((a for a in arms if a["kind"] == "oracle" and a["pass@1"] is not None), None)
         if oracle is not None:
             axis.axhline(oracle["pass@1"], color="black", lw=1, ls=":", label="oracle (control)")
@@ -40,7 +43,7 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
                               label=arm["name"])
         axis.set_ylabel("pass@1 (greedy; bars: 95% Wilson interval)")
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, loc="lower right")
+        axis.legend(fontsize=7, loc="best")
     by_share.set_xlabel("top-tier share of tokens")
     by_time.set_xlabel("seconds per problem (this machine)")
     fig.suptitle(title, fontsize=10)
