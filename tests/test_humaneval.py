@@ -49,7 +49,8 @@ def _untouched(root):
 def test_problems_load_from_the_wheel_and_split_by_number(problems):
     assert len(problems) == 164 and problems[0].task_id == "HumanEval/0"
     assert [p.number for p in problems] == list(range(164))
-    assert {p.split for p in problems[::2]} == {"calibration"} and {p.split for p in problems[1::2]} == {"heldout"}
+    assert {p.split for p in problems[::2]} == {"calibration"}
+    assert {p.split for p in problems[1::2]} == {"heldout"}
     assert problems[0].entry_point == "has_close_elements" and "def check(candidate)" in problems[0].test
 
 
@@ -185,6 +186,9 @@ def test_records_resume_drops_a_torn_line_and_checks_settings(tmp_path):
     records.close()
     with open(path, "a") as handle:
         handle.write('{"type": "result", "task_id": "HumanEval/1", "arm": "b", "pas')  # a crash mid-write
+    size = path.stat().st_size
+    assert list(Records.open(path, SETTINGS, read_only=True).results()) == [("HumanEval/1", "a")]
+    assert path.stat().st_size == size  # a reader leaves the line a running bench is writing
     again = Records.open(path, SETTINGS)
     assert list(again.results()) == [("HumanEval/1", "a")]
     again.append({"type": "result", "task_id": "HumanEval/1", "arm": "b", "passed": False})

@@ -93,7 +93,8 @@ def test_figures_rederive_from_the_records(full_run):
     for r in results:
         if r["kind"] == "random":
             matched = next(m for m in results if m["task_id"] == r["task_id"] and m["arm"] == r["arm"][7:])
-            assert r["probability"] == pytest.approx(matched["tier_counts"].get("large", 0) / matched["generated"])
+            spent = matched["tier_counts"].get("large", 0) / matched["generated"]
+            assert r["probability"] == pytest.approx(spent)
 
 
 def test_the_same_command_resumes_instead_of_starting_again(full_run):
@@ -103,6 +104,25 @@ def test_the_same_command_resumes_instead_of_starting_again(full_run):
     assert result.exit_code == 0, result.stderr
     assert "resuming:" in result.stderr
     assert (out / "r.jsonl").read_bytes() == before  # nothing decoded again
+
+
+def test_report_reads_the_records_without_loading_a_model(full_run, monkeypatch, tmp_path):
+    import mlxswitch.api
+
+    _, out, args = full_run
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("--report loaded a model")
+
+    monkeypatch.setattr(mlxswitch.api, "build_ladder", no_loading)
+    json_at = args.index("--json") + 1
+    again = args[:json_at] + [str(tmp_path / "again.json")] + args[json_at + 1:] + ["--report"]
+    result = runner.invoke(app, again)
+    assert result.exit_code == 0, result.stderr
+    first, second = (json.loads(p.read_text()) for p in (out / "r.json", tmp_path / "again.json"))
+    assert second["arms"] == first["arms"] and second["profile"] == first["profile"]
+    fresh = runner.invoke(app, again[:-1] + ["--records", str(tmp_path / "none.jsonl"), "--report"])
+    assert fresh.exit_code == 2 and "holds no answers yet" in fresh.stderr
 
 
 def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp_path):

@@ -244,6 +244,7 @@ def bench(
     limit: Annotated[Optional[int], typer.Option(help="humaneval: the first N problems (after --problems and --split).")] = None,
     arms: Annotated[Optional[str], typer.Option(help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative (bottom and top always run).")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="humaneval: seconds each program may run (default 10).")] = None,
+    report: Annotated[bool, typer.Option(help="humaneval: the figures from the records file as it stands; loads no model, decodes nothing.")] = False,
 ) -> None:
     """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
     from ..api import build_ladder, resolve_profile
@@ -260,7 +261,7 @@ def bench(
         bench_humaneval(chosen, prompts=prompts, repeats=repeats, speed_prompts=speed_prompts, quick=quick,
                         max_tokens=max_tokens, json_path=json_path, plot=plot, force_memory=force_memory,
                         records=records, restart=restart, problems=problems, split=split, limit=limit,
-                        arms=arms, timeout=timeout)
+                        arms=arms, timeout=timeout, report_only=report)
         return
     for value, flag in ((repeats, "--repeats"), (max_tokens, "--max-tokens"), (speed_prompts, "--speed-prompts")):
         if value is not None and value < 1:

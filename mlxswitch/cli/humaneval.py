@@ -12,11 +12,12 @@ from . import ui
 def bench_humaneval(profile: Profile, *, prompts: Path | None, repeats: int, speed_prompts: int | None,
                     quick: bool, max_tokens: int | None, json_path: Path | None, plot: Path | None,
                     force_memory: bool, records: Path | None, restart: bool, problems: str | None,
-                    split: str, limit: int | None, arms: str | None, timeout: float | None) -> None:
+                    split: str, limit: int | None, arms: str | None, timeout: float | None,
+                    report_only: bool = False) -> None:
     """Check every flag, open (or resume) the records, load the ladder, run, write and print."""
     from ..api import build_ladder
     from ..bench.command import check_output_path, write_json
-    from ..bench.humaneval.command import bench_humaneval as run, plan
+    from ..bench.humaneval.command import bench_humaneval as run, plan, report
 
     for given, flag in ((prompts is not None, "--prompts"), (repeats != 1, "--repeats"),
                         (speed_prompts is not None, "--speed-prompts")):
@@ -30,21 +31,25 @@ def bench_humaneval(profile: Profile, *, prompts: Path | None, repeats: int, spe
 
         _pyplot()  # a missing matplotlib is said now, not after the run
     chosen = plan(profile, problems=problems, split=split, limit=limit, arms=arms, quick=quick,
-                  max_tokens=max_tokens or 512, timeout_s=timeout, records_path=records, restart=restart)
+                  max_tokens=max_tokens or 512, timeout_s=timeout, records_path=records, restart=restart,
+                  read_only=report_only)
     done = len(chosen.records.results())
     err = ui.make_console(stderr=True)
     resuming = f" (resuming: {done} answers kept)" if done else ""
     ui.print_dim(err, f"records: {chosen.records.path}{resuming}")
-    with ui.loading_status(ui.stderr_is_terminal()) as progress:
-        ladder = build_ladder(profile, progress=progress, force_memory=force_memory)
-    with ui.bench_progress() as progress:
-        record = run(chosen, ladder, progress)
+    if report_only:
+        record = report(chosen)
+    else:
+        with ui.loading_status(ui.stderr_is_terminal()) as progress:
+            ladder = build_ladder(profile, progress=progress, force_memory=force_memory)
+        with ui.bench_progress() as progress:
+            record = run(chosen, ladder, progress)
     if json_path is not None:
         write_json(record, json_path)
     if plot is not None:
         from ..bench.humaneval.plot import save_humaneval_plot
 
-        tiers = " → ".join(ladder.tier_names)
+        tiers = " → ".join(record["profile"]["tiers"])
         title = (f"mlxswitch bench --suite humaneval · {profile.name} ({tiers}) · "
                  f"{record['machine']['backend']} · {len(record['answered'])} problems")
         save_humaneval_plot(record, title, plot)

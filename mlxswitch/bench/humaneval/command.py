@@ -42,7 +42,7 @@ def default_records_path(profile: Profile) -> Path:
 def plan(profile: Profile, problems: str | None = None, split: str = "all", limit: int | None = None,
          arms: str | None = None, quick: bool = False, max_tokens: int = 512,
          timeout_s: float | None = None, records_path: Path | None = None,
-         restart: bool = False) -> HumanEvalPlan:
+         restart: bool = False, read_only: bool = False) -> HumanEvalPlan:
     """Check every choice and open the records (settings compared) — nothing is loaded yet."""
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1 (got {max_tokens})")
@@ -60,7 +60,7 @@ def plan(profile: Profile, problems: str | None = None, split: str = "all", limi
     path = records_path or default_records_path(profile)
     if records_path is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    records = Records.open(path, settings(profile, chosen, options), restart)
+    records = Records.open(path, settings(profile, chosen, options), restart, read_only)
     return HumanEvalPlan(profile, chosen, calibration, options, records)
 
 
@@ -70,11 +70,18 @@ def bench_humaneval(run: HumanEvalPlan, ladder, progress: Progress | None = None
         run_humaneval(run.profile, ladder, run.problems, run.calibration, run.options, run.records, progress)
     finally:
         run.records.close()
+    return report(run)
+
+
+def report(run: HumanEvalPlan) -> dict:
+    """The full record from the records file as it stands (no model needed): a run so far, or done."""
     header = run.records.header
+    if header is None:
+        raise UsageError(f"--report: {run.records.path} holds no answers yet (run without --report first)")
+    derived = header["derived"]
     return {"command": ["mlxswitch", *sys.argv[1:]], "machine": machine(), "versions": versions(),
             "profile": {"name": run.profile.name, "mode": run.profile.mode,
-                        "models": list(run.profile.models),
-                        "tiers": ladder.tier_names,
-                        "bytes_per_token": {t.name: t.bytes_per_token for t in ladder.tiers}},
-            "records": str(run.records.path), "settings": header["settings"], "derived": header["derived"],
+                        "models": list(run.profile.models), "tiers": derived["tier_names"],
+                        "bytes_per_token": dict(zip(derived["tier_names"], derived["bytes_per_token"]))},
+            "records": str(run.records.path), "settings": header["settings"], "derived": derived,
             **summarize(header, run.records.lines)}

@@ -71,8 +71,11 @@ class Records:
         self._handle = None
 
     @classmethod
-    def open(cls, path: Path, settings: dict, restart: bool = False) -> "Records":
-        """Read `path` (dropping a torn last line) and check its settings; empty with `restart`."""
+    def open(cls, path: Path, settings: dict, restart: bool = False, read_only: bool = False) -> "Records":
+        """Read `path` (dropping a torn last line) and check its settings; empty with `restart`.
+
+        `read_only`: leave the file as it is (a run may still be writing its last line).
+        """
         path = Path(path).expanduser()
         if not path.parent.is_dir():
             raise OutputError(f"--records {path}: no such directory")
@@ -88,7 +91,7 @@ class Records:
                 raise UsageError(f"--records {path} was made with other settings ({'; '.join(changed[:4])}"
                                  f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
                                  "or another --records file")
-        if good_bytes < path.stat().st_size:
+        if good_bytes < path.stat().st_size and not read_only:
             with open(path, "r+b") as handle:  # the torn tail goes, so appends start on a new line
                 handle.truncate(good_bytes)
         return cls(path, header, lines)
