@@ -93,7 +93,8 @@ def select_problems(problems: list[Problem], ids: str | None = None, split: str 
 def instruction(problem: Problem) -> str:
     """The user turn: complete the function whose signature and docstring are HumanEval's prompt."""
     return ("Complete the following Python function. Reply with the whole function, its signature "
-            "included, in one ```python code block.\n\n```python\n" + problem.prompt.rstrip() + "\n```")
+            "included, in one ```python code block and nothing else.\n\n```python\n"
+            + problem.prompt.rstrip() + "\n```")
 
 
 def extract_code(answer: str) -> str:
