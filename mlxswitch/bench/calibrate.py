@@ -17,9 +17,14 @@ import numpy as np
 from ..decoding.tiers import Ladder
 from ..errors import UsageError
 from ..profiles import Profile
-from ..routing.registry import POLICY_BY_NAME, SIGNAL_BY_NAME
-from ..routing.router import BOTTOM_ONLY_SIGNALS, POLICY_NAMES, SIGNAL_NAMES, RouterConfig
 from ..routing.probe import probe_path
+from ..routing.registry import POLICY_BY_NAME, SIGNAL_BY_NAME
+from ..routing.router import (
+    BOTTOM_ONLY_SIGNALS,
+    POLICY_NAMES,
+    SIGNAL_NAMES,
+    RouterConfig,
+)
 from . import metrics, probe, simulate
 from .prompts import BenchPrompt
 from .report import GAIN_NATS

@@ -163,6 +163,16 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
             "text": text, "tokens": [{"id": t, "tier": name} for t in ids]}
 
 
+def engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
+    """One answer by our engine on `arm`'s router: the raw record every speed arm keeps."""
+    return _engine_run(session, arm, prompt, max_tokens)
+
+
+def mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:
+    """One answer by mlx-lm's stream_generate (or its speculative decoding): the same raw record."""
+    return _mlx_lm_run(ladder, arm, prompt_ids, max_tokens)
+
+
 @dataclass
 class BenchRun:
     """Everything measured: raw records, teacher-forced positions and the arms they belong to."""

@@ -21,7 +21,6 @@ from . import options as o
 from . import ui
 from .streams import silence_stdout, write_crash_log
 
-
 # transformers warns on stderr about long prompts; our own checks say what matters, in one line.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -321,14 +320,34 @@ def bench(
     json_path: o.JsonFileOpt = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a two-panel PNG (retained fidelity vs share and vs bytes).")] = None,
     force_memory: o.ForceMemoryOpt = False,
+    suite: Annotated[str, typer.Option(help="prompts (the prompt suite) or humaneval (pass@1 by execution; needs the humaneval extra).")] = "prompts",
+    records: Annotated[Optional[Path], typer.Option(help="humaneval: the resumable records file (default: one per profile in the user directory).")] = None,
+    restart: Annotated[bool, typer.Option(help="humaneval: start the records file over instead of resuming it.")] = False,
+    problems: Annotated[Optional[str], typer.Option(help="humaneval: only these problems (ids or numbers, comma-separated).")] = None,
+    split: Annotated[str, typer.Option(help="humaneval: calibration (even ids), heldout (odd ids) or all.")] = "all",
+    limit: Annotated[Optional[int], typer.Option(help="humaneval: the first N problems (after --problems and --split).")] = None,
+    arms: Annotated[Optional[str], typer.Option(help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative (bottom and top always run).")] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="humaneval: seconds each program may run (default 10).")] = None,
+    report: Annotated[bool, typer.Option(help="humaneval: the figures from the records file as it stands; loads no model, decodes nothing.")] = False,
 ) -> None:
     """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
     from ..api import build_ladder, resolve_profile
-    from ..bench.command import QUICK, bench as run, check_output_path, choose_prompts, write_json
+    from ..bench.command import QUICK, check_output_path, choose_prompts, write_json
+    from ..bench.command import bench as run
     from ..bench.runner import BenchOptions
     from ..errors import UsageError
 
     chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
+    if suite not in ("prompts", "humaneval"):
+        raise UsageError(f"--suite must be prompts or humaneval (got '{suite}')")
+    if suite == "humaneval":
+        from .humaneval import bench_humaneval
+
+        bench_humaneval(chosen, prompts=prompts, repeats=repeats, speed_prompts=speed_prompts, quick=quick,
+                        max_tokens=max_tokens, json_path=json_path, plot=plot, force_memory=force_memory,
+                        records=records, restart=restart, problems=problems, split=split, limit=limit,
+                        arms=arms, timeout=timeout, report_only=report)
+        return
     for value, flag in ((repeats, "--repeats"), (max_tokens, "--max-tokens"), (speed_prompts, "--speed-prompts")):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1 (got {value})")

@@ -271,7 +271,13 @@ def line_editing(history: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def bench_progress() -> Iterator:
     """Progress bars on stderr for the bench's stages; the callback takes (stage, done, total)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     console = make_console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -364,4 +370,32 @@ def calibration_report(name: str, result: dict) -> Table:
                                f"saved {learned['path']} (--signal probe --policy peek)")
     elif learned:
         table.add_row("probe", learned.get("status", ""))
+    return table
+
+
+def humaneval_table(record: dict) -> Table:
+    """HumanEval pass@1 per arm, with its interval, share, speed and the teacher-forced fidelity."""
+    table = Table(title=f"mlxswitch bench --suite humaneval · {record['profile']['name']} · "
+                        f"{record['machine']['backend']}", show_edge=False, title_justify="left")
+    for column in ("arm", "pass@1", "95% CI", "n", "retained", "top share", "tg tok/s", "s/problem",
+                   "MB/tok", "M3 Max bound*", "TF retained", "TF random", "TF oracle"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+
+    def cell(value, digits: int = 2, scale: float = 1.0) -> str:
+        return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
+
+    for arm in record["arms"]:
+        low, high = arm["pass@1_95"]
+        tf = arm.get("teacher_forced") or {}
+        bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
+        table.add_row(arm["name"], cell(arm["pass@1"], 3),
+                      "–" if low is None else f"{low:.2f}–{high:.2f}", str(arm["problems"]),
+                      cell(arm["retained"]), cell(arm["top_share"]), cell(arm.get("decode_tok_per_s"), 1),
+                      cell(arm.get("seconds_per_problem"), 1), cell(arm.get("bytes_per_token"), 1, 1e-6),
+                      cell(bound, 0), cell(tf.get("retained")), cell(tf.get("random_control")),
+                      cell(tf.get("oracle")))
+    table.caption = (f"{len(record['answered'])} problems, greedy, one sample each; records in "
+                     f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom); "
+                     "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "
+                     "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token")
     return table

@@ -5,8 +5,21 @@ Off unless asked for. Build settings with `cloud_settings(...)`, check the key w
 or `.answer(...)`; any failure is a CloudFailure carrying the text already shown.
 """
 
-from mlxswitch.cloud.budget import CLOUD_MODES, CloudBudget, CloudSettings, Totals, cloud_settings
-from mlxswitch.cloud.pricing import PRICES, PRICES_TAKEN, Price, cost_usd, price_for, usage_counts
+from mlxswitch.cloud.budget import (
+    CLOUD_MODES,
+    CloudBudget,
+    CloudSettings,
+    Totals,
+    cloud_settings,
+)
+from mlxswitch.cloud.pricing import (
+    PRICES,
+    PRICES_TAKEN,
+    Price,
+    cost_usd,
+    price_for,
+    usage_counts,
+)
 from mlxswitch.cloud.span import join_continuation, span_prompt, strip_repeated_prefix
 
 # The client imports the anthropic SDK (seconds on a cold start): only a run that calls the

@@ -6,9 +6,15 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from mlxswitch.cloud.pricing import (
+    PRICES_TAKEN,
+    USAGE_FIELDS,
+    Price,
+    cost_usd,
+    require_price,
+    usage_counts,
+)
 from mlxswitch.errors import SettingError
-from mlxswitch.cloud.pricing import PRICES_TAKEN, USAGE_FIELDS, Price, cost_usd, require_price, usage_counts
-
 
 # span: the cloud is the top rung of the ladder; answer: uncertain whole answers are re-asked.
 CLOUD_MODES = ("span", "answer")

@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 
 import anthropic
 
-from mlxswitch.errors import CloudError, one_line
 from mlxswitch.cloud.budget import CloudBudget, CloudSettings
 from mlxswitch.cloud.pricing import estimate_usd, usage_counts
 from mlxswitch.cloud.span import Passthrough, SpanSplicer, span_prompt
+from mlxswitch.errors import CloudError, one_line
 
 OnText = Callable[[str], None]
 

@@ -23,7 +23,9 @@ class CloudTier:
     """A cloud client with the session's budget, its one-time notices and this answer's record."""
 
     def __init__(self, settings: CloudSettings, client=None):
-        from ..cloud.client import CloudClient  # the SDK loads only when a cloud tier is asked for
+        from ..cloud.client import (
+            CloudClient,  # the SDK loads only when a cloud tier is asked for
+        )
 
         self.settings = settings
         self.client = client or CloudClient(settings)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import wired_limit
@@ -16,13 +16,12 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import PromptTooLongError, UsageError
-from ..routing.policies import make_policy
+from ..routing.policies import Policy, make_policy
 from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
 from .loop import TokenLoop
 from .tiers import Ladder
-
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
@@ -87,6 +86,9 @@ class ChatSession:
         self.ids: list[int] = []
         self.last_summary: AnswerSummary | None = None
         check_cache_bound(self.settings, self.tier_names)
+        # A hook for controls (the bench's random and oracle arms): builds the next answer's
+        # policy from (router_config, tiers) instead of make_policy.
+        self.policy_factory: Callable[[RouterConfig, int], Policy] | None = None
         self._stream = mx.new_stream(mx.default_device())
         for group in ladder.groups:
             group.limit_cache(self.settings.max_kv_size)
@@ -198,7 +200,8 @@ class ChatSession:
 
                 def span(answer_ids: list[int], room: int) -> list[int]:
                     return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
-        loop = TokenLoop(ladder, self.ids, make_policy(self.router_config, len(self.tier_names)),
+        policy = (self.policy_factory or make_policy)(self.router_config, len(self.tier_names))
+        loop = TokenLoop(ladder, self.ids, policy,
                          sampler, settings.prefill_step, cloud_span=span,
                          signal=self.router_config.signal,
                          normalize_for_sampler=0 < settings.top_p < 1, top_logprobs=settings.top_logprobs)

@@ -10,8 +10,14 @@ import mlx.core as mx
 import numpy as np
 
 from ..resources import metal_source
-from ._common import (KernelCheck, force_reference, numpy_routes_allowed, on_gpu, relative_max_error,
-                      single_threaded_blas)
+from ._common import (
+    KernelCheck,
+    force_reference,
+    numpy_routes_allowed,
+    on_gpu,
+    relative_max_error,
+    single_threaded_blas,
+)
 
 # Bump whenever metal/nested_qmv.metal or the launch changes: MLX caches compiled libraries by name.
 KERNEL_VERSION = "v1"

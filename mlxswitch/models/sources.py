@@ -21,7 +21,7 @@ from ..resources import (
 )
 from .footprint import Footprint, dir_footprint, gguf_footprint
 from .loading import load_gguf_file, load_mlx_dir
-from .packaged import CATALOGUE, PackagedGGUF, join_parts, parts_present
+from .packaged import CATALOGUE, PackagedGGUF, join_parts, part_file, parts_present
 from .weights import LoadedModel
 
 Progress = Callable[[str], None]
@@ -51,6 +51,10 @@ class ModelSource(ABC):
     def how_to_get(self) -> str:
         """What makes an unavailable model available."""
         return "not on this machine"
+
+    def known_sha256(self) -> str | None:
+        """The checksum that names this model's content, where the kind knows one up front."""
+        return None
 
     def footprint(self) -> Footprint | None:
         """Weights once loaded here, from the files on disk; None when they are not here."""
@@ -119,14 +123,14 @@ class PackagedGGUFSource(ModelSource):
         return find_converted(self.entry.sha256)
 
     def local_path(self) -> Path | None:
+        """The cached conversion, else the first part (it starts with the GGUF header)."""
         converted = self.converted()
         if converted is not None:
             return converted
-        return Path(self.entry.name) if parts_present(self.entry) else None
+        return part_file(self.entry.parts[0]) if parts_present(self.entry) else None
 
-    def footprint(self) -> Footprint | None:
-        converted = self.converted()
-        return dir_footprint(converted) if converted is not None else None
+    def known_sha256(self) -> str | None:
+        return self.entry.sha256
 
     def how_to_get(self) -> str:
         return f"install its parts: {self.entry.install_hint()}"
@@ -161,7 +165,7 @@ class MlxDirSource(ModelSource):
     def load(self, progress: Progress | None = None) -> LoadedModel:
         if not self.path.exists():
             raise ModelNotFoundError(f"model '{self.spec}': no such file or directory")
-        if self.path.is_file():
+        if self.path.is_file():  # a file that is not .gguf (model_source sends those elsewhere)
             raise ModelFormatError(
                 f"model '{self.spec}': a model file must be .gguf; otherwise give an mlx-lm directory")
         return load_mlx_dir(self.spec, self.path, self.name)

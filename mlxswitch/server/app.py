@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from jinja2 import TemplateError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request as HttpRequest
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 

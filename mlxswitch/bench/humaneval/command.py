@@ -1,0 +1,87 @@
+"""What `mlxswitch bench --suite humaneval` does below the CLI: choose, check, run, summarize."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import UsageError
+from ...profiles import Profile
+from ...resources import user_dir
+from ..command import machine, versions
+from . import arms as arm_sets
+from .problems import Problem, load_problems, select_problems
+from .records import Records
+from .report import summarize
+from .run import HumanEvalOptions, Progress, run_humaneval, settings
+
+QUICK = {"sweep_points": 3, "threshold_problems": 2}
+
+
+@dataclass
+class HumanEvalPlan:
+    """A checked run, before any model loads: problems, options and the opened records file."""
+
+    profile: Profile
+    problems: list[Problem]
+    calibration: list[Problem]
+    options: HumanEvalOptions
+    records: Records
+
+
+def default_records_path(profile: Profile) -> Path:
+    """Where a profile's records go unless --records says: the user directory, one file per ladder."""
+    key = hashlib.sha256("\n".join(profile.models + tuple(map(str, profile.gears))).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", profile.name).strip("-") or "profile"
+    return user_dir() / "bench" / f"humaneval-{slug}-{key}.jsonl"
+
+
+def plan(profile: Profile, problems: str | None = None, split: str = "all", limit: int | None = None,
+         arms: str | None = None, quick: bool = False, max_tokens: int = 512,
+         timeout_s: float | None = None, records_path: Path | None = None,
+         restart: bool = False, read_only: bool = False) -> HumanEvalPlan:
+    """Check every choice and open the records (settings compared) — nothing is loaded yet."""
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    if timeout_s is not None and not timeout_s > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds (got {timeout_s:g})")
+    groups = arm_sets.parse_groups(arms, quick)
+    every = load_problems()
+    chosen = select_problems(every, problems, split, limit)
+    options = HumanEvalOptions(max_tokens=max_tokens, groups=groups,
+                               timeout_s=timeout_s or HumanEvalOptions.timeout_s,
+                               **(QUICK if quick else {}))
+    # Thresholds come from the calibration half: the problems run from it, else its first ones.
+    calibration = ([p for p in chosen if p.split == "calibration"]
+                   or [p for p in every if p.split == "calibration"])[: options.threshold_problems]
+    path = records_path or default_records_path(profile)
+    if records_path is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    records = Records.open(path, settings(profile, chosen, options), restart, read_only)
+    return HumanEvalPlan(profile, chosen, calibration, options, records)
+
+
+def bench_humaneval(run: HumanEvalPlan, ladder, progress: Progress | None = None) -> dict:
+    """Run what is left, then the full record: settings, machine, figures (from the records)."""
+    try:
+        run_humaneval(run.profile, ladder, run.problems, run.calibration, run.options, run.records, progress)
+    finally:
+        run.records.close()
+    return report(run)
+
+
+def report(run: HumanEvalPlan) -> dict:
+    """The full record from the records file as it stands (no model needed): a run so far, or done."""
+    header = run.records.header
+    if header is None:
+        raise UsageError(f"--report: {run.records.path} holds no answers yet (run without --report first)")
+    derived = header["derived"]
+    return {"command": ["mlxswitch", *sys.argv[1:]], "machine": machine(), "versions": versions(),
+            "profile": {"name": run.profile.name, "mode": run.profile.mode,
+                        "models": list(run.profile.models), "tiers": derived["tier_names"],
+                        "bytes_per_token": dict(zip(derived["tier_names"], derived["bytes_per_token"]))},
+            "records": str(run.records.path), "settings": header["settings"], "derived": derived,
+            **summarize(header, run.records.lines)}

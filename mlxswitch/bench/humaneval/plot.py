@@ -1,0 +1,55 @@
+"""The HumanEval picture: pass@1 against top-tier share and against seconds per problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...files import atomic_file
+from ...routing.registry import POLICIES
+from ..plot import _pyplot
+
+
+def _xy(arms: list[dict], x: str) -> tuple[list, list, list]:
+    points = sorted(((a[x], a["pass@1"], a) for a in arms
+                     if a.get(x) is not None and a["pass@1"] is not None), key=lambda p: p[:2])
+    return [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
+
+
+def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
+    """Two panels, pass@1 with 95% intervals: swept policies and the random control as lines,
+    tiers, profile and mlx-lm as points, the oracle as a line at its pass@1 (no speed: a control)."""
+    plt = _pyplot()
+    fig, (by_share, by_time) = plt.subplots(1, 2, figsize=(12, 5), dpi=110)
+    arms = summary["arms"]
+    for axis, x in ((by_share, "top_share"), (by_time, "seconds_per_problem")):
+        for policy in POLICIES:
+            xs, ys, _ = _xy([a for a in arms if a["kind"] == "sweep" and a["policy"] == policy.name], x)
+            if xs:
+                axis.plot(xs, ys, marker=".", color=policy.colour, label=f"{policy.name} (threshold sweep)")
+        xs, ys, _ = _xy([a for a in arms if a["kind"] == "random"], x)
+        if xs:
+            axis.plot(xs, ys, ls="--", color="grey", marker=".", label="random routing (matched share)")
+        oracle = next((a for a in arms if a["kind"] == "oracle" and a["pass@1"] is not None), None)
+        if oracle is not None:
+            axis.axhline(oracle["pass@1"], color="black", lw=1, ls=":", label="oracle (control)")
+            if x == "top_share" and oracle["top_share"] is not None:
+                axis.scatter([oracle["top_share"]], [oracle["pass@1"]], color="black", marker="x", zorder=5)
+        for arm in arms:
+            if arm["kind"] in ("tier", "profile", "mlx-lm", "speculative") and arm.get(x) is not None \
+                    and arm["pass@1"] is not None:
+                low, high = arm["pass@1_95"]
+                axis.errorbar([arm[x]], [arm["pass@1"]], yerr=[[arm["pass@1"] - low], [high - arm["pass@1"]]],
+                              fmt="s" if arm["kind"] != "profile" else "*", ms=7, capsize=3,
+                              label=arm["name"])
+        axis.set_ylabel("pass@1 (greedy; bars: 95% Wilson interval)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7, loc="best")
+    by_share.set_xlabel("top-tier share of tokens")
+    by_time.set_xlabel("seconds per problem (this machine)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    try:
+        with atomic_file(path, "--plot", binary=True) as handle:
+            fig.savefig(handle, format="png")
+    finally:
+        plt.close(fig)

@@ -1,0 +1,167 @@
+"""The run's records: an append-only JSON Lines file that a stopped run resumes from.
+
+Line 1 is the header: {"type": "header", "settings": {...}, "derived": {...}}. `settings` is
+everything that decides the results (models' identities, tiers, router, arms asked for, problem
+ids, token budget, sandbox limits, seed, prompt version); `derived` is what the run worked out
+from them before the first problem (swept thresholds, arm names). Then one record per line:
+{"type": "result", "task_id", "arm", …} per problem and arm, and {"type": "positions", "task_id",
+…} per problem (the teacher-forced arrays along the top tier's answer). Each line is flushed and
+fsynced as it is written; a torn last line (a crash mid-write) is dropped on resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ...errors import OutputError, UsageError
+from ...models.sources import EmbeddedSource, model_source
+from ..command import finite
+
+FORMAT = 1
+_FINGERPRINT_BYTES = 1 << 20  # hash the head and tail of big files: a changed model shows there
+
+
+def model_identity(source: str) -> dict:
+    """What names a model across runs: its source, and for local files their sizes and a hash."""
+    located = model_source(source)
+    if located.known_sha256() is not None:
+        return {"source": source, "sha256": located.known_sha256()}
+    where = located.local_path()
+    if where is None:
+        return {"source": source}
+    files = sorted(p for p in where.rglob("*") if p.is_file()) if where.is_dir() else [where]
+    digest = hashlib.sha256()
+    total = 0
+    for path in files:
+        size = path.stat().st_size
+        total += size
+        digest.update(f"{path.relative_to(where) if where.is_dir() else path.name}:{size}\n".encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read(_FINGERPRINT_BYTES))
+            if size > 2 * _FINGERPRINT_BYTES:
+                handle.seek(-_FINGERPRINT_BYTES, os.SEEK_END)
+                digest.update(handle.read())
+    name = "embedded" if isinstance(located, EmbeddedSource) else source
+    return {"source": name, "path": str(where.resolve()), "bytes": total, "fingerprint": digest.hexdigest()}
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} {_short(a)} → {_short(b)}")
+    return out
+
+
+def _short(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
+class Records:
+    """A records file opened for one run: what is there already, and appending more."""
+
+    def __init__(self, path: Path, header: dict | None, lines: list[dict]):
+        self.path = path
+        self.header = header
+        self.lines = lines
+        self._handle = None
+
+    @classmethod
+    def open(cls, path: Path, settings: dict, restart: bool = False, read_only: bool = False) -> "Records":
+        """Read `path` (dropping a torn last line) and check its settings; empty with `restart`.
+
+        `read_only`: leave the file as it is (a run may still be writing its last line).
+        """
+        path = Path(path).expanduser()
+        if not path.parent.is_dir():
+            raise OutputError(f"--records {path}: no such directory")
+        if restart or not path.exists():
+            return cls(path, None, [])
+        header, lines, good_bytes = _read(path)
+        if header is not None:
+            if header.get("format") != FORMAT:
+                raise UsageError(f"--records {path} is not a records file of this version; "
+                                 "pass --restart to start over, or another --records file")
+            changed = _differences(header["settings"], settings)
+            if changed:
+                raise UsageError(f"--records {path} was made with other settings ({'; '.join(changed[:4])}"
+                                 f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
+                                 "or another --records file")
+        if good_bytes < path.stat().st_size and not read_only:
+            with open(path, "r+b") as handle:  # the torn tail goes, so appends start on a new line
+                handle.truncate(good_bytes)
+        return cls(path, header, lines)
+
+    def start(self, settings: dict, derived: dict) -> None:
+        """Write the header of a new file (replacing whatever was there)."""
+        self.header = {"type": "header", "format": FORMAT, "settings": settings, "derived": derived}
+        self.lines = []
+        try:
+            self._handle = open(self.path, "w", encoding="utf-8")
+        except OSError as exc:
+            raise OutputError(f"--records {self.path}: {exc.strerror}") from None
+        self._write(self.header)
+
+    def append(self, record: dict) -> None:
+        """Add one record, on disk (flushed and fsynced) before this returns."""
+        if self._handle is None:
+            self._handle = open(self.path, "a", encoding="utf-8")
+        self._write(record)
+        self.lines.append(record)
+
+    def _write(self, record: dict) -> None:
+        self._handle.write(json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        """Close the file (records already written stay)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def results(self) -> dict[tuple[str, str], dict]:
+        """The result records by (task id, arm name)."""
+        return {(r["task_id"], r["arm"]): r for r in self.lines if r.get("type") == "result"}
+
+    def positions(self) -> dict[str, dict]:
+        """The positions records by task id."""
+        return {r["task_id"]: r for r in self.lines if r.get("type") == "positions"}
+
+
+def _read(path: Path) -> tuple[dict | None, list[dict], int]:
+    """The header, the records, and how many bytes of the file hold whole lines."""
+    data = path.read_bytes()
+    header, lines, good = None, [], 0
+    chunks = data.split(b"\n")
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        if not chunk.strip():
+            if not last:
+                good += len(chunk) + 1
+            continue
+        try:
+            record = json.loads(chunk)
+            if last:  # no newline after it: written, but not known to be whole
+                raise ValueError("torn")
+        except ValueError:
+            if last or i == len(chunks) - 2 and not chunks[-1]:
+                break  # a torn last line: dropped, and cut off before appending
+            raise UsageError(f"--records {path}:{i + 1}: not a JSON record; "
+                             "pass --restart to start over") from None
+        if header is None:
+            if record.get("type") != "header":
+                raise UsageError(f"--records {path}: its first line is no header; "
+                                 "pass --restart to start over")
+            header = record
+        else:
+            lines.append(record)
+        good += len(chunk) + 1
+    return header, lines, good

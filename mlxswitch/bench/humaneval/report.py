@@ -1,0 +1,127 @@
+"""HumanEval figures per arm, re-derived from the records alone (header + results + positions).
+
+- pass@1: passed / problems (greedy, one sample each), with the 95% Wilson interval;
+- top share: the live share of tokens the top tier made; retained (pass) = (pass_arm − pass_bottom)
+  / (pass_top − pass_bottom), None when the top and bottom tiers pass equally often;
+- speed: decode tok/s (pooled over problems), seconds per problem (mean wall time of an answer),
+  bytes of weights read per token and the Apple-silicon bound they imply (a projection, labelled);
+  no speed for the oracle (a control that computes both tiers where it needs to);
+- teacher-forced quality along the top tier's answers (bench/simulate.py, prefill-speed): the
+  arm's routing replayed exactly (share, retained fidelity in NLL), the random control and the
+  oracle at that share; for the live random and oracle arms, those two curves at their live share.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...routing.router import RouterConfig
+from .. import metrics, simulate
+
+Z95 = 1.959964  # two-sided 95% normal quantile
+PROJECTION_NOTE = "projection, not a measurement: peak bandwidth ÷ weight bytes read per token"
+
+
+def wilson(passed: int, n: int, z: float = Z95) -> tuple[float | None, float | None]:
+    """The Wilson score interval of a binomial proportion (None, None for n = 0)."""
+    if n == 0:
+        return None, None
+    p = passed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _num(value) -> float | None:
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
+
+
+def _config(router: dict) -> RouterConfig:
+    return RouterConfig(up=tuple(map(float, router["up"])), down=tuple(map(float, router["down"])),
+                        window=router["window"], min_run=router["min_run"], policy=router["policy"],
+                        normalize=router["normalize"], signal=router["signal"])
+
+
+def _positions(records: list[dict]) -> list[simulate.Positions]:
+    return [simulate.Positions(r["task_id"], np.array(r["entropy"]), np.array(r["nll"]),
+                               np.array(r["varentropy"]), np.array(r["margin"])) for r in records]
+
+
+def _teacher_forced(arm: dict, positions: list[simulate.Positions], tier_bytes: list[int],
+                    live_share: float | None) -> dict:
+    n = len(tier_bytes)
+    if n < 2 or not positions:
+        return {}
+    bottom = np.concatenate([p.nll[0] for p in positions])
+    top = np.concatenate([p.nll[-1] for p in positions])
+    if arm["kind"] in CONTROLS:
+        if live_share is None:
+            return {}
+        value = (metrics.random_control(bottom, top, live_share).mean if arm["kind"] == "random"
+                 else metrics.oracle(bottom, top, live_share))
+        return {"top_share": live_share, "retained": _num(value)}
+    if arm["kind"] in ("tier", "mlx-lm"):
+        tried = simulate.forced(positions, arm["tier"])
+    elif arm["kind"] == "speculative":  # lossless: the large model's own tokens
+        tried = simulate.forced(positions, n - 1)
+    else:
+        tried = [simulate.route(_config(arm["router"]), p) for p in positions]
+    quality = simulate.quality(positions, tried, tier_bytes).to_dict()
+    share = quality["top_share"]
+    if share is not None:
+        quality["random_control"] = _num(metrics.random_control(bottom, top, share).mean)
+        quality["oracle"] = _num(metrics.oracle(bottom, top, share))
+    return quality
+
+
+CONTROLS = ("random", "oracle")
+
+
+def summarize(header: dict, lines: list[dict]) -> dict:
+    """Every arm's figures from the records, each over the problems it has answered."""
+    derived = header["derived"]
+    names, tier_bytes = derived["tier_names"], derived["bytes_per_token"]
+    results = [r for r in lines if r.get("type") == "result"]
+    forced = _positions([r for r in lines if r.get("type") == "positions"])
+    arms = []
+    for arm in derived["arms"]:
+        mine = [r for r in results if r["arm"] == arm["name"]]
+        passed, n = sum(r["passed"] for r in mine), len(mine)
+        low, high = wilson(passed, n)
+        generated = sum(r["generated"] for r in mine)
+        top_tokens = sum(r["tier_counts"].get(names[-1], 0) for r in mine)
+        share = top_tokens / generated if generated else None
+        entry = {"name": arm["name"], "kind": arm["kind"], "policy": arm["policy"], "tau": arm["tau"],
+                 "problems": n, "passed": passed, "pass@1": passed / n if n else None,
+                 "pass@1_95": [low, high], "top_share": share}
+        if arm["kind"] != "oracle" and mine:
+            decoded = sum(max(r["generated"] - 1, 0) for r in mine)
+            decode_s = sum(r["decode_s"] for r in mine)
+            weighted = sum(r["mean_bytes_per_token"] * r["generated"] for r in mine)
+            bpt = weighted / generated if generated else None
+            entry.update({"decode_tok_per_s": decoded / decode_s if decode_s > 0 else None,
+                          "seconds_per_problem": sum(r["elapsed_s"] for r in mine) / n,
+                          "bytes_per_token": bpt})
+            if bpt:
+                entry["projection"] = {"note": PROJECTION_NOTE,
+                                       "tok_per_s_bound": metrics.apple_bound_tok_s(bpt)}
+        if arm["kind"] == "oracle":
+            entry["reproduces_top"] = sum(r.get("reproduces_top", False) for r in mine)
+        entry["teacher_forced"] = _teacher_forced(arm, forced, tier_bytes, share)
+        arms.append(entry)
+    bottom = next((a for a in arms if a["name"] == f"{names[0]} alone"), None)
+    top = next((a for a in arms if a["name"] == f"{names[-1]} alone"), None)
+    for entry in arms:
+        entry["retained"] = _retained(entry, bottom, top)
+    problems = header["settings"]["problems"]
+    return {"suite": "humaneval", "arms": arms, "problems": problems, "taus": derived["taus"],
+            "answered": sorted({r["task_id"] for r in results}, key=problems.index)}
+
+
+def _retained(entry: dict, bottom: dict | None, top: dict | None) -> float | None:
+    if bottom is None or top is None or entry["pass@1"] is None:
+        return None
+    gap = (top["pass@1"] or 0.0) - (bottom["pass@1"] or 0.0)
+    return (entry["pass@1"] - bottom["pass@1"]) / gap if gap != 0 else None

