@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from . import __version__
 from .errors import MlxSwitchError
 from .models.gears import resident_bytes
-from .models.sources import model_available_offline
+from .models.sources import model_source
 from .profiles import load_profiles, user_models_toml
 from .resources import bundled_models_toml, embedded_gguf_path, metal_dir
 from .routing.probe import describe_probe
@@ -20,7 +20,8 @@ def profile_rows() -> list[dict]:
     profiles = load_profiles()
     return [{"name": p.name, "default": p.name == profiles.default, "mode": p.mode,
              "tiers": list(p.tier_names()), "models": list(p.models), "notes": p.description,
-             "offline": [model_available_offline(source) for source in p.models]}
+             "offline": [model_source(source).available() for source in p.models],
+             "how_to_get": [model_source(source).how_to_get() for source in p.models]}
             for p in profiles]
 
 

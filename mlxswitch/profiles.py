@@ -31,6 +31,7 @@ from typing import Iterator
 from .cloud.budget import CloudSettings, cloud_settings
 from .errors import CloudError, ConfigError, SettingError, UsageError
 from .models.gears import plane_bits_for
+from .models.sources import model_available_offline
 from .resources import bundled_models_toml, user_dir
 from .routing.router import RouterConfig
 
@@ -281,10 +282,11 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
         raise fail(None, f"{what} needs {both}{' and '.join(repr(k) for k in expected)} "
                          f"('{missing[0]}' is missing)")
     for key in ("small", "large", "model"):
-        if key in table and (not isinstance(table[key], str) or not table[key].strip()):
-            raise fail(key, f"'{key}' must be a model source: a Hugging Face repo id, a path or "
-                            "'embedded'")
-    models = tuple(_resolve_source(table[key], toml.path) for key in expected if key != "gears")
+        if key in table and not _sources_given(table[key]):
+            raise fail(key, f"'{key}' must be a model source (a Hugging Face repo id, a path, "
+                            "'embedded' or 'package:NAME'), or a list of them")
+    models = tuple(_first_available([_resolve_source(v, toml.path) for v in _as_list(table[key])])
+                   for key in expected if key != "gears")
     gears = _gears(table["gears"], fail) if "gears" in table else ()
     if "description" in table and not isinstance(table["description"], str):
         raise fail("description", "'description' must be a string")
@@ -321,6 +323,25 @@ def _ladder_kind(mode: str, table: dict) -> str:
     if "small" in table or "large" in table:
         return "pair"
     return "gears" if "gears" in table else "single"
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _sources_given(value) -> bool:
+    values = _as_list(value)
+    return bool(values) and all(isinstance(v, str) and v.strip() for v in values)
+
+
+def _first_available(sources: list[str]) -> str:
+    # A list names the same model in several forms (the packaged GGUF here, the mlx-community
+    # repo on a Mac): the first one on this machine, else the first (its error says how to get it).
+    if len(sources) > 1:
+        for source in sources:
+            if model_available_offline(source):
+                return source
+    return sources[0]
 
 
 def _resolve_source(source: str, toml_path: Path) -> str:

@@ -180,7 +180,8 @@ def profiles_table(rows: list[dict]) -> Table:
     for row in rows:
         name = row["name"] + (" (default)" if row.get("default") else "")
         table.add_row(name, row["mode"], " → ".join(row["tiers"]), "\n".join(row["models"]),
-                      "\n".join("yes" if ok else "no" for ok in row["offline"]),
+                      "\n".join("yes" if ok else f"no: {how}"
+                                for ok, how in zip(row["offline"], row["how_to_get"])),
                       row.get("notes", ""))
     return table
 

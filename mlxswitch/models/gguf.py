@@ -1,8 +1,8 @@
 """GGUF files (llama.cpp / Ollama / LM Studio) as mlx-lm models, tokenizer and chat template included.
 
-Two ways in. A file whose every tensor `mx.load` reads exactly (F32/F16/BF16, and Q4_0/Q4_1/Q8_0,
+Two ways in. A file whose every tensor `mx.load` reads exactly (F32/F16, and Q4_0/Q4_1/Q8_0,
 which arrive as MLX affine triples, group size 32) loads directly. Any other file (K-quants,
-Q5_0/Q5_1) is converted once by gguf_convert.py into a cached mlx-lm directory. The model config
+Q5_0/Q5_1, BF16) is converted once by gguf_convert.py into a cached mlx-lm directory. The model config
 is rebuilt here from the metadata, the tokenizer in gguf_tokenizer.py, and the header (tensor
 types, read without loading) in gguf_reader.py.
 """
@@ -27,7 +27,7 @@ from .gguf_convert import (
     write_converted,
 )
 from .gguf_convert import tensor_types as convert_tensor_types
-from .gguf_reader import BF16, GROUP_SIZE, ggml_type, header_types_or_none, meta_value
+from .gguf_reader import GROUP_SIZE, ggml_type, header_types_or_none, meta_value
 from .gguf_tokenizer import build_tokenizer
 from .weights import load_checked_weights, model_classes
 
@@ -126,14 +126,8 @@ def _read(path: Path) -> tuple[dict, dict]:
 
 
 def _check_tensor_types(path: Path, tensors: dict) -> None:
-    types = header_types_or_none(path)
-    if types is None:
-        raise ModelFormatError(f"{path.name}: unreadable GGUF header")
-    for name, kind in types.items():
-        # mx.load reads BF16 as float16, whose range ends at 65504.
-        if kind == BF16 and not mx.all(mx.isfinite(tensors[name])).item():
-            raise ModelFormatError(f"{path.name}: BF16 tensor '{name}' holds values beyond the "
-                                   "float16 range that mx.load reads it into")
+    if needs_conversion(path):  # mx.load would decode such a tensor wrongly, or not at all
+        raise ModelFormatError(f"{path.name}: holds tensor types that load only through convert_gguf")
 
 
 def _config(meta: dict, arch: str, weights: dict, path: Path, rope_factors: mx.array | None) -> dict:

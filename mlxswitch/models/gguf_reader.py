@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,20 +27,20 @@ class GGMLType:
     quant_bits: int = 0  # a 32-value block type: bits per weight (plus a scale and bias per block)
 
 
-# One table for the loader and the memory estimate. mx.load silently dequantizes some types
-# (the K-quants) to float16 at 4-8x their size, so those are refused by name, read from the header.
-# It reads BF16 as float16 (2 bytes).
+# One table for the loader and the memory estimate. `native`: mx.load's decoding equals the gguf
+# package's (tests/test_gguf_convert.py proves it per type); every other type is converted
+# (gguf_convert.py). mx.load decodes Q4_K wrongly and reads BF16 as float16, which rounds
+# bf16's small values, so neither is native.
 GGML_TYPES = {
     0: GGMLType("F32", True, float_bytes=4), 1: GGMLType("F16", True, float_bytes=2),
     2: GGMLType("Q4_0", True, quant_bits=4), 3: GGMLType("Q4_1", True, quant_bits=4),
-    8: GGMLType("Q8_0", True, quant_bits=8), 30: GGMLType("BF16", True, float_bytes=2),
+    8: GGMLType("Q8_0", True, quant_bits=8), 30: GGMLType("BF16", float_bytes=2),
     **{k: GGMLType(name) for k, name in {
         6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
         15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL",
         21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64",
         28: "F64", 29: "IQ1_M"}.items()},
 }
-BF16 = 30
 
 
 def ggml_type(kind: int) -> GGMLType:
@@ -82,8 +83,13 @@ def read_header(path: Path) -> GGUFHeader:
         def unpack(fmt: str):
             return struct.unpack(fmt, handle.read(struct.calcsize(fmt)))[0]
 
+        size = os.fstat(handle.fileno()).st_size
+
         def string() -> str:
-            return handle.read(unpack("<Q")).decode("utf-8")
+            length = unpack("<Q")
+            if length > size:  # a damaged header: never allocate what the file cannot hold
+                raise ValueError(f"a string of {length} bytes in a file of {size}")
+            return handle.read(length).decode("utf-8")
 
         def value(kind: int):
             if kind == _METADATA_STRING:
