@@ -159,45 +159,61 @@ def refuse_unknown_types(path: Path, types: dict[str, str]) -> None:
             f"mlxswitch cannot load; supported GGUF types: {', '.join(REQUANT_BITS)}")
 
 
-def dequantized(tensor) -> np.ndarray:
-    """One GGUF tensor as float32 in row-major (rows, columns) order, as llama.cpp computes it."""
+def dequantized(tensor, rows: slice = slice(None)) -> np.ndarray:
+    """Rows of one GGUF tensor as float32, (rows, columns) in row-major order, as llama.cpp computes
+    them (a 1-D tensor: all of it)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # gguf lists dims fastest-first
     data = np.asarray(tensor.data)
+    if len(shape) == 2:
+        data = data.reshape(shape[0], -1)[rows]
+        shape = (data.shape[0], shape[1])
     if tensor.tensor_type == GGMLQuantizationType.F32:
         values = data.astype(np.float32)
     elif tensor.tensor_type == GGMLQuantizationType.F16:
         values = data.view(np.float16).astype(np.float32)
     else:
         values = dequantize(data, tensor.tensor_type)
-    # gguf lists dims fastest-first; numpy wants them slowest-first.
-    return values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+    return values.reshape(shape)
 
 
-def convert_tensors(path: Path, reader, progress: Progress | None = None) -> dict[str, mx.array]:
-    """Every tensor of the file, converted by its type, under its GGUF name (one at a time)."""
+def convert_tensors(path: Path, reader, progress: Progress | None = None,
+                    block_values: int = 1 << 23) -> dict[str, mx.array]:
+    """Every tensor of the file, converted by its type, under its GGUF name: one tensor, and a
+    block of its rows, at a time (gguf's dequantization of a 150k-row embedding at once needs GBs)."""
     say = progress or (lambda message: None)
     out: dict[str, mx.array] = {}
     total = len(reader.tensors)
     for index, tensor in enumerate(reader.tensors):
         kind = tensor.tensor_type.name
-        values = dequantized(tensor)
+        shape = tuple(int(d) for d in reversed(tensor.shape))
         # A 1-D tensor (norms, biases) or one whose width is no multiple of a group stays float.
-        bits = REQUANT_BITS[kind] if values.ndim == 2 and values.shape[-1] % GROUP_SIZE == 0 else 0
-        if bits == 0 and kind == "BF16":
-            pieces = {"": mx.array(values).astype(mx.bfloat16)}
-        elif bits == 0 and kind == "F16":
-            pieces = {"": mx.array(values).astype(mx.float16)}
-        else:
-            pieces = requantize(values, bits)
-        mx.eval(list(pieces.values()))
+        bits = REQUANT_BITS[kind] if len(shape) == 2 and shape[-1] % GROUP_SIZE == 0 else 0
+        step = max(1, block_values // shape[-1]) if len(shape) == 2 else 1
+        blocks = ((dequantized(tensor, slice(a, a + step)) for a in range(0, shape[0], step))
+                  if len(shape) == 2 else iter([dequantized(tensor)]))
+        parts: dict[str, list] = {}
+        for values in blocks:
+            for suffix, value in _converted(values, kind, bits).items():
+                mx.eval(value)
+                parts.setdefault(suffix, []).append(value)
         name = tensor.name.removesuffix(".weight")
-        for suffix, value in pieces.items():
-            out[f"{name}.{suffix}" if suffix else tensor.name] = value
-        del values
+        for suffix, pieces in parts.items():
+            joined = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=0)
+            mx.eval(joined)
+            out[f"{name}.{suffix}" if suffix else tensor.name] = joined
         say(f"converting {path.name} {_bar(index + 1, total)}")
     return out
+
+
+def _converted(values: np.ndarray, kind: str, bits: int) -> dict[str, mx.array]:
+    if bits == 0 and kind == "BF16":
+        return {"": mx.array(values).astype(mx.bfloat16)}
+    if bits == 0 and kind == "F16":
+        return {"": mx.array(values).astype(mx.float16)}
+    return requantize(values, bits)
 
 
 def _bar(done: int, total: int, width: int = 24) -> str:
