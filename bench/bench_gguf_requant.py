@@ -29,8 +29,7 @@ def errors(values: np.ndarray, bits: int) -> dict:
     diff = (back - values).reshape(-1, GROUP)
     span = np.ptp(values.reshape(-1, GROUP), axis=1) + 1e-30
     exact = (np.abs(diff).max(axis=1) <= 1e-6 * span).mean()
-    return {"rel_rms": float(np.sqrt((diff ** 2).mean() / (values ** 2).mean())),
-            "groups_exact": float(exact)}
+    return {"rel_rms": float(np.sqrt((diff**2).mean() / (values**2).mean())), "groups_exact": float(exact)}
 
 
 def main(argv: list[str]) -> None:
@@ -52,11 +51,22 @@ def main(argv: list[str]) -> None:
             for bits in (4, 5, 6, 8):
                 rows[kind][bits].append(errors(values, bits))
             print(f"{file}: {tensor.name} {kind} {values.shape}", file=sys.stderr)
-    table = {kind: {bits: {key: float(np.mean([r[key] for r in results])) for key in results[0]}
-                    for bits, results in by_bits.items()} for kind, by_bits in rows.items()}
-    print("| type | chosen | " + " | ".join(f"{b}-bit rel. RMS error (exact groups)" for b in (4, 5, 6, 8)) + " |")
+    table = {
+        kind: {
+            bits: {key: float(np.mean([r[key] for r in results])) for key in results[0]}
+            for bits, results in by_bits.items()
+        }
+        for kind, by_bits in rows.items()
+    }
+    print(
+        "| type | chosen | "
+        + " | ".join(f"{b}-bit rel. RMS error (exact groups)" for b in (4, 5, 6, 8))
+        + " |"
+    )
     for kind, by_bits in sorted(table.items()):
-        cells = [f"{by_bits[b]['rel_rms']:.2e} ({100 * by_bits[b]['groups_exact']:.0f}%)" for b in (4, 5, 6, 8)]
+        cells = [
+            f"{by_bits[b]['rel_rms']:.2e} ({100 * by_bits[b]['groups_exact']:.0f}%)" for b in (4, 5, 6, 8)
+        ]
         print(f"| {kind} | {REQUANT_BITS[kind]}-bit | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as handle:

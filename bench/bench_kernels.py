@@ -56,8 +56,7 @@ def builtin_call(weight: mx.array, bits: int):
     if bits <= 8:
         q, s, b = mx.quantize(weight, group_size=GROUP_SIZE, bits=bits)
         mx.eval(q, s, b)
-        return lambda x: mx.quantized_matmul(x, q, s, b, transpose=True, group_size=GROUP_SIZE,
-                                             bits=bits)
+        return lambda x: mx.quantized_matmul(x, q, s, b, transpose=True, group_size=GROUP_SIZE, bits=bits)
     return lambda x: x @ weight.T
 
 
@@ -66,10 +65,12 @@ def make_routes(planes, plane_bits, weight) -> dict:
     n = len(plane_bits)
     routes = {
         "reference": lambda x: nested.reference_nested_matmul(x, planes, plane_bits, GROUP_SIZE, n),
-        "mx dense": lambda x: nested.dense_nested_matmul(x, planes, plane_bits, GROUP_SIZE, n,
-                                                         use_numpy=False),
-        "blas dense": lambda x: nested.dense_nested_matmul(x, planes, plane_bits, GROUP_SIZE, n,
-                                                           use_numpy=True),
+        "mx dense": lambda x: nested.dense_nested_matmul(
+            x, planes, plane_bits, GROUP_SIZE, n, use_numpy=False
+        ),
+        "blas dense": lambda x: nested.dense_nested_matmul(
+            x, planes, plane_bits, GROUP_SIZE, n, use_numpy=True
+        ),
         "auto": lambda x: nested.nested_matmul(x, planes, plane_bits, GROUP_SIZE, n),
         "builtin": builtin_call(weight, sum(plane_bits)),
     }
@@ -107,10 +108,16 @@ def bench_shape(label, out_dims, in_dims, rows_list, plane_sets, budget) -> list
             ref, auto = last.get("reference"), last.get("auto")
             fresh = ref and auto and ref[0] == auto[0] == rows
             speedup = f"{ref[1] / auto[1]:.1f}x" if fresh else "-"
-            table.append([label, "+".join(map(str, plane_bits)), str(rows),
-                          *[cells.get(k, "") for k in routes],
-                          nested.cpu_route(rows, len(plane_bits))
-                          if not nested.on_gpu() else "gpu", speedup])
+            table.append(
+                [
+                    label,
+                    "+".join(map(str, plane_bits)),
+                    str(rows),
+                    *[cells.get(k, "") for k in routes],
+                    nested.cpu_route(rows, len(plane_bits)) if not nested.on_gpu() else "gpu",
+                    speedup,
+                ]
+            )
             print(" | ".join(table[-1]), flush=True)
     return table
 
@@ -121,14 +128,17 @@ def main() -> None:
     parser.add_argument("--shapes", default="smollm2,qwen0.5b,qwen7b")
     parser.add_argument("--rows", default="1,8,37,200")
     parser.add_argument("--planes", default="4,4+4,4+4+8")
-    parser.add_argument("--cell-budget", type=float, default=3.0,
-                        help="skip a cell predicted to take longer than this (seconds)")
+    parser.add_argument(
+        "--cell-budget",
+        type=float,
+        default=3.0,
+        help="skip a cell predicted to take longer than this (seconds)",
+    )
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
     plane_sets = [tuple(int(b) for b in p.split("+")) for p in args.planes.split(",")]
     start = time.perf_counter()
-    print(f"device {mx.default_device()}, MLX {mx.__version__}; CPU rule: "
-          f"{nested.describe_cpu_rule()}")
+    print(f"device {mx.default_device()}, MLX {mx.__version__}; CPU rule: {nested.describe_cpu_rule()}")
     header = ["layer", "planes", "rows", "reference", "mx dense", "blas dense", "auto", "builtin"]
     header += ["metal"] if nested.kernel_available() else []
     print(" | ".join(header + ["route", "auto vs ref"]))

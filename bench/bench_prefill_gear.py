@@ -31,8 +31,11 @@ def first_token_times(repeats: int) -> None:
     geared = open_chat("embedded", GenerationSettings(max_tokens=1))
     plain = open_chat("embedded-plain", GenerationSettings(max_tokens=1))
     group = geared.ladder.groups[0]
-    arms = {"embedded, prefill g8": (geared, 8), "embedded, prefill g4": (geared, 4),
-            "embedded-plain": (plain, None)}
+    arms = {
+        "embedded, prefill g8": (geared, 8),
+        "embedded, prefill g4": (geared, 4),
+        "embedded-plain": (plain, None),
+    }
     times: dict[str, list[float]] = {name: [] for name in arms}
     for repeat in range(repeats + 1):  # the first round warms up and is not counted
         for prompt in prompts:
@@ -45,7 +48,9 @@ def first_token_times(repeats: int) -> None:
                     times[name].append(summary.first_token_s)
     group.prefill_gear = 8
     tokens = [len(geared.render([{"role": "user", "content": p.prompt}])) for p in prompts]
-    print(f"time to first token, {len(prompts)} prompts ({min(tokens)}–{max(tokens)} tokens) × {repeats} repeats:")
+    print(
+        f"time to first token, {len(prompts)} prompts ({min(tokens)}–{max(tokens)} tokens) × {repeats} repeats:"
+    )
     base = statistics.median(times["embedded-plain"])
     for name, values in times.items():
         median = statistics.median(values)
@@ -60,17 +65,24 @@ def prompt_gear_quality(max_tokens: int) -> None:
     ladder.groups[0].prefill_gear = 4
     cheap_prefill = [teacher_forced(ladder, p.id, prompt_ids[p.id], answers[p.id]) for p in prompts]
     ladder.groups[0].prefill_gear = 8
-    nll = {(prefill, tier): float(np.mean(np.concatenate([p.nll[r] for p in forced])))
-           for prefill, forced in (("g8", top_prefill), ("g4", cheap_prefill)) for r, tier in enumerate(("g4", "g8"))}
+    nll = {
+        (prefill, tier): float(np.mean(np.concatenate([p.nll[r] for p in forced])))
+        for prefill, forced in (("g8", top_prefill), ("g4", cheap_prefill))
+        for r, tier in enumerate(("g4", "g8"))
+    }
     n = sum(len(a) for a in answers.values())
-    print(f"teacher-forced NLL (nats/token) of g8's greedy answers, {len(prompts)} calibration prompts, {n} tokens:")
+    print(
+        f"teacher-forced NLL (nats/token) of g8's greedy answers, {len(prompts)} calibration prompts, {n} tokens:"
+    )
     print(f"  {'prompt K/V written at':<24}{'answer at g4':>14}{'answer at g8':>14}")
     for prefill in ("g8", "g4"):
         print(f"  {prefill:<24}{nll[prefill, 'g4']:>14.4f}{nll[prefill, 'g8']:>14.4f}")
     gap = nll["g4", "g4"] - nll["g8", "g8"]
     lost = nll["g4", "g8"] - nll["g8", "g8"]
-    print(f"  a g4 prompt gives up {lost:.4f} of the {gap:.4f} g4 → g8 gap ({100 * lost / gap:.0f}%) "
-          "even when every answer token is made at g8")
+    print(
+        f"  a g4 prompt gives up {lost:.4f} of the {gap:.4f} g4 → g8 gap ({100 * lost / gap:.0f}%) "
+        "even when every answer token is made at g8"
+    )
 
 
 def main() -> None:

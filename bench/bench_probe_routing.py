@@ -28,12 +28,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
     best = json.loads(open(args.record).read())["per_signal_heldout"]
-    profile = resolve_profile("embedded", policy="peek", signal="probe", window=1, min_run=1,
-                              tau=str(best["probe"]["tau"]))
+    profile = resolve_profile(
+        "embedded", policy="peek", signal="probe", window=1, min_run=1, tau=str(best["probe"]["tau"])
+    )
     session = open_chat(profile, GenerationSettings(max_tokens=args.max_tokens))
-    configs = {signal: dataclasses.replace(profile.router, signal=signal,
-                                           up=(best[signal]["tau"],), down=None)
-               for signal in ("margin", "probe")}
+    configs = {
+        signal: dataclasses.replace(profile.router, signal=signal, up=(best[signal]["tau"],), down=None)
+        for signal in ("margin", "probe")
+    }
     prompts = select(load_prompts(default_suite_path()), quick=True, per_category=1)
     seen = {signal: {"tokens": 0, "seconds": 0.0, "top": 0, "rates": []} for signal in configs}
     for repeat in range(args.repeats + 1):  # round 0 warms up
@@ -50,12 +52,16 @@ def main() -> None:
                 stats["seconds"] += summary.elapsed_s
                 stats["top"] += sum(e.tier == "g8" for e in summary.tokens)
                 stats["rates"].append((summary.generated - 1) / decode_s if decode_s > 0 else float("nan"))
-    print(f"peek on each signal at its calibrated threshold, {len(prompts)} prompts × {args.repeats} repeats, "
-          f"greedy, ≤ {args.max_tokens} tokens:")
+    print(
+        f"peek on each signal at its calibrated threshold, {len(prompts)} prompts × {args.repeats} repeats, "
+        f"greedy, ≤ {args.max_tokens} tokens:"
+    )
     for signal, stats in seen.items():
-        print(f"  {signal:<7} tau {configs[signal].up[0]:<8g} g8 share {stats['top'] / stats['tokens']:.2f} · "
-              f"decode {statistics.median(stats['rates']):.2f} tok/s (median per answer) · "
-              f"{stats['tokens']} tokens")
+        print(
+            f"  {signal:<7} tau {configs[signal].up[0]:<8g} g8 share {stats['top'] / stats['tokens']:.2f} · "
+            f"decode {statistics.median(stats['rates']):.2f} tok/s (median per answer) · "
+            f"{stats['tokens']} tokens"
+        )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,14 @@ def start(name: str, command: list[str], port: int, logs: Path) -> tuple[str, su
 
 def one_client(base: str, model: str, tokens: int, out: list) -> None:
     """Stream one greedy chat answer; record (time to first byte, completion tokens, end time)."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     started, first, count, usage = time.perf_counter(), None, 0, None
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=600) as response:
         response.raise_for_status()
@@ -89,16 +95,20 @@ def one_client(base: str, model: str, tokens: int, out: list) -> None:
 def level(base: str, model: str, clients: int, tokens: int) -> dict:
     """`clients` streams at once: median time to first byte and their tokens/s together."""
     results: list = []
-    threads = [threading.Thread(target=one_client, args=(base, model, tokens, results))
-               for _ in range(clients)]
+    threads = [
+        threading.Thread(target=one_client, args=(base, model, tokens, results)) for _ in range(clients)
+    ]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     wall = max(r[2] for r in results) - started
-    return {"ttfb_s": statistics.median(r[0] for r in results), "tokens": sum(r[1] for r in results),
-            "tok_per_s": sum(r[1] for r in results) / wall}
+    return {
+        "ttfb_s": statistics.median(r[0] for r in results),
+        "tokens": sum(r[1] for r in results),
+        "tok_per_s": sum(r[1] for r in results) / wall,
+    }
 
 
 def main() -> None:
@@ -118,37 +128,86 @@ def main() -> None:
         os.environ["MLXSWITCH_HOME"] = str(env_home)
         ports = [free_port() for _ in range(3)]
         servers = [
-            start("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
-                                    "--port", str(ports[0]), "--log-level", "WARNING"], ports[0], tmp),
-            start("mlxswitch embedded-plain", [sys.executable, "-m", "mlxswitch", "serve", "--profile",
-                                               "embedded-plain", "--port", str(ports[1]), "--log-level",
-                                               "warning"], ports[1], tmp),
-            start("mlxswitch embedded (gears)", [sys.executable, "-m", "mlxswitch", "serve", "--port",
-                                                 str(ports[2]), "--log-level", "warning"], ports[2], tmp),
+            start(
+                "mlx_lm.server",
+                [
+                    sys.executable,
+                    "-m",
+                    "mlx_lm.server",
+                    "--model",
+                    str(model_dir),
+                    "--port",
+                    str(ports[0]),
+                    "--log-level",
+                    "WARNING",
+                ],
+                ports[0],
+                tmp,
+            ),
+            start(
+                "mlxswitch embedded-plain",
+                [
+                    sys.executable,
+                    "-m",
+                    "mlxswitch",
+                    "serve",
+                    "--profile",
+                    "embedded-plain",
+                    "--port",
+                    str(ports[1]),
+                    "--log-level",
+                    "warning",
+                ],
+                ports[1],
+                tmp,
+            ),
+            start(
+                "mlxswitch embedded (gears)",
+                [
+                    sys.executable,
+                    "-m",
+                    "mlxswitch",
+                    "serve",
+                    "--port",
+                    str(ports[2]),
+                    "--log-level",
+                    "warning",
+                ],
+                ports[2],
+                tmp,
+            ),
         ]
-        models = {"mlx_lm.server": str(model_dir), "mlxswitch embedded-plain": "embedded-plain",
-                  "mlxswitch embedded (gears)": "embedded"}
+        models = {
+            "mlx_lm.server": str(model_dir),
+            "mlxswitch embedded-plain": "embedded-plain",
+            "mlxswitch embedded (gears)": "embedded",
+        }
         try:
             for name, _, base in servers:  # warm-up: the first request pays one-time costs
                 level(base, models[name], 1, 4)
             rows: dict = {}
             for r in range(args.rounds):
-                order = servers[r % len(servers):] + servers[: r % len(servers)]
+                order = servers[r % len(servers) :] + servers[: r % len(servers)]
                 for name, _, base in order:
                     for clients in levels:
-                        rows.setdefault((name, clients), []).append(level(base, models[name], clients,
-                                                                          args.tokens))
+                        rows.setdefault((name, clients), []).append(
+                            level(base, models[name], clients, args.tokens)
+                        )
         finally:
             for _, proc, _ in servers:
                 proc.terminate()
                 proc.wait(timeout=30)
-    print(f"{args.tokens} tokens per answer, greedy, {args.rounds} rounds (server order rotating), "
-          f"median over rounds; ttfb = time to the first SSE chunk")
+    print(
+        f"{args.tokens} tokens per answer, greedy, {args.rounds} rounds (server order rotating), "
+        f"median over rounds; ttfb = time to the first SSE chunk"
+    )
     print(f"{'server':<28} {'clients':>7} {'ttfb s':>8} {'tok/s (all clients)':>20} {'tokens':>7}")
     for (name, clients), runs in rows.items():
-        print(f"{name:<28} {clients:>7} {statistics.median(x['ttfb_s'] for x in runs):>8.2f} "
-              f"{statistics.median(x['tok_per_s'] for x in runs):>20.2f} "
-              f"{statistics.median(x['tokens'] for x in runs):>7.0f}")
+        print(
+            f"{name:<28} {clients:>7} {statistics.median(x['ttfb_s'] for x in runs):>8.2f} "
+            f"{statistics.median(x['tok_per_s'] for x in runs):>20.2f} "
+            f"{statistics.median(x['tokens'] for x in runs):>7.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -64,9 +64,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=100)
     args = parser.parse_args()
-    print(f"mlx {mx.__version__}, numpy {np.__version__}, device {mx.default_device()}, "
-          f"metal kernel {'built' if entropy.kernel_available() else 'unavailable'}; "
-          f"median ms of {args.repeats}")
+    print(
+        f"mlx {mx.__version__}, numpy {np.__version__}, device {mx.default_device()}, "
+        f"metal kernel {'built' if entropy.kernel_available() else 'unavailable'}; "
+        f"median ms of {args.repeats}"
+    )
     header = None
     for vocab in VOCABS:
         for dtype in (mx.float32, mx.bfloat16):
@@ -77,8 +79,7 @@ def main() -> None:
                 header = f"{'vocab':>7} {'dtype':>8} " + " ".join(f"{n:>14}" for n in calls)
                 print(header)
             times = [time_ms(fn, args.repeats) for fn in calls.values()]
-            print(f"{vocab:>7} {str(dtype).rsplit('.', 1)[-1]:>8} "
-                  + " ".join(f"{t:>14.3f}" for t in times))
+            print(f"{vocab:>7} {str(dtype).rsplit('.', 1)[-1]:>8} " + " ".join(f"{t:>14.3f}" for t in times))
 
 
 if __name__ == "__main__":

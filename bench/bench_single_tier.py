@@ -73,8 +73,9 @@ def main() -> None:
     # Ignore EOS on both paths (the wrapper's public setter) so they decode the same token count.
     loaded.tokenizer.eos_token_ids = set()
     stock_tokenizer.eos_token_ids = set()
-    session = ChatSession(single_model_ladder(loaded), RouterConfig(up=()),
-                          GenerationSettings(max_tokens=args.tokens))
+    session = ChatSession(
+        single_model_ladder(loaded), RouterConfig(up=()), GenerationSettings(max_tokens=args.tokens)
+    )
     prompt_ids = session.render([{"role": "user", "content": PROMPT}])
     mlx_lm_decode_rate(stock, stock_tokenizer, prompt_ids, 8)  # warm-up both paths
     engine_decode_rate(session, PROMPT)

@@ -1,16 +1,16 @@
 """The library API: resolve a profile, build its ladder, open a chat session — no CLI needed.
 
-    from mlxswitch.api import open_chat
-    session = open_chat("embedded")
-    for event in session.stream("What is the capital of France?"):
-        ...
+from mlxswitch.api import open_chat
+session = open_chat("embedded")
+for event in session.stream("What is the capital of France?"):
+    ...
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .cloud.budget import CLOUD_MODES, cloud_settings
 from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
@@ -33,13 +33,24 @@ from .routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig, parse_thresholds
 Progress = Callable[[str], None]
 
 
-def resolve_profile(name: str | Profile | None = None, *, small: str | None = None,
-                    large: str | None = None, model: str | None = None,
-                    draft_model: str | None = None, gears: str | None = None,
-                    tau: str | None = None, tau_down: str | None = None, window: int | None = None,
-                    min_run: int | None = None, normalize: bool | None = None,
-                    policy: str | None = None, signal: str | None = None, cloud: str | None = None,
-                    cloud_options: dict | None = None) -> Profile:
+def resolve_profile(
+    name: str | Profile | None = None,
+    *,
+    small: str | None = None,
+    large: str | None = None,
+    model: str | None = None,
+    draft_model: str | None = None,
+    gears: str | None = None,
+    tau: str | None = None,
+    tau_down: str | None = None,
+    window: int | None = None,
+    min_run: int | None = None,
+    normalize: bool | None = None,
+    policy: str | None = None,
+    signal: str | None = None,
+    cloud: str | None = None,
+    cloud_options: dict | None = None,
+) -> Profile:
     """A profile from models.toml with command-line overrides applied (flags win), fully checked.
 
     `cloud` is off, span or answer (None: the profile's own); `cloud_options` are CloudSettings
@@ -53,20 +64,36 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
     changes: dict = {}
     if draft_model:
         if not model or small or large or gears:
-            raise UsageError("--draft-model goes with --model (the large model) and nothing else: "
-                             "it is mlx-lm's spelling of --small/--large")
+            raise UsageError(
+                "--draft-model goes with --model (the large model) and nothing else: "
+                "it is mlx-lm's spelling of --small/--large"
+            )
         small, large, model = draft_model, model, None
     if small or large:
         if not (small and large):
             raise UsageError("--small and --large go together (an ad-hoc pair needs both)")
         if model or gears:
             raise UsageError("use either --small/--large or --model, not both")
-        changes.update(name="ad-hoc pair", mode="pair", models=(small, large), gears=(), cloud=None,
-                       router=ad_hoc, description="")
+        changes.update(
+            name="ad-hoc pair",
+            mode="pair",
+            models=(small, large),
+            gears=(),
+            cloud=None,
+            router=ad_hoc,
+            description="",
+        )
     elif model:
         gear_bits = _parse_gears(gears) if gears else ()
-        changes.update(name="ad-hoc", mode="gears" if gear_bits else "single", models=(model,),
-                       gears=gear_bits, cloud=None, router=ad_hoc, description="")
+        changes.update(
+            name="ad-hoc",
+            mode="gears" if gear_bits else "single",
+            models=(model,),
+            gears=gear_bits,
+            cloud=None,
+            router=ad_hoc,
+            description="",
+        )
     elif gears:
         if base.mode != "gears":
             raise UsageError(f"--gears needs --model or a gears profile ('{base.name}' is {base.mode})")
@@ -92,12 +119,15 @@ def resolve_profile(name: str | Profile | None = None, *, small: str | None = No
         up, down = ((old.up[0] if old.up else 1.0),) * (tiers - 1), None
     if tau_down is not None:
         down = parse_thresholds(tau_down)
-    router = RouterConfig(up=up, down=down,
-                          window=old.window if window is None else window,
-                          min_run=old.min_run if min_run is None else min_run,
-                          normalize=old.normalize if normalize is None else normalize,
-                          policy=old.policy if policy is None else policy,
-                          signal=old.signal if signal is None else signal)
+    router = RouterConfig(
+        up=up,
+        down=down,
+        window=old.window if window is None else window,
+        min_run=old.min_run if min_run is None else min_run,
+        normalize=old.normalize if normalize is None else normalize,
+        policy=old.policy if policy is None else policy,
+        signal=old.signal if signal is None else signal,
+    )
     router.validate(tiers)
     return dataclasses.replace(profile, router=router)
 
@@ -110,8 +140,10 @@ def _with_cloud(profile: Profile, mode: str | None, options: dict) -> Profile:
         return dataclasses.replace(profile, cloud=None)
     if mode is None and profile.cloud is None:
         if options:
-            raise UsageError("the --cloud-… options need a cloud tier: add --cloud span or "
-                             "--cloud answer, or use a cascade profile")
+            raise UsageError(
+                "the --cloud-… options need a cloud tier: add --cloud span or "
+                "--cloud answer, or use a cascade profile"
+            )
         return profile
     values = dataclasses.asdict(profile.cloud) if profile.cloud is not None else {}
     values.update(options)
@@ -135,8 +167,9 @@ def _parse_gears(text: str) -> tuple[int, ...]:
     return bits
 
 
-def build_ladder(profile: Profile, progress: Progress | None = None,
-                 force_memory: bool = False, with_probe: bool = True) -> Ladder:
+def build_ladder(
+    profile: Profile, progress: Progress | None = None, force_memory: bool = False, with_probe: bool = True
+) -> Ladder:
     """Check memory, load the profile's models and assemble its tiers (with its probe, when routed
     on one and `with_probe`: calibrate, which trains it, does not need it)."""
     # A missing probe is refused before any model loads.
@@ -161,9 +194,13 @@ def build_ladder(profile: Profile, progress: Progress | None = None,
     return ladder
 
 
-def open_chat(profile: str | Profile | None = None, settings: GenerationSettings | None = None,
-              system: str | None = None, progress: Progress | None = None,
-              force_memory: bool = False) -> ChatSession:
+def open_chat(
+    profile: str | Profile | None = None,
+    settings: GenerationSettings | None = None,
+    system: str | None = None,
+    progress: Progress | None = None,
+    force_memory: bool = False,
+) -> ChatSession:
     """Load a profile (by name, or the default) and open a chat session on it."""
     chosen = profile if isinstance(profile, Profile) else resolve_profile(profile)
     if settings is not None:
@@ -181,8 +218,13 @@ def open_chat(profile: str | Profile | None = None, settings: GenerationSettings
     return ChatSession(ladder, chosen.router, settings, system=system, cloud=cloud)
 
 
-def build_gears(source: str, out: Path, planes: str | None = None,
-                group_size: int = DEFAULT_GROUP_SIZE, force: bool = False) -> list[str]:
+def build_gears(
+    source: str,
+    out: Path,
+    planes: str | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    force: bool = False,
+) -> list[str]:
     """Load `source`, nest it and save it to `out` atomically; return the lines to show the user."""
     plane_bits = parse_int_list(planes, "--planes") if planes else None
     if plane_bits is not None:
@@ -190,5 +232,6 @@ def build_gears(source: str, out: Path, planes: str | None = None,
     if group_size not in GROUP_SIZES:
         raise UsageError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))} (got {group_size})")
     check_writable_dir(Path(out), force)  # before loading: a bad --out wins over a slow load
-    return build_geared(load_model(source), Path(out), plane_bits=plane_bits,
-                        group_size=group_size, force=force)
+    return build_geared(
+        load_model(source), Path(out), plane_bits=plane_bits, group_size=group_size, force=force
+    )

@@ -18,11 +18,19 @@ from .routing.probe import describe_probe
 def profile_rows() -> list[dict]:
     """One row per profile for `mlxswitch models`: mode, tiers, models and offline availability."""
     profiles = load_profiles()
-    return [{"name": p.name, "default": p.name == profiles.default, "mode": p.mode,
-             "tiers": list(p.tier_names()), "models": list(p.models), "notes": p.description,
-             "offline": [model_source(source).available() for source in p.models],
-             "how_to_get": [model_source(source).how_to_get() for source in p.models]}
-            for p in profiles]
+    return [
+        {
+            "name": p.name,
+            "default": p.name == profiles.default,
+            "mode": p.mode,
+            "tiers": list(p.tier_names()),
+            "models": list(p.models),
+            "notes": p.description,
+            "offline": [model_source(source).available() for source in p.models],
+            "how_to_get": [model_source(source).how_to_get() for source in p.models],
+        }
+        for p in profiles
+    ]
 
 
 @dataclass
@@ -51,21 +59,28 @@ def doctor_report() -> DoctorReport:
 
     report = DoctorReport()
     cuda = getattr(mx, "cuda", None)
-    report.sections.append(("system", [
-        ("mlxswitch", __version__),
-        ("python", platform.python_version()),
-        ("platform", f"{platform.system()} {platform.machine()}"),
-        ("mlx", mx.__version__),
-        ("default device", "gpu" if mx.default_device() == mx.gpu else "cpu"),
-        ("metal", "available" if mx.metal.is_available() else "not available"),
-        ("cuda", "available" if cuda is not None and cuda.is_available() else "not available"),
-        ("metal sources", str(metal_dir())),
-    ]))
+    report.sections.append(
+        (
+            "system",
+            [
+                ("mlxswitch", __version__),
+                ("python", platform.python_version()),
+                ("platform", f"{platform.system()} {platform.machine()}"),
+                ("mlx", mx.__version__),
+                ("default device", "gpu" if mx.default_device() == mx.gpu else "cpu"),
+                ("metal", "available" if mx.metal.is_available() else "not available"),
+                ("cuda", "available" if cuda is not None and cuda.is_available() else "not available"),
+                ("metal sources", str(metal_dir())),
+            ],
+        )
+    )
 
     user = user_models_toml()
     origin = "$MLXSWITCH_MODELS" if os.environ.get("MLXSWITCH_MODELS") else "user"
-    files = [("models.toml (bundled)", str(bundled_models_toml())),
-             (f"models.toml ({origin})", str(user) if user.exists() else f"{user} (none)")]
+    files = [
+        ("models.toml (bundled)", str(bundled_models_toml())),
+        (f"models.toml ({origin})", str(user) if user.exists() else f"{user} (none)"),
+    ]
     models: list[tuple[str, str]] = []
     try:
         embedded = f"ok, checksum verified ({embedded_gguf_path()})"
@@ -80,13 +95,19 @@ def doctor_report() -> DoctorReport:
     ladder_rows: list[tuple[str, str]] = []
     try:
         default = resolve_profile(None)
-        ladder_rows.append(("default profile", f"{default.name} ({default.mode}: {', '.join(default.models)})"))
+        ladder_rows.append(
+            ("default profile", f"{default.name} ({default.mode}: {', '.join(default.models)})")
+        )
         ladder = build_ladder(default)
         for tier in ladder.tiers:
             ladder_rows.append((f"tier {tier.name}", f"{tier.bytes_per_token / 1e6:.1f} MB read per token"))
         for group in ladder.groups:
-            ladder_rows.append((f"resident {group.model.name}",
-                                f"{resident_bytes(group.model.model) / 1e6:.1f} MB; {group.model.precision}"))
+            ladder_rows.append(
+                (
+                    f"resident {group.model.name}",
+                    f"{resident_bytes(group.model.model) / 1e6:.1f} MB; {group.model.precision}",
+                )
+            )
         if len(ladder.tiers) > 1:
             ladder_rows.append(("probe", describe_probe(*default.probe_key())))
     except MlxSwitchError as exc:

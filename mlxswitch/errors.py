@@ -84,8 +84,14 @@ class RequestError(MlxSwitchError):
 
     exit_code = 2
 
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.type, self.param, self.code = status, type, param, code
 

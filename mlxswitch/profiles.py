@@ -24,9 +24,9 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from .cloud.budget import CloudSettings, cloud_settings
 from .errors import CloudError, ConfigError, SettingError, UsageError
@@ -36,8 +36,22 @@ from .resources import bundled_models_toml, user_dir
 from .routing.router import RouterConfig
 
 MODES = ("pair", "gears", "single", "cascade")
-_PROFILE_KEYS = ("mode", "description", "small", "large", "model", "gears", "up", "down",
-                 "window", "min_run", "normalize", "policy", "signal", "cloud")
+_PROFILE_KEYS = (
+    "mode",
+    "description",
+    "small",
+    "large",
+    "model",
+    "gears",
+    "up",
+    "down",
+    "window",
+    "min_run",
+    "normalize",
+    "policy",
+    "signal",
+    "cloud",
+)
 _DEFAULT_KEYS = ("window", "min_run", "normalize")
 _TOP_KEYS = ("default", "defaults", "profiles")
 # Which model keys each local ladder takes; a cascade takes those of the ladder under its cloud.
@@ -131,8 +145,9 @@ def load_profiles() -> ProfileSet:
     result.default, toml = default
     if result.default not in result.profiles:
         known = ", ".join(result.profiles)
-        raise ConfigError(f"{toml.where('default')}: default profile '{result.default}' is not "
-                          f"defined (known: {known})")
+        raise ConfigError(
+            f"{toml.where('default')}: default profile '{result.default}' is not defined (known: {known})"
+        )
     return result
 
 
@@ -153,8 +168,10 @@ class _TomlFile:
         for index, line in enumerate(self.lines):
             header = _HEADER.match(line)
             if header:
-                parts = tuple(next(p for p in m.groups() if p is not None)
-                              for m in _HEADER_PART.finditer(header.group(1)))
+                parts = tuple(
+                    next(p for p in m.groups() if p is not None)
+                    for m in _HEADER_PART.finditer(header.group(1))
+                )
                 self.sections.append((index, parts))
 
     def _ranges(self, table: tuple[str, ...]):
@@ -209,8 +226,9 @@ def _read_toml(path: Path) -> _TomlFile:
     toml = _TomlFile(path, text, data)
     for key in data:
         if key not in _TOP_KEYS:
-            raise ConfigError(f"{toml.where(key)}: unknown top-level key '{key}' "
-                              f"(allowed: {', '.join(_TOP_KEYS)})")
+            raise ConfigError(
+                f"{toml.where(key)}: unknown top-level key '{key}' (allowed: {', '.join(_TOP_KEYS)})"
+            )
     if "default" in data and not isinstance(data["default"], str):
         raise ConfigError(f"{toml.where('default')}: 'default' must be a profile name (a string)")
     for key in ("defaults", "profiles"):
@@ -218,8 +236,9 @@ def _read_toml(path: Path) -> _TomlFile:
             raise ConfigError(f"{toml.where(key)}: '{key}' must be a table ([{key}])")
     for name, table in data.get("profiles", {}).items():
         if not isinstance(table, dict):
-            raise ConfigError(f"{toml.where(name, ('profiles',))}: profile '{name}' must be a table "
-                              f"([profiles.{name}])")
+            raise ConfigError(
+                f"{toml.where(name, ('profiles',))}: profile '{name}' must be a table ([profiles.{name}])"
+            )
     return toml
 
 
@@ -228,8 +247,9 @@ def _defaults(toml: _TomlFile) -> dict:
     for key, value in table.items():
         where = toml.where(key, ("defaults",))
         if key not in _DEFAULT_KEYS:
-            raise ConfigError(f"{where}: unknown key '{key}' in [defaults] "
-                              f"(allowed: {', '.join(_DEFAULT_KEYS)})")
+            raise ConfigError(
+                f"{where}: unknown key '{key}' in [defaults] (allowed: {', '.join(_DEFAULT_KEYS)})"
+            )
         problem = _type_problem(key, value)
         if problem:
             raise ConfigError(f"{where}: [defaults]: {problem}")
@@ -250,6 +270,7 @@ def _type_problem(key: str, value) -> str | None:
 
 
 # -- building a profile -------------------------------------------------------------------------
+
 
 def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile:
     section = ("profiles", name)
@@ -279,28 +300,45 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
     missing = [key for key in expected if key not in table]
     if missing:
         both = "both " if len(expected) == 2 else ""
-        raise fail(None, f"{what} needs {both}{' and '.join(repr(k) for k in expected)} "
-                         f"('{missing[0]}' is missing)")
+        raise fail(
+            None, f"{what} needs {both}{' and '.join(repr(k) for k in expected)} ('{missing[0]}' is missing)"
+        )
     for key in ("small", "large", "model"):
         if key in table and not _sources_given(table[key]):
-            raise fail(key, f"'{key}' must be a model source (a Hugging Face repo id, a path, "
-                            "'embedded' or 'package:NAME'), or a list of them")
-    models = tuple(_first_available([_resolve_source(v, toml.path) for v in _as_list(table[key])])
-                   for key in expected if key != "gears")
+            raise fail(
+                key,
+                f"'{key}' must be a model source (a Hugging Face repo id, a path, "
+                "'embedded' or 'package:NAME'), or a list of them",
+            )
+    models = tuple(
+        _first_available([_resolve_source(v, toml.path) for v in _as_list(table[key])])
+        for key in expected
+        if key != "gears"
+    )
     gears = _gears(table["gears"], fail) if "gears" in table else ()
     if "description" in table and not isinstance(table["description"], str):
         raise fail("description", "'description' must be a string")
 
-    settings = {key: table[key] if key in table else defaults[key]
-                for key in _DEFAULT_KEYS if key in table or key in defaults}
+    settings = {
+        key: table[key] if key in table else defaults[key]
+        for key in _DEFAULT_KEYS
+        if key in table or key in defaults
+    }
     for key, value in settings.items():
         problem = _type_problem(key, value)
         if problem:
             raise fail(key, problem)
     up = _thresholds(table.get("up", []), "up", fail)
     down = _thresholds(table["down"], "down", fail) if "down" in table else None
-    profile = Profile(name=name, mode=mode, models=models, gears=gears, cloud=cloud,
-                      description=table.get("description", ""), origin=str(toml.path))
+    profile = Profile(
+        name=name,
+        mode=mode,
+        models=models,
+        gears=gears,
+        cloud=cloud,
+        description=table.get("description", ""),
+        origin=str(toml.path),
+    )
     for key in ("policy", "signal"):
         if key in table:
             if not isinstance(table[key], str):
@@ -310,8 +348,11 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
         router = RouterConfig(up=up, down=down, **settings)
         router.validate(len(profile.tier_names()))
     except SettingError as exc:
-        origin = (" (normalize = true comes from [defaults])"
-                  if settings.get("normalize") and "normalize" not in table else "")
+        origin = (
+            " (normalize = true comes from [defaults])"
+            if settings.get("normalize") and "normalize" not in table
+            else ""
+        )
         raise fail(exc.key, f"{exc}{origin}") from None
     return dataclasses.replace(profile, router=router)
 
@@ -355,11 +396,13 @@ def _resolve_source(source: str, toml_path: Path) -> str:
 
 
 def _gears(values, fail) -> tuple[int, ...]:
-    if (not isinstance(values, list) or not values
-            or any(not isinstance(b, int) or isinstance(b, bool) for b in values)
-            or values != sorted(set(values))):
-        raise fail("gears", f"'gears' must be increasing whole bit counts, e.g. [4, 8, 16] "
-                            f"(got {values!r})")
+    if (
+        not isinstance(values, list)
+        or not values
+        or any(not isinstance(b, int) or isinstance(b, bool) for b in values)
+        or values != sorted(set(values))
+    ):
+        raise fail("gears", f"'gears' must be increasing whole bit counts, e.g. [4, 8, 16] (got {values!r})")
     try:
         plane_bits_for(tuple(values))
     except UsageError as exc:

@@ -35,8 +35,17 @@ ERROR_TYPES = {
 
 
 # Environment that could send the SDK elsewhere than the test's own loopback server.
-_NETWORK_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
-                "ANTHROPIC_BASE_URL", "ANTHROPIC_CUSTOM_HEADERS", "ANTHROPIC_AUTH_TOKEN")
+_NETWORK_ENV = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_CUSTOM_HEADERS",
+    "ANTHROPIC_AUTH_TOKEN",
+)
 
 
 def isolate_network(monkeypatch) -> None:
@@ -66,9 +75,19 @@ class Behaviour:
     chunk: int = 4  # characters per text delta
 
 
-def reply(text: str, *, input_tokens: int = 12, output_tokens: int | None = None, cache_creation: int = 0,
-          cache_read: int = 0, stop_reason: str = "end_turn", delay_s: float = 0.0, chunk_delay_s: float = 0.0,
-          chunk: int = 4, model: str = "claude-haiku-4-5-20251001") -> Behaviour:
+def reply(
+    text: str,
+    *,
+    input_tokens: int = 12,
+    output_tokens: int | None = None,
+    cache_creation: int = 0,
+    cache_read: int = 0,
+    stop_reason: str = "end_turn",
+    delay_s: float = 0.0,
+    chunk_delay_s: float = 0.0,
+    chunk: int = 4,
+    model: str = "claude-haiku-4-5-20251001",
+) -> Behaviour:
     """A successful reply with these usage numbers (output_tokens defaults to ~1 per 4 chars)."""
     usage = {
         "input_tokens": input_tokens,
@@ -76,21 +95,34 @@ def reply(text: str, *, input_tokens: int = 12, output_tokens: int | None = None
         "cache_creation_input_tokens": cache_creation,
         "cache_read_input_tokens": cache_read,
     }
-    return Behaviour("reply", text=text, usage=usage, stop_reason=stop_reason, delay_s=delay_s,
-                     chunk_delay_s=chunk_delay_s, chunk=chunk, model=model)
+    return Behaviour(
+        "reply",
+        text=text,
+        usage=usage,
+        stop_reason=stop_reason,
+        delay_s=delay_s,
+        chunk_delay_s=chunk_delay_s,
+        chunk=chunk,
+        model=model,
+    )
 
 
-def error(status: int, *, error_type: str | None = None, message: str | None = None,
-          retry_after_ms: int | None = 10) -> Behaviour:
+def error(
+    status: int, *, error_type: str | None = None, message: str | None = None, retry_after_ms: int | None = 10
+) -> Behaviour:
     """An HTTP error with the API's error JSON; retry-after-ms keeps the SDK's retries quick."""
     headers = {"retry-after-ms": str(retry_after_ms)} if retry_after_ms is not None else {}
     kind = error_type or ERROR_TYPES.get(status, "api_error")
-    return Behaviour("error", status=status, error_type=kind, message=message or kind.replace("_", " "),
-                     headers=headers)
+    return Behaviour(
+        "error", status=status, error_type=kind, message=message or kind.replace("_", " "), headers=headers
+    )
 
 
-def garbage(body: bytes = b"<html><body>502 Bad Gateway</body></html>", content_type: str = "text/html",
-            status: int = 200) -> Behaviour:
+def garbage(
+    body: bytes = b"<html><body>502 Bad Gateway</body></html>",
+    content_type: str = "text/html",
+    status: int = 200,
+) -> Behaviour:
     """A body that is not the API's (a proxy page, broken JSON, broken SSE)."""
     return Behaviour("garbage", body=body, content_type=content_type, status=status)
 
@@ -105,10 +137,17 @@ def drop(after_text: str) -> Behaviour:
     return Behaviour("drop", text=after_text, usage={"input_tokens": 12, "output_tokens": 3})
 
 
-def stream_error(after_text: str = "", error_type: str = "overloaded_error", message: str = "Overloaded") -> Behaviour:
+def stream_error(
+    after_text: str = "", error_type: str = "overloaded_error", message: str = "Overloaded"
+) -> Behaviour:
     """Stream after_text on a 200, then an `event: error` and the end of the stream."""
-    return Behaviour("stream_error", text=after_text, error_type=error_type, message=message,
-                     usage={"input_tokens": 12, "output_tokens": 3})
+    return Behaviour(
+        "stream_error",
+        text=after_text,
+        error_type=error_type,
+        message=message,
+        usage={"input_tokens": 12, "output_tokens": 3},
+    )
 
 
 @dataclass
@@ -126,17 +165,19 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 2  # an idle keep-alive connection cannot hold a handler thread for long
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 — keep test output clean
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_POST(self) -> None:  # noqa: N802 — http.server's naming
+    def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
         owner = self.server.owner
-        owner.requests.append(Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+        owner.requests.append(
+            Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+        )
         if self.path.split("?")[0] != "/v1/messages":
             return self._json(404, _error_body("not_found_error", f"no route {self.path}"))
         behaviour = owner.next_behaviour()
@@ -161,14 +202,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("request-id", "req_loopback")
         self.end_headers()
         self._event("message_start", {"type": "message_start", "message": _message(b, "", final=False)})
-        self._event("content_block_start", {"type": "content_block_start", "index": 0,
-                                            "content_block": {"type": "text", "text": ""}})
+        self._event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        )
         self._event("ping", {"type": "ping"})
         for i in range(0, len(b.text), b.chunk):
             if b.chunk_delay_s and self.server.owner.stopping.wait(b.chunk_delay_s):
                 return
-            self._event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                "delta": {"type": "text_delta", "text": b.text[i:i + b.chunk]}})
+            self._event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": b.text[i : i + b.chunk]},
+                },
+            )
         if b.kind == "drop":
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)  # no final chunk: the body is incomplete
@@ -178,9 +227,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._event("error", _error_body(b.error_type, b.message))
         else:
             self._event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            self._event("message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": b.stop_reason, "stop_sequence": None},
-                                          "usage": b.usage})
+            self._event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": b.stop_reason, "stop_sequence": None},
+                    "usage": b.usage,
+                },
+            )
             self._event("message_stop", {"type": "message_stop"})
         self._chunk(b"")
 
@@ -194,7 +248,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(payload).encode(), "application/json", headers)
 
-    def _send(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -266,8 +322,12 @@ class CloudServer:
     def __enter__(self) -> CloudServer:
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="cloud-loopback", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="cloud-loopback",
+            daemon=True,
+        )
         self._thread.start()
         return self
 

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tinymodels import make_pair_dirs  # noqa: E402
+from tinymodels import make_pair_dirs
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +34,10 @@ def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def tiny_gears_4_8(tmp_path_factory):
     """A tiny llama nested into gears 4 and 8 (planes 4+4, group 32), loaded."""
+    from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
+
     from mlxswitch.models.gears import nest_model
     from mlxswitch.models.sources import load_model
-    from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
 
     tok = train_tokenizer(320)
     config = llama_config(tok.get_vocab_size(), hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)

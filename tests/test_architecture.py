@@ -13,8 +13,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mlxswitch"
 # Bottom to top. A module may import its own layer or lower ones, never a higher one.
 LAYERS = [
     ("mlxswitch", "mlxswitch.errors", "mlxswitch.resources", "mlxswitch.files"),
-    ("mlxswitch.routing.router", "mlxswitch.routing.policies", "mlxswitch.routing",
-     "mlxswitch.kernels", "mlxswitch.cloud", "mlxswitch.bench.metrics", "mlxswitch.bench.prompts"),
+    (
+        "mlxswitch.routing.router",
+        "mlxswitch.routing.policies",
+        "mlxswitch.routing",
+        "mlxswitch.kernels",
+        "mlxswitch.cloud",
+        "mlxswitch.bench.metrics",
+        "mlxswitch.bench.prompts",
+    ),
     ("mlxswitch.routing.signals", "mlxswitch.routing.probe", "mlxswitch.models"),
     ("mlxswitch.profiles", "mlxswitch.profile_edit"),
     ("mlxswitch.decoding",),
@@ -22,8 +29,12 @@ LAYERS = [
     ("mlxswitch.server",),  # the HTTP server: just below the CLI, which starts it
     ("mlxswitch.cli", "mlxswitch.__main__"),
 ]
-PURE = ("mlxswitch.routing.router", "mlxswitch.routing.policies", "mlxswitch.routing.walk",
-        "mlxswitch.routing.registry")
+PURE = (
+    "mlxswitch.routing.router",
+    "mlxswitch.routing.policies",
+    "mlxswitch.routing.walk",
+    "mlxswitch.routing.registry",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -81,7 +92,7 @@ def test_no_import_cycles(graph):
         state[node] = 1
         for nxt in sorted(internal[node]):
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                cycle = path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt]
                 pytest.fail("import cycle: " + " → ".join(cycle))
             if nxt not in state:
                 visit(nxt, path + [nxt])
@@ -94,8 +105,12 @@ def test_no_import_cycles(graph):
 
 def test_lower_layers_never_import_upper_ones(graph):
     # A package's __init__ may re-export its own modules (mlxswitch.cli → mlxswitch.cli.app).
-    upward = [f"{a} → {b}" for a, bs in graph.items() for b in bs
-              if b in graph and _layer(b) > _layer(a) and not b.startswith(a + ".")]
+    upward = [
+        f"{a} → {b}"
+        for a, bs in graph.items()
+        for b in bs
+        if b in graph and _layer(b) > _layer(a) and not b.startswith(a + ".")
+    ]
     assert upward == []
 
 

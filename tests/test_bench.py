@@ -15,17 +15,40 @@ from mlxswitch.cli import app
 from mlxswitch.routing.router import RouterConfig
 
 runner = CliRunner()
-SPEED_KEYS = ("prompt_tok_per_s", "decode_tok_per_s", "first_token_s", "peak_memory_gb",
-              "switches_per_100", "catch_up_per_100", "bytes_per_token", "top_share", "overhead",
-              "agreement", "accuracy")
+SPEED_KEYS = (
+    "prompt_tok_per_s",
+    "decode_tok_per_s",
+    "first_token_s",
+    "peak_memory_gb",
+    "switches_per_100",
+    "catch_up_per_100",
+    "bytes_per_token",
+    "top_share",
+    "overhead",
+    "agreement",
+    "accuracy",
+)
 
 
 @pytest.fixture(scope="module")
 def quick(tiny_pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     small, large = tiny_pair
-    result = runner.invoke(app, ["bench", "--small", str(small), "--large", str(large), "--quick",
-                                 "--json", str(out / "b.json"), "--plot", str(out / "b.png")])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--small",
+            str(small),
+            "--large",
+            str(large),
+            "--quick",
+            "--json",
+            str(out / "b.json"),
+            "--plot",
+            str(out / "b.png"),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     return result, json.loads((out / "b.json").read_text()), out
 
@@ -37,7 +60,9 @@ def _arm(record, name):
 def test_quick_bench_reports_every_figure(quick):
     result, record, _ = quick
     assert "retained" in result.stdout and "peek τ=" in result.stdout  # the table
-    assert {"command", "machine", "versions", "profile", "options", "prompts", "runs", "positions"} <= set(record)
+    assert {"command", "machine", "versions", "profile", "options", "prompts", "runs", "positions"} <= set(
+        record
+    )
     assert record["versions"]["mlx"] and record["machine"]["backend"] == "cpu"
     kinds = {a["kind"] for a in record["arms"]}
     assert kinds == {"tier", "profile", "sweep", "mlx-lm", "speculative"}
@@ -55,8 +80,10 @@ def test_controls_bound_the_policies(quick):
     assert _arm(record, "small alone")["quality"]["retained"] == pytest.approx(0.0, abs=1e-9)
     assert _arm(record, "large alone")["quality"]["retained"] == pytest.approx(1.0)
     for policy in ("ead", "peek"):
-        swept = sorted((a for a in record["arms"] if a["kind"] == "sweep" and a["policy"] == policy),
-                       key=lambda a: a["tau"])
+        swept = sorted(
+            (a for a in record["arms"] if a["kind"] == "sweep" and a["policy"] == policy),
+            key=lambda a: a["tau"],
+        )
         assert len(swept) == 3
         shares = [a["quality"]["top_share"] for a in swept]
         assert all(0 <= s <= 1 for s in shares)
@@ -83,30 +110,55 @@ def test_figures_rederive_from_the_raw_records(tiny_pair, tmp_path):
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text(
         '{"id": "a", "category": "facts", "prompt": "What is the capital of France?", "answer": {"regex": "Paris"}}\n'
-        '{"id": "b", "category": "arithmetic", "prompt": "What is 2 + 3?", "answer": {"number": 5}}\n')
+        '{"id": "b", "category": "arithmetic", "prompt": "What is 2 + 3?", "answer": {"number": 5}}\n'
+    )
     small, large = tiny_pair
-    result = runner.invoke(app, ["bench", "--small", str(small), "--large", str(large), "--prompts",
-                                 str(prompts), "--max-tokens", "8", "--speed-prompts", "2",
-                                 "--json", str(tmp_path / "r.json")])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--small",
+            str(small),
+            "--large",
+            str(large),
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "8",
+            "--speed-prompts",
+            "2",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["prompts"] == ["a", "b"]
-    positions = [simulate.Positions(p["prompt_id"], np.array(p["entropy"]), np.array(p["nll"]))
-                 for p in record["positions"]]
+    positions = [
+        simulate.Positions(p["prompt_id"], np.array(p["entropy"]), np.array(p["nll"]))
+        for p in record["positions"]
+    ]
     tier_bytes = list(record["profile"]["bytes_per_token"].values())
     for arm in record["arms"]:
         runs = [r for r in record["runs"] if r["arm"] == arm["name"]]
         decoded = sum(r["generated"] - 1 for r in runs if r["generated"] > 1)
         assert arm["speed"]["decode_tok_per_s"]["median"] == pytest.approx(
-            decoded / sum(r["decode_s"] for r in runs))
+            decoded / sum(r["decode_s"] for r in runs)
+        )
         tokens = [t for r in runs for t in r["tokens"]]
         assert arm["speed"]["top_share"]["median"] == pytest.approx(
-            sum(t["tier"] == "large" for t in tokens) / len(tokens))
+            sum(t["tier"] == "large" for t in tokens) / len(tokens)
+        )
         if arm["kind"] in ("sweep", "profile"):
             router = arm["router"]
-            config = RouterConfig(up=tuple(map(float, router["up"])), down=tuple(map(float, router["down"])),
-                                  window=router["window"], min_run=router["min_run"], policy=router["policy"],
-                                  signal=router["signal"])
+            config = RouterConfig(
+                up=tuple(map(float, router["up"])),
+                down=tuple(map(float, router["down"])),
+                window=router["window"],
+                min_run=router["min_run"],
+                policy=router["policy"],
+                signal=router["signal"],
+            )
             q = simulate.quality(positions, [simulate.route(config, p) for p in positions], tier_bytes)
             assert q.retained == pytest.approx(arm["quality"]["retained"])
             assert q.top_share == pytest.approx(arm["quality"]["top_share"])

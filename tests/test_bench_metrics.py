@@ -120,13 +120,27 @@ def test_oracle_ties_and_rounding():
 
 
 def _record(arm, tiers, decode_s, generated=5, prompt="p0"):
-    tokens = [{"id": i, "tier": tier, **({"tried": tried} if tried else {})}
-              for i, (tier, tried) in enumerate(tiers)]
+    tokens = [
+        {"id": i, "tier": tier, **({"tried": tried} if tried else {})}
+        for i, (tier, tried) in enumerate(tiers)
+    ]
     counts = Counter(t["tier"] for t in tokens)
-    return {"arm": arm, "repeat": 0, "prompt_id": prompt, "generated": generated, "prefilled": 10,
-            "first_token_s": 0.5, "decode_s": decode_s, "peak_memory_gb": 1.0, "switches": 0,
-            "catch_up_tokens": 0, "tier_counts": dict(counts), "mean_bytes_per_token": 150.0,
-            "tokens": tokens, "correct": None}
+    return {
+        "arm": arm,
+        "repeat": 0,
+        "prompt_id": prompt,
+        "generated": generated,
+        "prefilled": 10,
+        "first_token_s": 0.5,
+        "decode_s": decode_s,
+        "peak_memory_gb": 1.0,
+        "switches": 0,
+        "catch_up_tokens": 0,
+        "tier_counts": dict(counts),
+        "mean_bytes_per_token": 150.0,
+        "tokens": tokens,
+        "correct": None,
+    }
 
 
 def _summary(positions):
@@ -134,14 +148,17 @@ def _summary(positions):
     tiers = [SimpleNamespace(bytes_per_token=100), SimpleNamespace(bytes_per_token=300)]
     ladder = SimpleNamespace(tier_names=["small", "large"], tiers=tiers)
     peek = sweep_config(profile, "peek", 1.0, 2)
-    arms = [Arm("small alone", "tier", forced_config(2, 0), tier=0),
-            Arm("large alone", "tier", forced_config(2, 1), tier=1),
-            Arm("peek τ=1", "sweep", peek, policy="peek", tau=1.0)]
-    runs = [_record("small alone", [("small", None)] * 5, 0.4),  # 0.1 s per decoded token
-            _record("large alone", [("large", None)] * 5, 0.8),  # 0.2 s
-            # One escalated token (both tiers computed it) and three cheap ones: ideal 0.3 + 3 × 0.1.
-            _record("peek τ=1", [("small", None), ("large", ["small", "large"])] + [("small", None)] * 3,
-                    0.9)]
+    arms = [
+        Arm("small alone", "tier", forced_config(2, 0), tier=0),
+        Arm("large alone", "tier", forced_config(2, 1), tier=1),
+        Arm("peek τ=1", "sweep", peek, policy="peek", tau=1.0),
+    ]
+    runs = [
+        _record("small alone", [("small", None)] * 5, 0.4),  # 0.1 s per decoded token
+        _record("large alone", [("large", None)] * 5, 0.8),  # 0.2 s
+        # One escalated token (both tiers computed it) and three cheap ones: ideal 0.3 + 3 × 0.1.
+        _record("peek τ=1", [("small", None), ("large", ["small", "large"])] + [("small", None)] * 3, 0.9),
+    ]
     run = BenchRun(arms=arms, runs=runs, positions=positions, taus=[1.0])
     return summarize_bench(run, profile, ladder), profile
 
@@ -173,7 +190,8 @@ def test_the_reported_curves_and_controls_are_the_metrics_at_each_share():
             assert point["retained"] == pytest.approx(q.retained) and point["top_share"] == q.top_share
     peek = next(a for a in summary["arms"] if a["name"] == "peek τ=1")
     assert peek["random_control"]["mean"] == pytest.approx(
-        M.random_control(b, t, peek["quality"]["top_share"]).mean)
+        M.random_control(b, t, peek["quality"]["top_share"]).mean
+    )
     assert peek["oracle"] == pytest.approx(M.oracle(b, t, peek["quality"]["top_share"]))
     flat = [simulate.Positions("f", np.ones((2, 3)), np.ones((2, 3)))]
     assert all(v is None for v in _summary(flat)[0]["curves"]["oracle"])  # no gap: null, not NaN
@@ -300,7 +318,9 @@ def test_load_prompts_file_level_errors(tmp_path):
     with pytest.raises(ConfigError, match="no prompts"):
         load_prompts(empty)
     ok = tmp_path / "ok.jsonl"
-    ok.write_text(json.dumps(GOOD) + "\n" + json.dumps({"id": "c", "category": "chat", "prompt": "hi"}) + "\n")
+    ok.write_text(
+        json.dumps(GOOD) + "\n" + json.dumps({"id": "c", "category": "chat", "prompt": "hi"}) + "\n"
+    )
     a, c = load_prompts(ok)
     assert (a.answer_kind, a.answer_value, a.split, a.max_tokens) == ("regex", "(?i)paris", "heldout", None)
     assert c.answer_kind is None and not c.checkable
@@ -330,11 +350,22 @@ def test_check_answer():
 def test_bundled_answers_accept_a_model_reply():
     """Each checkable suite item accepts a plausible correct reply (guards against typos in regexes)."""
     replies = {
-        "code-01": "len(items)", "code-03": 'print("hello")', "code-05": "a + b",
-        "code-10": "[x**2 for x in nums]", "code-11": "s[::-1]", "code-13": "[1, 2, 3]",
-        "code-15": "def is_even(n):\n    return n % 2 == 0", "arith-14": "4,000", "facts-09": "H2O",
-        "instr-01": "Yes.", "instr-05": "1, 2, 3, 4, 5", "instr-07": "apple", "instr-09": "tac",
-        "instr-12": "apple, mango, pear", "instr-14": "C, B, A", "chat-12": "hat",
+        "code-01": "len(items)",
+        "code-03": 'print("hello")',
+        "code-05": "a + b",
+        "code-10": "[x**2 for x in nums]",
+        "code-11": "s[::-1]",
+        "code-13": "[1, 2, 3]",
+        "code-15": "def is_even(n):\n    return n % 2 == 0",
+        "arith-14": "4,000",
+        "facts-09": "H2O",
+        "instr-01": "Yes.",
+        "instr-05": "1, 2, 3, 4, 5",
+        "instr-07": "apple",
+        "instr-09": "tac",
+        "instr-12": "apple, mango, pear",
+        "instr-14": "C, B, A",
+        "chat-12": "hat",
     }
     by_id = {p.id: p for p in load_prompts(default_suite_path())}
     for pid, reply in replies.items():

@@ -18,7 +18,9 @@ runner = CliRunner()
 
 
 def _candidate(share, retained, bytes_=1.0):
-    return Candidate("peek", "entropy", 1.0, RouterConfig(up=(1.0,)), Quality(10, share, 1.0, retained, bytes_))
+    return Candidate(
+        "peek", "entropy", 1.0, RouterConfig(up=(1.0,)), Quality(10, share, 1.0, retained, bytes_)
+    )
 
 
 def test_choose_takes_the_best_fidelity_near_the_share_and_the_cheapest_that_retains():
@@ -30,12 +32,17 @@ def test_choose_takes_the_best_fidelity_near_the_share_and_the_cheapest_that_ret
         choose(costs, None, 0.95)
 
 
-@pytest.mark.parametrize("args,line", [
-    ([], "error: give exactly one of --target-share and --target-retained"),
-    (["--target-share", "1.5"], "error: --target-share must be between 0 and 1 (got 1.5)"),
-    (["--target-share", "0.2", "--model", "embedded"],
-     "error: profile 'ad-hoc' has a single tier: there is nothing to calibrate"),
-])
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        ([], "error: give exactly one of --target-share and --target-retained"),
+        (["--target-share", "1.5"], "error: --target-share must be between 0 and 1 (got 1.5)"),
+        (
+            ["--target-share", "0.2", "--model", "embedded"],
+            "error: profile 'ad-hoc' has a single tier: there is nothing to calibrate",
+        ),
+    ],
+)
 def test_calibrate_refuses_bad_requests_in_one_line(args, line):
     result = runner.invoke(app, ["calibrate", *args])
     assert result.exit_code == 2
@@ -45,10 +52,25 @@ def test_calibrate_refuses_bad_requests_in_one_line(args, line):
 def test_calibrate_reports_heldout_figures_and_writes_the_profile(tiny_pair, isolated_home, tmp_path):
     small, large = tiny_pair
     (isolated_home / "models.toml").write_text(
-        "# my own notes stay\n[profiles.other]\nmode = \"single\"\nmodel = \"embedded\"\n\n"
-        f"[profiles.tiny]\nmode = \"pair\"\nsmall = \"{small}\"\nlarge = \"{large}\"\nup = [9.0]\n")
-    result = runner.invoke(app, ["calibrate", "--profile", "tiny", "--target-share", "0.3", "--quick",
-                                 "--max-tokens", "24", "--write", "--json", str(tmp_path / "c.json")])
+        '# my own notes stay\n[profiles.other]\nmode = "single"\nmodel = "embedded"\n\n'
+        f'[profiles.tiny]\nmode = "pair"\nsmall = "{small}"\nlarge = "{large}"\nup = [9.0]\n'
+    )
+    result = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "--profile",
+            "tiny",
+            "--target-share",
+            "0.3",
+            "--quick",
+            "--max-tokens",
+            "24",
+            "--write",
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     assert "AUROC heldout" in result.stdout and "varentropy" in result.stdout and "margin" in result.stdout
     record = json.loads((tmp_path / "c.json").read_text())
@@ -72,8 +94,20 @@ def test_calibrate_reports_heldout_figures_and_writes_the_profile(tiny_pair, iso
     assert profile.router.up == (pick["tau"],) and profile.router.policy == pick["policy"]
     assert profile.models == (str(small), str(large))
     # Calibrating again replaces the table instead of adding a second one.
-    again = runner.invoke(app, ["calibrate", "--profile", "tiny", "--target-share", "0.6", "--quick",
-                                "--max-tokens", "8", "--write"])
+    again = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "--profile",
+            "tiny",
+            "--target-share",
+            "0.6",
+            "--quick",
+            "--max-tokens",
+            "8",
+            "--write",
+        ],
+    )
     assert again.exit_code == 0, again.stderr
     assert (isolated_home / "models.toml").read_text().count('[profiles."tiny"]') == 1
     assert "other" in load_profiles()

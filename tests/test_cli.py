@@ -33,14 +33,22 @@ def _threshold(value):
 def _rederive(record):
     # Either policy, on whichever signal it routed on: each token's routed values re-derive its tier.
     router = record["router"]
-    config = RouterConfig(up=tuple(map(_threshold, router["up"])),
-                          down=tuple(map(_threshold, router["down"])), window=router["window"],
-                          min_run=router["min_run"], normalize=router["normalized"],
-                          vocab_size=router["vocab_size"], policy=router.get("policy", "ead"),
-                          signal=router.get("signal", "entropy"))
-    routed = [[float(h) for _, h in t["tried"]] if "tried" in t else
-              [None if t.get("signal", t["entropy"]) is None else float(t.get("signal", t["entropy"]))]
-              for t in record["tokens"]]
+    config = RouterConfig(
+        up=tuple(map(_threshold, router["up"])),
+        down=tuple(map(_threshold, router["down"])),
+        window=router["window"],
+        min_run=router["min_run"],
+        normalize=router["normalized"],
+        vocab_size=router["vocab_size"],
+        policy=router.get("policy", "ead"),
+        signal=router.get("signal", "entropy"),
+    )
+    routed = [
+        [float(h) for _, h in t["tried"]]
+        if "tried" in t
+        else [None if t.get("signal", t["entropy"]) is None else float(t.get("signal", t["entropy"]))]
+        for t in record["tokens"]
+    ]
     initial = float(router.get("initial_signal", router["initial_entropy"]))
     tiers = derive_rungs(config, len(router["tiers"]), initial, routed)
     return [router["tiers"][r] for r in tiers]
@@ -48,15 +56,38 @@ def _rederive(record):
 
 def test_piped_lines_give_one_json_object_each_in_order(pair_args):
     prompts = ["Hello there", "What is the capital of France?", "Count to three"]
-    result = invoke(["chat", *pair_args, "--json", "--max-tokens", "12", "--tau", "1.5",
-                     "--tau-down", "1.0", "--window", "3", "--min-run", "2"], "\n".join(prompts) + "\n")
+    result = invoke(
+        [
+            "chat",
+            *pair_args,
+            "--json",
+            "--max-tokens",
+            "12",
+            "--tau",
+            "1.5",
+            "--tau-down",
+            "1.0",
+            "--window",
+            "3",
+            "--min-run",
+            "2",
+        ],
+        "\n".join(prompts) + "\n",
+    )
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["prompt"] for r in records] == prompts
     for record in records:
         assert set(record) == {"prompt", "text", "finish_reason", "tokens", "stats", "router"}
-        assert set(record["stats"]) >= {"generated", "prompt_tokens", "tiers", "switches",
-                                        "tok_per_s", "elapsed_s", "peak_memory_gb"}
+        assert set(record["stats"]) >= {
+            "generated",
+            "prompt_tokens",
+            "tiers",
+            "switches",
+            "tok_per_s",
+            "elapsed_s",
+            "peak_memory_gb",
+        }
         assert record["router"]["tiers"] == ["small", "large"]
         assert record["text"] == "".join(t["text"] for t in record["tokens"])
         assert record["stats"]["generated"] == len(record["tokens"])
@@ -113,8 +144,10 @@ def test_telemetry_record_of_every_token_equals_its_json_record(pair_args, tmp_p
     path = tmp_path / "t.jsonl"
     # Stop strings that never match but hold back any final letter or space until the end.
     stops = [arg for c in "abcdefghijklmnopqrstuvwxyz ,." for arg in ("--stop", c + "\x01")]
-    result = invoke(["chat", *pair_args, "--json", "--max-tokens", "7", "--telemetry", str(path),
-                     *stops], "Count to three\nHello there\n")
+    result = invoke(
+        ["chat", *pair_args, "--json", "--max-tokens", "7", "--telemetry", str(path), *stops],
+        "Count to three\nHello there\n",
+    )
     assert result.exit_code == 0
     answers = [json.loads(line) for line in result.stdout.splitlines()]
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -124,15 +157,26 @@ def test_telemetry_record_of_every_token_equals_its_json_record(pair_args, tmp_p
     assert [line["index"] for line in lines] == [i for a in answers for i in range(len(a["tokens"]))]
     assert all(a["text"] and a["tokens"][-1]["text"] for a in answers)  # a tail was held back
 
-@pytest.mark.parametrize("args,code,message", [
-    (["--small", "x"], 2, "error: --small and --large go together (an ad-hoc pair needs both)"),
-    (["--profile", "nope"], 3, "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, qwen2.5-0.5b-7b, "
-                        "qwen2.5-1.5b-14b, llama3.2-1b-3b, qwen3-0.6b-8b, qwen2.5-0.5b-7b-cloud)"),
-    (["--model", "./missing-dir"], 4, "error: model './missing-dir': no such file or directory"),
-    (["--model", "mlx-community/not-cached-here"], 4,
-     "error: model 'mlx-community/not-cached-here' is neither cached locally nor reachable on Hugging Face"),
-    (["--max-tokens", "0"], 2, "error: --max-tokens must be at least 1 (got 0)"),
-])
+
+@pytest.mark.parametrize(
+    "args,code,message",
+    [
+        (["--small", "x"], 2, "error: --small and --large go together (an ad-hoc pair needs both)"),
+        (
+            ["--profile", "nope"],
+            3,
+            "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, qwen2.5-0.5b-7b, "
+            "qwen2.5-1.5b-14b, llama3.2-1b-3b, qwen3-0.6b-8b, qwen2.5-0.5b-7b-cloud)",
+        ),
+        (["--model", "./missing-dir"], 4, "error: model './missing-dir': no such file or directory"),
+        (
+            ["--model", "mlx-community/not-cached-here"],
+            4,
+            "error: model 'mlx-community/not-cached-here' is neither cached locally nor reachable on Hugging Face",
+        ),
+        (["--max-tokens", "0"], 2, "error: --max-tokens must be at least 1 (got 0)"),
+    ],
+)
 def test_errors_are_one_line_with_exit_codes(args, code, message):
     result = invoke(["chat", *args], "hello\n")
     assert result.exit_code == code
@@ -161,8 +205,10 @@ def test_mismatched_tokenizers_are_refused_naming_both(tmp_path):
         dirs.append(str(save_model_dir(tmp_path / name, make_model(config, 0), config, tok)))
     result = invoke(["chat", "--small", dirs[0], "--large", dirs[1]], "hello\n")
     assert result.exit_code == 5
-    assert result.stderr.strip() == (f"error: models '{dirs[0]}' and '{dirs[1]}' do not share a tokenizer: "
-                                     "vocabularies differ (300 vs 340 tokens); a pair must use one tokenizer")
+    assert result.stderr.strip() == (
+        f"error: models '{dirs[0]}' and '{dirs[1]}' do not share a tokenizer: "
+        "vocabularies differ (300 vs 340 tokens); a pair must use one tokenizer"
+    )
 
 
 def test_broken_models_toml_names_file_and_line(tmp_path, monkeypatch):
@@ -213,7 +259,9 @@ def test_doctor_reports_without_revealing_the_key(monkeypatch):
 
 
 def test_embedded_default_answers_paris_offline():
-    result = invoke(["chat", "--json", "--temp", "0", "--max-tokens", "48"], "What is the capital of France?\n")
+    result = invoke(
+        ["chat", "--json", "--temp", "0", "--max-tokens", "48"], "What is the capital of France?\n"
+    )
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert "Paris" in record["text"]
@@ -231,8 +279,25 @@ def test_gears_build_then_chat_on_the_saved_model(tiny_pair, tmp_path):
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not the temporary directory's 0700
     assert not list(tmp_path.glob(".geared.partial-*"))  # no staging directory left
-    result = invoke(["chat", "--model", str(out), "--gears", "4,8,16", "--tau", "1.0,2.0",
-                     "--min-run", "2", "--window", "2", "--json", "--max-tokens", "16"], "hello\n")
+    result = invoke(
+        [
+            "chat",
+            "--model",
+            str(out),
+            "--gears",
+            "4,8,16",
+            "--tau",
+            "1.0,2.0",
+            "--min-run",
+            "2",
+            "--window",
+            "2",
+            "--json",
+            "--max-tokens",
+            "16",
+        ],
+        "hello\n",
+    )
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["router"]["tiers"] == ["g4", "g8", "g16"]

@@ -36,22 +36,34 @@ def one_error_line(result) -> str:
 
 
 def _cli(args, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mlxswitch", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlxswitch", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
 
 
 # -- input that cannot be a prompt --------------------------------------------------------------
 
+
 def test_non_utf8_line_is_refused_and_the_others_are_answered(pair_args):
-    result = invoke(["chat", *pair_args, "--json", "--max-tokens", "4"],
-                    b"Say hi.\n\xff\xfe\nName a colour.\n")
+    result = invoke(
+        ["chat", *pair_args, "--json", "--max-tokens", "4"], b"Say hi.\n\xff\xfe\nName a colour.\n"
+    )
     assert result.exit_code == 2
-    assert one_error_line(result) == ("error: input line 2 is not UTF-8 text (byte 0xff at offset 0); "
-                                      "it was skipped")
+    assert one_error_line(result) == (
+        "error: input line 2 is not UTF-8 text (byte 0xff at offset 0); it was skipped"
+    )
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r.get("prompt") for r in records] == ["Say hi.", None, "Name a colour."]
-    assert records[1] == {"prompt": None, "line": 2, "exit_code": 2,
-                          "error": "input line 2 is not UTF-8 text (byte 0xff at offset 0); it was skipped"}
+    assert records[1] == {
+        "prompt": None,
+        "line": 2,
+        "exit_code": 2,
+        "error": "input line 2 is not UTF-8 text (byte 0xff at offset 0); it was skipped",
+    }
 
 
 def test_an_undecodable_typed_line_is_refused_not_fatal():
@@ -69,27 +81,43 @@ def test_a_failed_prompt_leaves_plain_output_clean(pair_args):
     answers = invoke(["chat", *pair_args, "--json", "--max-tokens", "5", "--tau", "inf"], big)
     assert plain.exit_code == answers.exit_code == 7
     assert one_error_line(plain).startswith("error: the prompt is ")
-    texts = [json.loads(line)["text"] for line in answers.stdout.splitlines()
-             if "error" not in json.loads(line)]
+    texts = [
+        json.loads(line)["text"] for line in answers.stdout.splitlines() if "error" not in json.loads(line)
+    ]
     # The first answer is not printed again: two answers, one blank line between them.
     assert plain.stdout == texts[0] + "\n\n" + texts[1] + "\n"
 
 
 # -- flags: refused before anything loads, one line each --------------------------------------
 
-@pytest.mark.parametrize("args,code,line", [
-    (["--min-p", "1.5", "--temp", "0.7"], 2, "error: --min-p must be in [0, 1] (got 1.5)"),
-    (["--top-k", "-1"], 2, "error: --top-k must be ≥ 0 (got -1; 0 keeps every token)"),
-    (["--max-kv-size", "0"], 2, "error: --max-kv-size must be at least 1 token (got 0)"),
-    (["--window", "0"], 2, "error: the window must be at least 1 token (got 0)"),
-    (["--normalize", "--tau", "2"], 2,
-     "error: with normalize, thresholds are fractions of log2(V), between 0 and 1; got 2, 1.2"),
-    (["--draft-model", "x", "--gears", "4,8"], 2, "error: --draft-model goes with --model (the large model) and nothing "
-                                "else: it is mlx-lm's spelling of --small/--large"),
-    (["--max-tokens", "x"], 2, "error: Invalid value for '--max-tokens': Input should be a valid "
-                               "integer, unable to parse string as an integer (see 'root chat --help')"),
-    (["--no-such-flag"], 2, "error: No such option: --no-such-flag"),
-])
+
+@pytest.mark.parametrize(
+    "args,code,line",
+    [
+        (["--min-p", "1.5", "--temp", "0.7"], 2, "error: --min-p must be in [0, 1] (got 1.5)"),
+        (["--top-k", "-1"], 2, "error: --top-k must be ≥ 0 (got -1; 0 keeps every token)"),
+        (["--max-kv-size", "0"], 2, "error: --max-kv-size must be at least 1 token (got 0)"),
+        (["--window", "0"], 2, "error: the window must be at least 1 token (got 0)"),
+        (
+            ["--normalize", "--tau", "2"],
+            2,
+            "error: with normalize, thresholds are fractions of log2(V), between 0 and 1; got 2, 1.2",
+        ),
+        (
+            ["--draft-model", "x", "--gears", "4,8"],
+            2,
+            "error: --draft-model goes with --model (the large model) and nothing "
+            "else: it is mlx-lm's spelling of --small/--large",
+        ),
+        (
+            ["--max-tokens", "x"],
+            2,
+            "error: Invalid value for '--max-tokens': Input should be a valid "
+            "integer, unable to parse string as an integer (see 'root chat --help')",
+        ),
+        (["--no-such-flag"], 2, "error: No such option: --no-such-flag"),
+    ],
+)
 def test_flag_errors_are_one_line_and_win_over_a_missing_model(args, code, line):
     # --model names nothing that exists: were the model looked at first, exit code 4 would win.
     result = invoke(["chat", "--model", "./no-such-model", *args], "hi\n")
@@ -107,17 +135,36 @@ def test_one_boundary_ladder_refuses_two_thresholds_before_loading(pair_args):
 def test_unwritable_telemetry_path_fails_before_loading(tmp_path):
     result = invoke(["chat", "--model", "./no-such-model", "--telemetry", "/no/such/dir/x.jsonl"], "hi\n")
     assert result.exit_code == 9
-    assert one_error_line(result) == ("error: --telemetry /no/such/dir/x.jsonl: cannot write there "
-                                      "(No such file or directory)")
+    assert one_error_line(result) == (
+        "error: --telemetry /no/such/dir/x.jsonl: cannot write there (No such file or directory)"
+    )
 
 
 # -- telemetry: atomic, self-contained -----------------------------------------------------------
 
+
 def test_telemetry_alone_rederives_every_tier(pair_args, tmp_path):
     path = tmp_path / "out" / "run.jsonl"
     path.parent.mkdir()
-    result = invoke(["chat", *pair_args, "--max-tokens", "12", "--tau", "1.5", "--tau-down", "1.0",
-                     "--window", "3", "--min-run", "2", "--telemetry", str(path)], "Hello there\nCount\n")
+    result = invoke(
+        [
+            "chat",
+            *pair_args,
+            "--max-tokens",
+            "12",
+            "--tau",
+            "1.5",
+            "--tau-down",
+            "1.0",
+            "--window",
+            "3",
+            "--min-run",
+            "2",
+            "--telemetry",
+            str(path),
+        ],
+        "Hello there\nCount\n",
+    )
     assert result.exit_code == 0
     assert [p.name for p in path.parent.iterdir()] == ["run.jsonl"]  # no temporary left behind
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -127,17 +174,27 @@ def test_telemetry_alone_rederives_every_tier(pair_args, tmp_path):
     for summary in summaries:
         router = summary["summary"]["router"]
         tokens = [r for r in records if r.get("answer") == summary["answer"] and "index" in r]
-        config = RouterConfig(up=tuple(map(float, router["up"])), down=tuple(map(float, router["down"])),
-                              window=router["window"], min_run=router["min_run"],
-                              normalize=router["normalized"], vocab_size=router["vocab_size"])
-        tiers = derive_tiers(float(router["initial_entropy"]), [float(t["entropy"]) for t in tokens],
-                             config, len(router["tiers"]))
+        config = RouterConfig(
+            up=tuple(map(float, router["up"])),
+            down=tuple(map(float, router["down"])),
+            window=router["window"],
+            min_run=router["min_run"],
+            normalize=router["normalized"],
+            vocab_size=router["vocab_size"],
+        )
+        tiers = derive_tiers(
+            float(router["initial_entropy"]),
+            [float(t["entropy"]) for t in tokens],
+            config,
+            len(router["tiers"]),
+        )
         assert [router["tiers"][r] for r in tiers[: len(tokens)]] == [t["tier"] for t in tokens]
         switched |= len({t["tier"] for t in tokens}) > 1
     assert switched  # the re-derivation above is not vacuous
 
 
 # -- pipes ---------------------------------------------------------------------------------------
+
 
 def test_an_open_pipe_is_answered_line_by_line(pair_args):
     proc = _cli(["chat", *pair_args, "--json", "--max-tokens", "4"])
@@ -159,9 +216,12 @@ def test_an_open_pipe_is_answered_line_by_line(pair_args):
 
 def test_a_reader_that_goes_away_ends_the_run_quietly(pair_args):
     reader = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    proc = subprocess.Popen([sys.executable, "-m", "mlxswitch", "chat", *pair_args, "--max-tokens", "40",
-                             "--tau", "inf"], stdin=subprocess.PIPE, stdout=reader.stdin,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxswitch", "chat", *pair_args, "--max-tokens", "40", "--tau", "inf"],
+        stdin=subprocess.PIPE,
+        stdout=reader.stdin,
+        stderr=subprocess.PIPE,
+    )
     reader.stdin.close()
     _, err = proc.communicate(b"\n".join([b"one", b"two", b"three", b"four"] * 20) + b"\n", timeout=300)
     reader.wait(30)
@@ -173,13 +233,16 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(pair_args):
 
 # -- gears build ---------------------------------------------------------------------------------
 
+
 def test_gears_build_refuses_a_non_empty_out_without_force(tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     result = invoke(["gears", "build", "embedded", "--out", str(out)])
     assert result.exit_code == 2
-    assert one_error_line(result) == f"error: --out {out}: the directory is not empty; use --force to replace it"
+    assert (
+        one_error_line(result) == f"error: --out {out}: the directory is not empty; use --force to replace it"
+    )
     assert (out / "notes.txt").read_text() == "mine"
 
 
@@ -210,10 +273,12 @@ def test_a_failed_gears_build_leaves_nothing_behind(tiny_pair, tmp_path, monkeyp
 
 # -- doctor --------------------------------------------------------------------------------------
 
+
 def test_doctor_names_the_files_and_fails_when_the_default_cannot_load(tmp_path, monkeypatch):
     broken = tmp_path / "broken-pair.toml"
-    broken.write_text('default = "p"\n[profiles.p]\nmode = "pair"\nsmall = "./nope-a"\nlarge = "./nope-b"\n'
-                      'up = [1.0]\n')
+    broken.write_text(
+        'default = "p"\n[profiles.p]\nmode = "pair"\nsmall = "./nope-a"\nlarge = "./nope-b"\nup = [1.0]\n'
+    )
     monkeypatch.setenv("MLXSWITCH_MODELS", str(broken))
     result = invoke(["doctor"])
     assert result.exit_code == 1
@@ -221,10 +286,12 @@ def test_doctor_names_the_files_and_fails_when_the_default_cannot_load(tmp_path,
     # ./ in a models.toml is relative to that file.
     assert result.stdout.strip().splitlines()[-1] == (
         f"doctor: FAIL: the default profile cannot load (model '{tmp_path / 'nope-a'}': "
-        "no such file or directory)")
+        "no such file or directory)"
+    )
 
 
 # -- habits of mlx-lm users ----------------------------------------------------------------------
+
 
 def test_version_flag():
     result = invoke(["--version"])
@@ -232,8 +299,10 @@ def test_version_flag():
 
 
 def test_prompt_flag_answers_one_prompt_and_ignores_stdin(pair_args):
-    result = invoke(["chat", *pair_args, "-p", "Hello", "--json", "--max-tokens", "3",
-                     "--system-prompt", "Be brief."], "ignored\n")
+    result = invoke(
+        ["chat", *pair_args, "-p", "Hello", "--json", "--max-tokens", "3", "--system-prompt", "Be brief."],
+        "ignored\n",
+    )
     assert result.exit_code == 0
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["prompt"] for r in records] == ["Hello"]
@@ -241,10 +310,25 @@ def test_prompt_flag_answers_one_prompt_and_ignores_stdin(pair_args):
 
 def test_draft_model_spells_a_pair(tiny_pair):
     small, large = tiny_pair
-    spelled = invoke(["chat", "--draft-model", str(small), "--model", str(large), "--json",
-                      "--max-tokens", "6", "--tau", "1.5"], "Hello\n")
-    pair = invoke(["chat", "--small", str(small), "--large", str(large), "--json",
-                   "--max-tokens", "6", "--tau", "1.5"], "Hello\n")
+    spelled = invoke(
+        [
+            "chat",
+            "--draft-model",
+            str(small),
+            "--model",
+            str(large),
+            "--json",
+            "--max-tokens",
+            "6",
+            "--tau",
+            "1.5",
+        ],
+        "Hello\n",
+    )
+    pair = invoke(
+        ["chat", "--small", str(small), "--large", str(large), "--json", "--max-tokens", "6", "--tau", "1.5"],
+        "Hello\n",
+    )
     assert spelled.exit_code == pair.exit_code == 0
     a, b = json.loads(spelled.stdout), json.loads(pair.stdout)
     assert a["router"]["tiers"] == ["small", "large"] and a["tokens"] == b["tokens"]
@@ -264,8 +348,11 @@ def test_max_kv_size_keeps_a_rotating_cache(tiny_pair):
     prompt = "Hello there, how are you today?"
 
     def answer(max_kv_size):
-        session = ChatSession(single_model_ladder(loaded), RouterConfig(up=()),
-                              GenerationSettings(max_tokens=24, max_kv_size=max_kv_size))
+        session = ChatSession(
+            single_model_ladder(loaded),
+            RouterConfig(up=()),
+            GenerationSettings(max_tokens=24, max_kv_size=max_kv_size),
+        )
         return session, [e.id for e in session.ask(prompt).tokens]
 
     session, bounded = answer(16)
@@ -282,12 +369,14 @@ def test_max_kv_size_keeps_a_rotating_cache(tiny_pair):
 
 def test_max_kv_size_on_a_switching_ladder_is_refused_before_loading():
     # The models do not exist: a check after loading would fail on them (exit 4) instead.
-    result = invoke(["chat", "--small", "/nonexistent/a", "--large", "/nonexistent/b",
-                     "--max-kv-size", "16"], "Hello\n")
+    result = invoke(
+        ["chat", "--small", "/nonexistent/a", "--large", "/nonexistent/b", "--max-kv-size", "16"], "Hello\n"
+    )
     assert result.exit_code == 2
     assert one_error_line(result) == (
         "error: --max-kv-size works with one tier only: switching between small and large trims the "
-        "KV cache, which a rotating cache past its limit cannot do; use one model (--model M)")
+        "KV cache, which a rotating cache past its limit cannot do; use one model (--model M)"
+    )
 
 
 def test_a_rotating_cache_rebuilt_between_turns_says_so(tiny_pair):
@@ -296,8 +385,11 @@ def test_a_rotating_cache_rebuilt_between_turns_says_so(tiny_pair):
     from mlxswitch.decoding.tiers import single_model_ladder
     from mlxswitch.models.sources import load_model
 
-    session = ChatSession(single_model_ladder(load_model(str(tiny_pair[0]))), RouterConfig(up=()),
-                          GenerationSettings(max_tokens=20, max_kv_size=16))
+    session = ChatSession(
+        single_model_ladder(load_model(str(tiny_pair[0]))),
+        RouterConfig(up=()),
+        GenerationSettings(max_tokens=20, max_kv_size=16),
+    )
     first = session.ask("Hello there, how are you today?")
     assert first.refed_tokens == 0 and first.prefilled_tokens == first.prompt_tokens
     second = session.ask("Name a colour.")
@@ -309,6 +401,7 @@ def test_a_rotating_cache_rebuilt_between_turns_says_so(tiny_pair):
 
 
 # -- zero-token answers --------------------------------------------------------------------------
+
 
 def test_an_answer_ended_at_once_says_why_without_timings(tiny_pair):
     from mlxswitch.cli.ui import status_line

@@ -11,8 +11,8 @@ import time
 
 import anthropic
 import pytest
+from cloud_server import CloudServer, drop, error, garbage, isolate_network, reply, slow, stream_error
 
-from cloud_server import CloudServer, isolate_network, drop, error, garbage, reply, slow, stream_error
 from mlxswitch.cloud import (
     PRICES_TAKEN,
     CloudBudget,
@@ -113,12 +113,22 @@ def test_settings_prices_forms_and_unpriced_models():
 
 
 def test_cost_uses_every_usage_field_and_tolerates_missing_ones():
-    usage = {"input_tokens": 1000, "output_tokens": 200, "cache_creation_input_tokens": 400,
-             "cache_read_input_tokens": 3000}
+    usage = {
+        "input_tokens": 1000,
+        "output_tokens": 200,
+        "cache_creation_input_tokens": 400,
+        "cache_read_input_tokens": 3000,
+    }
     # Haiku 4.5: $1 in, $5 out, $1.25 cache write, $0.10 cache read per million.
-    assert cost_usd("claude-haiku-4-5", usage) == pytest.approx((1000 * 1 + 200 * 5 + 400 * 1.25 + 3000 * 0.1) / 1e6)
+    assert cost_usd("claude-haiku-4-5", usage) == pytest.approx(
+        (1000 * 1 + 200 * 5 + 400 * 1.25 + 3000 * 0.1) / 1e6
+    )
     assert usage_counts({"input_tokens": 5, "output_tokens": None}) == {
-        "input_tokens": 5, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        "input_tokens": 5,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
     assert cost_usd("claude-haiku-4-5", {}) == 0.0
     sdk_usage = anthropic.types.Usage(input_tokens=10, output_tokens=2, cache_read_input_tokens=None)
     assert cost_usd("claude-opus-4-1", sdk_usage) == pytest.approx((10 * 15 + 2 * 75) / 1e6)
@@ -163,7 +173,9 @@ def test_require_key_before_any_model_loads(monkeypatch, server):
     monkeypatch.setenv("ANTHROPIC_API_KEY", MARKER)
     assert require_key() == MARKER
     server.script(reply("Paris."))
-    with CloudClient(cloud_settings(timeout_s=1.0), base_url=server.url) as client:  # key from the environment
+    with CloudClient(
+        cloud_settings(timeout_s=1.0), base_url=server.url
+    ) as client:  # key from the environment
         assert client.answer(None, QUESTION).text == "Paris."
     headers = server.requests[0].headers
     assert (headers.get("x-api-key") or headers.get("authorization", "")).endswith(MARKER)
@@ -202,10 +214,14 @@ def test_strip_repeated_prefix(partial, reply_text, expected):
         ("(", "see below)", False, "see below)"),
         ("", "  Paris is the capital.", False, "Paris is the capital."),
         ("The capital of", "of France is Paris. It has two million peo", True, " France is Paris."),
-        ("The capital of", "of France is Paris. It has two million peo", False,
-         " France is Paris. It has two million peo"),
+        (
+            "The capital of",
+            "of France is Paris. It has two million peo",
+            False,
+            " France is Paris. It has two million peo",
+        ),
         ("The capital of", "of France is a city called", True, " France is a city called"),  # no end: keep
-        ("Say", "Say \"hi.\" Then wave", True, " \"hi.\""),
+        ("Say", 'Say "hi." Then wave', True, ' "hi."'),
     ],
 )
 def test_join_continuation(partial, reply_text, cut, expected):
@@ -221,8 +237,8 @@ def test_splicer_streams_whole_sentences_and_holds_repeats():
     pieces = "The capital of France is Paris. Its river is the Seine.\nMore"
     for size in (1, 3, 7, 100):
         s = SpanSplicer("The capital of")
-        out = "".join(s.feed(pieces[i:i + size]) for i in range(0, len(pieces), size)) + s.finish(cut=False)
-        assert out == join_continuation("The capital of", pieces) == pieces[len("The capital of"):]
+        out = "".join(s.feed(pieces[i : i + size]) for i in range(0, len(pieces), size)) + s.finish(cut=False)
+        assert out == join_continuation("The capital of", pieces) == pieces[len("The capital of") :]
 
 
 # --- span calls against the server ---
@@ -237,8 +253,12 @@ def test_span_streams_a_continuation_and_sends_no_prefill(server):
     assert got.text == " France is Paris. It lies on the Seine."
     assert "".join(pieces) == got.text and len(pieces) >= 2  # streamed in sentences
     assert got.stop_reason == "end_turn" and got.model == "claude-haiku-4-5-20251001"
-    assert got.usage == {"input_tokens": 40, "output_tokens": 11, "cache_creation_input_tokens": 0,
-                         "cache_read_input_tokens": 0}
+    assert got.usage == {
+        "input_tokens": 40,
+        "output_tokens": 11,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
     assert got.cost_usd == pytest.approx((40 * 1 + 11 * 5) / 1e6) and got.elapsed_s < 1.0
     assert got.raw_text == "of France is Paris. It lies on the Seine."
 
@@ -250,7 +270,9 @@ def test_span_streams_a_continuation_and_sends_no_prefill(server):
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]  # ends on the user turn
     assert body["messages"][:2] == history[:2]
     last = body["messages"][-1]["content"]
-    assert last.startswith("What is the capital of France?\n\n<reply_so_far>\nThe capital of</reply_so_far>\n\n")
+    assert last.startswith(
+        "What is the capital of France?\n\n<reply_so_far>\nThe capital of</reply_so_far>\n\n"
+    )
     assert 'It stops at "of"' in last and "at most 24 words" in last and "No preamble" in last
 
 
@@ -273,7 +295,9 @@ def test_span_deadline_bounds_a_slow_trickle(server):
 
 
 def test_answer_hands_off_the_whole_conversation(server):
-    server.script(reply("  Paris is the capital of France.", input_tokens=20, output_tokens=8, cache_read=100))
+    server.script(
+        reply("  Paris is the capital of France.", input_tokens=20, output_tokens=8, cache_read=100)
+    )
     client = make_client(server, answer_tokens=256)
     pieces = []
     got = client.answer("sys", [{"role": "system", "content": "Be exact."}, *QUESTION], on_text=pieces.append)
@@ -284,8 +308,10 @@ def test_answer_hands_off_the_whole_conversation(server):
 
 
 def test_costs_add_up_over_calls(server):
-    server.script(reply("Paris.", input_tokens=30, output_tokens=3, cache_creation=50),
-                  reply("of France is Paris.", input_tokens=45, output_tokens=6, cache_read=500))
+    server.script(
+        reply("Paris.", input_tokens=30, output_tokens=3, cache_creation=50),
+        reply("of France is Paris.", input_tokens=45, output_tokens=6, cache_read=500),
+    )
     client = make_client(server)
     a = client.answer(None, QUESTION)
     client.budget.start_answer()
@@ -295,7 +321,10 @@ def test_costs_add_up_over_calls(server):
     totals = client.budget.as_dict()
     assert totals["session"]["usd"] == pytest.approx(sum(expected), abs=1e-6)
     assert totals["session"]["calls"] == 2 and totals["session"]["input_tokens"] == 75
-    assert totals["session"]["cache_creation_input_tokens"] == 50 and totals["answer"]["cache_read_input_tokens"] == 500
+    assert (
+        totals["session"]["cache_creation_input_tokens"] == 50
+        and totals["answer"]["cache_read_input_tokens"] == 500
+    )
     assert totals["answer"]["calls"] == 1
 
 
@@ -362,8 +391,9 @@ def test_refused_connection():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again below: nothing listens there
-    client = CloudClient(cloud_settings(timeout_s=1.0, max_retries=0), api_key=MARKER,
-                         base_url=f"http://127.0.0.1:{port}")
+    client = CloudClient(
+        cloud_settings(timeout_s=1.0, max_retries=0), api_key=MARKER, base_url=f"http://127.0.0.1:{port}"
+    )
     with pytest.raises(CloudFailure, match=f"^cloud tier unavailable: cannot connect to 127.0.0.1:{port}$"):
         client.answer(None, QUESTION)
     assert client.budget.session.calls == 1 and client.budget.session.usd == 0
@@ -374,8 +404,10 @@ def test_refused_connection():
     [
         garbage(),  # a proxy's HTML page on a 200
         garbage(b"event: message_start\ndata: {not json\n\n", "text/event-stream"),
-        garbage(b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0}\n\n',
-                "text/event-stream"),
+        garbage(
+            b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0}\n\n',
+            "text/event-stream",
+        ),
     ],
 )
 def test_malformed_reply(server, behaviour):

@@ -7,10 +7,10 @@ import socket
 
 import mlx.core as mx
 import pytest
+from cloud_server import CloudServer, error, garbage, isolate_network, reply, stream_error
 from mlx_lm import load
 from typer.testing import CliRunner
 
-from cloud_server import CloudServer, isolate_network, error, garbage, reply, stream_error
 from mlxswitch.api import open_chat, resolve_profile
 from mlxswitch.cli import app
 from mlxswitch.decoding.session import GenerationSettings
@@ -43,8 +43,20 @@ def pair(tiny_pair):
 
 # peek on the pair: the large model redoes every position (up 0), and after 3 tokens at the top
 # local rung whose mean is above 0 bits the policy climbs to the cloud.
-SPANNING = ["--cloud", "span", "--policy", "peek", "--tau", "0,0", "--min-run", "3", "--window", "1",
-            "--cloud-timeout", "2"]
+SPANNING = [
+    "--cloud",
+    "span",
+    "--policy",
+    "peek",
+    "--tau",
+    "0,0",
+    "--min-run",
+    "3",
+    "--window",
+    "1",
+    "--cloud-timeout",
+    "2",
+]
 
 
 def chat(args, stdin=PROMPTS):
@@ -67,16 +79,18 @@ def no_marker(*texts):
 
 
 def test_spans_are_cloud_tokens_fed_back_to_the_local_caches(server, pair, tmp_path):
-    server.script(reply(SPAN, output_tokens=8, input_tokens=30, cache_read=10),
-                  reply("It is big.", output_tokens=4, input_tokens=40),
-                  *[reply("Blue is one.", output_tokens=5, input_tokens=20)] * 4)
+    server.script(
+        reply(SPAN, output_tokens=8, input_tokens=30, cache_read=10),
+        reply("It is big.", output_tokens=4, input_tokens=40),
+        *[reply("Blue is one.", output_tokens=5, input_tokens=20)] * 4,
+    )
     telemetry = tmp_path / "t.jsonl"
     result = chat([*pair, *SPANNING, "--json", "--max-tokens", "24", "--telemetry", str(telemetry)])
     assert result.exit_code == 0, result.stderr
     first, second = records(result)
     tiers = [t["tier"] for t in first["tokens"]]
     assert first["router"]["tiers"] == ["small", "large", "cloud"]
-    assert "cloud" in tiers and "large" in tiers[tiers.index("cloud"):]  # local text after a span
+    assert "cloud" in tiers and "large" in tiers[tiers.index("cloud") :]  # local text after a span
     assert all(t["entropy"] is None for t in first["tokens"] if t["tier"] == "cloud")
     assert all(t["entropy"] is not None for t in first["tokens"] if t["tier"] != "cloud")
     assert SPAN in first["text"] and first["text"] == "".join(t["text"] for t in first["tokens"])
@@ -86,14 +100,20 @@ def test_spans_are_cloud_tokens_fed_back_to_the_local_caches(server, pair, tmp_p
     # Costs from the usage fields: Haiku 4.5 at $1 in, $5 out, $0.10 cache read per million.
     assert spans[0]["usd"] == pytest.approx((30 * 1 + 8 * 5 + 10 * 0.1) / 1e6)
     assert cloud["answer"]["usd"] == pytest.approx(sum(s["usd"] for s in spans), abs=1e-6)
-    assert cloud["answer"]["calls"] == len(spans) >= 1 and first["stats"]["tiers"]["cloud"] == tiers.count("cloud")
+    assert cloud["answer"]["calls"] == len(spans) >= 1 and first["stats"]["tiers"]["cloud"] == tiers.count(
+        "cloud"
+    )
     assert second["stats"]["cloud"]["session"]["usd"] == pytest.approx(
-        cloud["answer"]["usd"] + second["stats"]["cloud"]["answer"]["usd"], abs=1e-6)
+        cloud["answer"]["usd"] + second["stats"]["cloud"]["answer"]["usd"], abs=1e-6
+    )
     # The large model caught up on the cloud tokens: the catch-up counts them.
     assert first["stats"]["catch_up_tokens"]["large"] >= spans[0]["tokens"]
     # What went up: the question and the answer so far in the user turn, never an assistant prefill.
     sent = server.requests[0].body
-    assert sent["messages"][-1]["role"] == "user" and "What is the capital of France?" in sent["messages"][-1]["content"]
+    assert (
+        sent["messages"][-1]["role"] == "user"
+        and "What is the capital of France?" in sent["messages"][-1]["content"]
+    )
     assert sent["max_tokens"] == 48
     assert notes(result) == []
     no_marker(result.stdout, result.stderr, telemetry.read_text())
@@ -103,12 +123,22 @@ def test_spans_are_cloud_tokens_fed_back_to_the_local_caches(server, pair, tmp_p
 def test_the_next_local_token_is_conditioned_on_the_cloud_tokens(server, tiny_pair):
     server.script(reply(SPAN, output_tokens=8))
     small, large = tiny_pair
-    profile = resolve_profile(small=str(small), large=str(large), cloud="span", policy="peek",
-                              tau="0,0", min_run=3, window=1, cloud_options={"budget_calls": 1})
+    profile = resolve_profile(
+        small=str(small),
+        large=str(large),
+        cloud="span",
+        policy="peek",
+        tau="0,0",
+        min_run=3,
+        window=1,
+        cloud_options={"budget_calls": 1},
+    )
     session = open_chat(profile, settings=GenerationSettings(max_tokens=24))
     summary = session.ask("What is the capital of France?")
     tiers = [e.tier for e in summary.tokens]
-    after = tiers.index("cloud") + tiers[tiers.index("cloud"):].index("large")  # first local token after the span
+    after = tiers.index("cloud") + tiers[tiers.index("cloud") :].index(
+        "large"
+    )  # first local token after the span
     prompt_len = summary.prompt_tokens
     model, _ = load(str(large))
 
@@ -123,14 +153,17 @@ def test_the_next_local_token_is_conditioned_on_the_cloud_tokens(server, tiny_pa
     assert session.cloud.take_notices()[0].startswith("cloud call budget spent")
 
 
-@pytest.mark.parametrize("failure", [
-    pytest.param(None, id="server-down"),
-    pytest.param([error(401)], id="401"),
-    pytest.param([error(429), error(429)], id="429"),
-    pytest.param([error(529), error(529)], id="529"),
-    pytest.param([garbage()], id="garbage"),
-    pytest.param([stream_error("Paris is")], id="error-event-mid-stream"),
-])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(None, id="server-down"),
+        pytest.param([error(401)], id="401"),
+        pytest.param([error(429), error(429)], id="429"),
+        pytest.param([error(529), error(529)], id="529"),
+        pytest.param([garbage()], id="garbage"),
+        pytest.param([stream_error("Paris is")], id="error-event-mid-stream"),
+    ],
+)
 def test_cloud_failures_leave_a_local_answer_and_one_note(failure, pair, monkeypatch, tmp_path):
     telemetry = tmp_path / "t.jsonl"
     args = [*pair, *SPANNING, "--json", "--max-tokens", "16", "--telemetry", str(telemetry)]
@@ -168,8 +201,10 @@ def test_budget_exhaustion_is_said_once(server, pair):
 
 def test_answer_hand_off_carries_both_answers_score_and_decision(server, pair):
     server.script(reply("Paris.", output_tokens=2))
-    result = chat([*pair, "--cloud", "answer", "--cloud-threshold", "0", "--json", "--max-tokens", "8"],
-                  "What is the capital of France?\n")
+    result = chat(
+        [*pair, "--cloud", "answer", "--cloud-threshold", "0", "--json", "--max-tokens", "8"],
+        "What is the capital of France?\n",
+    )
     assert result.exit_code == 0, result.stderr
     [record] = records(result)
     handoff = record["handoff"]
@@ -178,14 +213,20 @@ def test_answer_hand_off_carries_both_answers_score_and_decision(server, pair):
     assert handoff["local_text"] == "".join(t["text"] for t in record["tokens"])
     assert record["router"]["tiers"] == ["small", "large"]  # no cloud rung in answer mode
     assert record["stats"]["cloud"]["answer"]["calls"] == 1
-    assert server.requests[0].body["messages"] == [{"role": "user", "content": "What is the capital of France?"}]
+    assert server.requests[0].body["messages"] == [
+        {"role": "user", "content": "What is the capital of France?"}
+    ]
     # Piped without --json: stdout holds only the answer shown; the status line says which.
     server.script(reply("Paris.", output_tokens=2))
-    plain = chat([*pair, "--cloud", "answer", "--cloud-threshold", "0", "--max-tokens", "8"],
-                 "What is the capital of France?\n")
+    plain = chat(
+        [*pair, "--cloud", "answer", "--cloud-threshold", "0", "--max-tokens", "8"],
+        "What is the capital of France?\n",
+    )
     assert plain.stdout == "Paris.\n" and "answer: cloud (score" in plain.stderr
-    sure = chat([*pair, "--cloud", "answer", "--cloud-threshold", "100", "--json", "--max-tokens", "8"],
-                "What is the capital of France?\n")
+    sure = chat(
+        [*pair, "--cloud", "answer", "--cloud-threshold", "100", "--json", "--max-tokens", "8"],
+        "What is the capital of France?\n",
+    )
     [kept] = records(sure)
     assert kept["handoff"]["decision"] == "local" and kept["text"] == kept["handoff"]["local_text"]
 
@@ -193,12 +234,14 @@ def test_answer_hand_off_carries_both_answers_score_and_decision(server, pair):
 def test_no_key_is_one_error_line_before_anything_loads(pair, monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY")
     # The models do not exist: a key check after loading would fail on them (exit 4) instead.
-    result = chat(["--small", "/nonexistent/a", "--large", "/nonexistent/b", "--cloud", "span",
-                   "--tau", "1,2"])
+    result = chat(
+        ["--small", "/nonexistent/a", "--large", "/nonexistent/b", "--cloud", "span", "--tau", "1,2"]
+    )
     assert result.exit_code == 8
     assert result.stderr.strip().splitlines() == [
         "error: no ANTHROPIC_API_KEY set: export your Anthropic API key to use the cloud tier, "
-        "or leave it off"]
+        "or leave it off"
+    ]
 
 
 def test_cloud_off_runs_a_cascade_locally_and_options_need_a_cloud(pair, monkeypatch):
@@ -219,8 +262,16 @@ def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_p
 
     server.script(slow(8.0, SPAN))
     small, large = tiny_pair
-    profile = resolve_profile(small=str(small), large=str(large), cloud="span", policy="peek",
-                              tau="0,0", min_run=3, window=1, cloud_options={"timeout_s": 10})
+    profile = resolve_profile(
+        small=str(small),
+        large=str(large),
+        cloud="span",
+        policy="peek",
+        tau="0,0",
+        min_run=3,
+        window=1,
+        cloud_options={"timeout_s": 10},
+    )
     session = open_chat(profile, settings=GenerationSettings(max_tokens=24))
     timer = threading.Timer(1.5, _thread.interrupt_main)
     timer.start()
@@ -238,8 +289,16 @@ def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_p
 def test_an_empty_answer_leaves_no_turn_and_the_next_span_still_goes_up(server, tiny_pair):
     server.script(reply(SPAN, output_tokens=8))
     small, large = tiny_pair
-    profile = resolve_profile(small=str(small), large=str(large), cloud="span", policy="peek",
-                              tau="0,0", min_run=3, window=1, cloud_options={"budget_calls": 1})
+    profile = resolve_profile(
+        small=str(small),
+        large=str(large),
+        cloud="span",
+        policy="peek",
+        tau="0,0",
+        min_run=3,
+        window=1,
+        cloud_options={"budget_calls": 1},
+    )
     session = open_chat(profile, settings=GenerationSettings(max_tokens=16))
     tokenizer = session.ladder.tokenizer
     eos = set(tokenizer.eos_token_ids)

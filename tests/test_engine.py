@@ -11,8 +11,8 @@ from mlx_lm.generate import stream_generate
 
 from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
-from mlxswitch.errors import PromptTooLongError
 from mlxswitch.decoding.tiers import pair_ladder
+from mlxswitch.errors import PromptTooLongError
 from mlxswitch.models.sources import load_model
 from mlxswitch.routing.router import Router, RouterConfig, derive_tiers
 
@@ -65,8 +65,9 @@ def _run(ladder, prompt, config, max_tokens=24):
 
 
 def _prompt_ids(ladder, prompt):
-    return ladder.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                add_generation_prompt=True)
+    return ladder.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True
+    )
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
@@ -76,8 +77,9 @@ def test_infinite_thresholds_reproduce_each_model_alone(ladder, prompt, which, t
     _, events = _run(ladder, prompt, config)
     tier = ladder.tiers[which]
     expected = []
-    for response in stream_generate(tier.model.model, tier.model.tokenizer,
-                                    _prompt_ids(ladder, prompt), max_tokens=24):
+    for response in stream_generate(
+        tier.model.model, tier.model.tokenizer, _prompt_ids(ladder, prompt), max_tokens=24
+    ):
         if response.finish_reason == "stop" and response.token in ladder.tokenizer.eos_token_ids:
             break
         expected.append(response.token)
@@ -86,12 +88,15 @@ def test_infinite_thresholds_reproduce_each_model_alone(ladder, prompt, which, t
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-@pytest.mark.parametrize("up,down,window,min_run", [
-    (1.5, 1.0, 3, 2),
-    (1.0, 0.5, 2, 1),
-    (2.0, 2.0, 1, 3),
-    (0.8, 0.2, 5, 4),
-])
+@pytest.mark.parametrize(
+    "up,down,window,min_run",
+    [
+        (1.5, 1.0, 3, 2),
+        (1.0, 0.5, 2, 1),
+        (2.0, 2.0, 1, 3),
+        (0.8, 0.2, 5, 4),
+    ],
+)
 def test_switching_matches_naive_reference(ladder, prompt, up, down, window, min_run):
     config = RouterConfig(up=(up,), down=(down,), window=window, min_run=min_run)
     _, events = _run(ladder, prompt, config)
@@ -127,8 +132,10 @@ def test_multi_turn_reuses_the_conversation_cache(ladder):
     assert second.prefilled_tokens <= second.prompt_tokens - first.prompt_tokens
     # The answer equals a fresh session given the same history from scratch.
     fresh = ChatSession(ladder, config, GenerationSettings(max_tokens=8))
-    fresh.messages = [{"role": "user", "content": "Hello, how are you?"},
-                      {"role": "assistant", "content": first.text}]
+    fresh.messages = [
+        {"role": "user", "content": "Hello, how are you?"},
+        {"role": "assistant", "content": first.text},
+    ]
     for group in ladder.groups:
         group.reset()
     replay = fresh.ask("And the capital of Italy?")
@@ -176,8 +183,9 @@ def test_seeded_sampling_is_reproducible(ladder):
     assert [e.id for e in a.tokens] == [e.id for e in b.tokens]
 
 
-@pytest.mark.parametrize("settings", [dict(temp=0.0), dict(temp=0.8), dict(temp=0.7, min_p=0.05),
-                                      dict(temp=1.0, top_k=20)])
+@pytest.mark.parametrize(
+    "settings", [dict(temp=0.0), dict(temp=0.8), dict(temp=0.7, min_p=0.05), dict(temp=1.0, top_k=20)]
+)
 def test_samplers_without_top_p_need_no_log_sum_exp(settings):
     # The loop skips the normalisation pass unless top-p is on: these samplers pick the same
     # token from raw logits as from log-probabilities.

@@ -14,18 +14,26 @@ from mlx.utils import tree_flatten
 
 from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.decoding.tiers import gear_ladder
 from mlxswitch.errors import UsageError
 from mlxswitch.models.gear_files import load_geared, save_geared
-from mlxswitch.models.gears import (GearState, NestedLinear, bytes_per_token, gear_report,
-                                    honest_plane_bits, nest_model, plane_bits_for, resident_bytes,
-                                    source_bits)
-from mlxswitch.decoding.tiers import gear_ladder
+from mlxswitch.models.gears import (
+    GearState,
+    NestedLinear,
+    bytes_per_token,
+    gear_report,
+    honest_plane_bits,
+    nest_model,
+    plane_bits_for,
+    resident_bytes,
+    source_bits,
+)
 from mlxswitch.models.sources import load_model
 from mlxswitch.resources import embedded_gguf_path
 from mlxswitch.routing.router import RouterConfig, derive_tiers
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer  # noqa: E402
+from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
 
 GROUP = 64
 PLANES = (4, 4, 8)
@@ -48,8 +56,13 @@ def gguf_tensors():
 
 
 def _real_weight(tensors: dict, prefix: str) -> mx.array:
-    return mx.dequantize(tensors[f"{prefix}.weight"], tensors[f"{prefix}.scales"].astype(mx.float32),
-                         tensors[f"{prefix}.biases"].astype(mx.float32), group_size=32, bits=4)
+    return mx.dequantize(
+        tensors[f"{prefix}.weight"],
+        tensors[f"{prefix}.scales"].astype(mx.float32),
+        tensors[f"{prefix}.biases"].astype(mx.float32),
+        group_size=32,
+        bits=4,
+    )
 
 
 def _plain(weight: mx.array, bits: int) -> mx.array:
@@ -78,9 +91,19 @@ def test_gear_4_with_half_scales_is_plain_4_bit_with_half_scales(weight, nested)
     # Same packed integers as mx.quantize; the scales are what a half-precision checkpoint holds.
     q, scales, biases = mx.quantize(weight, group_size=GROUP, bits=4)
     assert mx.array_equal(nested.planes[0]["weight"], q).item()
-    assert any(mx.array_equal(nested.dequantized(1), mx.dequantize(
-        q, scales.astype(half).astype(mx.float32), biases.astype(half).astype(mx.float32),
-        group_size=GROUP, bits=4)).item() for half in (mx.float16, mx.bfloat16))
+    assert any(
+        mx.array_equal(
+            nested.dequantized(1),
+            mx.dequantize(
+                q,
+                scales.astype(half).astype(mx.float32),
+                biases.astype(half).astype(mx.float32),
+                group_size=GROUP,
+                bits=4,
+            ),
+        ).item()
+        for half in (mx.float16, mx.bfloat16)
+    )
 
 
 def test_gear_8_error_within_1_5x_plain_8_bit(weight, nested):
@@ -161,8 +184,8 @@ def test_source_bits_and_honest_planes(tmp_path):
     state = nest_model(model, honest_plane_bits(4), GROUP)
     assert state.source_bits == 4 and source_bits(model) == 4
     assert gear_report(model).honesty_note() == (
-        "source is 4-bit: gears 8 only reproduce the source more exactly, "
-        "they add no precision beyond 4 bits")
+        "source is 4-bit: gears 8 only reproduce the source more exactly, they add no precision beyond 4 bits"
+    )
     with pytest.raises(UsageError, match="already nested"):
         nest_model(model)
     # The record and the quantized embedding survive saving.
@@ -192,8 +215,9 @@ def test_every_linear_is_nested_and_embedding_is_not(tiny_geared):
     assert not any(isinstance(m, (nn.Linear, nn.QuantizedLinear)) for m in modules.values())
     assert isinstance(modules["lm_head"], NestedLinear)  # untied head takes part
     assert isinstance(modules["model.embed_tokens"], nn.Embedding)
-    assert all(m.gear_state is loaded.model.gear_state for m in modules.values()
-               if isinstance(m, NestedLinear))
+    assert all(
+        m.gear_state is loaded.model.gear_state for m in modules.values() if isinstance(m, NestedLinear)
+    )
 
 
 def test_tied_head_uses_the_embedding():
@@ -208,8 +232,11 @@ def test_tied_head_uses_the_embedding():
 
 
 def _plane_bytes(model, planes: int) -> int:
-    return sum(v.nbytes for k, v in tree_flatten(model.parameters())
-               if ".planes." in k and int(k.split(".planes.")[1].split(".")[0]) < planes)
+    return sum(
+        v.nbytes
+        for k, v in tree_flatten(model.parameters())
+        if ".planes." in k and int(k.split(".planes.")[1].split(".")[0]) < planes
+    )
 
 
 def _norm_bytes(model) -> int:
@@ -255,7 +282,7 @@ def _from_scratch(model, tokens, schedule, step):
     for t in range(step + 1):
         model.gear_state.set(schedule[t])
         logits = model(mx.array(chunk)[None], cache=cache)[0, -1]
-        chunk = tokens[t:t + 1]
+        chunk = tokens[t : t + 1]
     return logits
 
 
@@ -263,8 +290,9 @@ def test_gear_switching_on_a_shared_cache_matches_the_from_scratch_reference(tin
     model = tiny_geared[0].model
     tokens = _decode_on_shared_cache(model, SCHEDULE)
     assert len(set(tokens)) > 8
-    reference = [int(mx.argmax(_from_scratch(model, tokens, SCHEDULE, t)).item())
-                 for t in range(len(SCHEDULE))]
+    reference = [
+        int(mx.argmax(_from_scratch(model, tokens, SCHEDULE, t)).item()) for t in range(len(SCHEDULE))
+    ]
     assert tokens == reference
 
 
@@ -306,8 +334,7 @@ def _run(loaded, gear_list, config, prompt="The quick brown fox"):
 
 def test_engine_switching_matches_stepwise_reference(tiny_geared):
     loaded, _ = tiny_geared
-    config = RouterConfig(up=(0.8, 1.6), down=(0.48, 1.12), window=2, min_run=2,
-                          vocab_size=loaded.vocab_size)
+    config = RouterConfig(up=(0.8, 1.6), down=(0.48, 1.12), window=2, min_run=2, vocab_size=loaded.vocab_size)
     session, events, prompt_ids = _run(loaded, [4, 8, 16], config)
     gears = [int(e.tier[1:]) for e in events]
     assert len(set(gears)) == 3, "thresholds must make the test visit every gear"
@@ -351,13 +378,19 @@ def test_save_and_load_round_trip_and_size(tiny_geared, monkeypatch):
         again.gear_state.set(gear)
         assert mx.array_equal(loaded.model(ids), again(ids)).item()
     # Against a bf16 copy: 2 bytes per linear weight element plus the other tensors in bf16.
-    linear_elements = sum(m.planes[0]["weight"].shape[0] * m.planes[0]["scales"].shape[1] * GROUP
-                          for _, m in loaded.model.named_modules() if isinstance(m, NestedLinear))
+    linear_elements = sum(
+        m.planes[0]["weight"].shape[0] * m.planes[0]["scales"].shape[1] * GROUP
+        for _, m in loaded.model.named_modules()
+        if isinstance(m, NestedLinear)
+    )
     other = sum(v.size for k, v in tree_flatten(loaded.model.parameters()) if ".planes." not in k)
     saved = (out / "model.safetensors").stat().st_size
     assert saved <= 1.15 * 2 * (linear_elements + other)
     stored = mx.load(str(out / "model.safetensors"))
-    assert {v.dtype for k, v in stored.items() if k.endswith(("scales", "biases"))} <= {mx.float16, mx.bfloat16}
+    assert {v.dtype for k, v in stored.items() if k.endswith(("scales", "biases"))} <= {
+        mx.float16,
+        mx.bfloat16,
+    }
 
 
 def test_quantized_source_is_reported_honestly():

@@ -10,12 +10,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
-from mlxswitch.models.weights import model_classes
 from tinymodels import train_tokenizer
 
 from mlxswitch.errors import ModelFormatError
 from mlxswitch.models.gguf import load_gguf
 from mlxswitch.models.loading import load_gguf_file
+from mlxswitch.models.weights import model_classes
 from mlxswitch.resources import embedded_gguf_path
 
 CHAT_PROMPTS = ["What is the capital of France?", "Name three colours."]
@@ -29,10 +29,12 @@ def smollm():
 
 # -- the embedded SmolLM2 -----------------------------------------------------------------------
 
+
 def test_chat_template_and_tokenizer_come_from_the_metadata(smollm):
     _, tokenizer, _ = smollm
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
-                                             add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert rendered.startswith("<|im_start|>system\n")
     assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     samples = ["Hello world 12345", "héllo 日本語 ✓ 🙂", "def f(x):\n    return x ** 2\n", "  a\n\n\tb  "]
@@ -52,8 +54,12 @@ def test_config_and_cpu_dtypes(smollm):
     assert config["rope_theta"] == 100000.0 and config["rms_norm_eps"] == 1e-5
     assert config["max_position_embeddings"] == 8192 and config["eos_token_id"] == [2]
     assert config["gguf_file_type"] == "Q4_1"
-    assert config["quantization"] == {"group_size": 32, "bits": 4, "mode": "affine",
-                                      "model.embed_tokens": {"group_size": 32, "bits": 8}}
+    assert config["quantization"] == {
+        "group_size": 32,
+        "bits": 4,
+        "mode": "affine",
+        "model.embed_tokens": {"group_size": 32, "bits": 8},
+    }
     embed, q_proj = model.model.embed_tokens, model.model.layers[0].self_attn.q_proj
     assert (embed.bits, q_proj.bits) == (8, 4)  # the Q8_0 embedding stays quantized
     # fp16 scales would make quantized matmul many times slower on CPU.
@@ -66,7 +72,8 @@ def test_embedded_model_answers_paris_through_its_chat_template(smollm):
 
     model, tokenizer, _ = smollm
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
     text = ""
     for response in stream_generate(model, tokenizer, ids, max_tokens=12):
         text += response.text
@@ -99,7 +106,7 @@ class NumpyLlama:
 
     def __init__(self, path):
         tensors, meta = mx.load(str(path), return_metadata=True)
-        get = lambda key: meta[f"llama.{key}"].item()  # noqa: E731
+        get = lambda key: meta[f"llama.{key}"].item()
         self.layers = get("block_count")
         self.heads, self.kv_heads = get("attention.head_count"), get("attention.head_count_kv")
         self.eps, self.theta = get("attention.layer_norm_rms_epsilon"), get("rope.freq_base")
@@ -174,8 +181,7 @@ def test_greedy_tokens_match_an_independent_numpy_reference(smollm, one_blas_thr
     model, tokenizer, _ = smollm
     reference = NumpyLlama(embedded_gguf_path())
     for prompt in CHAT_PROMPTS:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
         cache = make_prompt_cache(model)
         logits = model(mx.array(ids)[None], cache=cache)[0, -1]
         for _ in range(12):
@@ -190,11 +196,20 @@ def test_greedy_tokens_match_an_independent_numpy_reference(smollm, one_blas_thr
 # -- tiny synthetic GGUF files ------------------------------------------------------------------
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 32, 64, 2, 4, 2
-_MLX_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-              "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-              "ffn_norm": "post_attention_layernorm", "token_embd": "model.embed_tokens",
-              "output_norm": "model.norm", "output": "lm_head"}
+_MLX_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 
 
 @pytest.fixture(scope="module")
@@ -206,40 +221,65 @@ def tiny_vocab():
     return tokens, merges
 
 
-def _tiny_gguf(path, vocab, arch: str, *, bias: bool = False, pre: str = "gpt-2",
-               dtype=mx.float32, extra: dict | None = None, meta: dict | None = None) -> dict:
+def _tiny_gguf(
+    path,
+    vocab,
+    arch: str,
+    *,
+    bias: bool = False,
+    pre: str = "gpt-2",
+    dtype=mx.float32,
+    extra: dict | None = None,
+    meta: dict | None = None,
+) -> dict:
     """Write a 2-layer GGUF with random weights; return its tensors by GGUF name."""
     tokens, merges = vocab
     mx.random.seed(3)
-    rand = lambda *shape, scale=0.2: (mx.random.normal(shape) * scale).astype(dtype)  # noqa: E731
-    arrays = {"token_embd.weight": rand(len(tokens), HIDDEN, scale=0.3),
-              "output.weight": rand(len(tokens), HIDDEN, scale=1.0),
-              "output_norm.weight": mx.ones((HIDDEN,), dtype=dtype)}
+    rand = lambda *shape, scale=0.2: (mx.random.normal(shape) * scale).astype(dtype)
+    arrays = {
+        "token_embd.weight": rand(len(tokens), HIDDEN, scale=0.3),
+        "output.weight": rand(len(tokens), HIDDEN, scale=1.0),
+        "output_norm.weight": mx.ones((HIDDEN,), dtype=dtype),
+    }
     kv = HIDDEN // HEADS * KV_HEADS
     for i in range(LAYERS):
         p = f"blk.{i}."
-        arrays.update({p + "attn_norm.weight": 1 + rand(HIDDEN, scale=0.1),
-                       p + "ffn_norm.weight": 1 + rand(HIDDEN, scale=0.1),
-                       p + "attn_q.weight": rand(HIDDEN, HIDDEN), p + "attn_k.weight": rand(kv, HIDDEN),
-                       p + "attn_v.weight": rand(kv, HIDDEN), p + "attn_output.weight": rand(HIDDEN, HIDDEN),
-                       p + "ffn_gate.weight": rand(FFN, HIDDEN), p + "ffn_up.weight": rand(FFN, HIDDEN),
-                       p + "ffn_down.weight": rand(HIDDEN, FFN)})
+        arrays.update(
+            {
+                p + "attn_norm.weight": 1 + rand(HIDDEN, scale=0.1),
+                p + "ffn_norm.weight": 1 + rand(HIDDEN, scale=0.1),
+                p + "attn_q.weight": rand(HIDDEN, HIDDEN),
+                p + "attn_k.weight": rand(kv, HIDDEN),
+                p + "attn_v.weight": rand(kv, HIDDEN),
+                p + "attn_output.weight": rand(HIDDEN, HIDDEN),
+                p + "ffn_gate.weight": rand(FFN, HIDDEN),
+                p + "ffn_up.weight": rand(FFN, HIDDEN),
+                p + "ffn_down.weight": rand(HIDDEN, FFN),
+            }
+        )
         if bias:
-            arrays.update({p + "attn_q.bias": rand(HIDDEN), p + "attn_k.bias": rand(kv),
-                           p + "attn_v.bias": rand(kv)})
+            arrays.update(
+                {p + "attn_q.bias": rand(HIDDEN), p + "attn_k.bias": rand(kv), p + "attn_v.bias": rand(kv)}
+            )
     arrays.update(extra or {})
-    u32 = lambda n: mx.array(n, dtype=mx.uint32)  # noqa: E731
+    u32 = lambda n: mx.array(n, dtype=mx.uint32)
     metadata = {
         "general.architecture": arch,
-        f"{arch}.block_count": u32(LAYERS), f"{arch}.embedding_length": u32(HIDDEN),
-        f"{arch}.feed_forward_length": u32(FFN), f"{arch}.attention.head_count": u32(HEADS),
-        f"{arch}.attention.head_count_kv": u32(KV_HEADS), f"{arch}.context_length": u32(256),
+        f"{arch}.block_count": u32(LAYERS),
+        f"{arch}.embedding_length": u32(HIDDEN),
+        f"{arch}.feed_forward_length": u32(FFN),
+        f"{arch}.attention.head_count": u32(HEADS),
+        f"{arch}.attention.head_count_kv": u32(KV_HEADS),
+        f"{arch}.context_length": u32(256),
         f"{arch}.attention.layer_norm_rms_epsilon": mx.array(1e-5, dtype=mx.float32),
         f"{arch}.rope.freq_base": mx.array(10000.0, dtype=mx.float32),
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
-        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.token_type": mx.array([3 if t.startswith("<|") else 1 for t in tokens],
-                                              dtype=mx.int32),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": mx.array(
+            [3 if t.startswith("<|") else 1 for t in tokens], dtype=mx.int32
+        ),
         "tokenizer.ggml.eos_token_id": u32(tokens.index("<|im_end|>")),
         **(meta or {}),
     }
@@ -286,19 +326,27 @@ def test_float_dtype_none_keeps_the_checkpoint_precision(tmp_path, tiny_vocab):
     assert model.model.layers[0].mlp.up_proj.weight.dtype == mx.float32
 
 
-def _llama3_rope_factors(head_dim: int, base: float, factor: float, low: float, high: float,
-                         original_context: int) -> np.ndarray:
+def _llama3_rope_factors(
+    head_dim: int, base: float, factor: float, low: float, high: float, original_context: int
+) -> np.ndarray:
     """What llama.cpp's converter stores as rope_freqs for Llama 3.x (Meta's published formula)."""
     wavelengths = 2 * np.pi / base ** (-np.arange(0, head_dim, 2) / head_dim)
     smooth = (original_context / wavelengths - low) / (high - low)
-    return np.where(wavelengths < original_context / high, 1.0,
-                    np.where(wavelengths > original_context / low, factor,
-                             1 / ((1 - smooth) / factor + smooth))).astype(np.float32)
+    return np.where(
+        wavelengths < original_context / high,
+        1.0,
+        np.where(wavelengths > original_context / low, factor, 1 / ((1 - smooth) / factor + smooth)),
+    ).astype(np.float32)
 
 
 def test_rope_freqs_tensor_scales_rope_like_mlx_lm_llama3(tmp_path, tiny_vocab):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     factors = _llama3_rope_factors(HIDDEN // HEADS, 10000.0, 8.0, 1.0, 4.0, 64)
     assert len(set(factors.tolist())) == 3  # one pair each: unscaled, smoothed, fully scaled
     path = tmp_path / "llama3.gguf"
@@ -315,13 +363,16 @@ def test_rope_freqs_tensor_scales_rope_like_mlx_lm_llama3(tmp_path, tiny_vocab):
     assert mx.allclose(model(ids[:, -1:], cache=cache)[0, -1], scaled[0, -1], atol=1e-4).item()
 
 
-@pytest.mark.parametrize("pre,pieces", [
-    ("gpt-2", ["Hi", "Ġ", "Ġthere", "Ġ12345", "!", "Ċ", "Ċ", "ok"]),
-    ("smollm", ["Hi", "Ġ", "Ġthere", "Ġ", "1", "2", "3", "4", "5", "!", "Ċ", "Ċ", "ok"]),
-    ("llama-bpe", ["Hi", "Ġ", "Ġthere", "Ġ", "123", "45", "!ĊĊ", "ok"]),
-    ("qwen2", ["Hi", "Ġ", "Ġthere", "Ġ", "1", "2", "3", "4", "5", "!ĊĊ", "ok"]),
-    ("default", ["Hi", "Ġ", "Ġthere", "Ġ", "123", "45", "!", "Ċ", "Ċ", "ok"]),
-])
+@pytest.mark.parametrize(
+    "pre,pieces",
+    [
+        ("gpt-2", ["Hi", "Ġ", "Ġthere", "Ġ12345", "!", "Ċ", "Ċ", "ok"]),
+        ("smollm", ["Hi", "Ġ", "Ġthere", "Ġ", "1", "2", "3", "4", "5", "!", "Ċ", "Ċ", "ok"]),
+        ("llama-bpe", ["Hi", "Ġ", "Ġthere", "Ġ", "123", "45", "!ĊĊ", "ok"]),
+        ("qwen2", ["Hi", "Ġ", "Ġthere", "Ġ", "1", "2", "3", "4", "5", "!ĊĊ", "ok"]),
+        ("default", ["Hi", "Ġ", "Ġthere", "Ġ", "123", "45", "!", "Ċ", "Ċ", "ok"]),
+    ],
+)
 def test_pre_tokenizer_follows_llama_cpp_per_type(tmp_path, tiny_vocab, pre, pieces):
     path = tmp_path / f"{pre}.gguf"
     _tiny_gguf(path, tiny_vocab, "llama", pre=pre)
@@ -333,9 +384,15 @@ def test_pre_tokenizer_follows_llama_cpp_per_type(tmp_path, tiny_vocab, pre, pie
 def test_add_bos_token_prepends_bos(tmp_path, tiny_vocab):
     path = tmp_path / "bos.gguf"
     tokens = tiny_vocab[0]
-    _tiny_gguf(path, tiny_vocab, "llama", meta={
-        "tokenizer.ggml.bos_token_id": mx.array(tokens.index("<|im_start|>"), dtype=mx.uint32),
-        "tokenizer.ggml.add_bos_token": mx.array(True)})
+    _tiny_gguf(
+        path,
+        tiny_vocab,
+        "llama",
+        meta={
+            "tokenizer.ggml.bos_token_id": mx.array(tokens.index("<|im_start|>"), dtype=mx.uint32),
+            "tokenizer.ggml.add_bos_token": mx.array(True),
+        },
+    )
     _, tokenizer, _ = load_gguf(path, mx.float32)
     ids = tokenizer.encode("Hello")
     assert ids[0] == tokens.index("<|im_start|>") and len(ids) > 1
@@ -344,8 +401,10 @@ def test_add_bos_token_prepends_bos(tmp_path, tiny_vocab):
 
 # -- refusals -----------------------------------------------------------------------------------
 
+
 def _raw_gguf(path, tensors: list[tuple[str, int, list[int], bytes]], strings: dict[str, str]) -> None:
     """A GGUF v3 file written byte by byte, for tensor types mx.save_gguf cannot write."""
+
     def text(s: str) -> bytes:
         return struct.pack("<Q", len(s.encode())) + s.encode()
 
@@ -362,10 +421,16 @@ def _raw_gguf(path, tensors: list[tuple[str, int, list[int], bytes]], strings: d
 
 def test_tensor_types_without_a_conversion_are_refused_by_name(tmp_path):
     path = tmp_path / "q2k.gguf"
-    _raw_gguf(path, [("token_embd.weight", 0, [32, 2], b"\0" * 256),
-                     ("output.weight", 10, [256, 1], b"\0" * 84)], {"general.architecture": "llama"})
-    with pytest.raises(ModelFormatError, match=r"q2k.gguf: 1 tensor\(s\) use Q2_K \(first: 'output.weight'\), "
-                                               r"which mlxswitch cannot load; supported GGUF types: F32, F16"):
+    _raw_gguf(
+        path,
+        [("token_embd.weight", 0, [32, 2], b"\0" * 256), ("output.weight", 10, [256, 1], b"\0" * 84)],
+        {"general.architecture": "llama"},
+    )
+    with pytest.raises(
+        ModelFormatError,
+        match=r"q2k.gguf: 1 tensor\(s\) use Q2_K \(first: 'output.weight'\), "
+        r"which mlxswitch cannot load; supported GGUF types: F32, F16",
+    ):
         load_gguf_file("q2k", path, "q2k")
 
 

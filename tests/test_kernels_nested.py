@@ -22,8 +22,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlxswitch.kernels import kernel_self_check
-from mlxswitch.kernels import nested
+from mlxswitch.kernels import kernel_self_check, nested
 from mlxswitch.kernels._common import KERNELS_ENV, force_reference, relative_max_error
 
 F32, F16, BF16 = mx.float32, mx.float16, mx.bfloat16
@@ -33,8 +32,7 @@ TOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
 REF_TOL = {F32: 1e-5, F16: 5e-3, BF16: 5e-2}
 
 
-def _case(plane_bits, group_size=64, out_dims=24, in_dims=128, rows=3, dtype=F32, bias=True,
-          seed=0):
+def _case(plane_bits, group_size=64, out_dims=24, in_dims=128, rows=3, dtype=F32, bias=True, seed=0):
     planes = nested.synthetic_planes(out_dims, in_dims, plane_bits, group_size, dtype, seed)
     key = mx.random.key(seed + 7)
     x = mx.random.normal((rows, in_dims), key=key).astype(dtype)
@@ -53,9 +51,13 @@ def _err(got, want) -> float:
 def test_reference_is_the_sum_of_dequantized_planes_in_float64(plane_bits):
     x, planes, b = _case(plane_bits, out_dims=13)
     for active in range(1, len(plane_bits) + 1):
-        weight = sum(np.array(mx.dequantize(p["weight"], p["scales"], p["biases"], group_size=64,
-                                            bits=bits), dtype=np.float64)
-                     for p, bits in zip(planes[:active], plane_bits))
+        weight = sum(
+            np.array(
+                mx.dequantize(p["weight"], p["scales"], p["biases"], group_size=64, bits=bits),
+                dtype=np.float64,
+            )
+            for p, bits in zip(planes[:active], plane_bits)
+        )
         want = np.array(x, dtype=np.float64) @ weight.T + np.array(b, dtype=np.float64)
         got = nested.reference_nested_matmul(x, planes, plane_bits, 64, active, b)
         assert np.allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
@@ -64,6 +66,7 @@ def test_reference_is_the_sum_of_dequantized_planes_in_float64(plane_bits):
 
 
 # -- CPU multi-row routes -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("plane_bits", [(4,), (8,), (4, 4), (8, 4), (4, 4, 8)])
@@ -86,15 +89,18 @@ def test_cpu_routes_match_reference_over_rows(plane_bits):
         x, active = x_all[:rows], 1 + rows % len(plane_bits)
         want = nested.reference_nested_matmul(x, planes, plane_bits, 64, active, b)
         routes = [nested.nested_matmul(x, planes, plane_bits, 64, active, b)]
-        routes += [nested.dense_nested_matmul(x, planes, plane_bits, 64, active, b, use_numpy)
-                   for use_numpy in (True, False)]
+        routes += [
+            nested.dense_nested_matmul(x, planes, plane_bits, 64, active, b, use_numpy)
+            for use_numpy in (True, False)
+        ]
         for got in routes:
             assert got.shape == want.shape and got.dtype == want.dtype
             assert _err(got, want) < TOL[F32], (rows, active)
 
 
-@pytest.mark.parametrize("x_dtype,scale_dtype", [(F16, F16), (BF16, BF16), (F32, F16),
-                                                 (F16, BF16), (BF16, F32)])
+@pytest.mark.parametrize(
+    "x_dtype,scale_dtype", [(F16, F16), (BF16, BF16), (F32, F16), (F16, BF16), (BF16, F32)]
+)
 def test_cpu_routes_keep_the_reference_dtype_and_are_at_least_as_accurate(x_dtype, scale_dtype):
     x, planes, _ = _case((4, 4, 8), out_dims=40, rows=37, dtype=scale_dtype)
     x = x.astype(x_dtype)
@@ -127,8 +133,10 @@ def test_leading_dimensions_and_no_bias():
     x, planes, _ = _case((4, 4), out_dims=24, rows=2 * 19, bias=False)
     x = x.reshape(2, 19, 128)
     want = nested.reference_nested_matmul(x, planes, (4, 4), 64, 2)
-    for got in (nested.nested_matmul(x, planes, (4, 4), 64, 2),
-                nested.dense_nested_matmul(x, planes, (4, 4), 64, 2, use_numpy=False)):
+    for got in (
+        nested.nested_matmul(x, planes, (4, 4), 64, 2),
+        nested.dense_nested_matmul(x, planes, (4, 4), 64, 2, use_numpy=False),
+    ):
         assert got.shape == (2, 19, 24) and _err(got, want) < TOL[F32]
 
 
@@ -190,13 +198,19 @@ def test_env_override_forces_every_reference_path(monkeypatch):
     monkeypatch.setattr(nested, "on_gpu", lambda: False)
     assert nested.cpu_route(200, 3) == "reference"
     assert "reference" in nested.describe_cpu_rule()
-    got = nested.quantized_matmul_rows(x, planes[0]["weight"], planes[0]["scales"],
-                                       planes[0]["biases"], 64, 4)
+    got = nested.quantized_matmul_rows(
+        x, planes[0]["weight"], planes[0]["scales"], planes[0]["biases"], 64, 4
+    )
     assert calls == []
     # "mx": no NumPy, MLX's dense matmul only where it pays (2 planes from 8 rows, 3 from 4)
     monkeypatch.setenv(KERNELS_ENV, "mx")
     assert [nested.cpu_route(r, a) for r, a in ((200, 1), (7, 2), (8, 2), (4, 3), (9, 5))] == [
-        "reference", "reference", "dense", "dense", "dense"]
+        "reference",
+        "reference",
+        "dense",
+        "dense",
+        "dense",
+    ]
     monkeypatch.setenv(KERNELS_ENV, "fast-please")
     with pytest.raises(ValueError, match=KERNELS_ENV):
         nested.nested_matmul(x, planes, (4, 4, 8), 64, 3, b)
@@ -207,8 +221,9 @@ def test_env_override_forces_every_reference_path(monkeypatch):
 def test_quantized_matmul_rows_matches_quantized_linear(rows, bits):
     layer = nn.QuantizedLinear(128, 40, bias=True, group_size=64, bits=bits)
     x = mx.random.normal((rows, 128), key=mx.random.key(rows))
-    got = nested.quantized_matmul_rows(x, layer.weight, layer.scales, layer.biases,
-                                       layer.group_size, layer.bits, layer.bias)
+    got = nested.quantized_matmul_rows(
+        x, layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits, layer.bias
+    )
     assert _err(got, layer(x)) < TOL[F32]
 
 
@@ -216,8 +231,7 @@ def test_quantized_matmul_rows_passes_other_modes_to_mlx():
     w = mx.random.normal((40, 128), key=mx.random.key(1))
     q, scales = mx.quantize(w, group_size=32, bits=4, mode="mxfp4")
     x = mx.random.normal((37, 128), key=mx.random.key(2))
-    want = mx.quantized_matmul(x, q, scales, None, transpose=True, group_size=32, bits=4,
-                               mode="mxfp4")
+    want = mx.quantized_matmul(x, q, scales, None, transpose=True, group_size=32, bits=4, mode="mxfp4")
     got = nested.quantized_matmul_rows(x, q, scales, None, 32, 4, mode="mxfp4")
     assert np.array_equal(np.array(got), np.array(want))
 
@@ -321,9 +335,16 @@ def test_metal_kernel_matches_reference():
         for group_size in nested.SUPPORTED_GROUP_SIZES:
             for dtype in (F32, F16, BF16):
                 for rows, out_dims in ((1, 13), (4, 64)):
-                    err = nested.check_kernel_case(nested.metal_nested_matmul, plane_bits,
-                                                   group_size, dtype, dtype, dtype,
-                                                   out_dims=out_dims, rows=rows)
+                    err = nested.check_kernel_case(
+                        nested.metal_nested_matmul,
+                        plane_bits,
+                        group_size,
+                        dtype,
+                        dtype,
+                        dtype,
+                        out_dims=out_dims,
+                        rows=rows,
+                    )
                     assert err < TOL[dtype], (plane_bits, group_size, dtype, rows)
 
 
@@ -454,20 +475,33 @@ CASES
 }
 """
 
-_ATTRIBUTES = {"thread_position_in_grid": "tpig", "threads_per_threadgroup": "tptg",
-               "simdgroup_index_in_threadgroup": "simd", "thread_index_in_simdgroup": "lane"}
+_ATTRIBUTES = {
+    "thread_position_in_grid": "tpig",
+    "threads_per_threadgroup": "tptg",
+    "simdgroup_index_in_threadgroup": "simd",
+    "thread_index_in_simdgroup": "lane",
+}
 
 # (plane bits, group size, x dtype, scales dtype, bias dtype or None)
-_WIDTHS = [((b,), gs, F32, F32, F32 if (i + j) % 2 else None)
-           for i, b in enumerate(nested.SUPPORTED_BITS)
-           for j, gs in enumerate(nested.SUPPORTED_GROUP_SIZES)]
-_MIXES = [(bits, gs, F32, F32, F32 if j % 2 else None)
-          for bits in ((4, 4), (4, 4, 8), (2, 2), (3, 5, 6))
-          for j, gs in enumerate(nested.SUPPORTED_GROUP_SIZES)]
-_DTYPES = [((4, 4, 8), 64, F16, F16, F16), ((4, 4, 8), 64, BF16, BF16, BF16),
-           ((2, 2), 32, F16, F16, None), ((3, 5, 6), 128, BF16, BF16, None),
-           ((4, 4), 64, F32, F16, None), ((4, 4, 8), 128, BF16, F16, F32),
-           ((8, 8), 32, F16, F32, BF16)]
+_WIDTHS = [
+    ((b,), gs, F32, F32, F32 if (i + j) % 2 else None)
+    for i, b in enumerate(nested.SUPPORTED_BITS)
+    for j, gs in enumerate(nested.SUPPORTED_GROUP_SIZES)
+]
+_MIXES = [
+    (bits, gs, F32, F32, F32 if j % 2 else None)
+    for bits in ((4, 4), (4, 4, 8), (2, 2), (3, 5, 6))
+    for j, gs in enumerate(nested.SUPPORTED_GROUP_SIZES)
+]
+_DTYPES = [
+    ((4, 4, 8), 64, F16, F16, F16),
+    ((4, 4, 8), 64, BF16, BF16, BF16),
+    ((2, 2), 32, F16, F16, None),
+    ((3, 5, 6), 128, BF16, BF16, None),
+    ((4, 4), 64, F32, F16, None),
+    ((4, 4, 8), 128, BF16, F16, F32),
+    ((8, 8), 32, F16, F32, BF16),
+]
 CONFIGS = _WIDTHS + _MIXES + _DTYPES
 # (out_dims, in_dims, rows) for group size gs: more chunks than lanes and a partial last block;
 # fewer chunks than lanes and one exact block; three rows of x.
@@ -480,13 +514,14 @@ BUGS = {
     "wrong group index": ("chunk * 8u / uint(GROUP_SIZE)", "chunk / uint(GROUP_SIZE)"),
     "last plane skipped": (
         "nested_plane_accumulate<BITS2, GROUP_SIZE, RESULTS>(w2, scales2, biases2, xs, xsum, "
-        "row0, out_dims, in_dims, chunk, acc);", ""),
+        "row0, out_dims, in_dims, chunk, acc);",
+        "",
+    ),
     "bias not added": ("total += float(bias[row]);", ""),
     "zero points dropped": (" + float(biases[g]) * xsum", ""),
     "lanes skip chunks": ("chunk += 32u", "chunk += 64u"),
     "one row per SIMD group": ("metal::min(row0 + uint(r), out_dims - 1u)", "row0"),
-    "x row ignored": ("const uint row_in = thread_position_in_grid.z;",
-                      "const uint row_in = 0u;"),
+    "x row ignored": ("const uint row_in = thread_position_in_grid.z;", "const uint row_in = 0u;"),
 }
 
 
@@ -494,8 +529,11 @@ def _inputs(config, out_dims, in_dims, rows, seed=0):
     bits, gs, x_dtype, scale_dtype, bias_dtype = config
     planes = nested.synthetic_planes(out_dims, in_dims, bits, gs, scale_dtype, seed)
     x = mx.random.normal((rows, in_dims), key=mx.random.key(seed + 1)).astype(x_dtype)
-    bias = (None if bias_dtype is None else
-            mx.random.normal((out_dims,), key=mx.random.key(seed + 2)).astype(bias_dtype))
+    bias = (
+        None
+        if bias_dtype is None
+        else mx.random.normal((out_dims,), key=mx.random.key(seed + 2)).astype(bias_dtype)
+    )
     return x, planes, bias
 
 
@@ -540,10 +578,8 @@ def _generated_source(config, folder) -> str:
     arrays += [bias] if has_bias else []
 
     def launch(*a):
-        traced = [{"weight": a[1 + 3 * i], "scales": a[2 + 3 * i], "biases": a[3 + 3 * i]}
-                  for i in range(n)]
-        return nested.launch(kernel, a[0], traced, bits, gs, a[-1] if has_bias else None,
-                             verbose=True)
+        traced = [{"weight": a[1 + 3 * i], "scales": a[2 + 3 * i], "biases": a[3 + 3 * i]} for i in range(n)]
+        return nested.launch(kernel, a[0], traced, bits, gs, a[-1] if has_bias else None, verbose=True)
 
     def export():  # export tracing records a Metal kernel without Metal, printing its source
         try:
@@ -581,17 +617,18 @@ def _variant(index: int, source: str) -> tuple[str, str]:
     # g++ rejects attributes on an explicit instantiation; the call below instantiates instead.
     body = re.sub(r"\ntemplate \[\[host_name.*", "\n", source, flags=re.S)
     namespace = f"namespace v{index} {{\n{body}\n}}  // namespace v{index}\n"
-    case = (f"    case {index}: {{\n      " + "\n      ".join(loads) + "\n"
-            f"      run_grid(gx, gy, gz, tx, [&](uint3 tpig, uint3 tptg, uint simd, uint lane) {{\n"
-            f"        v{index}::{name}<{template_args}>({', '.join(args)});\n      }});\n"
-            f"      break;\n    }}\n")
+    case = (
+        f"    case {index}: {{\n      " + "\n      ".join(loads) + "\n"
+        f"      run_grid(gx, gy, gz, tx, [&](uint3 tpig, uint3 tptg, uint simd, uint lane) {{\n"
+        f"        v{index}::{name}<{template_args}>({', '.join(args)});\n      }});\n"
+        f"      break;\n    }}\n"
+    )
     return namespace, case
 
 
 def _program(sources: list[str]) -> str:
     parts = [_variant(i, s) for i, s in enumerate(sources)]
-    return (_PRELUDE + "".join(p[0] for p in parts)
-            + _MAIN.replace("CASES", "".join(p[1] for p in parts)))
+    return _PRELUDE + "".join(p[0] for p in parts) + _MAIN.replace("CASES", "".join(p[1] for p in parts))
 
 
 def _edited(source: str, old: str, new: str) -> str:
@@ -611,9 +648,22 @@ class Emulator:
         for label, sources in (("good", good), ("bugs", bugged)):
             src = folder / f"{label}.cpp"
             src.write_text(_program(sources))
-            jobs.append(subprocess.Popen(
-                ["g++", "-std=c++20", "-O1", "-pthread", "-Wno-attributes", "-o",
-                 str(folder / label), str(src)], stderr=subprocess.PIPE, text=True))
+            jobs.append(
+                subprocess.Popen(
+                    [
+                        "g++",
+                        "-std=c++20",
+                        "-O1",
+                        "-pthread",
+                        "-Wno-attributes",
+                        "-o",
+                        str(folder / label),
+                        str(src),
+                    ],
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         for job in jobs:  # both compile at once: the two cores
             _, err = job.communicate(timeout=300)
             assert job.returncode == 0, err[-3000:]
@@ -627,17 +677,30 @@ class Emulator:
         shape, dtype = launch["output_shapes"][0], launch["output_dtypes"][0]
         nbytes = int(np.prod(shape)) * dtype.size
         grid = [str(v) for v in launch["grid"]]
-        subprocess.run([str(self.folder / program), str(index), str(self.folder), *grid,
-                        str(launch["threadgroup"][0]), str(nbytes)],
-                       check=True, capture_output=True, timeout=60)
-        raw = np.frombuffer((self.folder / "out.bin").read_bytes(),
-                            dtype=np.float32 if dtype == F32 else np.uint16)
+        subprocess.run(
+            [
+                str(self.folder / program),
+                str(index),
+                str(self.folder),
+                *grid,
+                str(launch["threadgroup"][0]),
+                str(nbytes),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        raw = np.frombuffer(
+            (self.folder / "out.bin").read_bytes(), dtype=np.float32 if dtype == F32 else np.uint16
+        )
         out = mx.array(raw)
         return (out if dtype == F32 else out.view(dtype)).reshape(shape)
 
 
-needs_gxx = pytest.mark.skipif(sys.platform != "linux" or shutil.which("g++") is None,
-                               reason="emulation needs Linux and g++ 12+ (C++20, _Float16)")
+needs_gxx = pytest.mark.skipif(
+    sys.platform != "linux" or shutil.which("g++") is None,
+    reason="emulation needs Linux and g++ 12+ (C++20, _Float16)",
+)
 
 
 @pytest.fixture(scope="module")

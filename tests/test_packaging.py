@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_wheel_ships_and_finds_its_data(tmp_path):
     from hatchling.builders.wheel import WheelBuilder
 
-    wheel = Path(next(iter(WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"),
-                                                          versions=["standard"]))))
+    wheel = Path(
+        next(iter(WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"), versions=["standard"])))
+    )
     names = zipfile.ZipFile(wheel).namelist()
     assert "mlxswitch/models.toml" in names
     assert "mlxswitch/metal/entropy.metal" in names
@@ -28,10 +29,20 @@ def test_wheel_ships_and_finds_its_data(tmp_path):
         "print(len(r.metal_source('entropy')) > 0); print(p.load_profiles().default);"
         "import mlxswitch.bench.prompts as b; print(b.default_suite_path())"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin",
-                              "MLXSWITCH_HOME": str(tmp_path / "home")}, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "MLXSWITCH_HOME": str(tmp_path / "home")},
+        check=True,
+    ).stdout.split()
     installed = site / "mlxswitch"
-    assert out == [str(installed / "__init__.py"), str(installed / "metal"),
-                   str(installed / "models.toml"), "True", "embedded",
-                   str(installed / "bench_prompts" / "suite.jsonl")]
+    assert out == [
+        str(installed / "__init__.py"),
+        str(installed / "metal"),
+        str(installed / "models.toml"),
+        "True",
+        "embedded",
+        str(installed / "bench_prompts" / "suite.jsonl"),
+    ]

@@ -32,6 +32,7 @@ def _entropy_bits(logits: mx.array) -> float:
 
 # -- the rule on hand-made sequences -----------------------------------------------------------
 
+
 def test_peek_escalates_the_same_position_and_holds_while_the_mean_stays_high():
     policy = PeekPolicy(RouterConfig(up=(2.0,), down=(1.0,), window=2, min_run=2, policy="peek"), 2)
     assert policy.start(5.0).rung == 0  # H0 is reviewed as position 0, not used to climb
@@ -59,6 +60,7 @@ def test_derive_tried_flags_a_record_the_rule_disagrees_with():
 
 # -- the engine against naive references -------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ladder(tiny_pair):
     small, large = tiny_pair
@@ -66,8 +68,9 @@ def ladder(tiny_pair):
 
 
 def _prompt_ids(ladder, prompt):
-    return ladder.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                add_generation_prompt=True)
+    return ladder.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True
+    )
 
 
 def _uncertainty(logits: mx.array, signal: str) -> float:
@@ -179,8 +182,9 @@ def stepwise_peek_gears(model, prompt_ids, config, max_tokens, eos):
 
 def test_peek_on_shared_gears_matches_the_stepwise_reference(tiny_gears_4_8):
     loaded = tiny_gears_4_8
-    config = RouterConfig(up=(1.2,), down=(0.8,), window=1, min_run=1, policy="peek",
-                          vocab_size=loaded.vocab_size)
+    config = RouterConfig(
+        up=(1.2,), down=(0.8,), window=1, min_run=1, policy="peek", vocab_size=loaded.vocab_size
+    )
     ladder = gear_ladder(loaded, [4, 8])
     prompt = "The quick brown fox"
     session, events = _events(ladder, prompt, config)
@@ -193,26 +197,56 @@ def test_peek_on_shared_gears_matches_the_stepwise_reference(tiny_gears_4_8):
 
 # -- re-derived from --json and --telemetry ------------------------------------------------------
 
+
 def test_peek_tiers_rederive_from_json_and_telemetry(tiny_pair, tmp_path):
     small, large = tiny_pair
     path = tmp_path / "t.jsonl"
-    result = CliRunner().invoke(app, ["chat", "--small", str(small), "--large", str(large), "--json",
-                                      "--policy", "peek", "--tau", "1.5", "--tau-down", "1.0",
-                                      "--window", "1", "--min-run", "1", "--max-tokens", "16",
-                                      "--telemetry", str(path)], input="Hello there\nCount to three\n")
+    result = CliRunner().invoke(
+        app,
+        [
+            "chat",
+            "--small",
+            str(small),
+            "--large",
+            str(large),
+            "--json",
+            "--policy",
+            "peek",
+            "--tau",
+            "1.5",
+            "--tau-down",
+            "1.0",
+            "--window",
+            "1",
+            "--min-run",
+            "1",
+            "--max-tokens",
+            "16",
+            "--telemetry",
+            str(path),
+        ],
+        input="Hello there\nCount to three\n",
+    )
     assert result.exit_code == 0, result.stderr
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     escalations = 0
     for number, record in enumerate(json.loads(line) for line in result.stdout.splitlines()):
         router = record["router"]
         assert router["policy"] == "peek"
-        config = RouterConfig(up=tuple(map(float, router["up"])), down=tuple(map(float, router["down"])),
-                              window=router["window"], min_run=router["min_run"], policy="peek",
-                              normalize=router["normalized"], vocab_size=router["vocab_size"])
+        config = RouterConfig(
+            up=tuple(map(float, router["up"])),
+            down=tuple(map(float, router["down"])),
+            window=router["window"],
+            min_run=router["min_run"],
+            policy="peek",
+            normalize=router["normalized"],
+            vocab_size=router["vocab_size"],
+        )
         telemetry = [r for r in lines if r.get("answer") == number and "index" in r]
         for tokens in (record["tokens"], telemetry):
-            tried = [[float(h) for _, h in t["tried"]] if "tried" in t else [float(t["entropy"])]
-                     for t in tokens]
+            tried = [
+                [float(h) for _, h in t["tried"]] if "tried" in t else [float(t["entropy"])] for t in tokens
+            ]
             rungs = derive_rungs(config, 2, float(router["initial_entropy"]), tried)
             assert [router["tiers"][r] for r in rungs] == [t["tier"] for t in tokens]
             escalations += sum("tried" in t for t in tokens)

@@ -26,11 +26,18 @@ PROMPTS = ["What is the capital of France?", "Count: one two three"]
 
 
 def _config(up=0.5, down=0.3, window=1, min_run=1, tiers=2):
-    return RouterConfig(up=(up,) * (tiers - 1), down=(down,) * (tiers - 1), window=window, min_run=min_run,
-                        policy="peek", signal="probe")
+    return RouterConfig(
+        up=(up,) * (tiers - 1),
+        down=(down,) * (tiers - 1),
+        window=window,
+        min_run=min_run,
+        policy="peek",
+        signal="probe",
+    )
 
 
 # -- the rule on hand-made sequences -----------------------------------------------------------
+
 
 def test_the_probe_needs_peek_and_probabilities():
     with pytest.raises(SettingError, match="needs the peek policy"):
@@ -73,8 +80,9 @@ def test_three_tiers_go_to_the_highest_boundary_the_score_crosses_and_step_down_
 
 
 def test_the_cloud_is_reached_on_the_window_of_cheap_scores_and_never_reviewed_into():
-    config = RouterConfig(up=(0.5, 0.8), down=(0.3, 0.6), window=1, min_run=1, policy="peek",
-                          signal="probe", top_local=1)
+    config = RouterConfig(
+        up=(0.5, 0.8), down=(0.3, 0.6), window=1, min_run=1, policy="peek", signal="probe", top_local=1
+    )
     policy = PeekPolicy(config, 3)
     policy.start(None)
     assert policy.review(0, 0.95) == 1  # the top local rung, not the cloud
@@ -93,6 +101,7 @@ def test_records_rederive_from_the_bottom_values_alone():
 
 # -- the engine against a naive reference ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ladder(tiny_pair):
     small, large = tiny_pair
@@ -102,8 +111,9 @@ def ladder(tiny_pair):
 def _probe(hidden_size: int, seed: int = 3) -> Probe:
     rng = np.random.default_rng(seed)
     dims = hidden_size + 3
-    return Probe(rng.normal(size=dims) * 0.1, 1.0 + rng.random(dims), rng.normal(size=dims) * 2 / math.sqrt(dims),
-                 0.0)
+    return Probe(
+        rng.normal(size=dims) * 0.1, 1.0 + rng.random(dims), rng.normal(size=dims) * 2 / math.sqrt(dims), 0.0
+    )
 
 
 def _naive_score(probe: Probe, hidden: np.ndarray, logits: np.ndarray) -> float:
@@ -130,7 +140,9 @@ def naive_probe_peek(ladder, prompt_ids, config, probe, max_tokens):
         x = mx.array(ids)[None]
         hidden = small.model(x)[0, -1]
         logits = small(x)[0, -1]
-        score = _naive_score(probe, np.asarray(hidden.astype(mx.float32)), np.asarray(logits.astype(mx.float32)))
+        score = _naive_score(
+            probe, np.asarray(hidden.astype(mx.float32)), np.asarray(logits.astype(mx.float32))
+        )
         higher = policy.review(0, score)
         rungs = [0] if higher is None else [0, higher]
         if higher is not None:
@@ -184,11 +196,31 @@ def test_a_probe_for_another_hidden_size_is_refused(ladder):
 
 # -- the CLI: missing probe, then a saved one loaded automatically ------------------------------
 
+
 def test_chat_on_the_probe_loads_it_from_the_user_directory(tiny_pair, isolated_home, tmp_path):
     small, large = tiny_pair
-    args = ["chat", "--small", str(small), "--large", str(large), "--json", "--policy", "peek",
-            "--signal", "probe", "--tau", "0.5", "--tau-down", "0.5", "--window", "1", "--min-run", "1",
-            "--max-tokens", "12"]
+    args = [
+        "chat",
+        "--small",
+        str(small),
+        "--large",
+        str(large),
+        "--json",
+        "--policy",
+        "peek",
+        "--signal",
+        "probe",
+        "--tau",
+        "0.5",
+        "--tau-down",
+        "0.5",
+        "--window",
+        "1",
+        "--min-run",
+        "1",
+        "--max-tokens",
+        "12",
+    ]
     missing = CliRunner().invoke(app, args, input="Hello there\n")
     assert missing.exit_code != 0 and missing.stdout == ""
     assert missing.stderr.startswith("error: no probe is trained for profile 'ad-hoc pair'")
@@ -204,8 +236,10 @@ def test_chat_on_the_probe_loads_it_from_the_user_directory(tiny_pair, isolated_
     config = _config(0.5, 0.5)
     lines = [json.loads(line) for line in telemetry.read_text().splitlines()]
     for tokens in (record["tokens"], [r for r in lines if "index" in r]):
-        tried = [[None if v is None else float(v) for _, v in t["tried"]] if "tried" in t else [float(t["signal"])]
-                 for t in tokens]
+        tried = [
+            [None if v is None else float(v) for _, v in t["tried"]] if "tried" in t else [float(t["signal"])]
+            for t in tokens
+        ]
         rungs = derive_rungs(config, 2, None, tried)
         assert [record["router"]["tiers"][r] for r in rungs] == [t["tier"] for t in tokens]
     assert any("tried" in t for t in record["tokens"]) and any("tried" not in t for t in record["tokens"])
@@ -227,7 +261,9 @@ def stepwise_probe_gears(model, split, prompt_ids, config, probe, max_tokens, eo
         model.gear_state.set(4)
         hidden = split.body(mx.array([last])[None], cache=cache)[0, -1]
         logits = split.head(hidden)
-        score = _naive_score(probe, np.asarray(hidden.astype(mx.float32)), np.asarray(logits.astype(mx.float32)))
+        score = _naive_score(
+            probe, np.asarray(hidden.astype(mx.float32)), np.asarray(logits.astype(mx.float32))
+        )
         higher = policy.review(0, score)
         if higher is not None:
             trim_prompt_cache(cache, 1)  # this position's K/V comes from the gear that redoes it
@@ -253,8 +289,9 @@ def test_probe_routing_on_shared_gears_matches_the_stepwise_reference(tiny_gears
     prompt = "The quick brown fox"
     session, events = _run(ladder, prompt, config)
     ids = session.render([{"role": "user", "content": prompt}])
-    tokens, tried, scores = stepwise_probe_gears(loaded.model, ladder.bottom_split(), ids, config, ladder.probe,
-                                                 24, ladder.tokenizer.eos_token_ids)
+    tokens, tried, scores = stepwise_probe_gears(
+        loaded.model, ladder.bottom_split(), ids, config, ladder.probe, 24, ladder.tokenizer.eos_token_ids
+    )
     assert [e.id for e in events] == tokens
     assert [[0, 1] if e.tried else [e.rung] for e in events] == tried
     assert any(len(t) > 1 for t in tried) and any(len(t) == 1 for t in tried)
@@ -265,15 +302,21 @@ def test_calibrate_saves_the_probe_that_a_probe_profile_then_routes_on(tiny_pair
     small, large = tiny_pair
     (isolated_home / "models.toml").write_text(
         f'[profiles.tiny]\nmode = "pair"\nsmall = "{small}"\nlarge = "{large}"\n'
-        'policy = "peek"\nsignal = "probe"\nup = [0.5]\nwindow = 1\nmin_run = 1\n')
-    before = CliRunner().invoke(app, ["chat", "--profile", "tiny", "--json", "--max-tokens", "8"], input="Hi\n")
+        'policy = "peek"\nsignal = "probe"\nup = [0.5]\nwindow = 1\nmin_run = 1\n'
+    )
+    before = CliRunner().invoke(
+        app, ["chat", "--profile", "tiny", "--json", "--max-tokens", "8"], input="Hi\n"
+    )
     assert before.exit_code != 0 and "no probe is trained for profile 'tiny'" in before.stderr
     # Calibrating a profile that routes on the probe does not need one: it trains it.
-    calibrated = CliRunner().invoke(app, ["calibrate", "--profile", "tiny", "--target-share", "0.3", "--quick",
-                                          "--max-tokens", "24"])
+    calibrated = CliRunner().invoke(
+        app, ["calibrate", "--profile", "tiny", "--target-share", "0.3", "--quick", "--max-tokens", "24"]
+    )
     assert calibrated.exit_code == 0, calibrated.stderr
     assert "best on probe" in calibrated.stdout, calibrated.stdout
-    after = CliRunner().invoke(app, ["chat", "--profile", "tiny", "--json", "--max-tokens", "8"], input="Hi\n")
+    after = CliRunner().invoke(
+        app, ["chat", "--profile", "tiny", "--json", "--max-tokens", "8"], input="Hi\n"
+    )
     assert after.exit_code == 0, after.stderr
     record = json.loads(after.stdout)
     assert record["router"]["signal"] == "probe" and 0 <= record["router"]["initial_signal"] <= 1

@@ -15,8 +15,9 @@ NAN = math.nan
 
 
 def tiers(up, entropies, h0=0.0, down=None, window=1, min_run=1, num=2, **kw):
-    config = RouterConfig(up=tuple(up), down=None if down is None else tuple(down), window=window,
-                          min_run=min_run, **kw)
+    config = RouterConfig(
+        up=tuple(up), down=None if down is None else tuple(down), window=window, min_run=min_run, **kw
+    )
     return derive_tiers(h0, entropies, config, num)
 
 
@@ -239,11 +240,11 @@ def _reference(h0, entropies, config: RouterConfig, num):
     log2v = math.log2(config.vocab_size) if config.vocab_size else None
     units = (lambda h: h / log2v) if config.normalize else (lambda h: h)
     limit = config.guard_fraction * log2v if log2v else INF
-    hot = (lambda h: h is not None and (not math.isfinite(h) or h > limit))
+    hot = lambda h: h is not None and (not math.isfinite(h) or h > limit)
     kept: list[float] = []
 
     def mean():
-        w = kept[-config.window:]
+        w = kept[-config.window :]
         return math.fsum(w) / len(w) if w else NAN
 
     out = []
@@ -279,15 +280,27 @@ def _random_case(rng: random.Random):
     num = rng.choice([2, 3, 4])
     normalize = rng.random() < 0.3
     scale = 1.0 / 6.0 if normalize else 1.0  # log2 V = 6 bits for V = 64
-    up = sorted(rng.choice([rng.uniform(0, 4) * scale, INF, -INF]) if rng.random() < 0.1
-                else rng.uniform(0, 4) * scale for _ in range(num - 1))
-    down = None if rng.random() < 0.3 else tuple(u * rng.uniform(0.3, 1.0) if math.isfinite(u) else u
-                                                 for u in up)
-    config = RouterConfig(up=tuple(up), down=down, window=rng.randint(1, 6), min_run=rng.randint(1, 8),
-                          normalize=normalize,
-                          vocab_size=64 if normalize or rng.random() < 0.7 else None,
-                          guard_count=rng.randint(1, 3),
-                          top_local=rng.choice([None, rng.randint(0, num - 1)]))
+    up = sorted(
+        rng.choice([rng.uniform(0, 4) * scale, INF, -INF])
+        if rng.random() < 0.1
+        else rng.uniform(0, 4) * scale
+        for _ in range(num - 1)
+    )
+    down = (
+        None
+        if rng.random() < 0.3
+        else tuple(u * rng.uniform(0.3, 1.0) if math.isfinite(u) else u for u in up)
+    )
+    config = RouterConfig(
+        up=tuple(up),
+        down=down,
+        window=rng.randint(1, 6),
+        min_run=rng.randint(1, 8),
+        normalize=normalize,
+        vocab_size=64 if normalize or rng.random() < 0.7 else None,
+        guard_count=rng.randint(1, 3),
+        top_local=rng.choice([None, rng.randint(0, num - 1)]),
+    )
 
     def entropy():
         return rng.choice([rng.uniform(0, 6), rng.uniform(0, 2), 5.8, NAN, None, INF])
@@ -331,21 +344,24 @@ def _same(a: float, b: float) -> bool:
 # -- validation and parsing -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build,num,message", [
-    (lambda: RouterConfig(up=(1.0,)), 3, "3 tiers need 2 up threshold(s), got 1"),
-    (lambda: RouterConfig(up=(1.0,)), 1, "single tier"),
-    (lambda: RouterConfig(up=(1.0, 2.0), down=(0.5,)), 3, "need 2 down threshold(s), got 1"),
-    (lambda: RouterConfig(up=(1.0,), down=(2.0,)), 2, "down threshold 2 exceeds up threshold 1"),
-    (lambda: RouterConfig(up=(NAN,)), 2, "cannot be NaN"),
-    (lambda: RouterConfig(up=(1.0,), window=0), 2, "window must be at least 1"),
-    (lambda: RouterConfig(up=(1.0,), min_run=0), 2, "min run must be at least 1"),
-    (lambda: RouterConfig(up=(0.1,), normalize=True), 2, "need the vocabulary size"),
-    (lambda: RouterConfig(up=(1.0,), vocab_size=1), 2, "vocabulary size must be at least 2"),
-    (lambda: RouterConfig(up=(1.0,), guard_fraction=0.0), 2, "guard fraction"),
-    (lambda: RouterConfig(up=(1.0,), guard_count=0), 2, "guard count"),
-    (lambda: RouterConfig(up=(1.0,), top_local=2), 2, "top local tier must be between 0 and 1"),
-    (lambda: RouterConfig(up=(2.0,), normalize=True, vocab_size=1024), 2, "between 0 and 1; got 2"),
-])
+@pytest.mark.parametrize(
+    "build,num,message",
+    [
+        (lambda: RouterConfig(up=(1.0,)), 3, "3 tiers need 2 up threshold(s), got 1"),
+        (lambda: RouterConfig(up=(1.0,)), 1, "single tier"),
+        (lambda: RouterConfig(up=(1.0, 2.0), down=(0.5,)), 3, "need 2 down threshold(s), got 1"),
+        (lambda: RouterConfig(up=(1.0,), down=(2.0,)), 2, "down threshold 2 exceeds up threshold 1"),
+        (lambda: RouterConfig(up=(NAN,)), 2, "cannot be NaN"),
+        (lambda: RouterConfig(up=(1.0,), window=0), 2, "window must be at least 1"),
+        (lambda: RouterConfig(up=(1.0,), min_run=0), 2, "min run must be at least 1"),
+        (lambda: RouterConfig(up=(0.1,), normalize=True), 2, "need the vocabulary size"),
+        (lambda: RouterConfig(up=(1.0,), vocab_size=1), 2, "vocabulary size must be at least 2"),
+        (lambda: RouterConfig(up=(1.0,), guard_fraction=0.0), 2, "guard fraction"),
+        (lambda: RouterConfig(up=(1.0,), guard_count=0), 2, "guard count"),
+        (lambda: RouterConfig(up=(1.0,), top_local=2), 2, "top local tier must be between 0 and 1"),
+        (lambda: RouterConfig(up=(2.0,), normalize=True, vocab_size=1024), 2, "between 0 and 1; got 2"),
+    ],
+)
 def test_validation_messages(build, num, message):
     # Intrinsic rules fire when the config is built; the ladder's shape in validate(); the
     # vocabulary only the router needs. Whichever fires, the text is the rule's one text.

@@ -43,10 +43,30 @@ def server(tiny_pair, tmp_path_factory):
     env.pop("MLXSWITCH_MODELS", None)
     log = home / "server.log"
     with open(log, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "mlxswitch", "serve", "--small", str(small),
-                                 "--large", str(large), *ROUTING, "--port", str(port),
-                                 "--queue-size", str(QUEUE), "--max-body-bytes", "20000",
-                                 "--log-level", "warning"], env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlxswitch",
+                "serve",
+                "--small",
+                str(small),
+                "--large",
+                str(large),
+                *ROUTING,
+                "--port",
+                str(port),
+                "--queue-size",
+                str(QUEUE),
+                "--max-body-bytes",
+                "20000",
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):  # up to 60 s to import MLX and load the pair
@@ -86,8 +106,19 @@ def _wait_idle(base: str) -> dict:
 
 def _chat_json(tiny_pair, prompt: str, max_tokens: int) -> dict:
     small, large = tiny_pair
-    args = ["chat", "--small", str(small), "--large", str(large), *ROUTING, "--json", "--temp", "0",
-            "--max-tokens", str(max_tokens)]
+    args = [
+        "chat",
+        "--small",
+        str(small),
+        "--large",
+        str(large),
+        *ROUTING,
+        "--json",
+        "--temp",
+        "0",
+        "--max-tokens",
+        str(max_tokens),
+    ]
     result = CliRunner().invoke(app, args, input=prompt + "\n")
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
@@ -95,9 +126,16 @@ def _chat_json(tiny_pair, prompt: str, max_tokens: int) -> dict:
 
 def test_streamed_chat_equals_chat_json_token_for_token(client, tiny_pair):
     prompt = "What is the capital of France?"
-    chunks = list(client.chat.completions.create(
-        model="ad-hoc pair", messages=[{"role": "user", "content": prompt}], max_tokens=16, temperature=0,
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="ad-hoc pair",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     expected = _chat_json(tiny_pair, prompt, 16)
     tokens = [c for c in chunks if c.choices and c.choices[0].finish_reason is None]
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -105,7 +143,8 @@ def test_streamed_chat_equals_chat_json_token_for_token(client, tiny_pair):
     extension = [c.model_extra["mlxswitch"] for c in tokens]
     assert [t for e in extension for t in e["tiers"]] == [t["tier"] for t in expected["tokens"]]
     assert [h for e in extension for h in e["entropies"]] == pytest.approx(
-        [t["entropy"] for t in expected["tokens"]], abs=1e-3)
+        [t["entropy"] for t in expected["tokens"]], abs=1e-3
+    )
     assert {"small", "large"} <= {t["tier"] for t in expected["tokens"]}  # the comparison is not vacuous
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason][0]
     provenance = finish.model_extra["mlxswitch"]["usage"]
@@ -122,8 +161,10 @@ def test_chat_without_streaming_and_conversation_reuse(client):
     assert len(extension["tiers"]) == answer.usage.completion_tokens == len(extension["entropies"])
     assert "".join(extension["texts"]) == answer.choices[0].message.content
     # The next turn sends the whole conversation again: the caches keep what it shares.
-    second = first + [{"role": "assistant", "content": answer.choices[0].message.content},
-                      {"role": "user", "content": "Count to three"}]
+    second = first + [
+        {"role": "assistant", "content": answer.choices[0].message.content},
+        {"role": "user", "content": "Count to three"},
+    ]
     again = client.chat.completions.create(messages=second, model="ad-hoc pair", max_tokens=4, temperature=0)
     reused = again.model_extra["mlxswitch"]["usage"]["prompt_tokens_reused"]
     assert reused >= answer.usage.prompt_tokens
@@ -131,19 +172,24 @@ def test_chat_without_streaming_and_conversation_reuse(client):
 
 
 def test_completions_stream_and_not(client):
-    whole = client.completions.create(model="ad-hoc pair", prompt="The quick brown", max_tokens=5,
-                                      temperature=0)
+    whole = client.completions.create(
+        model="ad-hoc pair", prompt="The quick brown", max_tokens=5, temperature=0
+    )
     assert whole.object == "text_completion" and whole.usage.completion_tokens == 5
-    chunks = list(client.completions.create(model="ad-hoc pair", prompt="The quick brown", max_tokens=5,
-                                            temperature=0, stream=True))
+    chunks = list(
+        client.completions.create(
+            model="ad-hoc pair", prompt="The quick brown", max_tokens=5, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
     tiers = [t for c in chunks for t in c.model_extra["mlxswitch"]["tiers"]]
     assert tiers == whole.model_extra["mlxswitch"]["tiers"]
 
 
 def test_logprobs_chat_and_completions(client):
-    answer = client.chat.completions.create(model="ad-hoc pair", messages=HI, max_tokens=6, temperature=0,
-                                            logprobs=True, top_logprobs=3)
+    answer = client.chat.completions.create(
+        model="ad-hoc pair", messages=HI, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = answer.choices[0].logprobs.content
     assert len(content) == answer.usage.completion_tokens
     for entry in content:
@@ -151,8 +197,11 @@ def test_logprobs_chat_and_completions(client):
         assert len(tops) == 3 and tops == sorted(tops, reverse=True) and tops[0] <= 0
         assert entry.logprob == pytest.approx(tops[0])  # greedy: the token taken is the likeliest
         assert entry.token == entry.top_logprobs[0].token
-    chunks = list(client.completions.create(model="ad-hoc pair", prompt="The quick", max_tokens=4,
-                                            temperature=0, logprobs=2, stream=True))
+    chunks = list(
+        client.completions.create(
+            model="ad-hoc pair", prompt="The quick", max_tokens=4, temperature=0, logprobs=2, stream=True
+        )
+    )
     probs = [c.choices[0].logprobs for c in chunks if c.choices[0].finish_reason is None]
     assert len(probs) == 4 and all(len(p.tokens) == 1 and len(p.top_logprobs[0]) <= 2 for p in probs)
     assert probs[1].text_offset[0] == len(chunks[0].choices[0].text)
@@ -172,26 +221,34 @@ HI = [{"role": "user", "content": "hi"}]
 LONG = [{"role": "user", "content": "Tell me a long story"}]  # the tiny pair runs to 400 tokens on it
 
 
-@pytest.mark.parametrize("path,body,status,param,code", [
-    (CHAT, b"{not json", 400, None, "invalid_json"),
-    (CHAT, b"[1, 2]", 400, None, None),
-    (CHAT, {"messages": "hi"}, 400, "messages", None),
-    (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0]", None),
-    (CHAT, {"messages": HI, "max_tokens": "5"}, 400, "max_tokens", None),
-    (CHAT, {"messages": HI, "temperature": "hot"}, 400, "temperature", None),
-    (CHAT, {"messages": HI, "stream": "yes"}, 400, "stream", None),
-    (CHAT, {"messages": HI, "stop": 5}, 400, "stop", None),
-    (CHAT, {"messages": HI, "n": 2}, 400, "n", None),
-    (CHAT, {"messages": HI, "seed": -1}, 400, "seed", None),
-    (CHAT, {"messages": HI, "top_logprobs": 2}, 400, "top_logprobs", None),
-    (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
-    (CHAT, {"messages": HI, "model": "no-such-model"}, 404, "model", "model_not_found"),
-    (CHAT, {"messages": HI, "model": "../../etc/passwd"}, 404, "model", "model_not_found"),
-    (CHAT, {"messages": [{"role": "user", "content": "one two three " * 300}]}, 400, "messages",
-     "context_length_exceeded"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", None),
-    ("/v1/completions", {"prompt": "x" * 30000}, 413, None, "request_too_large"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,param,code",
+    [
+        (CHAT, b"{not json", 400, None, "invalid_json"),
+        (CHAT, b"[1, 2]", 400, None, None),
+        (CHAT, {"messages": "hi"}, 400, "messages", None),
+        (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0]", None),
+        (CHAT, {"messages": HI, "max_tokens": "5"}, 400, "max_tokens", None),
+        (CHAT, {"messages": HI, "temperature": "hot"}, 400, "temperature", None),
+        (CHAT, {"messages": HI, "stream": "yes"}, 400, "stream", None),
+        (CHAT, {"messages": HI, "stop": 5}, 400, "stop", None),
+        (CHAT, {"messages": HI, "n": 2}, 400, "n", None),
+        (CHAT, {"messages": HI, "seed": -1}, 400, "seed", None),
+        (CHAT, {"messages": HI, "top_logprobs": 2}, 400, "top_logprobs", None),
+        (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+        (CHAT, {"messages": HI, "model": "no-such-model"}, 404, "model", "model_not_found"),
+        (CHAT, {"messages": HI, "model": "../../etc/passwd"}, 404, "model", "model_not_found"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": "one two three " * 300}]},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", None),
+        ("/v1/completions", {"prompt": "x" * 30000}, 413, None, "request_too_large"),
+    ],
+)
 def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, path, body, status, param, code):
     base = server[0]
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -206,8 +263,12 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, path, bod
 
 
 def test_max_tokens_is_clamped_and_unknown_fields_ignored(server):
-    response = httpx.post(server[0] + CHAT, headers=_headers(), timeout=60, json={
-        "messages": HI, "max_tokens": 10**9, "temperature": 0, "frobnicate": {"x": 1}, "user": "me"})
+    response = httpx.post(
+        server[0] + CHAT,
+        headers=_headers(),
+        timeout=60,
+        json={"messages": HI, "max_tokens": 10**9, "temperature": 0, "frobnicate": {"x": 1}, "user": "me"},
+    )
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] <= 512
 
@@ -239,8 +300,12 @@ def test_a_client_that_hangs_up_stops_its_generation(server):
 def test_a_client_that_gives_up_on_a_whole_answer_stops_it_too(server):
     base = server[0]
     with pytest.raises(httpx.ReadTimeout):  # the client closes the connection when it times out
-        httpx.post(base + CHAT, headers=_headers(), timeout=httpx.Timeout(5, read=0.3),
-                   json={"messages": LONG, "max_tokens": 400, "temperature": 0})
+        httpx.post(
+            base + CHAT,
+            headers=_headers(),
+            timeout=httpx.Timeout(5, read=0.3),
+            json={"messages": LONG, "max_tokens": 400, "temperature": 0},
+        )
     health = _wait_idle(base)
     assert health["last_answer"]["finish_reason"] == "interrupted"
     assert health["last_answer"]["tokens"] < 400
@@ -252,8 +317,11 @@ def test_concurrent_clients_are_queued_and_overflow_gets_429(server):
 
     def ask(max_tokens: int) -> None:
         with httpx.Client(timeout=60) as http:
-            r = http.post(base + CHAT, headers=_headers(), json={"messages": HI, "max_tokens": max_tokens,
-                                                                  "temperature": 0})
+            r = http.post(
+                base + CHAT,
+                headers=_headers(),
+                json={"messages": HI, "max_tokens": max_tokens, "temperature": 0},
+            )
             tokens = r.json()["usage"]["completion_tokens"] if r.status_code == 200 else 0
             results.append((r.status_code, r.headers.get("retry-after"), tokens))
 
@@ -279,8 +347,10 @@ def test_loopback_only_unless_asked(monkeypatch, tiny_pair):
     seen = {}
     monkeypatch.delenv("MLXSWITCH_API_KEY", raising=False)
     monkeypatch.setattr("mlxswitch.server.Worker.open", lambda self, make: None)
-    monkeypatch.setattr("mlxswitch.server.run", lambda config, worker, host, port, log_level: seen.update(
-        host=host, config=config))
+    monkeypatch.setattr(
+        "mlxswitch.server.run",
+        lambda config, worker, host, port, log_level: seen.update(host=host, config=config),
+    )
     small, large = tiny_pair
     pair = ["--small", str(small), "--large", str(large)]
     result = CliRunner().invoke(app, ["serve", *pair, "--host", "0.0.0.0"])

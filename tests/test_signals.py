@@ -47,8 +47,15 @@ def _special_cases(v: int = 49152) -> dict[str, np.ndarray]:
     # Finite but so low that d² overflows fp32 where e^d is already 0 (no 0 · inf).
     huge = _logits(v, seed=7)
     huge[[1, v // 2 + 1]] = -1e30
-    return {"masked": masked, "sparse": sparse, "one_hot": one_hot, "tie": tie,
-            "uniform": np.zeros(v, dtype=np.float32), "spread": spread, "huge_negative": huge}
+    return {
+        "masked": masked,
+        "sparse": sparse,
+        "one_hot": one_hot,
+        "tie": tie,
+        "uniform": np.zeros(v, dtype=np.float32),
+        "spread": spread,
+        "huge_negative": huge,
+    }
 
 
 def _nan_cases(v: int = 49152) -> dict[str, np.ndarray]:
@@ -98,8 +105,7 @@ def test_masked_peaked_uniform_and_tied_logits(name):
 def test_known_values():
     v = 49152
     cases = _special_cases(v)
-    assert np.allclose(np.array(token_signals(mx.array(cases["masked"]))), [2.0, 0.0, 0.0],
-                       atol=1e-5)
+    assert np.allclose(np.array(token_signals(mx.array(cases["masked"]))), [2.0, 0.0, 0.0], atol=1e-5)
     h, var, margin = np.array(token_signals(mx.array(cases["one_hot"])))
     assert h < 1e-6 and var < 1e-6 and margin > 0.999999
     h, var, margin = np.array(token_signals(mx.zeros((1, v))))
@@ -158,8 +164,7 @@ def test_kernel_builds_and_self_check_reports():
         assert checks[1].status == "unavailable: no Metal backend"
         # and the dispatcher falls back to the reference
         x = mx.array(_logits(1000))
-        assert np.array_equal(np.array(token_signals(x)),
-                              np.array(entropy_kernel.reference_token_signals(x)))
+        assert np.array_equal(np.array(token_signals(x)), np.array(entropy_kernel.reference_token_signals(x)))
     else:
         assert checks[1].status == "ok"
 
@@ -176,11 +181,11 @@ def _fake_kernel(max_threads: int, wrong: bool = False):
     return kernel
 
 
-@pytest.mark.parametrize(("max_threads", "wrong", "expected"),
-                         [(1024, False, 1024), (512, False, 256), (128, False, None),
-                          (1024, True, None)])
-def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(
-        monkeypatch, max_threads, wrong, expected):
+@pytest.mark.parametrize(
+    ("max_threads", "wrong", "expected"),
+    [(1024, False, 1024), (512, False, 256), (128, False, None), (1024, True, None)],
+)
+def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(monkeypatch, max_threads, wrong, expected):
     monkeypatch.setattr(entropy_kernel, "_KERNEL", _fake_kernel(max_threads, wrong))
     monkeypatch.setattr(entropy_kernel, "on_gpu", lambda: True)
     monkeypatch.setattr(entropy_kernel, "_CHECKED", {})
@@ -197,7 +202,7 @@ def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(
         warnings.simplefilter("always")
         first = token_signals(x)
     assert [w.category for w in caught] == ([RuntimeWarning] if expected is None else [])
-    assert entropy_kernel._CHECKED == {mx.float32: expected}
+    assert {mx.float32: expected} == entropy_kernel._CHECKED
     launched.clear()
     second = token_signals(x)  # checked once per dtype, not again
     assert launched == ([expected] if expected is not None else [])
@@ -411,20 +416,30 @@ def _emulated(dtype, x: np.ndarray, threads: int, build, capfd) -> np.ndarray:
         src = build["dir"] / f"kernel_{str(dtype).rsplit('.', 1)[-1]}.cpp"
         src.write_text(_emulator_program(_generated_source(dtype, capfd, build["dir"])))
         exe = src.with_suffix("")
-        subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-Wno-attributes", "-o", str(exe),
-                        str(src)], check=True, capture_output=True, text=True)
+        subprocess.run(
+            ["g++", "-std=c++20", "-O1", "-pthread", "-Wno-attributes", "-o", str(exe), str(src)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         build[dtype] = exe
     data = build["dir"] / "logits.bin"
     raw = np.array(mx.array(x).astype(dtype).view(mx.uint16 if dtype != mx.float32 else mx.uint32))
     data.write_bytes(raw.tobytes())
-    run = subprocess.run([str(build[dtype]), str(data), str(x.size), str(threads)], check=True,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [str(build[dtype]), str(data), str(x.size), str(threads)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return np.array([float(v) for v in run.stdout.split()])
 
 
 # Where Metal exists the real kernel is tested instead; the emulation targets Linux's g++.
-needs_gxx = pytest.mark.skipif(sys.platform != "linux" or shutil.which("g++") is None,
-                               reason="emulation needs Linux and g++ (C++20)")
+needs_gxx = pytest.mark.skipif(
+    sys.platform != "linux" or shutil.which("g++") is None, reason="emulation needs Linux and g++ (C++20)"
+)
 
 
 @pytest.fixture(scope="module")

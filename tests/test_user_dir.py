@@ -24,12 +24,15 @@ def test_mlxswitch_home_wins(isolated_home):
     assert user_dir() == isolated_home
 
 
-@pytest.mark.parametrize("platform, env, expected", [
-    ("darwin", {}, "Library/Application Support/mlxswitch"),
-    ("linux", {}, ".config/mlxswitch"),
-    ("linux", {"XDG_CONFIG_HOME": "xdg"}, "xdg/mlxswitch"),
-    ("win32", {"APPDATA": "roaming"}, "roaming/mlxswitch"),
-])
+@pytest.mark.parametrize(
+    "platform, env, expected",
+    [
+        ("darwin", {}, "Library/Application Support/mlxswitch"),
+        ("linux", {}, ".config/mlxswitch"),
+        ("linux", {"XDG_CONFIG_HOME": "xdg"}, "xdg/mlxswitch"),
+        ("win32", {"APPDATA": "roaming"}, "roaming/mlxswitch"),
+    ],
+)
 def test_the_platform_convention(home, monkeypatch, platform, env, expected):
     monkeypatch.setattr(sys, "platform", platform)
     for name, value in env.items():

@@ -10,16 +10,21 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
+from tinymodels import CHAT_TEMPLATE, CORPUS, make_model, train_tokenizer
 
 from mlxswitch.errors import InsufficientMemoryError, TokenizerMismatchError
 from mlxswitch.models import memory, sources
-from mlxswitch.models.memory import (check_memory, estimate_memory, estimate_model_bytes,
-                                     guess_model_bytes, kv_cache_bytes)
+from mlxswitch.models.memory import (
+    check_memory,
+    estimate_memory,
+    estimate_model_bytes,
+    guess_model_bytes,
+    kv_cache_bytes,
+)
 from mlxswitch.models.tokenizers import check_shared_tokenizer
+from mlxswitch.models.weights import compute_dtype
 from mlxswitch.profiles import Profile
 from mlxswitch.routing.router import RouterConfig
-from mlxswitch.models.weights import compute_dtype
-from tinymodels import CHAT_TEMPLATE, CORPUS, make_model, train_tokenizer
 
 # Floats sit in memory as fp32 on a CPU (the loader casts them), as stored (half) on a GPU.
 FLOAT = 4 if compute_dtype() is not None else 2
@@ -39,8 +44,11 @@ def tokenizer(root: Path, name: str, tok=None, eos: str = "<|im_end|>"):
     folder = root / name
     folder.mkdir()
     (tok or train_tokenizer(320)).save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "chat_template": CHAT_TEMPLATE}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "chat_template": CHAT_TEMPLATE}
+        )
+    )
     return load_tokenizer(folder)
 
 
@@ -55,6 +63,7 @@ def mismatch(tok_a, tok_b) -> str:
 
 # -- tokenizers ---------------------------------------------------------------------------------
 
+
 def test_a_pair_sharing_a_tokenizer_passes(tiny_pair):
     from mlx_lm.utils import load
 
@@ -63,14 +72,17 @@ def test_a_pair_sharing_a_tokenizer_passes(tiny_pair):
 
 
 def test_vocabularies_of_different_sizes_are_refused(tmp_path):
-    message = mismatch(tokenizer(tmp_path, "a", train_tokenizer(320)),
-                       tokenizer(tmp_path, "b", train_tokenizer(400)))
+    message = mismatch(
+        tokenizer(tmp_path, "a", train_tokenizer(320)), tokenizer(tmp_path, "b", train_tokenizer(400))
+    )
     assert "vocabularies differ (320 vs 400 tokens)" in message
 
 
 def test_same_size_but_different_vocabularies_are_refused(tmp_path):
-    message = mismatch(tokenizer(tmp_path, "a", train_tokenizer(320, CORPUS)),
-                       tokenizer(tmp_path, "b", train_tokenizer(320, OTHER_CORPUS)))
+    message = mismatch(
+        tokenizer(tmp_path, "a", train_tokenizer(320, CORPUS)),
+        tokenizer(tmp_path, "b", train_tokenizer(320, OTHER_CORPUS)),
+    )
     assert "vocabularies differ (" in message and "of 320 tokens map to other ids)" in message
 
 
@@ -89,7 +101,9 @@ def test_special_tokens_that_encode_differently_are_refused(tmp_path):
     # Same vocabulary, but b no longer treats <|im_start|> as one token: only chat text shows it.
     spec = json.loads(train_tokenizer(320).to_str())
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "<|im_start|>"]
-    message = mismatch(tokenizer(tmp_path, "a"), tokenizer(tmp_path, "b", Tokenizer.from_str(json.dumps(spec))))
+    message = mismatch(
+        tokenizer(tmp_path, "a"), tokenizer(tmp_path, "b", Tokenizer.from_str(json.dumps(spec)))
+    )
     assert "chat text rendered by org/small's template differently" in message
 
 
@@ -99,6 +113,7 @@ def test_different_end_of_sequence_ids_are_refused(tmp_path):
 
 
 # -- memory -------------------------------------------------------------------------------------
+
 
 def resident(path: Path) -> int:
     from mlxswitch.models.sources import load_model
@@ -115,8 +130,10 @@ def test_quantized_directory_estimate_matches_what_loading_holds(tiny_pair, tmp_
     config = json.loads((tiny_pair[1] / "config.json").read_text())
     model = make_model(config, seed=3)
     nn.quantize(model, group_size=64, bits=4)
-    weights = {k: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v
-               for k, v in tree_flatten(model.parameters())}
+    weights = {
+        k: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v
+        for k, v in tree_flatten(model.parameters())
+    }
     out = tmp_path / "q4"
     shutil.copytree(tiny_pair[1], out)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
@@ -159,8 +176,11 @@ def test_cached_hub_repo_is_estimated_offline_and_others_are_guessed(tiny_pair, 
     assert sources.model_available_offline("org/tiny-large")
 
     snapshot = cache_repo(cache, "org/half-7B-4bit", tiny_pair[1], ["config.json", "model.safetensors"])
-    (snapshot / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (snapshot / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+        )
+    )
     assert estimate_model_bytes("org/half-7B-4bit") is None  # a download that stopped half-way
 
     assert estimate_model_bytes("mlx-community/Qwen2.5-7B-Instruct-4bit") is None
@@ -173,16 +193,22 @@ def test_cached_hub_repo_is_estimated_offline_and_others_are_guessed(tiny_pair, 
 
 
 def test_kv_cache_allowance_follows_the_config():
-    config = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
-              "hidden_size": 256, "max_position_embeddings": 8192}
+    config = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_size": 256,
+        "max_position_embeddings": 8192,
+    }
     assert kv_cache_bytes(config) == 2 * 4 * 2 * 32 * FLOAT * 4096  # keys + values, 4k tokens
     assert kv_cache_bytes({**config, "max_position_embeddings": 512}) == 2 * 4 * 2 * 32 * FLOAT * 512
     assert kv_cache_bytes({}) > 0
 
 
 def test_memory_check_refuses_a_huge_requirement_and_force_overrides(tiny_pair, monkeypatch):
-    profile = Profile(name="tiny", mode="pair", models=tuple(map(str, tiny_pair)),
-                      router=RouterConfig(up=(1.0,)))
+    profile = Profile(
+        name="tiny", mode="pair", models=tuple(map(str, tiny_pair)), router=RouterConfig(up=(1.0,))
+    )
     assert check_memory(profile).fits  # tiny models fit anywhere
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 1000)
     with pytest.raises(InsufficientMemoryError) as error:
@@ -192,17 +218,22 @@ def test_memory_check_refuses_a_huge_requirement_and_force_overrides(tiny_pair, 
     assert message.endswith("but this machine has 0.0 GB available; use --force-memory to try anyway")
     forced = check_memory(profile, force=True)
     assert not forced.fits and forced.available == 1000
-    assert forced.needed == sum(estimate_model_bytes(str(p)) + kv_cache_bytes(
-        json.loads((p / "config.json").read_text())) for p in tiny_pair)
+    assert forced.needed == sum(
+        estimate_model_bytes(str(p)) + kv_cache_bytes(json.loads((p / "config.json").read_text()))
+        for p in tiny_pair
+    )
 
 
 def test_memory_check_guesses_models_not_downloaded(tmp_path, monkeypatch):
     hub_cache(tmp_path, monkeypatch)
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 4 * 10**9)
     sources = ["mlx-community/Qwen2.5-0.5B-Instruct-4bit", "mlx-community/Qwen2.5-7B-Instruct-4bit"]
-    with pytest.raises(InsufficientMemoryError, match=r"^these models needs about \d+\.\d GB \(small "
-                       r"0\.\d GB \+ large 4\.\d GB \+ KV \d\.\d GB; sizes of models not downloaded "
-                       r"yet are guessed from their names\) but this machine has 4\.0 GB available"):
+    with pytest.raises(
+        InsufficientMemoryError,
+        match=r"^these models needs about \d+\.\d GB \(small "
+        r"0\.\d GB \+ large 4\.\d GB \+ KV \d\.\d GB; sizes of models not downloaded "
+        r"yet are guessed from their names\) but this machine has 4\.0 GB available",
+    ):
         check_memory(sources)
     unknown = estimate_memory(["org/mystery"])
     assert unknown.unknown == ("org/mystery",) and unknown.needed == 0 and unknown.fits
@@ -210,8 +241,9 @@ def test_memory_check_guesses_models_not_downloaded(tmp_path, monkeypatch):
 
 def test_nesting_gears_in_memory_counts_the_planes_beside_the_source(tiny_pair):
     plain = Profile(name="plain", mode="single", models=(str(tiny_pair[1]),))
-    geared = Profile(name="geared", mode="gears", models=(str(tiny_pair[1]),), gears=(4, 8),
-                     router=RouterConfig(up=(1.0,)))
+    geared = Profile(
+        name="geared", mode="gears", models=(str(tiny_pair[1]),), gears=(4, 8), router=RouterConfig(up=(1.0,))
+    )
     weights = estimate_memory(plain).models[0].weights
     config = json.loads((tiny_pair[1] / "config.json").read_text())
     params = sum(v.size for _, v in tree_flatten(make_model(config, 0).parameters()))
@@ -230,6 +262,7 @@ def test_a_bf16_gguf_is_estimated_at_its_loaded_width(tmp_path):
 
     path = tmp_path / "bf16.gguf"
     count = 4096
-    _raw_gguf(path, [("output_norm.weight", 30, [count], b"\0" * (2 * count))],
-              {"general.architecture": "llama"})
+    _raw_gguf(
+        path, [("output_norm.weight", 30, [count], b"\0" * (2 * count))], {"general.architecture": "llama"}
+    )
     assert estimate_model_bytes(str(path)) == count * (4 if compute_dtype() is not None else 2)

@@ -42,8 +42,14 @@ def ladder(tiny_pair):
     hidden = split_model(ladder.tiers[0].model.model, "small").hidden_size
     rng = np.random.default_rng(3)
     dims = hidden + 3
-    ladder.attach_probe(Probe(rng.normal(size=dims) * 0.1, 1.0 + rng.random(dims),
-                              rng.normal(size=dims) * 2 / math.sqrt(dims), 0.0))
+    ladder.attach_probe(
+        Probe(
+            rng.normal(size=dims) * 0.1,
+            1.0 + rng.random(dims),
+            rng.normal(size=dims) * 2 / math.sqrt(dims),
+            0.0,
+        )
+    )
     return ladder
 
 
@@ -75,8 +81,11 @@ def _positions_from_record(config, tried, values, initial) -> simulate.Positions
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-@pytest.mark.parametrize("config", ENTROPY_CONFIGS + PROBE_CONFIGS,
-                         ids=lambda c: f"{c.policy}-{c.signal}-{c.up[0]:g}-w{c.window}-m{c.min_run}")
+@pytest.mark.parametrize(
+    "config",
+    ENTROPY_CONFIGS + PROBE_CONFIGS,
+    ids=lambda c: f"{c.policy}-{c.signal}-{c.up[0]:g}-w{c.window}-m{c.min_run}",
+)
 def test_the_loop_the_replay_and_the_telemetry_check_agree(ladder, prompt, config):
     rungs, tried, values, initial, _, _ = _recorded(ladder, prompt, config)
     assert derive_tried(config, 2, initial, values) == tried

@@ -44,8 +44,15 @@ def train_tokenizer(vocab_size: int = 320, corpus: list[str] | None = None) -> T
     return tok
 
 
-def llama_config(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
-                 kv_heads: int = 2, intermediate: int = 128, tie: bool = False) -> dict:
+def llama_config(
+    vocab_size: int,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    tie: bool = False,
+) -> dict:
     """An mlx-lm llama config.json for a tiny model."""
     return {
         "model_type": "llama",
@@ -72,8 +79,11 @@ def make_model(config: dict, seed: int) -> nn.Module:
     model = model_class(args_class.from_dict(config))
     # A wide output head spreads the logits so entropies vary (0-4 bits) from token to token;
     # default inits give near-uniform distributions and degenerate repeats.
-    params = [(k, mx.random.normal(v.shape, scale=1.0 if "lm_head" in k else 0.2))
-              for k, v in tree_flatten(model.parameters()) if not k.endswith("norm.weight")]
+    params = [
+        (k, mx.random.normal(v.shape, scale=1.0 if "lm_head" in k else 0.2))
+        for k, v in tree_flatten(model.parameters())
+        if not k.endswith("norm.weight")
+    ]
     model.load_weights(params, strict=False)
     mx.eval(model.parameters())
     return model
@@ -85,14 +95,18 @@ def save_model_dir(out: Path, model: nn.Module, config: dict, tokenizer: Tokeniz
     (out / "config.json").write_text(json.dumps(config))
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     tokenizer.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "chat_template": CHAT_TEMPLATE,
-        "model_max_length": config.get("max_position_embeddings", 512),
-    }))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": CHAT_TEMPLATE,
+                "model_max_length": config.get("max_position_embeddings", 512),
+            }
+        )
+    )
     return out
 
 

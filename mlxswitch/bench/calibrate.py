@@ -46,8 +46,9 @@ class Candidate:
     quality: simulate.Quality
 
 
-def _sweep(profile: Profile, positions: list[simulate.Positions], tier_bytes: list[int],
-           signals: tuple[str, ...]) -> list[Candidate]:
+def _sweep(
+    profile: Profile, positions: list[simulate.Positions], tier_bytes: list[int], signals: tuple[str, ...]
+) -> list[Candidate]:
     n = len(tier_bytes)
     out = []
     for policy in POLICY_NAMES:
@@ -57,27 +58,35 @@ def _sweep(profile: Profile, positions: list[simulate.Positions], tier_bytes: li
             for tau in sorted(set(simulate.sweep_thresholds(positions, GRID, signal, 0.02, 0.98))):
                 config = dataclasses.replace(sweep_config(profile, policy, tau, n), signal=signal)
                 tried = [simulate.route(config, p) for p in positions]
-                out.append(Candidate(policy, signal, tau, config, simulate.quality(positions, tried, tier_bytes)))
+                out.append(
+                    Candidate(policy, signal, tau, config, simulate.quality(positions, tried, tier_bytes))
+                )
     return out
 
 
-def choose(candidates: list[Candidate], target_share: float | None,
-           target_retained: float | None) -> Candidate:
+def choose(
+    candidates: list[Candidate], target_share: float | None, target_retained: float | None
+) -> Candidate:
     """The best setting for the target on calibration text."""
     usable = [c for c in candidates if math.isfinite(c.quality.retained)]
     if not usable:
-        raise UsageError("calibration text gives no NLL gap between the bottom and top tiers: "
-                         "nothing to calibrate")
+        raise UsageError(
+            "calibration text gives no NLL gap between the bottom and top tiers: nothing to calibrate"
+        )
     if target_share is not None:
         # Closest to the share first; among those within the tolerance, the most retained.
         best_gap = min(abs(c.quality.top_share - target_share) for c in usable)
-        near = [c for c in usable if abs(c.quality.top_share - target_share) <= max(best_gap, SHARE_TOLERANCE)]
+        near = [
+            c for c in usable if abs(c.quality.top_share - target_share) <= max(best_gap, SHARE_TOLERANCE)
+        ]
         return max(near, key=lambda c: (c.quality.retained, -c.quality.bytes_per_token))
     reaching = [c for c in usable if c.quality.retained >= target_retained]
     if not reaching:
         best = max(c.quality.retained for c in usable)
-        raise UsageError(f"no setting retains {target_retained:g} on calibration text "
-                         f"(the best retains {best:.2f}); ask for less")
+        raise UsageError(
+            f"no setting retains {target_retained:g} on calibration text "
+            f"(the best retains {best:.2f}); ask for less"
+        )
     return min(reaching, key=lambda c: (c.quality.bytes_per_token, -c.quality.retained))
 
 
@@ -98,8 +107,9 @@ def aurocs(positions: list[simulate.Positions]) -> dict[str, float]:
     return out
 
 
-def train_probe(profile: Profile, ladder: Ladder, session, cal: list[simulate.Positions],
-                held: list[simulate.Positions]) -> tuple[dict, list[simulate.Positions], list[simulate.Positions]]:
+def train_probe(
+    profile: Profile, ladder: Ladder, session, cal: list[simulate.Positions], held: list[simulate.Positions]
+) -> tuple[dict, list[simulate.Positions], list[simulate.Positions]]:
     """Fit the probe on calibration text and save it; a summary, and the positions with its scores.
 
     Calibration positions get their out-of-fold scores (what the sweep may read without fooling
@@ -124,13 +134,31 @@ def train_probe(profile: Profile, ladder: Ladder, session, cal: list[simulate.Po
     cheap_s = 1 / step.tok_per_s if step.tok_per_s else math.nan
     auroc = metrics.auroc(held_scores, y_held)
     path = probe_path(*profile.probe_key())
-    learned.save(path, {"profile": profile.name, "models": list(profile.models), "tiers": ladder.tier_names,
-                        "auroc_heldout": auroc, "positions": int(len(y_cal)), "label": f"gain > {GAIN_NATS} nat",
-                        **choice})
-    summary = {"status": "trained", "path": str(path), "features": int(x_cal.shape[1]), **choice,
-               "cv_auroc": cv, "auroc_heldout": auroc, "auroc_calibration_in_sample": metrics.auroc(in_sample, y_cal),
-               "auroc_calibration_out_of_fold": metrics.auroc(oof, y_cal),
-               "cost_s_per_token": cost, "cheap_step_s": cheap_s, "cost_share_of_cheap_step": cost / cheap_s}
+    learned.save(
+        path,
+        {
+            "profile": profile.name,
+            "models": list(profile.models),
+            "tiers": ladder.tier_names,
+            "auroc_heldout": auroc,
+            "positions": int(len(y_cal)),
+            "label": f"gain > {GAIN_NATS} nat",
+            **choice,
+        },
+    )
+    summary = {
+        "status": "trained",
+        "path": str(path),
+        "features": int(x_cal.shape[1]),
+        **choice,
+        "cv_auroc": cv,
+        "auroc_heldout": auroc,
+        "auroc_calibration_in_sample": metrics.auroc(in_sample, y_cal),
+        "auroc_calibration_out_of_fold": metrics.auroc(oof, y_cal),
+        "cost_s_per_token": cost,
+        "cheap_step_s": cheap_s,
+        "cost_share_of_cheap_step": cost / cheap_s,
+    }
     return summary, _with_scores(cal, oof), _with_scores(held, held_scores)
 
 
@@ -138,27 +166,41 @@ def _with_scores(positions: list[simulate.Positions], scores: np.ndarray) -> lis
     out, start = [], 0
     for p in positions:
         n = p.entropy.shape[1]
-        out.append(dataclasses.replace(p, probe=scores[start:start + n]))
+        out.append(dataclasses.replace(p, probe=scores[start : start + n]))
         start += n
     return out
 
 
-def _heldout(candidate: Candidate, held: list[simulate.Positions], tier_bytes: list[int],
-             bottom: np.ndarray, top: np.ndarray):
+def _heldout(
+    candidate: Candidate,
+    held: list[simulate.Positions],
+    tier_bytes: list[int],
+    bottom: np.ndarray,
+    top: np.ndarray,
+):
     """A setting replayed on held-out text, and the random control at the share it reached."""
     quality = simulate.quality(held, [simulate.route(candidate.config, p) for p in held], tier_bytes)
     return quality, metrics.random_control(bottom, top, quality.top_share)
 
 
-def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], heldout: list[BenchPrompt],
-              target_share: float | None, target_retained: float | None, max_tokens: int,
-              progress: Progress | None = None, signals: tuple[str, ...] = SIGNALS) -> dict:
+def calibrate(
+    profile: Profile,
+    ladder: Ladder,
+    calibration: list[BenchPrompt],
+    heldout: list[BenchPrompt],
+    target_share: float | None,
+    target_retained: float | None,
+    max_tokens: int,
+    progress: Progress | None = None,
+    signals: tuple[str, ...] = SIGNALS,
+) -> dict:
     """Sweep on calibration prompts, choose, and report the choice measured on held-out prompts."""
     if len(ladder.tiers) < 2:
         raise UsageError(f"profile '{profile.name}' has a single tier: there is nothing to calibrate")
     tier_bytes = [t.bytes_per_token for t in ladder.tiers]
-    session, *_, cal = collect_positions(ladder, calibration, max_tokens, progress, "calibration prompts",
-                                         hidden=True)
+    session, *_, cal = collect_positions(
+        ladder, calibration, max_tokens, progress, "calibration prompts", hidden=True
+    )
     *_, held = collect_positions(ladder, heldout, max_tokens, progress, "held-out prompts", hidden=True)
     learned, cal, held = train_probe(profile, ladder, session, cal, held)
     if learned["status"] != "trained":
@@ -177,21 +219,35 @@ def calibrate(profile: Profile, ladder: Ladder, calibration: list[BenchPrompt], 
             per_signal[signal] = {"status": str(exc)}
             continue
         quality, control = _heldout(best, held, tier_bytes, bottom, top)
-        per_signal[signal] = {"policy": best.policy, "tau": best.tau, **quality.to_dict(),
-                              "random_retained": control.mean}
+        per_signal[signal] = {
+            "policy": best.policy,
+            "tau": best.tau,
+            **quality.to_dict(),
+            "random_retained": control.mean,
+        }
     return {
         "probe": learned,
         "target": {"share": target_share, "retained": target_retained},
-        "chosen": {"policy": chosen.policy, "signal": chosen.signal, "tau": chosen.tau,
-                   "window": chosen.config.window, "min_run": chosen.config.min_run,
-                   "down": chosen.config.downs()[0], "calibration": chosen.quality.to_dict()},
-        "heldout": {**held_quality.to_dict(), "random_retained": random.mean,
-                    "oracle_retained": metrics.oracle(bottom, top, held_quality.top_share),
-                    "vs_random": held_quality.retained / random.mean if random.mean else math.nan},
+        "chosen": {
+            "policy": chosen.policy,
+            "signal": chosen.signal,
+            "tau": chosen.tau,
+            "window": chosen.config.window,
+            "min_run": chosen.config.min_run,
+            "down": chosen.config.downs()[0],
+            "calibration": chosen.quality.to_dict(),
+        },
+        "heldout": {
+            **held_quality.to_dict(),
+            "random_retained": random.mean,
+            "oracle_retained": metrics.oracle(bottom, top, held_quality.top_share),
+            "vs_random": held_quality.retained / random.mean if random.mean else math.nan,
+        },
         "per_signal_heldout": per_signal,
         "auroc_heldout": aurocs(held),
         "auroc_calibration": aurocs(cal),
         "prompts": {"calibration": [p.id for p in calibration], "heldout": [p.id for p in heldout]},
-        "tiers": ladder.tier_names, "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes)),
+        "tiers": ladder.tier_names,
+        "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes)),
         "candidates": len(candidates),
     }

@@ -37,10 +37,14 @@ def check_output_path(path: Path | None, flag: str) -> None:
 
 def machine() -> dict:
     """Where the figures came from."""
-    info = {"platform": platform.platform(), "machine": platform.machine(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(),
-            "backend": "gpu" if mx.default_device() == mx.gpu else "cpu",
-            "metal": mx.metal.is_available()}
+    info = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "backend": "gpu" if mx.default_device() == mx.gpu else "cpu",
+        "metal": mx.metal.is_available(),
+    }
     try:
         info["device"] = mx.device_info().get("device_name")
     except Exception:  # older MLX, or a backend without device info
@@ -52,22 +56,36 @@ def versions() -> dict:
     """mlx, mlx-lm and mlxswitch versions."""
     import mlx_lm
 
-    return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "mlxswitch": __version__,
-            "python": platform.python_version()}
+    return {
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "mlxswitch": __version__,
+        "python": platform.python_version(),
+    }
 
 
-def bench(profile: Profile, ladder: Ladder, prompts: list[BenchPrompt], options: BenchOptions,
-          progress: Progress | None = None) -> dict:
+def bench(
+    profile: Profile,
+    ladder: Ladder,
+    prompts: list[BenchPrompt],
+    options: BenchOptions,
+    progress: Progress | None = None,
+) -> dict:
     """Run every arm and return the full record: settings, machine, figures, raw data."""
     run = run_bench(profile, ladder, prompts, options, progress)
     info = machine()
     summary = summarize_bench(run, profile, ladder, info.get("device"))
     return {
         "command": ["mlxswitch", *sys.argv[1:]],
-        "machine": info, "versions": versions(),
-        "profile": {"name": profile.name, "mode": profile.mode, "models": list(profile.models),
-                    "tiers": ladder.tier_names,
-                    "bytes_per_token": {t.name: t.bytes_per_token for t in ladder.tiers}},
+        "machine": info,
+        "versions": versions(),
+        "profile": {
+            "name": profile.name,
+            "mode": profile.mode,
+            "models": list(profile.models),
+            "tiers": ladder.tier_names,
+            "bytes_per_token": {t.name: t.bytes_per_token for t in ladder.tiers},
+        },
         "options": options.__dict__,
         "prompts": [p.id for p in prompts],
         "speed_prompts": [p.id for p in prompts[: max(1, options.speed_prompts)]],

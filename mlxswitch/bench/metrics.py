@@ -119,8 +119,9 @@ class RandomControl:
         return asdict(self)
 
 
-def random_control(nll_bottom, nll_top, share: float, seed: int = 0, draws: int = RANDOM_DRAWS,
-                   eps: float = GAP_EPS) -> RandomControl:
+def random_control(
+    nll_bottom, nll_top, share: float, seed: int = 0, draws: int = RANDOM_DRAWS, eps: float = GAP_EPS
+) -> RandomControl:
     """Retained when a random k = round(share * n) subset goes to the top: exact mean k/n, seeded 5-95% band."""
     b, t = _pair(nll_bottom, nll_top)
     n = b.size

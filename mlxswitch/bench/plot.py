@@ -40,17 +40,22 @@ def save_plot(summary: dict, title: str, path: Path) -> None:
             ys = [p["retained"] for p in points]
             colour = POLICY_BY_NAME[policy].colour
             by_share.plot(xs, ys, marker=".", color=colour, label=f"{policy} (threshold sweep)")
-            by_bytes.plot([p["bytes_per_token"] / 1e6 for p in points], ys, marker=".", color=colour,
-                          label=f"{policy} (threshold sweep)")
+            by_bytes.plot(
+                [p["bytes_per_token"] / 1e6 for p in points],
+                ys,
+                marker=".",
+                color=colour,
+                label=f"{policy} (threshold sweep)",
+            )
     for arm in summary["arms"]:
         q = arm["quality"]
         if arm["kind"] not in ("tier", "profile") or q["retained"] is None:
             continue
         marker = "s" if arm["kind"] == "tier" else "*"
-        by_share.scatter([q["top_share"]], [q["retained"]], marker=marker, s=70, zorder=5,
-                         label=arm["name"])
-        by_bytes.scatter([q["bytes_per_token"] / 1e6], [q["retained"]], marker=marker, s=70,
-                         zorder=5, label=arm["name"])
+        by_share.scatter([q["top_share"]], [q["retained"]], marker=marker, s=70, zorder=5, label=arm["name"])
+        by_bytes.scatter(
+            [q["bytes_per_token"] / 1e6], [q["retained"]], marker=marker, s=70, zorder=5, label=arm["name"]
+        )
     by_share.set_xlabel("top-tier share of tokens")
     by_bytes.set_xlabel("weights read per token (MB)")
     for axis in (by_share, by_bytes):

@@ -84,8 +84,9 @@ def _folds(groups: np.ndarray, folds: int, seed: int) -> list[np.ndarray]:
     return [np.flatnonzero(np.isin(groups, names[part])) for part in np.array_split(order, folds)]
 
 
-def fit_cross_validated(x: np.ndarray, y: np.ndarray, groups: np.ndarray, folds: int = FOLDS,
-                        seed: int = 0) -> tuple[Probe, dict, dict, np.ndarray]:
+def fit_cross_validated(
+    x: np.ndarray, y: np.ndarray, groups: np.ndarray, folds: int = FOLDS, seed: int = 0
+) -> tuple[Probe, dict, dict, np.ndarray]:
     """Choose components and L2 by k-fold AUROC over prompts, then fit on all of the calibration text.
 
     Returns the probe, the choice, the CV table ("components/l2" → mean AUROC) and the

@@ -74,11 +74,13 @@ def _parse_answer(raw: object, where: str) -> tuple[str | None, float | str | No
     if raw is None:
         return None, None
     if not isinstance(raw, dict):
-        raise ConfigError(f'{where}: "answer" must be an object like {{"number": 42}} or {{"regex": "..."}}, or null')
+        raise ConfigError(
+            f'{where}: "answer" must be an object like {{"number": 42}} or {{"regex": "..."}}, or null'
+        )
     if len(raw) != 1:
         kinds = ", ".join(sorted(map(str, raw))) or "none"
         raise ConfigError(f'{where}: "answer" must have exactly one of "number" or "regex" (got: {kinds})')
-    (kind, value), = raw.items()
+    ((kind, value),) = raw.items()
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             got = one_line(json.dumps(value), QUOTED)
@@ -90,8 +92,9 @@ def _parse_answer(raw: object, where: str) -> tuple[str | None, float | str | No
         try:
             re.compile(value)
         except re.error as exc:
-            raise ConfigError(f"{where}: bad answer regex {one_line(json.dumps(value), QUOTED)}: "
-                              f"{one_line(exc, QUOTED)}") from None
+            raise ConfigError(
+                f"{where}: bad answer regex {one_line(json.dumps(value), QUOTED)}: {one_line(exc, QUOTED)}"
+            ) from None
         return "regex", value
     raise ConfigError(f'{where}: unknown answer kind "{one_line(kind, 40)}" (expected "number" or "regex")')
 
@@ -121,13 +124,18 @@ def _parse_line(line: str, where: str) -> BenchPrompt:
     prompt = _required_text(obj, "prompt", where)
     kind, value = _parse_answer(obj.get("answer"), where)
     max_tokens = obj.get("max_tokens")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ConfigError(f'{where}: "max_tokens" must be a positive integer '
-                          f'(got {one_line(json.dumps(max_tokens), QUOTED)})')
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise ConfigError(
+            f'{where}: "max_tokens" must be a positive integer '
+            f"(got {one_line(json.dumps(max_tokens), QUOTED)})"
+        )
     split = obj.get("split", "heldout")
     if split not in SPLITS:
-        raise ConfigError(f'{where}: "split" must be "calibration" or "heldout" '
-                          f'(got {one_line(json.dumps(split), QUOTED)})')
+        raise ConfigError(
+            f'{where}: "split" must be "calibration" or "heldout" (got {one_line(json.dumps(split), QUOTED)})'
+        )
     return BenchPrompt(pid, category, prompt, kind, value, max_tokens, split)
 
 
@@ -152,8 +160,9 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
         where = f"{path}:{lineno}"
         item = _parse_line(line, where)
         if item.id in first_line:
-            raise ConfigError(f'{where}: duplicate id "{one_line(item.id, 40)}" '
-                              f'(first on line {first_line[item.id]})')
+            raise ConfigError(
+                f'{where}: duplicate id "{one_line(item.id, 40)}" (first on line {first_line[item.id]})'
+            )
         first_line[item.id] = lineno
         prompts.append(item)
     if not prompts:
@@ -183,7 +192,10 @@ def check_answer(prompt: BenchPrompt, text: str) -> bool | None:
 
 
 def select(
-    prompts: list[BenchPrompt], quick: bool = False, split: str | None = None, per_category: int = QUICK_PER_CATEGORY
+    prompts: list[BenchPrompt],
+    quick: bool = False,
+    split: str | None = None,
+    per_category: int = QUICK_PER_CATEGORY,
 ) -> list[BenchPrompt]:
     """Keep one split (None: all); with quick, the first per_category items of each category in file order."""
     if split is not None and split not in SPLITS:

@@ -23,8 +23,9 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else math.nan
 
 
-def _speed_of(records: list[dict], alone: dict[str, float], top_tokens: dict[str, list[int]],
-              top_name: str) -> dict[str, float]:
+def _speed_of(
+    records: list[dict], alone: dict[str, float], top_tokens: dict[str, list[int]], top_name: str
+) -> dict[str, float]:
     """One repeat of one arm, pooled over its prompts (token-weighted)."""
     gen = sum(r["generated"] for r in records)
     decoded = sum(max(r["generated"] - 1, 0) for r in records)
@@ -120,17 +121,24 @@ def summarize_bench(run: BenchRun, profile: Profile, ladder: Ladder, device_name
             entry["oracle"] = metrics.oracle(bottom, top, quality.top_share)
         bpt = speed.get("bytes_per_token", {}).get("median", math.nan)
         if bpt and math.isfinite(bpt) and bpt > 0:
-            entry["projection"] = {"note": "projection, not a measurement: peak bandwidth ÷ weight "
-                                           "bytes read per token; 55–85% of it is attainable",
-                                   "tok_per_s_bound": metrics.apple_bound_tok_s(bpt)}
+            entry["projection"] = {
+                "note": "projection, not a measurement: peak bandwidth ÷ weight "
+                "bytes read per token; 55–85% of it is attainable",
+                "tok_per_s_bound": metrics.apple_bound_tok_s(bpt),
+            }
             chip = _chip(device_name)
             tg = speed.get("decode_tok_per_s", {}).get("median", math.nan)
             if chip and math.isfinite(tg):
                 entry["projection"]["achieved_share_of_bound"] = {
-                    chip: tg / entry["projection"]["tok_per_s_bound"][chip]}
+                    chip: tg / entry["projection"]["tok_per_s_bound"][chip]
+                }
         arms.append(entry)
-    return {"arms": arms, "curves": _curves(run, profile, bottom, top, signal, tier_bytes),
-            "auroc": _auroc(bottom, top, signal), "thresholds": run.taus}
+    return {
+        "arms": arms,
+        "curves": _curves(run, profile, bottom, top, signal, tier_bytes),
+        "auroc": _auroc(bottom, top, signal),
+        "thresholds": run.taus,
+    }
 
 
 def _chip(device_name: str | None) -> str | None:
@@ -154,16 +162,22 @@ def _curves(run: BenchRun, profile: Profile, bottom, top, signal, tier_bytes) ->
         points = []
         for tau in sorted(set(taus)):
             config = sweep_config(profile, policy, tau, n)
-            q = simulate.quality(run.positions, [simulate.route(config, p) for p in run.positions], tier_bytes)
+            q = simulate.quality(
+                run.positions, [simulate.route(config, p) for p in run.positions], tier_bytes
+            )
             points.append({"tau": tau, **q.to_dict()})
         lines[policy] = points
     lo, hi = tier_bytes[0], tier_bytes[-1]
-    return {"share": grid.tolist(), "oracle": finite(oracle),
-            "random": finite([r.mean for r in randoms]), "random_p5": finite([r.p5 for r in randoms]),
-            "random_p95": finite([r.p95 for r in randoms]),
-            # Controls know where to go without computing the cheap step: their cheapest cost.
-            "control_bytes_per_token": [lo + s * (hi - lo) for s in grid.tolist()],
-            "policies": lines}
+    return {
+        "share": grid.tolist(),
+        "oracle": finite(oracle),
+        "random": finite([r.mean for r in randoms]),
+        "random_p5": finite([r.p5 for r in randoms]),
+        "random_p95": finite([r.p95 for r in randoms]),
+        # Controls know where to go without computing the cheap step: their cheapest cost.
+        "control_bytes_per_token": [lo + s * (hi - lo) for s in grid.tolist()],
+        "policies": lines,
+    }
 
 
 def _auroc(bottom, top, signal) -> dict:
@@ -172,5 +186,9 @@ def _auroc(bottom, top, signal) -> dict:
         return {}
     labels = (bottom - top) > GAIN_NATS
     value = metrics.auroc(signal, labels)
-    return {"entropy": finite(value), "label": f"gain > {GAIN_NATS} nat",
-            "positives": int(labels.sum()), "positions": int(labels.size)}
+    return {
+        "entropy": finite(value),
+        "label": f"gain > {GAIN_NATS} nat",
+        "positives": int(labels.sum()),
+        "positions": int(labels.size),
+    }

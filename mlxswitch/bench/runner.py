@@ -15,8 +15,8 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
@@ -61,9 +61,14 @@ class Arm:
 
     def to_dict(self) -> dict:
         """The arm's identity in the JSON."""
-        return {"name": self.name, "kind": self.kind, "policy": self.policy, "tau": self.tau,
-                "tier": self.tier,
-                "router": None if self.config is None else self.config.settings(json_float)}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "policy": self.policy,
+            "tau": self.tau,
+            "tier": self.tier,
+            "router": None if self.config is None else self.config.settings(json_float),
+        }
 
 
 def forced_config(num_tiers: int, rung: int) -> RouterConfig:
@@ -87,12 +92,20 @@ def make_arms(profile: Profile, ladder: Ladder, taus: list[float]) -> list[Arm]:
     names, n = ladder.tier_names, len(ladder.tiers)
     arms = [Arm(f"{name} alone", "tier", forced_config(n, r), tier=r) for r, name in enumerate(names)]
     if n > 1:
-        arms.append(Arm(f"profile ({profile.router.policy})", "profile", profile.router,
-                        policy=profile.router.policy))
+        arms.append(
+            Arm(f"profile ({profile.router.policy})", "profile", profile.router, policy=profile.router.policy)
+        )
         for policy in POLICY_NAMES:
             for tau in taus:
-                arms.append(Arm(f"{policy} τ={tau:g}", "sweep", sweep_config(profile, policy, tau, n),
-                                policy=policy, tau=tau))
+                arms.append(
+                    Arm(
+                        f"{policy} τ={tau:g}",
+                        "sweep",
+                        sweep_config(profile, policy, tau, n),
+                        policy=policy,
+                        tau=tau,
+                    )
+                )
     arms += [Arm(f"mlx-lm {name}", "mlx-lm", tier=r) for r, name in enumerate(names)]
     if n == 2 and ladder.tiers[0].group is not ladder.tiers[1].group:
         arms.append(Arm("mlx-lm speculative", "speculative"))
@@ -119,14 +132,27 @@ def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens:
     summary: AnswerSummary = session.ask(prompt.prompt, max_tokens)
     decode_s = (summary.tokens[-1].elapsed_s - summary.tokens[0].elapsed_s) if summary.generated > 1 else 0.0
     return {
-        "generated": summary.generated, "prefilled": summary.prefilled_tokens,
-        "first_token_s": summary.first_token_s, "decode_s": decode_s, "elapsed_s": summary.elapsed_s,
-        "peak_memory_gb": summary.peak_memory_gb, "switches": summary.switches,
+        "generated": summary.generated,
+        "prefilled": summary.prefilled_tokens,
+        "first_token_s": summary.first_token_s,
+        "decode_s": decode_s,
+        "elapsed_s": summary.elapsed_s,
+        "peak_memory_gb": summary.peak_memory_gb,
+        "switches": summary.switches,
         "catch_up_tokens": sum(summary.catch_up_tokens.values()),
-        "tier_counts": summary.tier_counts, "mean_bytes_per_token": summary.mean_bytes_per_token,
-        "initial_entropy": summary.initial_entropy, "text": summary.text,
-        "tokens": [{"id": e.id, "tier": e.tier, "entropy": e.entropy,
-                    "tried": list(e.tried) if e.tried else [e.tier]} for e in summary.tokens],
+        "tier_counts": summary.tier_counts,
+        "mean_bytes_per_token": summary.mean_bytes_per_token,
+        "initial_entropy": summary.initial_entropy,
+        "text": summary.text,
+        "tokens": [
+            {
+                "id": e.id,
+                "tier": e.tier,
+                "entropy": e.entropy,
+                "tried": list(e.tried) if e.tried else [e.tier],
+            }
+            for e in summary.tokens
+        ],
     }
 
 
@@ -153,14 +179,21 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
             peak = response.peak_memory
     text = tokenizer.decode(ids)
     name = ladder.tier_names[-1] if arm.kind == "speculative" else ladder.tier_names[arm.tier]
-    return {"generated": len(ids), "prefilled": len(prompt_ids),
-            "first_token_s": stamps[0] if stamps else None,
-            "decode_s": stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0,
-            "elapsed_s": time.perf_counter() - start, "peak_memory_gb": peak,
-            "switches": 0, "catch_up_tokens": 0, "tier_counts": {name: len(ids)},
-            "mean_bytes_per_token": ladder.tiers[-1 if arm.kind == "speculative" else arm.tier].bytes_per_token,
-            "draft_share": drafted / len(ids) if ids and arm.kind == "speculative" else None,
-            "text": text, "tokens": [{"id": t, "tier": name} for t in ids]}
+    return {
+        "generated": len(ids),
+        "prefilled": len(prompt_ids),
+        "first_token_s": stamps[0] if stamps else None,
+        "decode_s": stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0,
+        "elapsed_s": time.perf_counter() - start,
+        "peak_memory_gb": peak,
+        "switches": 0,
+        "catch_up_tokens": 0,
+        "tier_counts": {name: len(ids)},
+        "mean_bytes_per_token": ladder.tiers[-1 if arm.kind == "speculative" else arm.tier].bytes_per_token,
+        "draft_share": drafted / len(ids) if ids and arm.kind == "speculative" else None,
+        "text": text,
+        "tokens": [{"id": t, "tier": name} for t in ids],
+    }
 
 
 def engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
@@ -184,9 +217,14 @@ class BenchRun:
     top_answers: dict[str, list[int]] = field(default_factory=dict)
 
 
-def collect_positions(ladder: Ladder, prompts: list[BenchPrompt], max_tokens: int,
-                      progress: Progress | None = None, stage: str = "top-tier answers (teacher forcing)",
-                      hidden: bool = False):
+def collect_positions(
+    ladder: Ladder,
+    prompts: list[BenchPrompt],
+    max_tokens: int,
+    progress: Progress | None = None,
+    stage: str = "top-tier answers (teacher forcing)",
+    hidden: bool = False,
+):
     """The top tier's greedy answer to each prompt and every tier's view of it (teacher-forced).
 
     Returns the session used (reset between prompts), each prompt's rendered ids, its answer
@@ -204,7 +242,9 @@ def collect_positions(ladder: Ladder, prompts: list[BenchPrompt], max_tokens: in
         say(stage, i, len(prompts))
         answer = _engine_run(session, top, prompt, budget[prompt.id])
         answers[prompt.id] = [t["id"] for t in answer["tokens"]]
-        forced = teacher_forced(ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id], hidden or scored)
+        forced = teacher_forced(
+            ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id], hidden or scored
+        )
         if scored and forced.hidden is not None:
             forced = dataclasses.replace(forced, probe=ladder.probe.score(probe.features([forced])))
         positions.append(forced)
@@ -212,15 +252,21 @@ def collect_positions(ladder: Ladder, prompts: list[BenchPrompt], max_tokens: in
     return session, prompt_ids, budget, answers, positions
 
 
-def run_bench(profile: Profile, ladder: Ladder, prompts: list[BenchPrompt], options: BenchOptions,
-              progress: Progress | None = None) -> BenchRun:
+def run_bench(
+    profile: Profile,
+    ladder: Ladder,
+    prompts: list[BenchPrompt],
+    options: BenchOptions,
+    progress: Progress | None = None,
+) -> BenchRun:
     """Measure quality on every prompt, speed on the first `speed_prompts`, interleaved."""
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
     speed = prompts[: max(1, options.speed_prompts)]
     # One tier has nothing to route: its quality needs no teacher forcing beyond the speed prompts.
     session, prompt_ids, budget, answers, positions = collect_positions(
-        ladder, prompts if n > 1 else speed, options.max_tokens, progress)
+        ladder, prompts if n > 1 else speed, options.max_tokens, progress
+    )
     run = BenchRun(arms=[], positions=positions, top_answers=answers)
     run.taus = simulate.sweep_thresholds(run.positions, options.sweep_points) if n > 1 else []
     run.arms = make_arms(profile, ladder, run.taus)
@@ -234,8 +280,12 @@ def run_bench(profile: Profile, ladder: Ladder, prompts: list[BenchPrompt], opti
                     record = _mlx_lm_run(ladder, arm, prompt_ids[prompt.id], budget[prompt.id])
                 else:
                     record = _engine_run(session, arm, prompt, budget[prompt.id])
-                record.update(arm=arm.name, repeat=repeat, prompt_id=prompt.id,
-                              correct=check_answer(prompt, record["text"]))
+                record.update(
+                    arm=arm.name,
+                    repeat=repeat,
+                    prompt_id=prompt.id,
+                    correct=check_answer(prompt, record["text"]),
+                )
                 run.runs.append(record)
                 done += 1
     say("speed arms", total, total)

@@ -66,8 +66,11 @@ def route(config: RouterConfig, positions: Positions) -> list[list[int]]:
     values = positions.signal(config.signal)
     if not values.shape[1]:
         return []
-    settled = replay(make_policy(config, values.shape[0]), float(values[0, 0]),
-                     (ColumnPosition(values[:, t].tolist()) for t in range(values.shape[1])))
+    settled = replay(
+        make_policy(config, values.shape[0]),
+        float(values[0, 0]),
+        (ColumnPosition(values[:, t].tolist()) for t in range(values.shape[1])),
+    )
     return [list(s.rungs) for s in settled]
 
 
@@ -86,8 +89,9 @@ class Quality:
         return finite(self.__dict__)
 
 
-def quality(all_positions: list[Positions], all_tried: list[list[list[int]]],
-            tier_bytes: list[int]) -> Quality:
+def quality(
+    all_positions: list[Positions], all_tried: list[list[list[int]]], tier_bytes: list[int]
+) -> Quality:
     """Pool a routing over every prompt's positions (token-weighted means)."""
     nll_sum = bottom = top_sum = count = top_count = 0.0
     bytes_sum = 0.0
@@ -102,8 +106,13 @@ def quality(all_positions: list[Positions], all_tried: list[list[list[int]]],
             count += 1
     if not count:
         return Quality(0, math.nan, math.nan, math.nan, math.nan)
-    return Quality(int(count), top_count / count, nll_sum / count,
-                   metrics.retained(bottom / count, nll_sum / count, top_sum / count), bytes_sum / count)
+    return Quality(
+        int(count),
+        top_count / count,
+        nll_sum / count,
+        metrics.retained(bottom / count, nll_sum / count, top_sum / count),
+        bytes_sum / count,
+    )
 
 
 def forced(all_positions: list[Positions], rung: int) -> list[list[list[int]]]:
@@ -111,8 +120,9 @@ def forced(all_positions: list[Positions], rung: int) -> list[list[list[int]]]:
     return [[[rung] for _ in range(p.entropy.shape[1])] for p in all_positions]
 
 
-def sweep_thresholds(all_positions: list[Positions], points: int, signal: str = "entropy",
-                     low: float = 0.1, high: float = 0.9) -> list[float]:
+def sweep_thresholds(
+    all_positions: list[Positions], points: int, signal: str = "entropy", low: float = 0.1, high: float = 0.9
+) -> list[float]:
     """Up thresholds spread over the bottom tier's signal: its quantiles from `low` to `high`."""
     pooled = np.concatenate([p.signal(signal)[0] for p in all_positions]) if all_positions else np.zeros(1)
     pooled = pooled[np.isfinite(pooled)]

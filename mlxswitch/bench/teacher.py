@@ -47,8 +47,9 @@ def _prefilled(group, ids: list[int]) -> list:
     return cache
 
 
-def teacher_forced(ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer_ids: list[int],
-                   hidden: bool = False) -> Positions:
+def teacher_forced(
+    ladder: Ladder, prompt_id: str, prompt_ids: list[int], answer_ids: list[int], hidden: bool = False
+) -> Positions:
     """Entropy (bits) and NLL (nats) of `answer_ids` under every tier, given the prompt and the answer so far.
 
     As in the token loop, each model's prompt is prefilled once, at its cache group's prefill gear

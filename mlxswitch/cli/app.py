@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from typer.core import TyperGroup
@@ -53,8 +53,9 @@ class _OneLineErrors(TyperGroup):
                 ui.print_error(exc.format_message() + where)
                 code = exc.exit_code
             else:  # the last resort: one line, the traceback in a log
-                ui.print_error(f"internal error: {type(exc).__name__}: {exc} "
-                               f"(traceback in {write_crash_log(exc)})")
+                ui.print_error(
+                    f"internal error: {type(exc).__name__}: {exc} (traceback in {write_crash_log(exc)})"
+                )
                 code = EXIT_INTERNAL
         if not standalone_mode:
             return code
@@ -69,10 +70,16 @@ class _OneLineErrors(TyperGroup):
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
 
 
-app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
-                  pretty_exceptions_enable=False,
-                  help="Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure.")
-gears_app = typer.Typer(no_args_is_help=True, help="Build nested-gear models (one footprint, every precision).")
+app = typer.Typer(
+    cls=_OneLineErrors,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure.",
+)
+gears_app = typer.Typer(
+    no_args_is_help=True, help="Build nested-gear models (one footprint, every precision)."
+)
 app.add_typer(gears_app, name="gears")
 
 
@@ -89,15 +96,20 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
 ) -> None:
     """Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure."""
 
 
 @app.command()
 def chat(
-    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Answer this one prompt and exit (as mlx_lm.generate).")] = None,
+    prompt: Annotated[
+        str | None,
+        typer.Option("--prompt", "-p", help="Answer this one prompt and exit (as mlx_lm.generate)."),
+    ] = None,
     profile: o.ProfileOpt = None,
     small: o.SmallOpt = None,
     large: o.LargeOpt = None,
@@ -121,9 +133,14 @@ def chat(
     system: o.SystemOpt = None,
     stop: o.StopOpt = None,
     json_output: o.JsonLinesOpt = False,
-    color: Annotated[Optional[bool], typer.Option("--color/--no-color", help="Colour tokens by tier (default: only on a terminal).")] = None,
+    color: Annotated[
+        bool | None,
+        typer.Option("--color/--no-color", help="Colour tokens by tier (default: only on a terminal)."),
+    ] = None,
     shade: Annotated[bool, typer.Option(help="Shade tokens by entropy (bold = unsure).")] = False,
-    telemetry: Annotated[Optional[Path], typer.Option(help="Write per-token records as JSON Lines to FILE.")] = None,
+    telemetry: Annotated[
+        Path | None, typer.Option(help="Write per-token records as JSON Lines to FILE.")
+    ] = None,
     whole: Annotated[bool, typer.Option(help="Piped: all of stdin is one prompt.")] = False,
     keep_history: Annotated[bool, typer.Option(help="Piped: the lines are one conversation.")] = False,
     force_memory: o.ForceMemoryOpt = False,
@@ -150,46 +167,122 @@ def chat(
             prompts = None  # interactive
         else:
             if sys.stdin.isatty():
-                ui.print_dim(ui.make_console(stderr=True),
-                             "reading prompts from the terminal, one per line; Ctrl-D ends")
+                ui.print_dim(
+                    ui.make_console(stderr=True),
+                    "reading prompts from the terminal, one per line; Ctrl-D ends",
+                )
             prompts = peek_prompts(sys.stdin.buffer, whole=whole)
             if prompts is None:
                 raise typer.Exit(0)  # nothing asked, nothing loaded
         with ui.loading_status(ui.stderr_is_terminal()) as progress:
-            session = open_chat(chosen, settings=settings, system=system, progress=progress,
-                                force_memory=force_memory)
+            session = open_chat(
+                chosen, settings=settings, system=system, progress=progress, force_memory=force_memory
+            )
         runner = ChatRunner(session, json_output=json_output, color=color, shade=shade, telemetry=sink)
         code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
     raise typer.Exit(code)
 
+
 # The routing, sampling and cloud options `chat` and `serve` share, resolved in one place.
-_SHARED = ("profile", "small", "large", "model", "draft_model", "gears", "tau", "tau_down", "window",
-           "min_run", "normalize", "policy", "signal", "max_tokens", "temp", "top_p", "top_k", "min_p",
-           "seed", "max_kv_size", "stop", "cloud", "cloud_model", "cloud_budget", "cloud_calls",
-           "cloud_timeout", "cloud_span_tokens", "cloud_threshold")
+_SHARED = (
+    "profile",
+    "small",
+    "large",
+    "model",
+    "draft_model",
+    "gears",
+    "tau",
+    "tau_down",
+    "window",
+    "min_run",
+    "normalize",
+    "policy",
+    "signal",
+    "max_tokens",
+    "temp",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "max_kv_size",
+    "stop",
+    "cloud",
+    "cloud_model",
+    "cloud_budget",
+    "cloud_calls",
+    "cloud_timeout",
+    "cloud_span_tokens",
+    "cloud_threshold",
+)
 
 
-def _routing_and_sampling(profile, small, large, model, draft_model, gears, tau, tau_down, window,
-                          min_run, normalize, policy, signal, max_tokens, temp, top_p, top_k, min_p,
-                          seed, max_kv_size, stop, cloud, cloud_model, cloud_budget, cloud_calls,
-                          cloud_timeout, cloud_span_tokens, cloud_threshold):
+def _routing_and_sampling(
+    profile,
+    small,
+    large,
+    model,
+    draft_model,
+    gears,
+    tau,
+    tau_down,
+    window,
+    min_run,
+    normalize,
+    policy,
+    signal,
+    max_tokens,
+    temp,
+    top_p,
+    top_k,
+    min_p,
+    seed,
+    max_kv_size,
+    stop,
+    cloud,
+    cloud_model,
+    cloud_budget,
+    cloud_calls,
+    cloud_timeout,
+    cloud_span_tokens,
+    cloud_threshold,
+):
     """The profile with the flags laid over it, and the sampling settings; all checked, nothing loaded."""
     from ..api import resolve_profile
     from ..decoding.session import GenerationSettings, check_cache_bound
 
-    chosen = resolve_profile(profile, small=small, large=large, model=model, draft_model=draft_model,
-                             gears=gears, tau=tau, tau_down=tau_down, window=window,
-                             min_run=min_run, normalize=normalize, policy=policy, signal=signal, cloud=cloud,
-                             cloud_options=o.cloud_options(cloud_model, cloud_budget, cloud_calls,
-                                                           cloud_timeout, cloud_span_tokens,
-                                                           cloud_threshold))
+    chosen = resolve_profile(
+        profile,
+        small=small,
+        large=large,
+        model=model,
+        draft_model=draft_model,
+        gears=gears,
+        tau=tau,
+        tau_down=tau_down,
+        window=window,
+        min_run=min_run,
+        normalize=normalize,
+        policy=policy,
+        signal=signal,
+        cloud=cloud,
+        cloud_options=o.cloud_options(
+            cloud_model, cloud_budget, cloud_calls, cloud_timeout, cloud_span_tokens, cloud_threshold
+        ),
+    )
     if chosen.cloud is not None:
         from ..cloud.client import require_key
 
         require_key()  # no key: one error line now, before anything is read or loaded
-    settings = GenerationSettings(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
-                                  min_p=min_p, seed=seed, stop=tuple(stop or ()),
-                                  max_kv_size=max_kv_size)
+    settings = GenerationSettings(
+        max_tokens=max_tokens,
+        temperature=temp,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=seed,
+        stop=tuple(stop or ()),
+        max_kv_size=max_kv_size,
+    )
     check_cache_bound(settings, chosen.tier_names())
     return chosen, settings
 
@@ -209,9 +302,13 @@ def serve(
     normalize: o.NormalizeOpt = None,
     policy: o.PolicyOpt = None,
     signal: o.SignalOpt = None,
-    max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", help="Tokens per answer when a request does not say; a request asking more "
-                             "gets this many.")] = 512,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-tokens",
+            help="Tokens per answer when a request does not say; a request asking more gets this many.",
+        ),
+    ] = 512,
     temp: o.TempOpt = 0.0,
     top_p: o.TopPOpt = 1.0,
     top_k: o.TopKOpt = 0,
@@ -228,18 +325,29 @@ def serve(
     cloud_timeout: o.CloudTimeoutOpt = None,
     cloud_span_tokens: o.CloudSpanTokensOpt = None,
     cloud_threshold: o.CloudThresholdOpt = None,
-    host: Annotated[str, typer.Option(
-        "--host", help="Address to listen on (anything but loopback is warned about).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (anything but loopback is warned about).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option(
-        "--api-key", envvar="MLXSWITCH_API_KEY", show_default=False,
-        help="Require 'Authorization: Bearer KEY' on /v1/… (or set MLXSWITCH_API_KEY).")] = None,
-    queue_size: Annotated[int, typer.Option(
-        "--queue-size", help="Requests that may wait behind the one generating; more get 429.")] = 8,
-    max_body_bytes: Annotated[int, typer.Option(
-        "--max-body-bytes", help="Larger request bodies are refused (413) unread.")] = 1_000_000,
-    log_level: Annotated[str, typer.Option(
-        "--log-level", help="uvicorn's log level: critical, error, warning, info, debug.")] = "info",
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="MLXSWITCH_API_KEY",
+            show_default=False,
+            help="Require 'Authorization: Bearer KEY' on /v1/… (or set MLXSWITCH_API_KEY).",
+        ),
+    ] = None,
+    queue_size: Annotated[
+        int,
+        typer.Option("--queue-size", help="Requests that may wait behind the one generating; more get 429."),
+    ] = 8,
+    max_body_bytes: Annotated[
+        int, typer.Option("--max-body-bytes", help="Larger request bodies are refused (413) unread.")
+    ] = 1_000_000,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="uvicorn's log level: critical, error, warning, info, debug.")
+    ] = "info",
 ) -> None:
     """Serve the profile over an OpenAI-compatible HTTP API; every token says which tier made it."""
     from ..api import open_chat
@@ -254,15 +362,24 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key (or MLXSWITCH_API_KEY) is empty")
     if not is_loopback(host):
-        ui.print_warning(f"listening on {host}: other machines can reach this server"
-                         + ("" if api_key else "; anyone who can reach it may use it (set --api-key)"))
+        ui.print_warning(
+            f"listening on {host}: other machines can reach this server"
+            + ("" if api_key else "; anyone who can reach it may use it (set --api-key)")
+        )
     worker = Worker(limits.queue_size)
     with ui.loading_status(ui.stderr_is_terminal()) as progress:
         # The session is opened on the worker's thread: MLX streams belong to their thread.
-        worker.open(lambda: open_chat(chosen, settings=settings, progress=progress,
-                                      force_memory=force_memory))
-    config = ServeConfig(model=chosen.name, settings=settings, limits=limits, api_key=api_key, system=system,
-                         profiles=profile_rows())
+        worker.open(
+            lambda: open_chat(chosen, settings=settings, progress=progress, force_memory=force_memory)
+        )
+    config = ServeConfig(
+        model=chosen.name,
+        settings=settings,
+        limits=limits,
+        api_key=api_key,
+        system=system,
+        profiles=profile_rows(),
+    )
     ui.print_dim(ui.make_console(stderr=True), f"serving '{chosen.name}' on http://{host}:{port}/v1")
     run(config, worker, host, port, log_level=log_level)
 
@@ -293,7 +410,9 @@ def doctor() -> None:
 def gears_build(
     source: Annotated[str, typer.Argument(help="HF repo id, mlx-lm directory or .gguf file.")],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the nested-gear model to.")],
-    planes: Annotated[Optional[str], typer.Option(help="Plane bit-widths, e.g. 4,4,8 (default: honest for the source).")] = None,
+    planes: Annotated[
+        str | None, typer.Option(help="Plane bit-widths, e.g. 4,4,8 (default: honest for the source).")
+    ] = None,
     group_size: Annotated[int, typer.Option(help="Quantization group size: 32, 64 or 128.")] = 64,
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")] = False,
 ) -> None:
@@ -313,22 +432,58 @@ def bench(
     model: o.ModelOpt = None,
     gears: o.GearsOpt = None,
     prompts: o.PromptsOpt = None,
-    quick: Annotated[bool, typer.Option(help="One prompt per category, short answers, 3 sweep points: about 2 minutes.")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="One prompt per category, short answers, 3 sweep points: about 2 minutes.")
+    ] = False,
     repeats: Annotated[int, typer.Option(help="Repeats of every speed arm (figures: median, min–max).")] = 1,
     max_tokens: o.OptionalMaxTokensOpt = None,
-    speed_prompts: Annotated[Optional[int], typer.Option(help="Prompts every speed arm runs (default 4; --quick 1).")] = None,
+    speed_prompts: Annotated[
+        int | None, typer.Option(help="Prompts every speed arm runs (default 4; --quick 1).")
+    ] = None,
     json_path: o.JsonFileOpt = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Write a two-panel PNG (retained fidelity vs share and vs bytes).")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a two-panel PNG (retained fidelity vs share and vs bytes).")
+    ] = None,
     force_memory: o.ForceMemoryOpt = False,
-    suite: Annotated[str, typer.Option(help="prompts (the prompt suite) or humaneval (pass@1 by execution; needs the humaneval extra).")] = "prompts",
-    records: Annotated[Optional[Path], typer.Option(help="humaneval: the resumable records file (default: one per profile in the user directory).")] = None,
-    restart: Annotated[bool, typer.Option(help="humaneval: start the records file over instead of resuming it.")] = False,
-    problems: Annotated[Optional[str], typer.Option(help="humaneval: only these problems (ids or numbers, comma-separated).")] = None,
-    split: Annotated[str, typer.Option(help="humaneval: calibration (even ids), heldout (odd ids) or all.")] = "all",
-    limit: Annotated[Optional[int], typer.Option(help="humaneval: the first N problems (after --problems and --split).")] = None,
-    arms: Annotated[Optional[str], typer.Option(help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative (bottom and top always run).")] = None,
-    timeout: Annotated[Optional[float], typer.Option(help="humaneval: seconds each program may run (default 10).")] = None,
-    report: Annotated[bool, typer.Option(help="humaneval: the figures from the records file as it stands; loads no model, decodes nothing.")] = False,
+    suite: Annotated[
+        str,
+        typer.Option(
+            help="prompts (the prompt suite) or humaneval (pass@1 by execution; needs the humaneval extra)."
+        ),
+    ] = "prompts",
+    records: Annotated[
+        Path | None,
+        typer.Option(
+            help="humaneval: the resumable records file (default: one per profile in the user directory)."
+        ),
+    ] = None,
+    restart: Annotated[
+        bool, typer.Option(help="humaneval: start the records file over instead of resuming it.")
+    ] = False,
+    problems: Annotated[
+        str | None, typer.Option(help="humaneval: only these problems (ids or numbers, comma-separated).")
+    ] = None,
+    split: Annotated[
+        str, typer.Option(help="humaneval: calibration (even ids), heldout (odd ids) or all.")
+    ] = "all",
+    limit: Annotated[
+        int | None, typer.Option(help="humaneval: the first N problems (after --problems and --split).")
+    ] = None,
+    arms: Annotated[
+        str | None,
+        typer.Option(
+            help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative (bottom and top always run)."
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="humaneval: seconds each program may run (default 10).")
+    ] = None,
+    report: Annotated[
+        bool,
+        typer.Option(
+            help="humaneval: the figures from the records file as it stands; loads no model, decodes nothing."
+        ),
+    ] = False,
 ) -> None:
     """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
     from ..api import build_ladder, resolve_profile
@@ -343,12 +498,31 @@ def bench(
     if suite == "humaneval":
         from .humaneval import bench_humaneval
 
-        bench_humaneval(chosen, prompts=prompts, repeats=repeats, speed_prompts=speed_prompts, quick=quick,
-                        max_tokens=max_tokens, json_path=json_path, plot=plot, force_memory=force_memory,
-                        records=records, restart=restart, problems=problems, split=split, limit=limit,
-                        arms=arms, timeout=timeout, report_only=report)
+        bench_humaneval(
+            chosen,
+            prompts=prompts,
+            repeats=repeats,
+            speed_prompts=speed_prompts,
+            quick=quick,
+            max_tokens=max_tokens,
+            json_path=json_path,
+            plot=plot,
+            force_memory=force_memory,
+            records=records,
+            restart=restart,
+            problems=problems,
+            split=split,
+            limit=limit,
+            arms=arms,
+            timeout=timeout,
+            report_only=report,
+        )
         return
-    for value, flag in ((repeats, "--repeats"), (max_tokens, "--max-tokens"), (speed_prompts, "--speed-prompts")):
+    for value, flag in (
+        (repeats, "--repeats"),
+        (max_tokens, "--max-tokens"),
+        (speed_prompts, "--speed-prompts"),
+    ):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1 (got {value})")
     check_output_path(json_path, "--json")
@@ -358,10 +532,13 @@ def bench(
 
         _pyplot()  # a missing matplotlib is said now, not after the run
     items = choose_prompts(prompts, quick)
-    options = BenchOptions(quick=quick, repeats=repeats,
-                           max_tokens=max_tokens or (QUICK["max_tokens"] if quick else 32),
-                           sweep_points=QUICK["sweep_points"] if quick else 5,
-                           speed_prompts=speed_prompts or (QUICK["speed_prompts"] if quick else 4))
+    options = BenchOptions(
+        quick=quick,
+        repeats=repeats,
+        max_tokens=max_tokens or (QUICK["max_tokens"] if quick else 32),
+        sweep_points=QUICK["sweep_points"] if quick else 5,
+        speed_prompts=speed_prompts or (QUICK["speed_prompts"] if quick else 4),
+    )
     with ui.loading_status(ui.stderr_is_terminal()) as progress:
         ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
     with ui.bench_progress() as progress:
@@ -371,8 +548,12 @@ def bench(
     if plot is not None:
         from ..bench.plot import save_plot
 
-        save_plot(record, f"mlxswitch bench · {chosen.name} ({' → '.join(ladder.tier_names)}) · "
-                          f"{record['machine']['backend']} · {len(items)} prompts", plot)
+        save_plot(
+            record,
+            f"mlxswitch bench · {chosen.name} ({' → '.join(ladder.tier_names)}) · "
+            f"{record['machine']['backend']} · {len(items)} prompts",
+            plot,
+        )
     ui.make_console().print(ui.bench_table(record))
 
 
@@ -383,9 +564,16 @@ def calibrate(
     large: o.LargeOpt = None,
     model: o.ModelOpt = None,
     gears: o.GearsOpt = None,
-    target_share: Annotated[Optional[float], typer.Option(help="Wanted share of top-tier tokens (0–1).")] = None,
-    target_retained: Annotated[Optional[float], typer.Option(help="Wanted retained fidelity (0–1): the cheapest setting reaching it.")] = None,
-    write: Annotated[bool, typer.Option(help="Store the chosen setting as this profile in your models.toml.")] = False,
+    target_share: Annotated[
+        float | None, typer.Option(help="Wanted share of top-tier tokens (0–1).")
+    ] = None,
+    target_retained: Annotated[
+        float | None,
+        typer.Option(help="Wanted retained fidelity (0–1): the cheapest setting reaching it."),
+    ] = None,
+    write: Annotated[
+        bool, typer.Option(help="Store the chosen setting as this profile in your models.toml.")
+    ] = False,
     prompts: o.PromptsOpt = None,
     quick: Annotated[bool, typer.Option(help="Two prompts per category and split.")] = False,
     max_tokens: o.MaxTokensOpt = 32,
@@ -416,8 +604,9 @@ def calibrate(
     if write and chosen.name.startswith("ad-hoc"):
         raise UsageError("--write stores the setting in a named profile: give --profile NAME")
     if write and chosen.cloud is not None:
-        raise UsageError("--write keeps local profiles only; calibrate the cascade's local ladder "
-                         "as its own profile")
+        raise UsageError(
+            "--write keeps local profiles only; calibrate the cascade's local ladder as its own profile"
+        )
     check_output_path(json_path, "--json")
     items = load_prompts(prompts or default_suite_path())
     calibration = select(items, quick=quick, split="calibration", per_category=2)
@@ -425,20 +614,28 @@ def calibrate(
     with ui.loading_status(ui.stderr_is_terminal()) as progress:
         ladder = build_ladder(chosen, progress=progress, force_memory=force_memory, with_probe=False)
     with ui.bench_progress() as progress:
-        result = run(chosen, ladder, calibration, heldout, target_share, target_retained,
-                     max_tokens, progress)
+        result = run(
+            chosen, ladder, calibration, heldout, target_share, target_retained, max_tokens, progress
+        )
     if json_path is not None:
         write_json(finite(result), json_path)
     ui.make_console().print(ui.calibration_report(chosen.name, result))
     if write:
         pick = result["chosen"]
         tiers = len(chosen.tier_names())
-        router = RouterConfig(up=(pick["tau"],) * (tiers - 1), down=(pick["down"],) * (tiers - 1),
-                              window=pick["window"], min_run=pick["min_run"], policy=pick["policy"],
-                              signal=pick["signal"])
+        router = RouterConfig(
+            up=(pick["tau"],) * (tiers - 1),
+            down=(pick["down"],) * (tiers - 1),
+            window=pick["window"],
+            min_run=pick["min_run"],
+            policy=pick["policy"],
+            signal=pick["signal"],
+        )
         held = result["heldout"]
-        note = (f"mlxswitch calibrate --target-{'share' if target_share is not None else 'retained'} "
-                f"{target_share if target_share is not None else target_retained}: held-out share "
-                f"{held['top_share']:.2f}, retained {held['retained']:.2f} (random {held['random_retained']:.2f})")
+        note = (
+            f"mlxswitch calibrate --target-{'share' if target_share is not None else 'retained'} "
+            f"{target_share if target_share is not None else target_retained}: held-out share "
+            f"{held['top_share']:.2f}, retained {held['retained']:.2f} (random {held['random_retained']:.2f})"
+        )
         path = write_profile(dataclasses.replace(chosen, router=router), note)
         ui.print_dim(ui.make_console(), f"wrote profile '{chosen.name}' to {path}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
 from ..decoding.session import ChatSession
@@ -37,7 +37,11 @@ def router_record(session: ChatSession, summary: AnswerSummary) -> dict:
         **settings,
         "vocab_size": config.vocab_size,
         "initial_entropy": json_float(summary.initial_entropy),
-        **({"initial_signal": json_float(summary.initial_signal)} if summary.initial_signal is not None else {}),
+        **(
+            {"initial_signal": json_float(summary.initial_signal)}
+            if summary.initial_signal is not None
+            else {}
+        ),
     }
 
 
@@ -46,8 +50,11 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
     return {
         "prompt": summary.prompt,
         # A hand-off's answer shown is the cloud's; both answers are in "handoff".
-        "text": (summary.handoff["cloud_text"] if summary.handoff and summary.handoff["shown"] == "cloud"
-                 else summary.text),
+        "text": (
+            summary.handoff["cloud_text"]
+            if summary.handoff and summary.handoff["shown"] == "cloud"
+            else summary.text
+        ),
         "finish_reason": summary.finish_reason,
         "tokens": [event.record() for event in summary.tokens],
         "stats": summary.stats(),
@@ -59,8 +66,14 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
 class ChatRunner:
     """Drives a ChatSession for the terminal or for stdin prompts."""
 
-    def __init__(self, session: ChatSession, json_output: bool = False, color: bool | None = None,
-                 shade: bool = False, telemetry: TelemetryFile | None = None):
+    def __init__(
+        self,
+        session: ChatSession,
+        json_output: bool = False,
+        color: bool | None = None,
+        shade: bool = False,
+        telemetry: TelemetryFile | None = None,
+    ):
         self.session = session
         self.json_output = json_output
         self.color = color
@@ -77,8 +90,13 @@ class ChatRunner:
 
     def piped(self, prompts: Iterable[PromptLine], keep_history: bool) -> int:
         """Answer each prompt as it arrives; stdout gets only answers (or JSON), stderr the rest."""
-        painter = (ui.TokenPainter(ui.make_console(color=True), self.session.tier_names,
-                                   self.shade, self._max_entropy()) if self.color else None)
+        painter = (
+            ui.TokenPainter(
+                ui.make_console(color=True), self.session.tier_names, self.shade, self._max_entropy()
+            )
+            if self.color
+            else None
+        )
         status = ui.make_console(stderr=True)
         first_failure = 0
         for line in prompts:
@@ -103,16 +121,27 @@ class ChatRunner:
             ui.print_error(str(failure))
             first_failure = first_failure or failure.exit_code
             if self.json_output:
-                self._write(json.dumps({"prompt": line.text, "line": line.number, "error": str(failure),
-                                        "exit_code": failure.exit_code}, ensure_ascii=False) + "\n")
+                self._write(
+                    json.dumps(
+                        {
+                            "prompt": line.text,
+                            "line": line.number,
+                            "error": str(failure),
+                            "exit_code": failure.exit_code,
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
         return first_failure
 
     def _finish_output(self, summary: AnswerSummary | None) -> None:
         if summary is None:
             return
         if self.json_output:
-            self._write(json.dumps(answer_record(summary, self.session), ensure_ascii=False,
-                                   allow_nan=False) + "\n")
+            self._write(
+                json.dumps(answer_record(summary, self.session), ensure_ascii=False, allow_nan=False) + "\n"
+            )
         else:
             self._write("\n")
 
@@ -128,8 +157,7 @@ class ChatRunner:
     def interactive(self) -> int:
         """A multi-turn chat on a terminal, until /quit or Ctrl-D."""
         console = ui.make_console(color=self.color)
-        painter = ui.TokenPainter(console, self.session.tier_names, self.shade,
-                                  self._max_entropy())
+        painter = ui.TokenPainter(console, self.session.tier_names, self.shade, self._max_entropy())
         self._interactive = True
         ui.print_banner(console, self.session.ladder.description, painter.legend(), self.session.ladder.note)
         with ui.line_editing(user_dir() / "history"):
@@ -143,8 +171,9 @@ class ChatRunner:
                     console.print()
                     continue
                 except UnicodeDecodeError as exc:
-                    ui.print_error(f"the line is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
-                                   "type it again")
+                    ui.print_error(
+                        f"the line is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); type it again"
+                    )
                     continue
                 problem = typed_line_problem(line)
                 if problem:
@@ -188,8 +217,10 @@ class ChatRunner:
                 ui.print_error(str(exc))
             else:
                 config = self.session.router_config
-                ui.print_dim(console, f"up {[json_float(v) for v in config.up]} down "
-                                      f"{[json_float(v) for v in config.downs()]}")
+                ui.print_dim(
+                    console,
+                    f"up {[json_float(v) for v in config.up]} down {[json_float(v) for v in config.downs()]}",
+                )
         else:
             ui.print_error(f"unknown command {name}; /help lists them")
         return None
@@ -232,10 +263,18 @@ class ChatRunner:
             if summary is not None:  # None: the prompt was refused before any token
                 for event in summary.tokens[written:]:
                     self._write_telemetry(event)
-                self.telemetry.write({"answer": self.answer_index, "summary": {
-                    "prompt": summary.prompt, "finish_reason": summary.finish_reason,
-                    "stats": summary.stats(), "router": router_record(self.session, summary),
-                    **({"handoff": summary.handoff} if summary.handoff is not None else {})}})
+                self.telemetry.write(
+                    {
+                        "answer": self.answer_index,
+                        "summary": {
+                            "prompt": summary.prompt,
+                            "finish_reason": summary.finish_reason,
+                            "stats": summary.stats(),
+                            "router": router_record(self.session, summary),
+                            **({"handoff": summary.handoff} if summary.handoff is not None else {}),
+                        },
+                    }
+                )
                 self.summaries.append(summary)
                 self.answer_index += 1
         return summary
@@ -259,7 +298,9 @@ class ChatRunner:
         record = self.session.hand_off(summary, on_text)
         if hold and not self.json_output:
             shown = record is not None and record["shown"] == "cloud"
-            pieces = [(record["cloud_text"], "cloud")] if shown else [(e.text, e.tier) for e in summary.tokens]
+            pieces = (
+                [(record["cloud_text"], "cloud")] if shown else [(e.text, e.tier) for e in summary.tokens]
+            )
             for text, tier in pieces:
                 if painter is not None:
                     self._write("")

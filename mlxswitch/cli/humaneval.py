@@ -9,31 +9,60 @@ from ..profiles import Profile
 from . import ui
 
 
-def bench_humaneval(profile: Profile, *, prompts: Path | None, repeats: int, speed_prompts: int | None,
-                    quick: bool, max_tokens: int | None, json_path: Path | None, plot: Path | None,
-                    force_memory: bool, records: Path | None, restart: bool, problems: str | None,
-                    split: str, limit: int | None, arms: str | None, timeout: float | None,
-                    report_only: bool = False) -> None:
+def bench_humaneval(
+    profile: Profile,
+    *,
+    prompts: Path | None,
+    repeats: int,
+    speed_prompts: int | None,
+    quick: bool,
+    max_tokens: int | None,
+    json_path: Path | None,
+    plot: Path | None,
+    force_memory: bool,
+    records: Path | None,
+    restart: bool,
+    problems: str | None,
+    split: str,
+    limit: int | None,
+    arms: str | None,
+    timeout: float | None,
+    report_only: bool = False,
+) -> None:
     """Check every flag, open (or resume) the records, load the ladder, run, write and print."""
     from ..api import build_ladder
     from ..bench.command import check_output_path, write_json
     from ..bench.humaneval.command import bench_humaneval as run
     from ..bench.humaneval.command import plan, report
 
-    for given, flag in ((prompts is not None, "--prompts"), (repeats != 1, "--repeats"),
-                        (speed_prompts is not None, "--speed-prompts")):
+    for given, flag in (
+        (prompts is not None, "--prompts"),
+        (repeats != 1, "--repeats"),
+        (speed_prompts is not None, "--speed-prompts"),
+    ):
         if given:
-            raise UsageError(f"{flag} does not apply to --suite humaneval "
-                             "(every arm answers every problem once)")
+            raise UsageError(
+                f"{flag} does not apply to --suite humaneval (every arm answers every problem once)"
+            )
     check_output_path(json_path, "--json")
     check_output_path(plot, "--plot")
     if plot is not None:
         from ..bench.plot import _pyplot
 
         _pyplot()  # a missing matplotlib is said now, not after the run
-    chosen = plan(profile, problems=problems, split=split, limit=limit, arms=arms, quick=quick,
-                  max_tokens=max_tokens or 512, timeout_s=timeout, records_path=records, restart=restart,
-                  read_only=report_only)
+    chosen = plan(
+        profile,
+        problems=problems,
+        split=split,
+        limit=limit,
+        arms=arms,
+        quick=quick,
+        max_tokens=max_tokens or 512,
+        timeout_s=timeout,
+        records_path=records,
+        restart=restart,
+        read_only=report_only,
+    )
     done = len(chosen.records.results())
     err = ui.make_console(stderr=True)
     resuming = f" (resuming: {done} answers kept)" if done else ""
@@ -51,7 +80,9 @@ def bench_humaneval(profile: Profile, *, prompts: Path | None, repeats: int, spe
         from ..bench.humaneval.plot import save_humaneval_plot
 
         tiers = " → ".join(record["profile"]["tiers"])
-        title = (f"mlxswitch bench --suite humaneval · {profile.name} ({tiers}) · "
-                 f"{record['machine']['backend']} · {len(record['answered'])} problems")
+        title = (
+            f"mlxswitch bench --suite humaneval · {profile.name} ({tiers}) · "
+            f"{record['machine']['backend']} · {len(record['answered'])} problems"
+        )
         save_humaneval_plot(record, title, plot)
     ui.make_console().print(ui.humaneval_table(record))

@@ -9,9 +9,10 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO, Iterable, Iterator
+from typing import IO, BinaryIO
 
 from ..errors import UsageError
 from ..files import commit, open_temporary
@@ -31,9 +32,14 @@ def _decode(raw: bytes, number: int, what: str) -> PromptLine:
     try:
         return PromptLine(number, raw.decode("utf-8").strip())
     except UnicodeDecodeError as exc:
-        return PromptLine(number, None, UsageError(
-            f"{what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-            "it was skipped"))
+        return PromptLine(
+            number,
+            None,
+            UsageError(
+                f"{what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                "it was skipped"
+            ),
+        )
 
 
 def prompt_lines(source: BinaryIO | Iterable[str], whole: bool = False) -> Iterator[PromptLine]:
@@ -77,7 +83,7 @@ class TelemetryFile:
         self.path, self.handle, self.temporary = path, handle, temporary
 
     @classmethod
-    def open(cls, path: Path | None) -> "TelemetryFile":
+    def open(cls, path: Path | None) -> TelemetryFile:
         """Open FILE's temporary twin now, so an unwritable path fails before any model loads."""
         if path is None:
             return cls(None, None, None)
@@ -91,7 +97,7 @@ class TelemetryFile:
             self.handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
             self.handle.flush()
 
-    def __enter__(self) -> "TelemetryFile":
+    def __enter__(self) -> TelemetryFile:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -6,8 +6,8 @@ import contextlib
 import itertools
 import sys
 import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from rich.console import Console
 from rich.table import Table
@@ -69,8 +69,9 @@ def print_warning(message: str) -> None:
 class TokenPainter:
     """Prints tokens in the colour of the tier that made them, optionally shaded by entropy."""
 
-    def __init__(self, console: Console, tier_names: list[str], shade: bool = False,
-                 max_entropy: float = 1.0):
+    def __init__(
+        self, console: Console, tier_names: list[str], shade: bool = False, max_entropy: float = 1.0
+    ):
         self.console = console
         self.colours = tier_colours(tier_names)
         self.shade = shade
@@ -103,11 +104,14 @@ def status_line(summary, colours: dict[str, str] | None = None) -> Text:
     text = Text(style="dim")
     if summary.generated == 0:
         # No token, no decode speed: say why the answer is empty instead.
-        why = {"stop": "the model ended its answer at once (end of sequence)",
-               "interrupted": "interrupted before the first token"}.get(summary.finish_reason,
-                                                                         summary.finish_reason)
-        text.append(f"0 tokens · {why} · prompt {summary.prefilled_tokens} tok in "
-                    f"{summary.elapsed_s:.2f} s · peak {summary.peak_memory_gb:.2f} GB")
+        why = {
+            "stop": "the model ended its answer at once (end of sequence)",
+            "interrupted": "interrupted before the first token",
+        }.get(summary.finish_reason, summary.finish_reason)
+        text.append(
+            f"0 tokens · {why} · prompt {summary.prefilled_tokens} tok in "
+            f"{summary.elapsed_s:.2f} s · peak {summary.peak_memory_gb:.2f} GB"
+        )
         return text
     speed = f"{summary.tok_per_s:.1f} tok/s" if summary.tok_per_s is not None else "– tok/s"
     text.append(f"{summary.generated} tokens · {speed} · ")
@@ -116,16 +120,21 @@ def status_line(summary, colours: dict[str, str] | None = None) -> Text:
         text.append(f"{name} {100 * count / summary.generated:.0f}% ", style=colour)
     text.append(f"· {summary.switches} switch{'es' if summary.switches != 1 else ''}")
     prompt_speed = summary.prompt_tok_per_s
-    text.append(f" · prompt {summary.prefilled_tokens} tok"
-                + (f" at {prompt_speed:.0f} tok/s" if prompt_speed else "")
-                + f" · first token {summary.first_token_s:.2f} s · peak {summary.peak_memory_gb:.2f} GB")
+    text.append(
+        f" · prompt {summary.prefilled_tokens} tok"
+        + (f" at {prompt_speed:.0f} tok/s" if prompt_speed else "")
+        + f" · first token {summary.first_token_s:.2f} s · peak {summary.peak_memory_gb:.2f} GB"
+    )
     if summary.finish_reason == "interrupted":
         text.append(f" · interrupted after {summary.generated} tokens", style="yellow")
     elif summary.finish_reason == "length":
         text.append(" · stopped at max tokens", style="yellow")
     if getattr(summary, "refed_tokens", 0):
-        text.append(f" · KV cache rebuilt: {summary.refed_tokens} earlier tokens fed again "
-                    "(--max-kv-size: a rotating cache past its limit cannot rewind)", style="yellow")
+        text.append(
+            f" · KV cache rebuilt: {summary.refed_tokens} earlier tokens fed again "
+            "(--max-kv-size: a rotating cache past its limit cannot rewind)",
+            style="yellow",
+        )
     _cloud_status(text, summary, colours)
     return text
 
@@ -138,14 +147,18 @@ def _cloud_status(text: Text, summary, colours: dict[str, str] | None) -> None:
         why = f"score {handoff['score']:.2f} {sign} {handoff['threshold']:.2f} bits"
         if handoff["decision"] == "cloud" and handoff["shown"] == "local":
             why += ", the cloud failed"
-        text.append(f" · answer: {handoff['shown']} ({why})",
-                    style=(colours or {}).get("cloud", CLOUD_COLOUR) if handoff["shown"] == "cloud" else "")
+        text.append(
+            f" · answer: {handoff['shown']} ({why})",
+            style=(colours or {}).get("cloud", CLOUD_COLOUR) if handoff["shown"] == "cloud" else "",
+        )
     cloud = getattr(summary, "cloud", None)
     if cloud is not None:
         answer, session = cloud["answer"], cloud["session"]
         calls = answer["calls"]
-        text.append(f" · cloud ${answer['usd']:.4f}, {calls} call{'s' if calls != 1 else ''} "
-                    f"(session ${session['usd']:.4f})")
+        text.append(
+            f" · cloud ${answer['usd']:.4f}, {calls} call{'s' if calls != 1 else ''} "
+            f"(session ${session['usd']:.4f})"
+        )
 
 
 def stats_table(summaries: list) -> Table:
@@ -167,8 +180,10 @@ def stats_table(summaries: list) -> Table:
     clouded = [s.cloud for s in summaries if getattr(s, "cloud", None)]
     if clouded:  # the newest record holds the session's running totals
         session = clouded[-1]["session"]
-        table.caption += (f", cloud ${session['usd']:.4f} over {session['calls']} calls "
-                          f"({session['input_tokens']} in, {session['output_tokens']} out tokens)")
+        table.caption += (
+            f", cloud ${session['usd']:.4f} over {session['calls']} calls "
+            f"({session['input_tokens']} in, {session['output_tokens']} out tokens)"
+        )
     return table
 
 
@@ -179,10 +194,14 @@ def profiles_table(rows: list[dict]) -> Table:
         table.add_column(column, overflow="fold")
     for row in rows:
         name = row["name"] + (" (default)" if row.get("default") else "")
-        table.add_row(name, row["mode"], " → ".join(row["tiers"]), "\n".join(row["models"]),
-                      "\n".join("yes" if ok else f"no: {how}"
-                                for ok, how in zip(row["offline"], row["how_to_get"])),
-                      row.get("notes", ""))
+        table.add_row(
+            name,
+            row["mode"],
+            " → ".join(row["tiers"]),
+            "\n".join(row["models"]),
+            "\n".join("yes" if ok else f"no: {how}" for ok, how in zip(row["offline"], row["how_to_get"])),
+            row.get("notes", ""),
+        )
     return table
 
 
@@ -213,6 +232,7 @@ def cloud_waiting(enabled: bool):
     It draws after the cursor and restores it, so the answer's line is never redrawn, and clears
     itself when the call ends, Ctrl-C included.
     """
+
     @contextlib.contextmanager
     def waiting(what: str) -> Iterator[None]:
         if not enabled:
@@ -250,7 +270,7 @@ def stderr_is_terminal() -> bool:
 def line_editing(history: Path) -> Iterator[None]:
     """Arrow keys and history for input() (and so console.input), history kept in `history`."""
     try:
-        import readline  # noqa: F401  (importing it is what turns line editing on)
+        import readline
     except ImportError:  # a Python built without readline: plain input still works
         yield
         return
@@ -281,8 +301,14 @@ def bench_progress() -> Iterator:
     )
 
     console = make_console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bars:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as bars:
         tasks: dict[str, int] = {}
 
         def update(stage: str, done: int, total: int) -> None:
@@ -300,11 +326,28 @@ def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str
 
 def bench_table(record: dict) -> Table:
     """The bench's table: one row per arm, speed and quality side by side."""
-    table = Table(title=f"mlxswitch bench · {record['profile']['name']} · {record['machine']['backend']}",
-                  show_edge=False, title_justify="left")
-    for column in ("arm", "top share", "retained", "random@share", "oracle@share", "agree", "acc",
-                   "pp tok/s", "tg tok/s", "TTFT s", "peak GB", "sw/100", "MB/tok", "overhead",
-                   "M3 Max bound*"):
+    table = Table(
+        title=f"mlxswitch bench · {record['profile']['name']} · {record['machine']['backend']}",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in (
+        "arm",
+        "top share",
+        "retained",
+        "random@share",
+        "oracle@share",
+        "agree",
+        "acc",
+        "pp tok/s",
+        "tg tok/s",
+        "TTFT s",
+        "peak GB",
+        "sw/100",
+        "MB/tok",
+        "overhead",
+        "M3 Max bound*",
+    ):
         table.add_column(column, justify="left" if column == "arm" else "right")
 
     def cell(value, digits: int = 2) -> str:
@@ -313,48 +356,76 @@ def bench_table(record: dict) -> Table:
     for arm in record["arms"]:
         q, s = arm["quality"], arm["speed"]
         bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
-        table.add_row(arm["name"], cell(q["top_share"]), cell(q["retained"]),
-                      cell((arm.get("random_control") or {}).get("mean")), cell(arm.get("oracle")),
-                      _median(s, "agreement", digits=2), _median(s, "accuracy", digits=2),
-                      _median(s, "prompt_tok_per_s"), _median(s, "decode_tok_per_s"),
-                      _median(s, "first_token_s", digits=2), _median(s, "peak_memory_gb", digits=2),
-                      _median(s, "switches_per_100"), _median(s, "bytes_per_token", 1e-6),
-                      _median(s, "overhead", digits=2), cell(bound, 0))
+        table.add_row(
+            arm["name"],
+            cell(q["top_share"]),
+            cell(q["retained"]),
+            cell((arm.get("random_control") or {}).get("mean")),
+            cell(arm.get("oracle")),
+            _median(s, "agreement", digits=2),
+            _median(s, "accuracy", digits=2),
+            _median(s, "prompt_tok_per_s"),
+            _median(s, "decode_tok_per_s"),
+            _median(s, "first_token_s", digits=2),
+            _median(s, "peak_memory_gb", digits=2),
+            _median(s, "switches_per_100"),
+            _median(s, "bytes_per_token", 1e-6),
+            _median(s, "overhead", digits=2),
+            cell(bound, 0),
+        )
     auroc = record.get("auroc") or {}
-    table.caption = (f"retained: teacher-forced along the top tier's greedy answers "
-                     f"({len(record['positions'])} prompts); speed: median over "
-                     f"{record['options']['repeats']} repeat(s) of {len(record['speed_prompts'])} prompt(s); "
-                     f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
-                     "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token")
+    table.caption = (
+        f"retained: teacher-forced along the top tier's greedy answers "
+        f"({len(record['positions'])} prompts); speed: median over "
+        f"{record['options']['repeats']} repeat(s) of {len(record['speed_prompts'])} prompt(s); "
+        f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
+        "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token"
+    )
     return table
 
 
 def calibration_report(name: str, result: dict) -> Table:
     """What calibrate chose, and how it does on text it never saw."""
     pick, held = result["chosen"], result["heldout"]
-    table = Table(title=f"mlxswitch calibrate · {name} · {' → '.join(result['tiers'])}",
-                  show_header=False, show_edge=False, title_justify="left")
+    table = Table(
+        title=f"mlxswitch calibrate · {name} · {' → '.join(result['tiers'])}",
+        show_header=False,
+        show_edge=False,
+        title_justify="left",
+    )
     table.add_column(style="bold")
     table.add_column()
 
     def num(value, digits: int = 3) -> str:
         return "–" if value is None or value != value else f"{value:.{digits}f}"
 
-    table.add_row("chosen", f"--policy {pick['policy']} --tau {pick['tau']:g} --tau-down {pick['down']:g} "
-                            f"--window {pick['window']} --min-run {pick['min_run']} (signal: {pick['signal']})")
+    table.add_row(
+        "chosen",
+        f"--policy {pick['policy']} --tau {pick['tau']:g} --tau-down {pick['down']:g} "
+        f"--window {pick['window']} --min-run {pick['min_run']} (signal: {pick['signal']})",
+    )
     cal = pick["calibration"]
-    table.add_row("calibration", f"share {num(cal['top_share'], 2)} · retained {num(cal['retained'])} "
-                                 f"({len(result['prompts']['calibration'])} prompts, {cal['positions']} positions)")
-    table.add_row("held-out", f"share {num(held['top_share'], 2)} · retained {num(held['retained'])} · "
-                              f"random at that share {num(held['random_retained'])} "
-                              f"(×{num(held['vs_random'], 2)}) · oracle {num(held['oracle_retained'])} · "
-                              f"{held['bytes_per_token'] / 1e6:.1f} MB/token "
-                              f"({len(result['prompts']['heldout'])} prompts, {held['positions']} positions)")
+    table.add_row(
+        "calibration",
+        f"share {num(cal['top_share'], 2)} · retained {num(cal['retained'])} "
+        f"({len(result['prompts']['calibration'])} prompts, {cal['positions']} positions)",
+    )
+    table.add_row(
+        "held-out",
+        f"share {num(held['top_share'], 2)} · retained {num(held['retained'])} · "
+        f"random at that share {num(held['random_retained'])} "
+        f"(×{num(held['vs_random'], 2)}) · oracle {num(held['oracle_retained'])} · "
+        f"{held['bytes_per_token'] / 1e6:.1f} MB/token "
+        f"({len(result['prompts']['heldout'])} prompts, {held['positions']} positions)",
+    )
     for signal, best in result.get("per_signal_heldout", {}).items():
         if "top_share" in best:
-            table.add_row(f"best on {signal}", f"--policy {best['policy']} --tau {best['tau']:g}: held-out share "
-                                               f"{num(best['top_share'], 2)} · retained {num(best['retained'])} "
-                                               f"(random {num(best['random_retained'])})")
+            table.add_row(
+                f"best on {signal}",
+                f"--policy {best['policy']} --tau {best['tau']:g}: held-out share "
+                f"{num(best['top_share'], 2)} · retained {num(best['retained'])} "
+                f"(random {num(best['random_retained'])})",
+            )
         else:
             table.add_row(f"best on {signal}", best.get("status", ""))
     for split in ("heldout", "calibration"):
@@ -362,13 +433,16 @@ def calibration_report(name: str, result: dict) -> Table:
         table.add_row(f"AUROC {split}", " · ".join(f"{signal} {num(v)}" for signal, v in aurocs.items()))
     learned = result.get("probe") or {}
     if learned.get("status") == "trained":
-        table.add_row("probe", f"{learned['features']} features, hidden state on {learned['components']} "
-                               f"principal components, L2 {learned['l2']:g} (by CV over prompts) · "
-                               f"AUROC held-out {num(learned['auroc_heldout'])}, calibration out-of-fold "
-                               f"{num(learned['auroc_calibration_out_of_fold'])} · "
-                               f"{learned['cost_s_per_token'] * 1e6:.0f} µs a token "
-                               f"({100 * learned['cost_share_of_cheap_step']:.2f}% of a cheap step) · "
-                               f"saved {learned['path']} (--signal probe --policy peek)")
+        table.add_row(
+            "probe",
+            f"{learned['features']} features, hidden state on {learned['components']} "
+            f"principal components, L2 {learned['l2']:g} (by CV over prompts) · "
+            f"AUROC held-out {num(learned['auroc_heldout'])}, calibration out-of-fold "
+            f"{num(learned['auroc_calibration_out_of_fold'])} · "
+            f"{learned['cost_s_per_token'] * 1e6:.0f} µs a token "
+            f"({100 * learned['cost_share_of_cheap_step']:.2f}% of a cheap step) · "
+            f"saved {learned['path']} (--signal probe --policy peek)",
+        )
     elif learned:
         table.add_row("probe", learned.get("status", ""))
     return table
@@ -376,10 +450,27 @@ def calibration_report(name: str, result: dict) -> Table:
 
 def humaneval_table(record: dict) -> Table:
     """HumanEval pass@1 per arm, with its interval, share, speed and the teacher-forced fidelity."""
-    table = Table(title=f"mlxswitch bench --suite humaneval · {record['profile']['name']} · "
-                        f"{record['machine']['backend']}", show_edge=False, title_justify="left")
-    for column in ("arm", "pass@1", "95% CI", "n", "retained", "top share", "tg tok/s", "s/problem",
-                   "MB/tok", "M3 Max bound*", "TF retained", "TF random", "TF oracle"):
+    table = Table(
+        title=f"mlxswitch bench --suite humaneval · {record['profile']['name']} · "
+        f"{record['machine']['backend']}",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in (
+        "arm",
+        "pass@1",
+        "95% CI",
+        "n",
+        "retained",
+        "top share",
+        "tg tok/s",
+        "s/problem",
+        "MB/tok",
+        "M3 Max bound*",
+        "TF retained",
+        "TF random",
+        "TF oracle",
+    ):
         table.add_column(column, justify="left" if column == "arm" else "right")
 
     def cell(value, digits: int = 2, scale: float = 1.0) -> str:
@@ -389,14 +480,25 @@ def humaneval_table(record: dict) -> Table:
         low, high = arm["pass@1_95"]
         tf = arm.get("teacher_forced") or {}
         bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
-        table.add_row(arm["name"], cell(arm["pass@1"], 3),
-                      "–" if low is None else f"{low:.2f}–{high:.2f}", str(arm["problems"]),
-                      cell(arm["retained"]), cell(arm["top_share"]), cell(arm.get("decode_tok_per_s"), 1),
-                      cell(arm.get("seconds_per_problem"), 1), cell(arm.get("bytes_per_token"), 1, 1e-6),
-                      cell(bound, 0), cell(tf.get("retained")), cell(tf.get("random_control")),
-                      cell(tf.get("oracle")))
-    table.caption = (f"{len(record['answered'])} problems, greedy, one sample each; records in "
-                     f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom); "
-                     "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "
-                     "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token")
+        table.add_row(
+            arm["name"],
+            cell(arm["pass@1"], 3),
+            "–" if low is None else f"{low:.2f}–{high:.2f}",
+            str(arm["problems"]),
+            cell(arm["retained"]),
+            cell(arm["top_share"]),
+            cell(arm.get("decode_tok_per_s"), 1),
+            cell(arm.get("seconds_per_problem"), 1),
+            cell(arm.get("bytes_per_token"), 1, 1e-6),
+            cell(bound, 0),
+            cell(tf.get("retained")),
+            cell(tf.get("random_control")),
+            cell(tf.get("oracle")),
+        )
+    table.caption = (
+        f"{len(record['answered'])} problems, greedy, one sample each; records in "
+        f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom); "
+        "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "
+        "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token"
+    )
     return table

@@ -24,8 +24,14 @@ from mlxswitch.cloud.span import join_continuation, span_prompt, strip_repeated_
 
 # The client imports the anthropic SDK (seconds on a cold start): only a run that calls the
 # cloud pays for it, not every profile lookup that reads cloud settings.
-_CLIENT_NAMES = ("CloudBudgetExhausted", "CloudClient", "CloudFailure", "CloudInterrupted",
-                 "CloudReply", "require_key")
+_CLIENT_NAMES = (
+    "CloudBudgetExhausted",
+    "CloudClient",
+    "CloudFailure",
+    "CloudInterrupted",
+    "CloudReply",
+    "require_key",
+)
 
 
 def __getattr__(name: str):
@@ -34,6 +40,7 @@ def __getattr__(name: str):
 
         return getattr(client, name)
     raise AttributeError(f"module 'mlxswitch.cloud' has no attribute {name!r}")
+
 
 __all__ = [
     "CLOUD_MODES",

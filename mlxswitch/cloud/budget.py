@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from mlxswitch.cloud.pricing import (
     PRICES_TAKEN,
@@ -69,12 +70,16 @@ def _parse_prices(value: Any) -> Price | None:
     elif isinstance(value, Mapping):
         names = ("input", "output", "cache_write", "cache_read")
         value = [value[n] for n in names if n in value] if set(value) <= set(names) else None
-    if isinstance(value, (list, tuple)) and len(value) in (2, 4) and all(_is_number(v) and v >= 0 for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) in (2, 4)
+        and all(_is_number(v) and v >= 0 for v in value)
+    ):
         return Price.of(*value) if len(value) == 2 else Price(*value)
     raise SettingError(
         "prices",
         "cloud prices must be 2 or 4 numbers of 0 or more (USD per million tokens: "
-        f"input, output[, cache write, cache read]), got {value!r}"
+        f"input, output[, cache write, cache read]), got {value!r}",
     )
 
 
@@ -90,10 +95,14 @@ def cloud_settings(**values: Any) -> CloudSettings:
     merged = {f.name: values.get(f.name, f.default) for f in fields(CloudSettings)}
 
     if merged["mode"] not in CLOUD_MODES:
-        raise SettingError("mode", f"cloud mode must be one of {', '.join(CLOUD_MODES)}, got {merged['mode']!r}")
+        raise SettingError(
+            "mode", f"cloud mode must be one of {', '.join(CLOUD_MODES)}, got {merged['mode']!r}"
+        )
     model = merged["model"]
     if not isinstance(model, str) or not model or any(c.isspace() for c in model):
-        raise SettingError("model", f"cloud model must be a model id such as 'claude-haiku-4-5', got {model!r}")
+        raise SettingError(
+            "model", f"cloud model must be a model id such as 'claude-haiku-4-5', got {model!r}"
+        )
     for key, name, low, high in (
         ("span_tokens", "cloud span tokens", 1, 1024),
         ("answer_tokens", "cloud answer tokens", 1, 64000),
@@ -108,12 +117,16 @@ def cloud_settings(**values: Any) -> CloudSettings:
         )
     dollars = merged["budget_usd"]
     if not (_is_number(dollars) and dollars >= 0):
-        raise SettingError("budget_usd", f"cloud budget must be a dollar amount of 0 or more, got {dollars!r}")
+        raise SettingError(
+            "budget_usd", f"cloud budget must be a dollar amount of 0 or more, got {dollars!r}"
+        )
     merged["timeout_s"], merged["budget_usd"] = float(timeout), float(dollars)
     threshold = merged["handoff_threshold"]
     if not (_is_number(threshold) and threshold >= 0):
-        raise SettingError("handoff_threshold",
-                           f"cloud hand-off threshold must be a number of bits of 0 or more, got {threshold!r}")
+        raise SettingError(
+            "handoff_threshold",
+            f"cloud hand-off threshold must be a number of bits of 0 or more, got {threshold!r}",
+        )
     merged["handoff_threshold"] = float(threshold)
     merged["prices"] = _parse_prices(merged["prices"])
 

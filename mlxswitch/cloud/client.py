@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import anthropic
@@ -156,7 +157,9 @@ class CloudClient:
         system, turns = _conversation(system, messages)
         prompt = span_prompt(turns[-1]["content"], partial_answer, self.settings.span_tokens)
         turns[-1] = {"role": "user", "content": prompt}  # no assistant prefill: see span_prompt
-        return self._call(system, turns, self.settings.span_tokens, SpanSplicer(partial_answer), on_text, True)
+        return self._call(
+            system, turns, self.settings.span_tokens, SpanSplicer(partial_answer), on_text, True
+        )
 
     def answer(
         self, system: str | None, messages: Sequence[Mapping[str, Any]], on_text: OnText | None = None
@@ -209,11 +212,12 @@ class CloudClient:
         """Send the request (the SDK retries here); the stream, or None and why not."""
         try:
             return stack.enter_context(self._sdk.messages.stream(**request)), None
-        except Exception as err:  # noqa: BLE001 — every SDK/transport failure becomes one line
+        except Exception as err:
             return None, self._reason(err)
 
-    def _read(self, stream: Any, splicer: Any, shown: list[str], on_text: OnText | None,
-              deadline_from: float | None) -> str | None:
+    def _read(
+        self, stream: Any, splicer: Any, shown: list[str], on_text: OnText | None, deadline_from: float | None
+    ) -> str | None:
         """Show the text as it streams; why the stream broke, or None."""
         events = iter(stream)
         while True:
@@ -221,7 +225,7 @@ class CloudClient:
                 event = next(events)
             except StopIteration:
                 return None
-            except Exception as err:  # noqa: BLE001 — mid-stream failures are never retried
+            except Exception as err:
                 return self._reason(err)
             piece = _text_of(event)
             if piece:
@@ -244,15 +248,18 @@ class CloudClient:
             status, detail = err.status_code, err.api_message or ""
             if status == 200:  # an `error` event inside a 200 stream: the SDK never retries these
                 kind = err.type or "error"
-                return one_line(f"cloud tier failed mid-reply: {kind}" + (f": {detail}" if detail else ""),
-                                SHOWN)
+                return one_line(
+                    f"cloud tier failed mid-reply: {kind}" + (f": {detail}" if detail else ""), SHOWN
+                )
             label = _STATUS.get(status) or ("server error" if status >= 500 else "request rejected")
             if status not in _STATUS and status < 500 and detail:
                 label += f": {detail}"
             return one_line(f"cloud tier unavailable: HTTP {status} {label}", SHOWN)
         if isinstance(err, anthropic.APIConnectionError):
             url = urlsplit(str(self._sdk.base_url))
-            return f"cloud tier unavailable: cannot connect to {url.hostname}" + (f":{url.port}" if url.port else "")
+            return f"cloud tier unavailable: cannot connect to {url.hostname}" + (
+                f":{url.port}" if url.port else ""
+            )
         if type(err).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore"):
             return "cloud tier unavailable: connection lost mid-reply"
         return f"cloud tier failed: malformed reply ({type(err).__name__})"

@@ -37,16 +37,22 @@ class TokenEvent:
 
     def record(self) -> dict:
         """The JSON record of this token (the same in --json and --telemetry)."""
-        out = {"id": self.id, "text": self.text, "tier": self.tier,
-               "entropy": None if self.entropy is None else json_float(self.entropy),
-               "mean": None if self.mean is None else json_float(self.mean)}
+        out = {
+            "id": self.id,
+            "text": self.text,
+            "tier": self.tier,
+            "entropy": None if self.entropy is None else json_float(self.entropy),
+            "mean": None if self.mean is None else json_float(self.mean),
+        }
         if self.signal is not None:
             out["signal"] = json_float(self.signal)
         if self.guard:
             out["guard"] = True
         if len(self.tried) > 1:
-            out["tried"] = [[name, None if h is None else json_float(h)]
-                            for name, h in zip(self.tried, self.tried_signals)]
+            out["tried"] = [
+                [name, None if h is None else json_float(h)]
+                for name, h in zip(self.tried, self.tried_signals)
+            ]
         return out
 
 
@@ -78,8 +84,9 @@ class AnswerSummary:
         """Weights read per token of this answer: every tier that computed its position counts."""
         if not self.tokens:
             return 0.0
-        return sum(self.tier_bytes.get(name, 0) for e in self.tokens
-                   for name in (e.tried or (e.tier,))) / len(self.tokens)
+        return sum(
+            self.tier_bytes.get(name, 0) for e in self.tokens for name in (e.tried or (e.tier,))
+        ) / len(self.tokens)
 
     @property
     def generated(self) -> int:
@@ -174,16 +181,25 @@ class TextAssembler:
                     if self.text.endswith(s[:k]):
                         safe = min(safe, len(self.text) - k)
                         break
-        piece, self.emitted = self.text[self.emitted:safe], max(self.emitted, safe)
+        piece, self.emitted = self.text[self.emitted : safe], max(self.emitted, safe)
         return piece
 
 
 class AnswerBuilder:
     """Turns steps into final TokenEvents and, at the end, the AnswerSummary."""
 
-    def __init__(self, prompt: str, tokenizer, stop: tuple[str, ...], tier_names: list[str],
-                 prompt_tokens: int, prefilled: int, group_names: list[str],
-                 tier_bytes: dict[str, int], signal: str = "entropy"):
+    def __init__(
+        self,
+        prompt: str,
+        tokenizer,
+        stop: tuple[str, ...],
+        tier_names: list[str],
+        prompt_tokens: int,
+        prefilled: int,
+        group_names: list[str],
+        tier_bytes: dict[str, int],
+        signal: str = "entropy",
+    ):
         self.prompt = prompt
         self.signal = signal  # the routed signal's name: recorded per token unless it is entropy
         self.tier_names = tier_names
@@ -208,17 +224,36 @@ class AnswerBuilder:
             self.catch_up[name] += count
         several = len(step.tried) > 1
         tried = tuple(self.tier_names[r] for r in step.tried) if several else ()
-        released, self._held = self._held, TokenEvent(
-            len(self.events), step.token, self.text.add(step.token), self.tier_names[step.rung],
-            step.rung, step.entropy, step.mean, step.guard, elapsed, tried,
-            step.tried_signals if several else (),
-            step.signal if self.signal != "entropy" else None, step.logprob, step.top_logprobs)
+        released, self._held = (
+            self._held,
+            TokenEvent(
+                len(self.events),
+                step.token,
+                self.text.add(step.token),
+                self.tier_names[step.rung],
+                step.rung,
+                step.entropy,
+                step.mean,
+                step.guard,
+                elapsed,
+                tried,
+                step.tried_signals if several else (),
+                step.signal if self.signal != "entropy" else None,
+                step.logprob,
+                step.top_logprobs,
+            ),
+        )
         self.events.append(self._held)
         return released
 
-    def finish(self, finish_reason: str, initial_entropy: float, peak_memory_gb: float,
-               ended_by_eos: bool = False, initial_signal: float | None = None
-               ) -> tuple[TokenEvent | None, AnswerSummary]:
+    def finish(
+        self,
+        finish_reason: str,
+        initial_entropy: float,
+        peak_memory_gb: float,
+        ended_by_eos: bool = False,
+        initial_signal: float | None = None,
+    ) -> tuple[TokenEvent | None, AnswerSummary]:
         """The last event (its text completed) and the summary of the answer."""
         last, self._held = self._held, None
         if finish_reason == "interrupted":
@@ -232,12 +267,20 @@ class AnswerBuilder:
                 last = TokenEvent(**{**last.__dict__, "text": last.text + tail})
                 self.events[-1] = last
         summary = AnswerSummary(
-            prompt=self.prompt, text="".join(e.text for e in self.events), finish_reason=finish_reason,
-            tokens=list(self.events), prompt_tokens=self.prompt_tokens,
-            prefilled_tokens=self.prefilled, initial_entropy=initial_entropy,
-            tier_names=self.tier_names, elapsed_s=time.perf_counter() - self.start,
+            prompt=self.prompt,
+            text="".join(e.text for e in self.events),
+            finish_reason=finish_reason,
+            tokens=list(self.events),
+            prompt_tokens=self.prompt_tokens,
+            prefilled_tokens=self.prefilled,
+            initial_entropy=initial_entropy,
+            tier_names=self.tier_names,
+            elapsed_s=time.perf_counter() - self.start,
             first_token_s=self.events[0].elapsed_s if self.events else None,
-            peak_memory_gb=peak_memory_gb, catch_up_tokens=dict(self.catch_up),
-            tier_bytes=self.tier_bytes, ended_by_eos=ended_by_eos,
-            initial_signal=initial_signal if self.signal != "entropy" else None)
+            peak_memory_gb=peak_memory_gb,
+            catch_up_tokens=dict(self.catch_up),
+            tier_bytes=self.tier_bytes,
+            ended_by_eos=ended_by_eos,
+            initial_signal=initial_signal if self.signal != "entropy" else None,
+        )
         return last, summary

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from typing import ContextManager
 
 from ..cloud.budget import CloudSettings
 from ..json_numbers import rounded
@@ -50,8 +51,9 @@ class CloudTier:
         out, self._pending_notices = self._pending_notices, []
         return out
 
-    def span(self, tokenizer, system: str | None, messages: list[dict], answer_ids: list[int],
-             room: int) -> list[int]:
+    def span(
+        self, tokenizer, system: str | None, messages: list[dict], answer_ids: list[int], room: int
+    ) -> list[int]:
         """Ids of the cloud's continuation of the answer so far (none when it cannot be had)."""
         from ..cloud.client import CloudBudgetExhausted, CloudFailure
 
@@ -70,12 +72,16 @@ class CloudTier:
             # Whole sentences that arrived before the failure are a valid continuation: keep them.
             text, usd = exc.partial, None
         ids = list(tokenizer.encode(text, add_special_tokens=False))[:room] if text else []
-        self.spans.append({"at": len(answer_ids), "tokens": len(ids), "text": text,
-                           "usd": rounded(usd, 6)})
+        self.spans.append({"at": len(answer_ids), "tokens": len(ids), "text": text, "usd": rounded(usd, 6)})
         return ids
 
-    def handoff(self, system: str | None, messages: list[dict], entropies: list[float | None],
-                on_text: OnText | None = None) -> dict:
+    def handoff(
+        self,
+        system: str | None,
+        messages: list[dict],
+        entropies: list[float | None],
+        on_text: OnText | None = None,
+    ) -> dict:
         """Score the local answer; re-ask it in the cloud when uncertain. The decision record."""
         from ..cloud.client import CloudBudgetExhausted, CloudFailure
 
@@ -83,8 +89,14 @@ class CloudTier:
         mean = math.fsum(finite) / len(finite) if finite else None
         peak = max(finite) if finite else None
         threshold = self.settings.handoff_threshold
-        record = {"score": rounded(mean, 6), "peak": rounded(peak, 6), "threshold": threshold,
-                  "decision": "local", "shown": "local", "cloud_text": None}
+        record = {
+            "score": rounded(mean, 6),
+            "peak": rounded(peak, 6),
+            "threshold": threshold,
+            "decision": "local",
+            "shown": "local",
+            "cloud_text": None,
+        }
         if mean is None or mean <= threshold:
             return record
         record["decision"] = "cloud"

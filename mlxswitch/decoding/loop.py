@@ -18,8 +18,8 @@ entropy; the next local token catches up on them in one batched feed, one rung b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -74,8 +74,11 @@ class _Pending:
     @property
     def arrays(self) -> list[mx.array]:
         """What must be computed before this position can be read (for async_eval)."""
-        return ([self.token, self.signals.array] + ([self.hidden] if self.hidden is not None else [])
-                + ([self.logprobs] if self.logprobs is not None else []))
+        return (
+            [self.token, self.signals.array]
+            + ([self.hidden] if self.hidden is not None else [])
+            + ([self.logprobs] if self.logprobs is not None else [])
+        )
 
     def entropy(self) -> float:
         """Entropy in bits (reads the lazy signals: a sync point)."""
@@ -143,9 +146,18 @@ class _LivePosition:
 class TokenLoop:
     """Decodes one answer onto `ids` (the conversation so far, extended in place)."""
 
-    def __init__(self, ladder: Ladder, ids: list[int], policy: Policy, sampler: Sampler,
-                 prefill_step: int = 512, cloud_span: CloudSpan | None = None, signal: str = "entropy",
-                 normalize_for_sampler: bool = True, top_logprobs: int | None = None):
+    def __init__(
+        self,
+        ladder: Ladder,
+        ids: list[int],
+        policy: Policy,
+        sampler: Sampler,
+        prefill_step: int = 512,
+        cloud_span: CloudSpan | None = None,
+        signal: str = "entropy",
+        normalize_for_sampler: bool = True,
+        top_logprobs: int | None = None,
+    ):
         self.ladder = ladder
         self.top_logprobs = top_logprobs  # None: no log-probabilities; k: the token's and the top k
         # mlx-lm's greedy, temperature, min-p and top-k samplers are all unchanged by a shift of
@@ -192,10 +204,23 @@ class TokenLoop:
                 self.ended_by_eos = True
                 return
             earlier = settled.measured[: len(settled.rungs) - 1]  # the tries it replaced
-            logprob, top = (pending.token_logprobs(position.token, self.top_logprobs)
-                            if self.top_logprobs is not None else (None, ()))
-            yield Step(position.token, pending.rung, pending.entropy(), decision.mean, guard, settled.rungs,
-                       earlier + (settled.taken,), position.catch_up, logprob, top)
+            logprob, top = (
+                pending.token_logprobs(position.token, self.top_logprobs)
+                if self.top_logprobs is not None
+                else (None, ())
+            )
+            yield Step(
+                position.token,
+                pending.rung,
+                pending.entropy(),
+                decision.mean,
+                guard,
+                settled.rungs,
+                earlier + (settled.taken,),
+                position.catch_up,
+                logprob,
+                top,
+            )
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             n += 1
@@ -221,7 +246,7 @@ class TokenLoop:
         if self.cloud_span is None or room < 1:
             return
         rung = self.top_local + 1
-        for token in self.cloud_span(self.ids[self.prompt_tokens:], room)[:room]:
+        for token in self.cloud_span(self.ids[self.prompt_tokens :], room)[:room]:
             self.ids.append(token)
             yield Step(token, rung, None, None, False, (rung,), (None,))
 
@@ -238,11 +263,12 @@ class TokenLoop:
             fed = len(self.ids) - max(group.seen, self.prompt_tokens)
             if fed > 0:
                 catch_up[group.name] = fed
-            token = mx.array(self.ids[group.seen:])
+            token = mx.array(self.ids[group.seen :])
         # The probe reads the bottom rung's hidden state: only there is the model run in halves.
         probe = self.ladder.probe if rung == 0 and self.bottom_first else None
-        logits, hidden = group.feed(token, tier.gear, self.prefill_step,
-                                    self.ladder.bottom_split() if probe is not None else None)
+        logits, hidden = group.feed(
+            token, tier.gear, self.prefill_step, self.ladder.bottom_split() if probe is not None else None
+        )
         signals = read_time_signals(logits)
         if self.normalize_for_sampler or self.top_logprobs is not None:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

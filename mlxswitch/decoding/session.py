@@ -7,8 +7,8 @@ conversation, runs the token loop and builds the answer from its steps. It never
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import wired_limit
@@ -55,8 +55,9 @@ class GenerationSettings:
         if self.max_kv_size is not None and self.max_kv_size < 1:
             raise UsageError(f"--max-kv-size must be at least 1 token (got {self.max_kv_size})")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise UsageError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS} "
-                             f"(got {self.top_logprobs})")
+            raise UsageError(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {self.top_logprobs})"
+            )
         if self.prefill_step < 1:
             raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
 
@@ -66,17 +67,24 @@ def check_cache_bound(settings: GenerationSettings, tier_names: list[str] | tupl
     # Switching trims a cache by the token it computed ahead (and peek re-computes positions);
     # a rotating cache past its limit cannot be trimmed, so every switch would re-prefill it all.
     if settings.max_kv_size is not None and len(tier_names) > 1:
-        raise UsageError(f"--max-kv-size works with one tier only: switching between "
-                         f"{', '.join(tier_names[:-1])} and {tier_names[-1]} trims the KV cache, "
-                         "which a rotating cache past its limit cannot do; use one model (--model M)")
+        raise UsageError(
+            f"--max-kv-size works with one tier only: switching between "
+            f"{', '.join(tier_names[:-1])} and {tier_names[-1]} trims the KV cache, "
+            "which a rotating cache past its limit cannot do; use one model (--model M)"
+        )
 
 
 class ChatSession:
     """A conversation on a ladder: the token ids so far, reused across turns."""
 
-    def __init__(self, ladder: Ladder, router_config: RouterConfig,
-                 settings: GenerationSettings | None = None, system: str | None = None,
-                 cloud: CloudTier | None = None):
+    def __init__(
+        self,
+        ladder: Ladder,
+        router_config: RouterConfig,
+        settings: GenerationSettings | None = None,
+        system: str | None = None,
+        cloud: CloudTier | None = None,
+    ):
         self.ladder = ladder
         self.cloud = cloud
         self.router_config = router_config
@@ -111,8 +119,10 @@ class ChatSession:
     def router_config(self, config: RouterConfig) -> None:
         config.validate(len(self.tier_names))
         if config.signal in BOTTOM_ONLY_SIGNALS and self.ladder.probe is None:
-            raise UsageError("routing on the probe needs the probe that `mlxswitch calibrate` trains for "
-                             "this profile; none is attached to this ladder")
+            raise UsageError(
+                "routing on the probe needs the probe that `mlxswitch calibrate` trains for "
+                "this profile; none is attached to this ladder"
+            )
         if config.vocab_size != self.ladder.vocab_size:
             config = config.with_vocab(self.ladder.vocab_size)
         if len(self.tier_names) > len(self.ladder.tiers) and config.top_local is None:
@@ -147,12 +157,14 @@ class ChatSession:
         max_tokens: this answer's limit, when it differs from the settings' (the bench uses it).
         """
         messages = self.messages + [{"role": "user", "content": prompt}]
-        settings = self.settings if max_tokens is None else dataclasses.replace(self.settings,
-                                                                                 max_tokens=max_tokens)
+        settings = (
+            self.settings if max_tokens is None else dataclasses.replace(self.settings, max_tokens=max_tokens)
+        )
         return self._answer(prompt, self.render(messages), messages, settings)
 
-    def stream_conversation(self, messages: list[dict], settings: GenerationSettings | None = None
-                            ) -> Iterator[TokenEvent | AnswerSummary]:
+    def stream_conversation(
+        self, messages: list[dict], settings: GenerationSettings | None = None
+    ) -> Iterator[TokenEvent | AnswerSummary]:
         """Answer a whole conversation given at once (a server request), as `stream` does.
 
         The caches keep what the new conversation shares with the sequence so far, so a client
@@ -161,20 +173,28 @@ class ChatSession:
         prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
         return self._answer(prompt, self.render(messages), list(messages), settings or self.settings)
 
-    def stream_text(self, text: str, settings: GenerationSettings | None = None
-                    ) -> Iterator[TokenEvent | AnswerSummary]:
+    def stream_text(
+        self, text: str, settings: GenerationSettings | None = None
+    ) -> Iterator[TokenEvent | AnswerSummary]:
         """Continue raw text (no chat template, no system prompt): a plain completion."""
         return self._answer(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
 
-    def _answer(self, prompt: str, prompt_ids: list[int], messages: list[dict] | None,
-                settings: GenerationSettings) -> Iterator[TokenEvent | AnswerSummary]:
+    def _answer(
+        self, prompt: str, prompt_ids: list[int], messages: list[dict] | None, settings: GenerationSettings
+    ) -> Iterator[TokenEvent | AnswerSummary]:
         """Check the prompt's length now (a refusal raises before the first event), then stream."""
         self.last_summary = None
         budget = self._token_budget(prompt_ids, settings.max_tokens)
         return self._generate(prompt, prompt_ids, messages, settings, budget)
 
-    def _generate(self, prompt: str, prompt_ids: list[int], messages: list[dict] | None,
-                  settings: GenerationSettings, budget: int) -> Iterator[TokenEvent | AnswerSummary]:
+    def _generate(
+        self,
+        prompt: str,
+        prompt_ids: list[int],
+        messages: list[dict] | None,
+        settings: GenerationSettings,
+        budget: int,
+    ) -> Iterator[TokenEvent | AnswerSummary]:
         common = common_prefix_len(self.ids, prompt_ids)
         # A rotating cache past its limit cannot be rewound: it starts over and is fed it all again.
         refed = max(group.rewind(common) for group in self.ladder.groups)
@@ -182,16 +202,23 @@ class ChatSession:
         self.messages = messages if messages is not None else []
         sampler = self._sampler
         if settings is not self.settings:
-            sampler = make_sampler(temp=settings.temperature, top_p=settings.top_p, min_p=settings.min_p,
-                                   top_k=settings.top_k)
+            sampler = make_sampler(
+                temp=settings.temperature, top_p=settings.top_p, min_p=settings.min_p, top_k=settings.top_k
+            )
             if settings.seed is not None:
                 mx.random.seed(settings.seed)
         ladder, cloud = self.ladder, self.cloud
-        builder = AnswerBuilder(prompt, ladder.tokenizer, settings.stop, self.tier_names,
-                                len(prompt_ids), len(prompt_ids) - common + refed,
-                                [g.name for g in ladder.groups],
-                                {t.name: t.bytes_per_token for t in ladder.tiers},
-                                self.router_config.signal)
+        builder = AnswerBuilder(
+            prompt,
+            ladder.tokenizer,
+            settings.stop,
+            self.tier_names,
+            len(prompt_ids),
+            len(prompt_ids) - common + refed,
+            [g.name for g in ladder.groups],
+            {t.name: t.bytes_per_token for t in ladder.tiers},
+            self.router_config.signal,
+        )
         span = None
         if cloud is not None:
             cloud.start_answer()
@@ -200,11 +227,19 @@ class ChatSession:
 
                 def span(answer_ids: list[int], room: int) -> list[int]:
                     return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
+
         policy = (self.policy_factory or make_policy)(self.router_config, len(self.tier_names))
-        loop = TokenLoop(ladder, self.ids, policy,
-                         sampler, settings.prefill_step, cloud_span=span,
-                         signal=self.router_config.signal,
-                         normalize_for_sampler=0 < settings.top_p < 1, top_logprobs=settings.top_logprobs)
+        loop = TokenLoop(
+            ladder,
+            self.ids,
+            policy,
+            sampler,
+            settings.prefill_step,
+            cloud_span=span,
+            signal=self.router_config.signal,
+            normalize_for_sampler=0 < settings.top_p < 1,
+            top_logprobs=settings.top_logprobs,
+        )
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
@@ -222,9 +257,13 @@ class ChatSession:
             # Ctrl-C (or a closed generator) lands here too: keep what was produced.
             for group in ladder.groups:  # no cache may claim ids the sequence does not have
                 group.rewind(len(self.ids))
-            last, self.last_summary = builder.finish(reason, loop.initial_entropy,
-                                                     mx.get_peak_memory() / 1e9, loop.ended_by_eos,
-                                                     loop.initial_signal)
+            last, self.last_summary = builder.finish(
+                reason,
+                loop.initial_entropy,
+                mx.get_peak_memory() / 1e9,
+                loop.ended_by_eos,
+                loop.initial_signal,
+            )
             self.last_summary.refed_tokens = refed
             if cloud is not None:
                 self.last_summary.cloud = cloud.answer_record()
@@ -259,5 +298,8 @@ class ChatSession:
         if len(prompt_ids) >= context:
             raise PromptTooLongError(
                 f"the prompt is {len(prompt_ids)} tokens with the conversation so far, but the "
-                f"context holds {context}; shorten it or start over (/reset)", len(prompt_ids), context)
+                f"context holds {context}; shorten it or start over (/reset)",
+                len(prompt_ids),
+                context,
+            )
         return min(max_tokens, context - len(prompt_ids))

@@ -45,8 +45,9 @@ class CacheGroup:
         """Whether the cache can drop its newest tokens (attention caches can; recurrent ones not)."""
         return can_trim_prompt_cache(self.cache)
 
-    def feed(self, inputs: mx.array, gear: int | None, chunk: int,
-             split: SplitModel | None = None) -> tuple[mx.array, mx.array | None]:
+    def feed(
+        self, inputs: mx.array, gear: int | None, chunk: int, split: SplitModel | None = None
+    ) -> tuple[mx.array, mx.array | None]:
         """Run the model over `inputs` (ids after `seen`); lazy logits of the last position, and
         its hidden state when `split` (this model's checked body/head split) is given.
 
@@ -63,7 +64,7 @@ class CacheGroup:
             mx.eval([c.state for c in self.cache])
             mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries
             self.seen += part.size
-            inputs = inputs[part.size:]
+            inputs = inputs[part.size :]
         self.seen += inputs.size
         self._activate(gear)
         if split is None:
@@ -172,8 +173,10 @@ class Ladder:
         """Route on `probe`, once it is checked to read this bottom model's hidden state."""
         split = self.bottom_split()
         if probe.dims != split.hidden_size + len(SCALARS):
-            raise UsageError(f"the saved probe reads {probe.dims - len(SCALARS)} hidden dimensions but "
-                             f"{self.tiers[0].model.name} has {split.hidden_size}: run `mlxswitch calibrate` again")
+            raise UsageError(
+                f"the saved probe reads {probe.dims - len(SCALARS)} hidden dimensions but "
+                f"{self.tiers[0].model.name} has {split.hidden_size}: run `mlxswitch calibrate` again"
+            )
         self.probe = probe
 
     @property
@@ -218,13 +221,17 @@ def single_model_ladder(model: LoadedModel, name: str = "model") -> Ladder:
 
 def pair_ladder(small: LoadedModel, large: LoadedModel) -> Ladder:
     """A small → large ladder; the models must share a tokenizer (checked by the caller)."""
-    return Ladder([Tier("small", CacheGroup(small, "small")), Tier("large", CacheGroup(large, "large"))],
-                  description=f"{small.name} → {large.name}")
+    return Ladder(
+        [Tier("small", CacheGroup(small, "small")), Tier("large", CacheGroup(large, "large"))],
+        description=f"{small.name} → {large.name}",
+    )
 
 
 def gear_ladder(model: LoadedModel, gears: list[int]) -> Ladder:
     """Gear tiers of one nested-gear model sharing a single cache, prefilled at the top gear."""
     names = [f"g{bits}" for bits in gears]
     group = CacheGroup(model, "+".join(names), prefill_gear=gears[-1])
-    return Ladder([Tier(name, group, gear=bits) for name, bits in zip(names, gears)],
-                  description=f"{model.name} gears {'/'.join(map(str, gears))}")
+    return Ladder(
+        [Tier(name, group, gear=bits) for name, bits in zip(names, gears)],
+        description=f"{model.name} gears {'/'.join(map(str, gears))}",
+    )

@@ -202,8 +202,11 @@ def _first_use_check(dtype: mx.Dtype) -> int | None:
             continue
         if signals_error(got.tolist(), want.tolist()) < 1e-3:
             return threads
-    warnings.warn(f"fused token-signals kernel disabled for {dtype} ({problem}); "
-                  "using the mx-ops reference", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"fused token-signals kernel disabled for {dtype} ({problem}); using the mx-ops reference",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return None
 
 
@@ -226,10 +229,16 @@ SELF_CHECK_VOCABS = (4099, 49152, 151936)
 def entropy_self_check(rng: np.random.Generator) -> list[KernelCheck]:
     """Doctor lines: the reference against float64, and the Metal kernel against the reference."""
     cases = [rng.normal(0, 3, size=v).astype(np.float32) for v in SELF_CHECK_VOCABS]
-    worst = max(signals_error(reference_token_signals(mx.array(c)).tolist(),
-                                      float64_token_signals(c)) for c in cases)
-    checks = [KernelCheck("token_signals_reference", "mx ops",
-                          "ok" if worst < 1e-3 else f"mismatch vs float64 (max err {worst:.2e})")]
+    worst = max(
+        signals_error(reference_token_signals(mx.array(c)).tolist(), float64_token_signals(c)) for c in cases
+    )
+    checks = [
+        KernelCheck(
+            "token_signals_reference",
+            "mx ops",
+            "ok" if worst < 1e-3 else f"mismatch vs float64 (max err {worst:.2e})",
+        )
+    ]
     if not kernel_available():
         checks.append(KernelCheck(KERNEL_NAME, "metal", "unavailable: no Metal backend"))
         return checks

@@ -71,8 +71,15 @@ def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None
     """x · (Σ first `active` dequantized planes)ᵀ (+ bias): one mx.quantized_matmul per plane."""
     out = None
     for plane, bits in zip(*_active(planes, plane_bits, active)):
-        y = mx.quantized_matmul(x, plane["weight"], plane["scales"], plane["biases"],
-                                transpose=True, group_size=group_size, bits=bits)
+        y = mx.quantized_matmul(
+            x,
+            plane["weight"],
+            plane["scales"],
+            plane["biases"],
+            transpose=True,
+            group_size=group_size,
+            bits=bits,
+        )
         out = y if out is None else out + y
     return out if bias is None else out + bias
 
@@ -81,8 +88,13 @@ def dense_weight(planes, plane_bits, group_size, active) -> mx.array:
     """Σ of the first `active` planes dequantized in fp32 (scales widened first: exact)."""
     weight = None
     for p, bits in zip(*_active(planes, plane_bits, active)):
-        part = mx.dequantize(p["weight"], p["scales"].astype(mx.float32),
-                             p["biases"].astype(mx.float32), group_size=group_size, bits=bits)
+        part = mx.dequantize(
+            p["weight"],
+            p["scales"].astype(mx.float32),
+            p["biases"].astype(mx.float32),
+            group_size=group_size,
+            bits=bits,
+        )
         weight = part if weight is None else weight + part
     return weight
 
@@ -185,16 +197,18 @@ def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.ar
     return mx.array(out.reshape(*x32.shape[:-1], out.shape[-1]))
 
 
-def dense_nested_matmul(x, planes, plane_bits, group_size, active, bias=None,
-                        use_numpy: bool = True) -> mx.array:
+def dense_nested_matmul(
+    x, planes, plane_bits, group_size, active, bias=None, use_numpy: bool = True
+) -> mx.array:
     """Multi-row CPU route: active planes as fp32 weight blocks, one matmul each (NumPy or MLX)."""
     used, bits = _active(planes, plane_bits, active)
     blocks = _row_blocks(used[0]["scales"].shape[0], x.shape[-1])
     x32 = x.astype(mx.float32)
     y = _blas_matmul(x32, used, bits, group_size, blocks) if use_numpy else None
     if y is None:
-        parts = [x32 @ dense_weight(_rows_of(used, r0, r1), bits, group_size, len(used)).T
-                 for r0, r1 in blocks]
+        parts = [
+            x32 @ dense_weight(_rows_of(used, r0, r1), bits, group_size, len(used)).T for r0, r1 in blocks
+        ]
         y = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
     out_dtype = result_dtype(x, used)
     y = y if y.dtype == out_dtype else y.astype(out_dtype)
@@ -224,8 +238,9 @@ def describe_cpu_rule() -> str:
     if numpy_routes_allowed():
         return f"dense fp32 + NumPy BLAS from {BLAS_MIN_ROWS} rows, any plane count"
     top = max(MX_DENSE_MIN_ROWS)
-    floors = ", ".join(f"{p}{'+' if p == top else ''} planes from {r} rows"
-                       for p, r in sorted(MX_DENSE_MIN_ROWS.items()))
+    floors = ", ".join(
+        f"{p}{'+' if p == top else ''} planes from {r} rows" for p, r in sorted(MX_DENSE_MIN_ROWS.items())
+    )
     return f"dense fp32 + MLX matmul: {floors}; fewer planes: reference"
 
 
@@ -258,9 +273,13 @@ def input_names(n_planes: int, has_bias: bool) -> list[str]:
 def make_kernel(n_planes: int, has_bias: bool):
     """Build one variant; building only records the source, so this works on any backend."""
     header, body = kernel_source(n_planes, has_bias)
-    return mx.fast.metal_kernel(name=kernel_name(n_planes, has_bias),
-                                input_names=input_names(n_planes, has_bias),
-                                output_names=["out"], source=body, header=header)
+    return mx.fast.metal_kernel(
+        name=kernel_name(n_planes, has_bias),
+        input_names=input_names(n_planes, has_bias),
+        output_names=["out"],
+        source=body,
+        header=header,
+    )
 
 
 def launch(kernel, x, planes, plane_bits, group_size, bias=None, verbose=False) -> mx.array:
@@ -269,13 +288,22 @@ def launch(kernel, x, planes, plane_bits, group_size, bias=None, verbose=False) 
     rows, out_dims = x2.shape[0], planes[0]["scales"].shape[0]
     out_dtype = result_dtype(x, planes, bias)
     inputs = [x2] + [p[k] for p in planes for k in ("weight", "scales", "biases")]
-    template = ([("T", out_dtype)] + [(f"BITS{i}", b) for i, b in enumerate(plane_bits)]
-                + [("GROUP_SIZE", group_size), ("RESULTS", RESULTS_PER_SIMD)])
+    template = (
+        [("T", out_dtype)]
+        + [(f"BITS{i}", b) for i, b in enumerate(plane_bits)]
+        + [("GROUP_SIZE", group_size), ("RESULTS", RESULTS_PER_SIMD)]
+    )
     threads = 32 * SIMDS_PER_GROUP
     # dispatchThreads: the grid counts threads; y walks blocks of BLOCK_ROWS outputs, z the x rows.
-    y = kernel(inputs=inputs + ([bias] if bias is not None else []), template=template,
-               grid=(threads, -(-out_dims // BLOCK_ROWS), rows), threadgroup=(threads, 1, 1),
-               output_shapes=[(rows, out_dims)], output_dtypes=[out_dtype], verbose=verbose)[0]
+    y = kernel(
+        inputs=inputs + ([bias] if bias is not None else []),
+        template=template,
+        grid=(threads, -(-out_dims // BLOCK_ROWS), rows),
+        threadgroup=(threads, 1, 1),
+        output_shapes=[(rows, out_dims)],
+        output_dtypes=[out_dtype],
+        verbose=verbose,
+    )[0]
     return y.reshape(*x.shape[:-1], out_dims)
 
 
@@ -310,8 +338,9 @@ def synthetic_planes(out_dims, in_dims, plane_bits, group_size, dtype=mx.float32
     for bits in plane_bits:
         q, s, b = mx.quantize(residual, group_size=group_size, bits=bits)
         s, b = s.astype(dtype), b.astype(dtype)
-        residual = residual - mx.dequantize(q, s.astype(mx.float32), b.astype(mx.float32),
-                                            group_size=group_size, bits=bits)
+        residual = residual - mx.dequantize(
+            q, s.astype(mx.float32), b.astype(mx.float32), group_size=group_size, bits=bits
+        )
         planes.append({"weight": q, "scales": s, "biases": b})
     mx.eval(planes)
     return planes
@@ -319,14 +348,32 @@ def synthetic_planes(out_dims, in_dims, plane_bits, group_size, dtype=mx.float32
 
 def fp32_truth(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
     """The reference on fp32 copies of every input: the exact answer for the rounded inputs."""
-    wide = [{**p, "scales": p["scales"].astype(mx.float32),
-             "biases": p["biases"].astype(mx.float32)} for p in planes]
-    return reference_nested_matmul(x.astype(mx.float32), wide, plane_bits, group_size, active,
-                                   None if bias is None else bias.astype(mx.float32))
+    wide = [
+        {**p, "scales": p["scales"].astype(mx.float32), "biases": p["biases"].astype(mx.float32)}
+        for p in planes
+    ]
+    return reference_nested_matmul(
+        x.astype(mx.float32),
+        wide,
+        plane_bits,
+        group_size,
+        active,
+        None if bias is None else bias.astype(mx.float32),
+    )
 
 
-def check_kernel_case(run, plane_bits, group_size, x_dtype, scale_dtype, bias_dtype,
-                      out_dims=2 * BLOCK_ROWS + 3, in_dims=None, rows=3, seed=0) -> float:
+def check_kernel_case(
+    run,
+    plane_bits,
+    group_size,
+    x_dtype,
+    scale_dtype,
+    bias_dtype,
+    out_dims=2 * BLOCK_ROWS + 3,
+    in_dims=None,
+    rows=3,
+    seed=0,
+) -> float:
     """Relative max error of `run(x, planes, bits, gs, active, bias)` against the fp32 truth."""
     in_dims = in_dims or 384 + group_size  # > 32 chunks: some lanes take 2 chunks, some 3
     planes = synthetic_planes(out_dims, in_dims, plane_bits, group_size, scale_dtype, seed)
@@ -343,9 +390,15 @@ _CHECKED: dict[tuple, bool] = {}
 
 
 def _check_key(x, planes, bits, group_size, bias) -> tuple:
-    return (bits, group_size, x.dtype, tuple(p["scales"].dtype for p in planes),
-            tuple(p["biases"].dtype for p in planes), None if bias is None else bias.dtype,
-            planes[0]["scales"].shape[0] % BLOCK_ROWS)
+    return (
+        bits,
+        group_size,
+        x.dtype,
+        tuple(p["scales"].dtype for p in planes),
+        tuple(p["biases"].dtype for p in planes),
+        None if bias is None else bias.dtype,
+        planes[0]["scales"].shape[0] % BLOCK_ROWS,
+    )
 
 
 def _first_use_check(key: tuple) -> bool:
@@ -356,26 +409,46 @@ def _first_use_check(key: tuple) -> bool:
     # caller's arrays, so it can be evaluated even while mx.compile traces the caller.
     bits, group_size, x_dtype, scale_dtypes, _, bias_dtype, tail = key
     try:
-        error = check_kernel_case(metal_nested_matmul, bits, group_size, x_dtype, scale_dtypes[0],
-                                  bias_dtype, out_dims=2 * BLOCK_ROWS + tail)
+        error = check_kernel_case(
+            metal_nested_matmul,
+            bits,
+            group_size,
+            x_dtype,
+            scale_dtypes[0],
+            bias_dtype,
+            out_dims=2 * BLOCK_ROWS + tail,
+        )
         problem = f"max relative error {error:.2e}"
         out_dtype = _promoted(x_dtype, *scale_dtypes, *([bias_dtype] if bias_dtype else []))
         if error <= _TOLERANCE[out_dtype]:
             return True
     except Exception as exc:  # a compile error or a pipeline limit: never crash decoding
         problem = str(exc).splitlines()[0][:160]
-    warnings.warn(f"fused nested-gear kernel disabled for planes {bits}, group size {group_size}, "
-                  f"{x_dtype} ({problem}); using quantized_matmul", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"fused nested-gear kernel disabled for planes {bits}, group size {group_size}, "
+        f"{x_dtype} ({problem}); using quantized_matmul",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return False
 
 
 def _kernel_fits(x, planes, bits, group_size, bias, rows) -> bool:
-    return (rows <= METAL_MAX_ROWS and len(planes) >= 2 and group_size in SUPPORTED_GROUP_SIZES
-            and all(b in SUPPORTED_BITS for b in bits) and x.dtype in _FLOAT_DTYPES
-            and all(p["weight"].dtype == mx.uint32 and p["weight"].ndim == 2
-                    and p["scales"].dtype in _FLOAT_DTYPES and p["biases"].dtype in _FLOAT_DTYPES
-                    for p in planes)
-            and (bias is None or bias.dtype in _FLOAT_DTYPES))
+    return (
+        rows <= METAL_MAX_ROWS
+        and len(planes) >= 2
+        and group_size in SUPPORTED_GROUP_SIZES
+        and all(b in SUPPORTED_BITS for b in bits)
+        and x.dtype in _FLOAT_DTYPES
+        and all(
+            p["weight"].dtype == mx.uint32
+            and p["weight"].ndim == 2
+            and p["scales"].dtype in _FLOAT_DTYPES
+            and p["biases"].dtype in _FLOAT_DTYPES
+            for p in planes
+        )
+        and (bias is None or bias.dtype in _FLOAT_DTYPES)
+    )
 
 
 def nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
@@ -399,19 +472,19 @@ def nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.ar
     route = cpu_route(rows, active)
     if route == "reference":
         return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
-    return dense_nested_matmul(x, planes, plane_bits, group_size, active, bias,
-                               use_numpy=route == "blas")
+    return dense_nested_matmul(x, planes, plane_bits, group_size, active, bias, use_numpy=route == "blas")
 
 
-def quantized_matmul_rows(x, w, scales, biases, group_size, bits, bias=None,
-                          mode: str = "affine") -> mx.array:
+def quantized_matmul_rows(
+    x, w, scales, biases, group_size, bits, bias=None, mode: str = "affine"
+) -> mx.array:
     """x · Wᵀ (+ bias) for one nn.QuantizedLinear's arrays, with the multi-row CPU route."""
     if mode != "affine" or biases is None:
-        y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size,
-                                bits=bits, mode=mode)
+        y = mx.quantized_matmul(
+            x, w, scales, biases, transpose=True, group_size=group_size, bits=bits, mode=mode
+        )
         return y if bias is None else y + bias
-    return nested_matmul(x, [{"weight": w, "scales": scales, "biases": biases}], (bits,),
-                         group_size, 1, bias)
+    return nested_matmul(x, [{"weight": w, "scales": scales, "biases": biases}], (bits,), group_size, 1, bias)
 
 
 def nested_self_check() -> list:
@@ -423,12 +496,16 @@ def nested_self_check() -> list:
     worst = 0.0
     for bits in ((4,), (4, 4, 8), (2, 3, 5, 6)):
         for use_numpy in (True, False):
+
             def route(x, p, b, g, a, bias, use_numpy=use_numpy):
                 return dense_nested_matmul(x, p, b, g, a, bias, use_numpy=use_numpy)
-            worst = max(worst, check_kernel_case(route, bits, 64, mx.float32, mx.float32,
-                                                 mx.float32, rows=37))
-    checks = [KernelCheck("nested_matmul_dense", "cpu",
-                          f"{verdict(worst, 1e-4)}; rule: {describe_cpu_rule()}")]
+
+            worst = max(
+                worst, check_kernel_case(route, bits, 64, mx.float32, mx.float32, mx.float32, rows=37)
+            )
+    checks = [
+        KernelCheck("nested_matmul_dense", "cpu", f"{verdict(worst, 1e-4)}; rule: {describe_cpu_rule()}")
+    ]
     name = f"{KERNEL_PREFIX}_{KERNEL_VERSION}"
     if not kernel_available():
         return checks + [KernelCheck(name, "metal", "unavailable: no Metal backend")]
@@ -437,8 +514,7 @@ def nested_self_check() -> list:
         for bits, group_size in (((4, 4), 64), ((4, 4, 8), 64), ((2, 2), 32), ((3, 5, 6), 128)):
             for dtype in _FLOAT_DTYPES:
                 try:
-                    error = check_kernel_case(metal_nested_matmul, bits, group_size, dtype,
-                                              dtype, dtype)
+                    error = check_kernel_case(metal_nested_matmul, bits, group_size, dtype, dtype, dtype)
                     worst[dtype] = max(worst[dtype], error)
                 except Exception as exc:  # report, never crash doctor
                     failures.append(f"{bits} {dtype}: {str(exc).splitlines()[0][:100]}")

@@ -14,9 +14,23 @@ from .gguf_reader import GROUP_SIZE as GGUF_GROUP_SIZE
 from .gguf_reader import ggml_type, read_header
 from .weights import compute_dtype, read_json
 
-_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-                      "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
-                      "BOOL": 1}
+_SAFETENSORS_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "U64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +75,11 @@ def _dir_footprint(folder: Path) -> Footprint | None:
             count = math.prod(info["shape"])
             dtype = info["dtype"]
             is_float = dtype.startswith(("F", "BF"))
-            size += count * (float_width(_SAFETENSORS_BYTES.get(dtype, 4)) if is_float
-                             else _SAFETENSORS_BYTES.get(dtype, 4))
+            size += count * (
+                float_width(_SAFETENSORS_BYTES.get(dtype, 4))
+                if is_float
+                else _SAFETENSORS_BYTES.get(dtype, 4)
+            )
             if dtype == "U32" and name.endswith("weight"):
                 params += count * 32 // bits  # packed quantized weights
             elif not name.endswith((".scales", ".biases")):
@@ -97,11 +114,13 @@ def _gguf_footprint(path: Path) -> Footprint:
             size += count
     arch = meta.get("general.architecture", "llama")
     heads = meta.get(f"{arch}.attention.head_count")
-    config = {"num_hidden_layers": meta.get(f"{arch}.block_count"),
-              "num_attention_heads": heads,
-              "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", heads),
-              "hidden_size": meta.get(f"{arch}.embedding_length"),
-              "max_position_embeddings": meta.get(f"{arch}.context_length")}
+    config = {
+        "num_hidden_layers": meta.get(f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", heads),
+        "hidden_size": meta.get(f"{arch}.embedding_length"),
+        "max_position_embeddings": meta.get(f"{arch}.context_length"),
+    }
     return Footprint(size, params, config)
 
 

@@ -50,15 +50,22 @@ def save_geared(model: nn.Module, config: dict, out_dir: Path, scale_dtype: mx.D
         weights[name] = value
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
     # The source's quantization keys describe the source's tensors, not these planes.
-    saved = {k: v for k, v in config.items()
-             if k not in ("quantization", "quantization_config", "quantization_label")}
+    saved = {
+        k: v
+        for k, v in config.items()
+        if k not in ("quantization", "quantization_config", "quantization_label")
+    }
     embedding = next((m for _, m in model.named_modules() if isinstance(m, nn.QuantizedEmbedding)), None)
     saved["mlxswitch_gears"] = {
         **config.get("mlxswitch_gears", {}),
-        "plane_bits": list(state.plane_bits), "group_size": plane_group_size(model),
+        "plane_bits": list(state.plane_bits),
+        "group_size": plane_group_size(model),
         "source_bits": state.source_bits,
-        "embedding": ({"bits": embedding.bits, "group_size": embedding.group_size,
-                       "mode": embedding.mode} if embedding is not None else None),
+        "embedding": (
+            {"bits": embedding.bits, "group_size": embedding.group_size, "mode": embedding.mode}
+            if embedding is not None
+            else None
+        ),
     }
     (out_dir / "config.json").write_text(json.dumps(saved, indent=2))
     return out_dir
@@ -81,13 +88,24 @@ def load_geared(out_dir: Path, float_dtype: mx.Dtype | None = None) -> tuple[nn.
         nn.quantize(model, class_predicate=lambda _, m: isinstance(m, nn.Embedding) and spec["embedding"])
     state = GearState(tuple(spec["plane_bits"]), spec.get("source_bits"))
     for name, layer in linear_layers(model):
-        replace_module(model, name, NestedLinear.skeleton(
-            layer.weight.shape[0], layer.weight.shape[1], state.plane_bits, spec["group_size"],
-            state, "bias" in layer, dtype))
+        replace_module(
+            model,
+            name,
+            NestedLinear.skeleton(
+                layer.weight.shape[0],
+                layer.weight.shape[1],
+                state.plane_bits,
+                spec["group_size"],
+                state,
+                "bias" in layer,
+                dtype,
+            ),
+        )
     if config.get("rope_freqs"):
         use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
-    load_checked_weights(model, mx.load(str(path / "model.safetensors")), dtype,
-                         f"{path}: saved gears do not fit its config")
+    load_checked_weights(
+        model, mx.load(str(path / "model.safetensors")), dtype, f"{path}: saved gears do not fit its config"
+    )
     model.gear_state = state
     return model, config
 
@@ -98,8 +116,7 @@ def load_geared_dir(source: str, path: Path, name: str):
 
     model, config = load_geared(path)
     tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
-    return LoadedModel(source, name, model, tokenizer, config,
-                       precision=gear_report(model).honesty_note())
+    return LoadedModel(source, name, model, tokenizer, config, precision=gear_report(model).honesty_note())
 
 
 def check_writable_dir(out: Path, force: bool) -> None:
@@ -116,8 +133,13 @@ def check_writable_dir(out: Path, force: bool) -> None:
         raise OutputError(f"cannot write {out}: {ancestor} is not a directory")
 
 
-def build_geared(loaded: LoadedModel, out: Path, plane_bits: tuple[int, ...] | None = None,
-                 group_size: int = DEFAULT_GROUP_SIZE, force: bool = False) -> list[str]:
+def build_geared(
+    loaded: LoadedModel,
+    out: Path,
+    plane_bits: tuple[int, ...] | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    force: bool = False,
+) -> list[str]:
     """Nest a loaded model (default planes: honest for its source) and save it with its tokenizer.
 
     Written under a temporary name beside `out` and renamed at the end, so a failure (a full
@@ -129,9 +151,11 @@ def build_geared(loaded: LoadedModel, out: Path, plane_bits: tuple[int, ...] | N
     plane_bits_for(tuple(sum(planes[: i + 1]) for i in range(len(planes))))  # validates widths
     with atomic_dir(out, replace=True) as staging:
         nest_model(loaded.model, planes, group_size)
-        save_geared(loaded.model, {**loaded.config, "mlxswitch_gears": {"source": loaded.source}},
-                    staging)
+        save_geared(loaded.model, {**loaded.config, "mlxswitch_gears": {"source": loaded.source}}, staging)
         loaded.tokenizer.save_pretrained(str(staging))  # the wrapper forwards to the HF tokenizer
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    return [f"built {out} from {loaded.source}", *gear_report(loaded.model).lines(),
-            f"saved {size / 1e6:.1f} MB"]
+    return [
+        f"built {out} from {loaded.source}",
+        *gear_report(loaded.model).lines(),
+        f"saved {size / 1e6:.1f} MB",
+    ]

@@ -9,8 +9,8 @@ name is a cost, not a claim: from a 4-bit source no gear is more precise than th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -48,8 +48,9 @@ class GearState:
     def set(self, gear: int) -> None:
         """Switch every nested layer to `gear` (O(1): one int is written, no array is touched)."""
         if gear not in self.gears:
-            raise UsageError(f"gear {gear} is not built; this model has gears "
-                             f"{', '.join(map(str, self.gears))}")
+            raise UsageError(
+                f"gear {gear} is not built; this model has gears {', '.join(map(str, self.gears))}"
+            )
         self.active_planes = self.gears.index(gear) + 1
 
     def __repr__(self) -> str:
@@ -63,8 +64,14 @@ def _round_to(values: mx.array, dtype: mx.Dtype, memory: mx.Dtype) -> mx.array:
 class NestedLinear(nn.Module):
     """A linear layer whose weight is a sum of quantized residual planes; the GearState picks how many."""
 
-    def __init__(self, planes: list[dict], plane_bits: tuple[int, ...], group_size: int,
-                 state: GearState, bias: mx.array | None = None):
+    def __init__(
+        self,
+        planes: list[dict],
+        plane_bits: tuple[int, ...],
+        group_size: int,
+        state: GearState,
+        bias: mx.array | None = None,
+    ):
         super().__init__()
         self.planes = planes
         self.plane_bits = tuple(plane_bits)
@@ -76,17 +83,22 @@ class NestedLinear(nn.Module):
         self.freeze()  # like nn.QuantizedLinear: packed planes are not trainable
 
     @classmethod
-    def from_weight(cls, weight: mx.array, plane_bits: tuple[int, ...], group_size: int,
-                    state: GearState, bias: mx.array | None = None,
-                    scale_dtype: mx.Dtype | None = STORAGE_DTYPE,
-                    dtype: mx.Dtype = mx.float32) -> "NestedLinear":
+    def from_weight(
+        cls,
+        weight: mx.array,
+        plane_bits: tuple[int, ...],
+        group_size: int,
+        state: GearState,
+        bias: mx.array | None = None,
+        scale_dtype: mx.Dtype | None = STORAGE_DTYPE,
+        dtype: mx.Dtype = mx.float32,
+    ) -> NestedLinear:
         """Planes q(W), q(W − W₁), …: scales/biases rounded to scale_dtype (None: exact), held in dtype."""
         residual = weight.astype(mx.float32)
         # Rounding each plane's scales to how they are stored before taking the next residual
         # lets the next plane correct it. fp16 fails on tiny scales (subnormal, then zero), so
         # each plane keeps whichever of fp16 and bf16 reconstructs it better.
-        candidates = ((scale_dtype, mx.bfloat16) if scale_dtype == mx.float16
-                      else (scale_dtype or dtype,))
+        candidates = (scale_dtype, mx.bfloat16) if scale_dtype == mx.float16 else (scale_dtype or dtype,)
         planes = []
         for index, bits in enumerate(plane_bits):
             peak = mx.max(mx.abs(residual)).item()
@@ -98,8 +110,9 @@ class NestedLinear(nn.Module):
             best = None
             for candidate in candidates:
                 s, b = _round_to(scales, candidate, dtype), _round_to(biases, candidate, dtype)
-                part = mx.dequantize(q, s.astype(mx.float32), b.astype(mx.float32),
-                                     group_size=group_size, bits=bits)
+                part = mx.dequantize(
+                    q, s.astype(mx.float32), b.astype(mx.float32), group_size=group_size, bits=bits
+                )
                 error = mx.sum(mx.square(residual - part)).item()
                 if best is None or error < best[0]:
                     best = (error, s, b, part)
@@ -110,42 +123,81 @@ class NestedLinear(nn.Module):
         return cls(planes, plane_bits, group_size, state, bias)
 
     @classmethod
-    def from_linear(cls, layer: nn.Module, plane_bits: tuple[int, ...] = DEFAULT_PLANE_BITS,
-                    group_size: int = DEFAULT_GROUP_SIZE, state: GearState | None = None,
-                    scale_dtype: mx.Dtype | None = STORAGE_DTYPE,
-                    dtype: mx.Dtype | None = None) -> "NestedLinear":
+    def from_linear(
+        cls,
+        layer: nn.Module,
+        plane_bits: tuple[int, ...] = DEFAULT_PLANE_BITS,
+        group_size: int = DEFAULT_GROUP_SIZE,
+        state: GearState | None = None,
+        scale_dtype: mx.Dtype | None = STORAGE_DTYPE,
+        dtype: mx.Dtype | None = None,
+    ) -> NestedLinear:
         """Nest an nn.Linear or nn.QuantizedLinear (dequantized to fp32 first)."""
         weight = _source_weight(layer)
         if weight.shape[-1] % group_size:
-            raise ModelFormatError(f"a linear layer has {weight.shape[-1]} inputs, not a multiple of "
-                                   f"the group size {group_size}; choose another group size")
+            raise ModelFormatError(
+                f"a linear layer has {weight.shape[-1]} inputs, not a multiple of "
+                f"the group size {group_size}; choose another group size"
+            )
         source_dtype = layer.scales.dtype if isinstance(layer, nn.QuantizedLinear) else layer.weight.dtype
-        return cls.from_weight(weight, plane_bits, group_size, state or GearState(plane_bits),
-                               layer.bias if "bias" in layer else None, scale_dtype,
-                               dtype or source_dtype)
+        return cls.from_weight(
+            weight,
+            plane_bits,
+            group_size,
+            state or GearState(plane_bits),
+            layer.bias if "bias" in layer else None,
+            scale_dtype,
+            dtype or source_dtype,
+        )
 
     @classmethod
-    def skeleton(cls, out_dims: int, in_dims: int, plane_bits: tuple[int, ...], group_size: int,
-                 state: GearState, has_bias: bool, dtype: mx.Dtype) -> "NestedLinear":
+    def skeleton(
+        cls,
+        out_dims: int,
+        in_dims: int,
+        plane_bits: tuple[int, ...],
+        group_size: int,
+        state: GearState,
+        has_bias: bool,
+        dtype: mx.Dtype,
+    ) -> NestedLinear:
         """Placeholders of the right shapes, for loading saved planes without re-quantizing."""
-        planes = [{"weight": mx.zeros((out_dims, in_dims * bits // 32), dtype=mx.uint32),
-                   "scales": mx.zeros((out_dims, in_dims // group_size), dtype=dtype),
-                   "biases": mx.zeros((out_dims, in_dims // group_size), dtype=dtype)}
-                  for bits in plane_bits]
-        return cls(planes, plane_bits, group_size, state,
-                   mx.zeros((out_dims,), dtype=dtype) if has_bias else None)
+        planes = [
+            {
+                "weight": mx.zeros((out_dims, in_dims * bits // 32), dtype=mx.uint32),
+                "scales": mx.zeros((out_dims, in_dims // group_size), dtype=dtype),
+                "biases": mx.zeros((out_dims, in_dims // group_size), dtype=dtype),
+            }
+            for bits in plane_bits
+        ]
+        return cls(
+            planes, plane_bits, group_size, state, mx.zeros((out_dims,), dtype=dtype) if has_bias else None
+        )
 
     def dequantized(self, planes: int | None = None) -> mx.array:
         """The fp32 weight the first `planes` planes represent (all of them by default)."""
         count = planes or len(self.planes)
-        return sum(mx.dequantize(p["weight"], p["scales"].astype(mx.float32),
-                                 p["biases"].astype(mx.float32), group_size=self.group_size, bits=bits)
-                   for p, bits in zip(self.planes[:count], self.plane_bits[:count]))
+        return sum(
+            mx.dequantize(
+                p["weight"],
+                p["scales"].astype(mx.float32),
+                p["biases"].astype(mx.float32),
+                group_size=self.group_size,
+                bits=bits,
+            )
+            for p, bits in zip(self.planes[:count], self.plane_bits[:count])
+        )
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · (Σ active planes)ᵀ (+ bias), by the fastest checked route (kernels/nested.py)."""
-        return nested_matmul(x, self.planes, self.plane_bits, self.group_size,
-                             self.gear_state.active_planes, self.bias if "bias" in self else None)
+        return nested_matmul(
+            x,
+            self.planes,
+            self.plane_bits,
+            self.group_size,
+            self.gear_state.active_planes,
+            self.bias if "bias" in self else None,
+        )
 
 
 def plane_bits_for(gears: tuple[int, ...]) -> tuple[int, ...]:
@@ -153,9 +205,11 @@ def plane_bits_for(gears: tuple[int, ...]) -> tuple[int, ...]:
     planes = tuple(b - a for a, b in zip((0,) + tuple(gears), gears))
     bad = [p for p in planes if p not in SUPPORTED_PLANE_BITS]
     if bad or list(gears) != sorted(set(gears)):
-        raise UsageError(f"gears {','.join(map(str, gears))} need planes of "
-                         f"{','.join(map(str, planes))} bits; each plane must be one of "
-                         f"{', '.join(map(str, SUPPORTED_PLANE_BITS))}")
+        raise UsageError(
+            f"gears {','.join(map(str, gears))} need planes of "
+            f"{','.join(map(str, planes))} bits; each plane must be one of "
+            f"{', '.join(map(str, SUPPORTED_PLANE_BITS))}"
+        )
     return planes
 
 
@@ -180,16 +234,20 @@ def honest_plane_bits(source_bits: int | None) -> tuple[int, ...]:
 
 
 def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
 
 
 def _source_weight(layer: nn.Module) -> mx.array:
     if isinstance(layer, nn.QuantizedLinear):
         biases = layer.get("biases")
-        return mx.dequantize(layer.weight, layer.scales.astype(mx.float32),
-                             None if biases is None else biases.astype(mx.float32),
-                             group_size=layer.group_size, bits=layer.bits, mode=layer.mode)
+        return mx.dequantize(
+            layer.weight,
+            layer.scales.astype(mx.float32),
+            None if biases is None else biases.astype(mx.float32),
+            group_size=layer.group_size,
+            bits=layer.bits,
+            mode=layer.mode,
+        )
     return layer.weight.astype(mx.float32)
 
 
@@ -205,10 +263,13 @@ def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
         setattr(parent, leaf, new)
 
 
-def nest_model(model: nn.Module, plane_bits: tuple[int, ...] = DEFAULT_PLANE_BITS,
-               group_size: int = DEFAULT_GROUP_SIZE,
-               progress: Callable[[int, int], None] | None = None,
-               scale_dtype: mx.Dtype | None = STORAGE_DTYPE) -> GearState:
+def nest_model(
+    model: nn.Module,
+    plane_bits: tuple[int, ...] = DEFAULT_PLANE_BITS,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    progress: Callable[[int, int], None] | None = None,
+    scale_dtype: mx.Dtype | None = STORAGE_DTYPE,
+) -> GearState:
     """Replace every linear layer (attention, MLP, untied head) by a NestedLinear sharing one GearState."""
     # The embedding is left alone (a tied head reads it). With a half scale_dtype every float
     # tensor ends up exactly as `save_geared` stores it, so a saved model computes the same.
@@ -244,9 +305,11 @@ def exact_dtype(value: mx.array, preferred: tuple[mx.Dtype, ...]) -> mx.Dtype | 
 
 def _round_other_floats(model: nn.Module) -> None:
     # What runs is what gets saved: float tensors outside the planes are rounded once to bf16.
-    rounded = [(k, v.astype(OTHER_DTYPE).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
-               if ".planes." not in k and mx.issubdtype(v.dtype, mx.floating)
-               and exact_dtype(v, HALF_DTYPES) is None]
+    rounded = [
+        (k, v.astype(OTHER_DTYPE).astype(v.dtype))
+        for k, v in tree_flatten(model.parameters())
+        if ".planes." not in k and mx.issubdtype(v.dtype, mx.floating) and exact_dtype(v, HALF_DTYPES) is None
+    ]
     if rounded:
         model.load_weights(rounded, strict=False)
         mx.eval(model.parameters())
@@ -261,6 +324,7 @@ def activation_dtype(model: nn.Module) -> mx.Dtype:
 
 
 # -- bytes --------------------------------------------------------------------------------------
+
 
 def resident_bytes(model: nn.Module) -> int:
     """Bytes of every parameter the model holds in memory (all gears)."""
@@ -279,8 +343,9 @@ def bytes_per_token(model: nn.Module, gear: int | None = None) -> int:
     tied = getattr(getattr(model, "args", None), "tie_word_embeddings", None)
     if tied is None:
         tied = not any(name == "lm_head" for name, _ in model.named_modules())
-    embeddings = {name for name, m in model.named_modules()
-                  if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))}
+    embeddings = {
+        name for name, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))
+    }
     total = 0
     for name, value in tree_flatten(model.parameters()):
         parts = name.split(".")
@@ -312,13 +377,17 @@ class GearReport:
         above = [g for g in self.gears if g > self.source_bits]
         if not above:
             return f"source is {self.source_bits}-bit: all gears are at or below it"
-        return (f"source is {self.source_bits}-bit: gears {', '.join(map(str, above))} only reproduce "
-                f"the source more exactly, they add no precision beyond {self.source_bits} bits")
+        return (
+            f"source is {self.source_bits}-bit: gears {', '.join(map(str, above))} only reproduce "
+            f"the source more exactly, they add no precision beyond {self.source_bits} bits"
+        )
 
     def lines(self) -> list[str]:
         """Human-readable lines."""
-        out = [f"gears {'/'.join(map(str, self.gears))} (planes {'+'.join(map(str, self.plane_bits))} "
-               f"bits, group {self.group_size}); resident {self.resident_bytes / 1e6:.1f} MB"]
+        out = [
+            f"gears {'/'.join(map(str, self.gears))} (planes {'+'.join(map(str, self.plane_bits))} "
+            f"bits, group {self.group_size}); resident {self.resident_bytes / 1e6:.1f} MB"
+        ]
         out += [f"  g{g}: {b / 1e6:.1f} MB read per token" for g, b in self.bytes_per_token.items()]
         out.append(self.honesty_note())
         return out
@@ -328,8 +397,14 @@ def gear_report(model: nn.Module, source: int | None = ...) -> GearReport:
     """Resident bytes and per-gear bytes read of a nested model (source bits: as recorded)."""
     state: GearState = model.gear_state
     source = state.source_bits if source is ... else source
-    return GearReport(state.gears, state.plane_bits, plane_group_size(model), source,
-                      resident_bytes(model), {g: bytes_per_token(model, g) for g in state.gears})
+    return GearReport(
+        state.gears,
+        state.plane_bits,
+        plane_group_size(model),
+        source,
+        resident_bytes(model),
+        {g: bytes_per_token(model, g) for g in state.gears},
+    )
 
 
 def plane_group_size(model: nn.Module) -> int:
@@ -345,13 +420,22 @@ def prepare_geared(loaded, gears: tuple[int, ...], progress: Callable[[str], Non
     model = loaded.model
     if getattr(model, "gear_state", None) is None:
         planes = plane_bits_for(tuple(gears))
-        state = nest_model(model, planes, DEFAULT_GROUP_SIZE,
-                           progress=lambda done, total: say(f"building gears {done}/{total} layers"))
-        loaded.config["mlxswitch_gears"] = {"plane_bits": list(planes), "group_size": DEFAULT_GROUP_SIZE,
-                                            "source_bits": state.source_bits}
+        state = nest_model(
+            model,
+            planes,
+            DEFAULT_GROUP_SIZE,
+            progress=lambda done, total: say(f"building gears {done}/{total} layers"),
+        )
+        loaded.config["mlxswitch_gears"] = {
+            "plane_bits": list(planes),
+            "group_size": DEFAULT_GROUP_SIZE,
+            "source_bits": state.source_bits,
+        }
     missing = [g for g in gears if g not in model.gear_state.gears]
     if missing:
-        raise UsageError(f"model {loaded.source} has gears {', '.join(map(str, model.gear_state.gears))}; "
-                         f"gear(s) {', '.join(map(str, missing))} are not among them")
+        raise UsageError(
+            f"model {loaded.source} has gears {', '.join(map(str, model.gear_state.gears))}; "
+            f"gear(s) {', '.join(map(str, missing))} are not among them"
+        )
     loaded.precision = gear_report(model).honesty_note()
     return loaded

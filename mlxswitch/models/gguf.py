@@ -35,15 +35,37 @@ if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 # `general.file_type` (llama.cpp's ftype) names, for display.
-_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-               11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-               17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+_FILE_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    32: "BF16",
+}
 
 # llama.cpp's tensor names → mlx-lm's, per layer and global.
 _LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _ROPE_FREQS = "rope_freqs.weight"
@@ -52,6 +74,7 @@ _ROPE_FREQS = "rope_freqs.weight"
 # traditional RoPE on the rows as stored is exact (measured: SmolLM2 matches an independent fp32
 # reference token for token; rope_traditional=False matches none). qwen2 is stored unpermuted (NEOX).
 _ARCHITECTURES = {"llama": {"rope_traditional": True}, "qwen2": {"rope_traditional": False}}
+
 
 def load_gguf(path: Path, float_dtype: mx.Dtype | None) -> tuple[nn.Module, TokenizerWrapper, dict]:
     """Build an mlx-lm model, its tokenizer and an mlx-lm style config from a GGUF file whose
@@ -66,13 +89,15 @@ def load_gguf(path: Path, float_dtype: mx.Dtype | None) -> tuple[nn.Module, Toke
     return _assemble(path, meta, tensors, float_dtype)
 
 
-def _assemble(path: Path, meta: dict, tensors: dict, float_dtype: mx.Dtype | None
-              ) -> tuple[nn.Module, TokenizerWrapper, dict]:
+def _assemble(
+    path: Path, meta: dict, tensors: dict, float_dtype: mx.Dtype | None
+) -> tuple[nn.Module, TokenizerWrapper, dict]:
     """Model, tokenizer and config from GGUF metadata and tensors under their GGUF names."""
     arch = meta_value(meta, "general.architecture", path)
     if arch not in _ARCHITECTURES:
-        raise ModelFormatError(f"{path.name}: architecture '{arch}' is not supported "
-                               f"(supported: {', '.join(_ARCHITECTURES)})")
+        raise ModelFormatError(
+            f"{path.name}: architecture '{arch}' is not supported (supported: {', '.join(_ARCHITECTURES)})"
+        )
     tokenizer = build_tokenizer(meta, path)
     rope_factors = tensors.pop(_ROPE_FREQS, None)
     weights = _rename(tensors, path)
@@ -96,8 +121,9 @@ def convert_gguf(path: Path, progress: Progress | None = None, sha256: str | Non
     """The mlx-lm directory converted from this GGUF, made once (keyed by its sha256) and cached;
     `sha256` when the caller verified it already."""
     path = Path(path)
-    refuse_unknown_types(path, {name: ggml_type(kind).name
-                                for name, kind in (header_types_or_none(path) or {}).items()})
+    refuse_unknown_types(
+        path, {name: ggml_type(kind).name for name, kind in (header_types_or_none(path) or {}).items()}
+    )
     sha256 = sha256 or known_sha256(path)
     found = find_converted(sha256)
     if found is not None:
@@ -167,8 +193,9 @@ def _config(meta: dict, arch: str, weights: dict, path: Path, rope_factors: mx.a
         # Not mlx-lm's: whoever rebuilds this model from the config must re-apply them.
         config["rope_freqs"] = [float(f) for f in rope_factors.astype(mx.float32).tolist()]
     file_type = meta_value(meta, "general.file_type", path, None)
-    config["gguf_file_type"] = ("unknown" if file_type is None
-                                else _FILE_TYPES.get(file_type, f"type {file_type}"))
+    config["gguf_file_type"] = (
+        "unknown" if file_type is None else _FILE_TYPES.get(file_type, f"type {file_type}")
+    )
     config.update(_quantization_info(weights, config["gguf_file_type"]))
     return config
 
@@ -185,8 +212,10 @@ def _quantization_info(weights: dict, file_type: str) -> dict:
         return {"quantization_label": f"GGUF {file_type}"}
     common = Counter(bits.values()).most_common(1)[0][0]
     overrides = {name: {"group_size": GROUP_SIZE, "bits": b} for name, b in bits.items() if b != common}
-    return {"quantization": {"group_size": GROUP_SIZE, "bits": common, "mode": "affine", **overrides},
-            "quantization_label": f"GGUF {file_type} ({common}-bit)"}
+    return {
+        "quantization": {"group_size": GROUP_SIZE, "bits": common, "mode": "affine", **overrides},
+        "quantization_label": f"GGUF {file_type} ({common}-bit)",
+    }
 
 
 def _rename(tensors: dict, path: Path) -> dict:
@@ -229,10 +258,12 @@ def _build_model(config: dict, weights: dict, float_dtype: mx.Dtype, path: Path)
     model_class, args_class = model_classes(config, path.name)
     model = model_class(args_class.from_dict(config))
     bits = _layer_bits(weights)
-    nn.quantize(model, class_predicate=lambda name, _: name in bits and
-                {"group_size": GROUP_SIZE, "bits": bits[name]})
-    load_checked_weights(model, weights, float_dtype,
-                         f"{path.name}: tensors do not fit the {config['model_type']} layout")
+    nn.quantize(
+        model, class_predicate=lambda name, _: name in bits and {"group_size": GROUP_SIZE, "bits": bits[name]}
+    )
+    load_checked_weights(
+        model, weights, float_dtype, f"{path.name}: tensors do not fit the {config['model_type']} layout"
+    )
     return model
 
 
@@ -247,17 +278,20 @@ class _FactorRoPE(nn.Module):
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         """Rotate x (..., L, dims) starting at position `offset`."""
-        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None, scale=1.0,
-                            offset=offset, freqs=self._freqs)
+        return mx.fast.rope(
+            x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._freqs
+        )
 
 
 def use_rope_factors(model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:
     """Give every attention layer the GGUF's per-pair RoPE frequency factors (llama 3.x)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     if factors.shape != (head_dim // 2,):
-        raise ModelFormatError(f"{path.name}: rope_freqs has shape {factors.shape}, "
-                               f"expected ({head_dim // 2},)")
+        raise ModelFormatError(
+            f"{path.name}: rope_freqs has shape {factors.shape}, expected ({head_dim // 2},)"
+        )
     factors = factors.astype(mx.float32)
     for layer in model.model.layers:
-        layer.self_attn.rope = _FactorRoPE(head_dim, config["rope_theta"], config["rope_traditional"],
-                                           factors)
+        layer.self_attn.rope = _FactorRoPE(
+            head_dim, config["rope_theta"], config["rope_traditional"], factors
+        )

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -26,8 +26,19 @@ Progress = Callable[[str], None]
 # ggml type → bits of its MLX affine re-quantization (group 32); 0 keeps it as a float.
 # Chosen by measurement (`bench/bench_gguf_requant.py`, table in the README): each source keeps
 # a re-quantization error well under its own quantization error against the float weights.
-REQUANT_BITS = {"F32": 0, "F16": 0, "BF16": 0, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5,
-                "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "Q6_K": 8}
+REQUANT_BITS = {
+    "F32": 0,
+    "F16": 0,
+    "BF16": 0,
+    "Q4_0": 4,
+    "Q4_1": 4,
+    "Q5_0": 5,
+    "Q5_1": 5,
+    "Q8_0": 8,
+    "Q4_K": 4,
+    "Q5_K": 5,
+    "Q6_K": 8,
+}
 CONVERTED_FORMAT = 1  # bump when a converted directory's layout or REQUANT_BITS changes
 
 
@@ -81,8 +92,9 @@ def requantize(values: np.ndarray, bits: int) -> dict[str, mx.array]:
     return {"": mx.array(weight), "scales": mx.array(scales), "biases": mx.array(biases)}
 
 
-def affine_grid(values: np.ndarray, bits: int, max_divisor: int = 4, chunk: int = 1 << 20
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def affine_grid(
+    values: np.ndarray, bits: int, max_divisor: int = 4, chunk: int = 1 << 20
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per group of 32: codes, scale and offset with value = offset + code × scale, and whether
     that reproduces the values (to 1e-6 of their size). The scale is the smallest gap between
     distinct values, or that gap divided by 2…max_divisor when codes skip levels."""
@@ -95,9 +107,14 @@ def affine_grid(values: np.ndarray, bits: int, max_divisor: int = 4, chunk: int 
     for start in range(0, len(groups), chunk):  # bounded temporaries on a 150k × 1536 embedding
         part = slice(start, start + chunk)
         codes[part], scales[part], lows[part], exact[part] = _grid_chunk(
-            groups[part].astype(np.float32), bits, max_divisor)
-    return (codes.reshape(rows, -1), scales.reshape(rows, -1), lows.reshape(rows, -1),
-            exact.reshape(rows, -1))
+            groups[part].astype(np.float32), bits, max_divisor
+        )
+    return (
+        codes.reshape(rows, -1),
+        scales.reshape(rows, -1),
+        lows.reshape(rows, -1),
+        exact.reshape(rows, -1),
+    )
 
 
 def _grid_chunk(groups: np.ndarray, bits: int, max_divisor: int):
@@ -117,8 +134,9 @@ def _grid_chunk(groups: np.ndarray, bits: int, max_divisor: int):
         scale = (step[todo] / divisor).astype(np.float32)
         found = np.rint((groups[todo] - low[todo, None]) / scale[:, None])
         rebuilt = low[todo, None] + found * scale[:, None]
-        fits = ((np.abs(rebuilt - groups[todo]) <= 1e-6 * size[todo, None]).all(axis=1)
-                & (found.max(axis=1) <= (1 << bits) - 1))
+        fits = (np.abs(rebuilt - groups[todo]) <= 1e-6 * size[todo, None]).all(axis=1) & (
+            found.max(axis=1) <= (1 << bits) - 1
+        )
         done = todo[fits]
         codes[done] = found[fits].astype(np.uint8)
         scales[done] = scale[fits]
@@ -136,10 +154,11 @@ def pack_codes(codes: np.ndarray, bits: int, chunk: int = 4096) -> np.ndarray:
         return np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(np.uint32)
     out = np.empty((codes.shape[0], codes.shape[1] * bits // 32), dtype=np.uint32)
     for start in range(0, codes.shape[0], chunk):
-        block = codes[start:start + chunk]
+        block = codes[start : start + chunk]
         planes = np.unpackbits(block[..., None], axis=-1, bitorder="little")[..., :bits]
-        out[start:start + chunk] = np.packbits(planes.reshape(block.shape[0], -1), axis=-1,
-                                               bitorder="little").view(np.uint32)
+        out[start : start + chunk] = np.packbits(
+            planes.reshape(block.shape[0], -1), axis=-1, bitorder="little"
+        ).view(np.uint32)
     return out
 
 
@@ -156,7 +175,8 @@ def refuse_unknown_types(path: Path, types: dict[str, str]) -> None:
         kinds = sorted(set(foreign.values()))
         raise ModelFormatError(
             f"{path.name}: {len(foreign)} tensor(s) use {'/'.join(kinds)} (first: '{first}'), which "
-            f"mlxswitch cannot load; supported GGUF types: {', '.join(REQUANT_BITS)}")
+            f"mlxswitch cannot load; supported GGUF types: {', '.join(REQUANT_BITS)}"
+        )
 
 
 def dequantized(tensor, rows: slice = slice(None)) -> np.ndarray:
@@ -179,8 +199,9 @@ def dequantized(tensor, rows: slice = slice(None)) -> np.ndarray:
     return values.reshape(shape)
 
 
-def convert_tensors(path: Path, reader, progress: Progress | None = None,
-                    block_values: int = 1 << 23) -> dict[str, mx.array]:
+def convert_tensors(
+    path: Path, reader, progress: Progress | None = None, block_values: int = 1 << 23
+) -> dict[str, mx.array]:
     """Every tensor of the file, converted by its type, under its GGUF name: one tensor, and a
     block of its rows, at a time (gguf's dequantization of a 150k-row embedding at once needs GBs)."""
     say = progress or (lambda message: None)
@@ -192,8 +213,11 @@ def convert_tensors(path: Path, reader, progress: Progress | None = None,
         # A 1-D tensor (norms, biases) or one whose width is no multiple of a group stays float.
         bits = REQUANT_BITS[kind] if len(shape) == 2 and shape[-1] % GROUP_SIZE == 0 else 0
         step = max(1, block_values // shape[-1]) if len(shape) == 2 else 1
-        blocks = ((dequantized(tensor, slice(a, a + step)) for a in range(0, shape[0], step))
-                  if len(shape) == 2 else iter([dequantized(tensor)]))
+        blocks = (
+            (dequantized(tensor, slice(a, a + step)) for a in range(0, shape[0], step))
+            if len(shape) == 2
+            else iter([dequantized(tensor)])
+        )
         parts: dict[str, list] = {}
         for values in blocks:
             for suffix, value in _converted(values, kind, bits).items():
@@ -230,9 +254,13 @@ def write_converted(path: Path, sha256: str, model, config: dict, tokenizer, typ
         save_model(staging, model)
         tokenizer.save_pretrained(str(staging))  # the wrapper forwards to the HF tokenizer
         config = dict(config)
-        config["mlxswitch_gguf"] = {"source": path.name, "sha256": sha256, "format": CONVERTED_FORMAT,
-                                    "types": dict(sorted(_type_counts(types).items())),
-                                    "requant_bits": {k: REQUANT_BITS[k] for k in sorted(set(types.values()))}}
+        config["mlxswitch_gguf"] = {
+            "source": path.name,
+            "sha256": sha256,
+            "format": CONVERTED_FORMAT,
+            "types": dict(sorted(_type_counts(types).items())),
+            "requant_bits": {k: REQUANT_BITS[k] for k in sorted(set(types.values()))},
+        }
         save_config(config, staging / "config.json")
     return target
 

@@ -16,7 +16,6 @@ from ..errors import ModelFormatError
 GROUP_SIZE = 32  # every GGUF block format that mx.load maps onto MLX quantization has 32 values
 
 
-
 @dataclass(frozen=True)
 class GGMLType:
     """A ggml tensor type: whether we load it, and what an element costs once loaded."""
@@ -32,21 +31,46 @@ class GGMLType:
 # (gguf_convert.py). mx.load decodes Q4_K wrongly and reads BF16 as float16, which rounds
 # bf16's small values, so neither is native.
 GGML_TYPES = {
-    0: GGMLType("F32", True, float_bytes=4), 1: GGMLType("F16", True, float_bytes=2),
-    2: GGMLType("Q4_0", True, quant_bits=4), 3: GGMLType("Q4_1", True, quant_bits=4),
-    8: GGMLType("Q8_0", True, quant_bits=8), 30: GGMLType("BF16", float_bytes=2),
-    **{k: GGMLType(name) for k, name in {
-        6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
-        15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL",
-        21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64",
-        28: "F64", 29: "IQ1_M"}.items()},
+    0: GGMLType("F32", True, float_bytes=4),
+    1: GGMLType("F16", True, float_bytes=2),
+    2: GGMLType("Q4_0", True, quant_bits=4),
+    3: GGMLType("Q4_1", True, quant_bits=4),
+    8: GGMLType("Q8_0", True, quant_bits=8),
+    30: GGMLType("BF16", float_bytes=2),
+    **{
+        k: GGMLType(name)
+        for k, name in {
+            6: "Q5_0",
+            7: "Q5_1",
+            9: "Q8_1",
+            10: "Q2_K",
+            11: "Q3_K",
+            12: "Q4_K",
+            13: "Q5_K",
+            14: "Q6_K",
+            15: "Q8_K",
+            16: "IQ2_XXS",
+            17: "IQ2_XS",
+            18: "IQ3_XXS",
+            19: "IQ1_S",
+            20: "IQ4_NL",
+            21: "IQ3_S",
+            22: "IQ2_S",
+            23: "IQ4_XS",
+            24: "I8",
+            25: "I16",
+            26: "I32",
+            27: "I64",
+            28: "F64",
+            29: "IQ1_M",
+        }.items()
+    },
 }
 
 
 def ggml_type(kind: int) -> GGMLType:
     """The table entry of a ggml type id (an unknown id: a foreign type named by its number)."""
     return GGML_TYPES.get(kind, GGMLType(f"type {kind}"))
-
 
 
 def meta_value(meta: dict, key: str, path: Path, default: Any = ...) -> Any:
@@ -58,14 +82,26 @@ def meta_value(meta: dict, key: str, path: Path, default: Any = ...) -> Any:
     value = meta[key]
     if isinstance(value, mx.array):
         if value.size != 1:
-            raise ModelFormatError(f"{path.name}: metadata '{key}' has one value per layer; "
-                                   "only uniform layers are supported")
+            raise ModelFormatError(
+                f"{path.name}: metadata '{key}' has one value per layer; only uniform layers are supported"
+            )
         return value.item()
     return value
 
 
-_METADATA_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-                     10: "<Q", 11: "<q", 12: "<d"}
+_METADATA_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _METADATA_STRING, _METADATA_ARRAY = 8, 9
 
 
@@ -80,6 +116,7 @@ class GGUFHeader:
 def read_header(path: Path) -> GGUFHeader:
     """Parse a GGUF header; ValueError or struct.error when the file is not one."""
     with open(path, "rb") as handle:
+
         def unpack(fmt: str):
             return struct.unpack(fmt, handle.read(struct.calcsize(fmt)))[0]
 

@@ -8,8 +8,8 @@ on this very model, that they give the same logits as the full call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -49,9 +49,13 @@ def split_model(model: nn.Module, name: str) -> SplitModel:
         if hidden is not None:
             for head in _candidate_heads(model, body):
                 logits = head(hidden)
-                if logits.shape == whole.shape and mx.allclose(logits.astype(mx.float32), whole,
-                                                               rtol=1e-4, atol=1e-4).item():
+                if (
+                    logits.shape == whole.shape
+                    and mx.allclose(logits.astype(mx.float32), whole, rtol=1e-4, atol=1e-4).item()
+                ):
                     return SplitModel(body, head, int(hidden.shape[-1]))
-    raise UsageError(f"{name}: this model's layout gives no hidden state the probe can read "
-                     "(its output is not lm_head or the tied embedding over model.model); "
-                     "route on entropy, varentropy or margin instead")
+    raise UsageError(
+        f"{name}: this model's layout gives no hidden state the probe can read "
+        "(its output is not lm_head or the tied embedding over model.model); "
+        "route on entropy, varentropy or margin instead"
+    )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 
@@ -23,8 +23,9 @@ def load_gguf_file(source: str, path: Path, name: str, progress: Progress | None
         return load_mlx_dir(source, convert_gguf(path, progress), name)
     model, tokenizer, config = load_gguf(path, compute_dtype())
     use_fast_rows(model)
-    return LoadedModel(source, name, model, tokenizer, config,
-                       precision=str(config.get("quantization_label", "gguf")))
+    return LoadedModel(
+        source, name, model, tokenizer, config, precision=str(config.get("quantization_label", "gguf"))
+    )
 
 
 def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:

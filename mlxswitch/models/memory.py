@@ -6,9 +6,9 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import InsufficientMemoryError
 from .footprint import Footprint, float_width
@@ -84,8 +84,11 @@ def available_memory_bytes() -> int:
         except Exception:  # an older MLX without device_info: fall back to the usual 75%
             pass
         try:
-            total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True,
-                                       text=True, timeout=5).stdout.strip())
+            total = int(
+                subprocess.run(
+                    ["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, timeout=5
+                ).stdout.strip()
+            )
         except (OSError, ValueError, subprocess.SubprocessError):
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return int(total * 0.75)
@@ -174,5 +177,6 @@ def check_memory(profile_or_sources, force: bool = False) -> MemoryEstimate:
         raise InsufficientMemoryError(
             f"{estimate.name} needs about {estimate.needed / _GB:.1f} GB ({estimate.summary()}) but "
             f"this machine has {estimate.available / _GB:.1f} GB available; "
-            "use --force-memory to try anyway")
+            "use --force-memory to try anyway"
+        )
     return estimate

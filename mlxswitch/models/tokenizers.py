@@ -10,10 +10,12 @@ PROBE_TEXT = "Entropy 12345, naïve café — 日本語 ✓\ndef f(x):\n    retu
 
 def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
     """Refuse two tiers whose tokenizers differ in vocabulary, encoding or end-of-sequence ids."""
+
     def fail(what: str) -> TokenizerMismatchError:
         return TokenizerMismatchError(
             f"models '{name_a}' and '{name_b}' do not share a tokenizer: {what}; "
-            "a pair must use one tokenizer")
+            "a pair must use one tokenizer"
+        )
 
     # The tokenizers' own vocabularies: a model's embedding is often padded past them.
     vocab_a, vocab_b = tok_a.get_vocab(), tok_b.get_vocab()
@@ -28,8 +30,10 @@ def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
     # alike in both (templates themselves may differ, e.g. in a default system prompt).
     for name, tok in ((name_a, tok_a), (name_b, tok_b)):
         rendered = _render_probe(tok)
-        if rendered is not None and (tok_a.encode(rendered, add_special_tokens=False)
-                                     != tok_b.encode(rendered, add_special_tokens=False)):
+        if rendered is not None and (
+            tok_a.encode(rendered, add_special_tokens=False)
+            != tok_b.encode(rendered, add_special_tokens=False)
+        ):
             raise fail(f"they encode the chat text rendered by {name}'s template differently")
     eos_a, eos_b = sorted(tok_a.eos_token_ids), sorted(tok_b.eos_token_ids)
     if eos_a != eos_b:
@@ -39,6 +43,10 @@ def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
 def _render_probe(tok) -> str | None:
     if not getattr(tok, "has_chat_template", False):
         return None
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROBE_TEXT},
-            {"role": "assistant", "content": "x = 42"}, {"role": "user", "content": "2 + 2 = ?"}]
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": PROBE_TEXT},
+        {"role": "assistant", "content": "x = 42"},
+        {"role": "user", "content": "2 + 2 = ?"},
+    ]
     return tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

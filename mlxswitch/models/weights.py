@@ -52,8 +52,11 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
     """Cast every floating parameter (quantization scales and biases included) to dtype."""
     if dtype is None:
         return
-    casted = [(k, v.astype(dtype)) for k, v in tree_flatten(model.parameters())
-              if mx.issubdtype(v.dtype, mx.floating) and v.dtype != dtype]
+    casted = [
+        (k, v.astype(dtype))
+        for k, v in tree_flatten(model.parameters())
+        if mx.issubdtype(v.dtype, mx.floating) and v.dtype != dtype
+    ]
     if casted:
         model.load_weights(casted, strict=False)
         mx.eval(model.parameters())
@@ -71,12 +74,12 @@ def model_classes(config: dict, what: str) -> tuple[type, type]:
     return module.Model, module.ModelArgs
 
 
-def load_checked_weights(model: nn.Module, weights: dict, float_dtype: mx.Dtype | None,
-                         what: str) -> None:
+def load_checked_weights(model: nn.Module, weights: dict, float_dtype: mx.Dtype | None, what: str) -> None:
     """Load `weights` strictly (floats cast to float_dtype) and evaluate; a mismatch names `what`."""
     if float_dtype is not None:
-        weights = {k: v.astype(float_dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-                   for k, v in weights.items()}
+        weights = {
+            k: v.astype(float_dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
+        }
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:

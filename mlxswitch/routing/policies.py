@@ -168,11 +168,13 @@ class PeekPolicy:
             self._base, self._count = rung, 1
         else:
             self._count += 1
-        if (self._count >= self.config.min_run and self._base > 0
-                and self.mean < self._down[self._base - 1]):
+        if self._count >= self.config.min_run and self._base > 0 and self.mean < self._down[self._base - 1]:
             self._base, self._count = self._base - 1, 0
-        elif (self._base == self.top_local < self._top and self._count >= self.config.min_run
-              and self.mean > self._up[self._base]):
+        elif (
+            self._base == self.top_local < self._top
+            and self._count >= self.config.min_run
+            and self.mean > self._up[self._base]
+        ):
             self._base, self._count = self._base + 1, 0  # to the cloud, on the window (see above)
         return Decision(self._next_rung(), self._base - before, False, self.mean)
 

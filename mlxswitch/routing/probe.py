@@ -28,8 +28,9 @@ SCALARS = tuple(s.name for s in MEASURED)
 def feature_rows(hidden: np.ndarray, measured) -> np.ndarray:
     """Features per position: the hidden state (n, d) then the scalar uncertainties, from the
     reduction's outputs in registry.MEASURED order (each (n,) or a float)."""
-    scalars = np.stack([np.asarray(uncertainty(s, measured), dtype=np.float64).reshape(-1)
-                        for s in SCALARS], axis=1)
+    scalars = np.stack(
+        [np.asarray(uncertainty(s, measured), dtype=np.float64).reshape(-1) for s in SCALARS], axis=1
+    )
     return np.concatenate([np.asarray(hidden, dtype=np.float64).reshape(len(scalars), -1), scalars], axis=1)
 
 
@@ -62,19 +63,27 @@ class Probe:
         """Write the probe and what it was trained on (npz + JSON metadata in one file), atomically."""
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path, "the probe", binary=True) as handle:
-            np.savez(handle, mean=self.mean, scale=self.scale, weights=self.weights, bias=self.bias,
-                     meta=json.dumps(meta))
+            np.savez(
+                handle,
+                mean=self.mean,
+                scale=self.scale,
+                weights=self.weights,
+                bias=self.bias,
+                meta=json.dumps(meta),
+            )
         return path
 
     @classmethod
-    def load(cls, path: Path) -> "Probe":
+    def load(cls, path: Path) -> Probe:
         """Read a probe saved by `save`; a UsageError naming the file when it is not one."""
         try:
             with np.load(path) as data:
                 probe = cls(data["mean"], data["scale"], data["weights"], float(data["bias"]))
         except (OSError, ValueError, KeyError) as exc:
-            raise UsageError(f"{path}: not a probe saved by `mlxswitch calibrate` ({exc}); "
-                             "run calibrate again to replace it") from None
+            raise UsageError(
+                f"{path}: not a probe saved by `mlxswitch calibrate` ({exc}); "
+                "run calibrate again to replace it"
+            ) from None
         if not probe.mean.shape == probe.scale.shape == probe.weights.shape or probe.weights.ndim != 1:
             raise UsageError(f"{path}: a probe with inconsistent shapes; run `mlxswitch calibrate` again")
         return probe
@@ -90,9 +99,11 @@ def load_probe(profile_name: str, models: tuple[str, ...], tiers: tuple[str, ...
     """The saved probe of this profile; a UsageError saying how to train one when there is none."""
     path = probe_path(profile_name, models, tiers)
     if not path.exists():
-        raise UsageError(f"no probe is trained for profile '{profile_name}' on these models: run "
-                         f"`mlxswitch calibrate --profile {profile_name} --target-share 0.25` first "
-                         f"(it saves one under {path.parent})")
+        raise UsageError(
+            f"no probe is trained for profile '{profile_name}' on these models: run "
+            f"`mlxswitch calibrate --profile {profile_name} --target-share 0.25` first "
+            f"(it saves one under {path.parent})"
+        )
     return Probe.load(path)
 
 

@@ -9,8 +9,8 @@ about it lives here, so that router.py can check a name without importing the po
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

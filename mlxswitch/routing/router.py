@@ -42,8 +42,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from ..errors import SettingError, UsageError
 from .registry import POLICIES, POLICY_BY_NAME, SIGNAL_BY_NAME, SIGNALS
@@ -90,39 +90,53 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
-            raise SettingError("policy", f"the policy must be one of {', '.join(POLICY_NAMES)} "
-                                         f"(got {self.policy!r})")
+            raise SettingError(
+                "policy", f"the policy must be one of {', '.join(POLICY_NAMES)} (got {self.policy!r})"
+            )
         if self.signal not in SIGNAL_NAMES:
-            raise SettingError("signal", f"the signal must be one of {', '.join(SIGNAL_NAMES)} "
-                                         f"(got {self.signal!r})")
+            raise SettingError(
+                "signal", f"the signal must be one of {', '.join(SIGNAL_NAMES)} (got {self.signal!r})"
+            )
         spec = SIGNAL_BY_NAME[self.signal]
         if self.normalize and not spec.normalisable:
-            raise SettingError("normalize", "normalize divides entropy by log2(V); it does not apply "
-                                            f"to {self.signal}")
+            raise SettingError(
+                "normalize", f"normalize divides entropy by log2(V); it does not apply to {self.signal}"
+            )
         if spec.bottom_only and not POLICY_BY_NAME[self.policy].reads_bottom_only:
             reader = next(p.name for p in POLICIES if p.reads_bottom_only)
-            raise SettingError("signal", f"the {self.signal} reads the cheap tier's state at the position "
-                                         f"it scores, so it needs the {reader} policy (--policy {reader})")
+            raise SettingError(
+                "signal",
+                f"the {self.signal} reads the cheap tier's state at the position "
+                f"it scores, so it needs the {reader} policy (--policy {reader})",
+            )
         object.__setattr__(self, "up", tuple(float(u) for u in self.up))
         if self.down is not None:
             object.__setattr__(self, "down", tuple(float(d) for d in self.down))
         downs = self.downs()
         if len(downs) != len(self.up):
-            raise SettingError("down", f"{len(self.up) + 1} tiers need {len(self.up)} down threshold(s), "
-                                       f"got {len(downs)}")
+            raise SettingError(
+                "down", f"{len(self.up) + 1} tiers need {len(self.up)} down threshold(s), got {len(downs)}"
+            )
         if any(math.isnan(t) for t in (*self.up, *downs)):
             raise SettingError("up", "thresholds cannot be NaN")
         for i, (u, d) in enumerate(zip(self.up, downs)):
             if d > u:
-                raise SettingError("down", f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}")
+                raise SettingError(
+                    "down", f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}"
+                )
         if self.normalize or spec.probability:
             # Normalised entropies and probabilities lie in [0, 1]: a finite threshold outside is never crossed.
             outside = [t for t in (*self.up, *downs) if math.isfinite(t) and not 0 <= t <= 1]
             if outside:
-                what = ("with normalize, thresholds are fractions of log2(V)" if self.normalize
-                        else f"the {self.signal}'s thresholds are probabilities")
-                raise SettingError("down" if set(outside) <= set(downs) - set(self.up) else "up",
-                                   f"{what}, between 0 and 1; got {', '.join(f'{t:g}' for t in outside)}")
+                what = (
+                    "with normalize, thresholds are fractions of log2(V)"
+                    if self.normalize
+                    else f"the {self.signal}'s thresholds are probabilities"
+                )
+                raise SettingError(
+                    "down" if set(outside) <= set(downs) - set(self.up) else "up",
+                    f"{what}, between 0 and 1; got {', '.join(f'{t:g}' for t in outside)}",
+                )
         if self.window < 1:
             raise SettingError("window", f"the window must be at least 1 token (got {self.window})")
         if self.min_run < 1:
@@ -147,12 +161,15 @@ class RouterConfig:
         if num_tiers == 1 and self.up:
             raise SettingError("up", "this ladder has a single tier: there are no thresholds to set")
         if len(self.up) != num_tiers - 1:
-            raise SettingError("up", f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}")
+            raise SettingError(
+                "up", f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}"
+            )
         if self.top_local is not None and not 0 <= self.top_local < num_tiers:
-            raise UsageError(f"the top local tier must be between 0 and {num_tiers - 1} "
-                             f"(got {self.top_local})")
+            raise UsageError(
+                f"the top local tier must be between 0 and {num_tiers - 1} (got {self.top_local})"
+            )
 
-    def with_vocab(self, vocab_size: int) -> "RouterConfig":
+    def with_vocab(self, vocab_size: int) -> RouterConfig:
         """The same settings for a ladder whose distributions have `vocab_size` entries."""
         return dataclasses.replace(self, vocab_size=vocab_size)
 
@@ -162,11 +179,17 @@ class RouterConfig:
 
     def settings(self, number: Callable[[float], object] = float) -> dict:
         """The settings a record or a profile rebuilds this config from; thresholds through `number`."""
-        return {"policy": self.policy, "signal": self.signal, "up": [number(u) for u in self.up],
-                "down": [number(d) for d in self.downs()], "window": self.window,
-                "min_run": self.min_run, "normalize": self.normalize}
+        return {
+            "policy": self.policy,
+            "signal": self.signal,
+            "up": [number(u) for u in self.up],
+            "down": [number(d) for d in self.downs()],
+            "window": self.window,
+            "min_run": self.min_run,
+            "normalize": self.normalize,
+        }
 
-    def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> "RouterConfig":
+    def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> RouterConfig:
         """The same settings with new thresholds (checked like any other config)."""
         return dataclasses.replace(self, up=up, down=down)
 
@@ -271,8 +294,9 @@ class Router:
         return Decision(self._rung, jump, True, self.mean)
 
 
-def replay(initial_entropy: float | None, entropies: Iterable[float | None], config: RouterConfig,
-           num_tiers: int) -> list[Decision]:
+def replay(
+    initial_entropy: float | None, entropies: Iterable[float | None], config: RouterConfig, num_tiers: int
+) -> list[Decision]:
     """Every decision of a recorded run: start()'s, then one observe() per recorded entropy."""
     router = Router(config, num_tiers)
     decisions = [router.start(initial_entropy)]
@@ -280,8 +304,9 @@ def replay(initial_entropy: float | None, entropies: Iterable[float | None], con
     return decisions
 
 
-def derive_tiers(initial_entropy: float | None, entropies: Iterable[float | None], config: RouterConfig,
-                 num_tiers: int) -> list[int]:
+def derive_tiers(
+    initial_entropy: float | None, entropies: Iterable[float | None], config: RouterConfig, num_tiers: int
+) -> list[int]:
     """Re-derive the tier of every token from recorded entropies (the telemetry check)."""
     # Token 0's tier comes from start(), token k+1's from observe(entropies[k]); so the list is
     # one longer than `entropies`, its last entry being the tier a next token would have had.

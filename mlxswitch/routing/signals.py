@@ -18,7 +18,7 @@ from ..kernels._common import numpy_routes_allowed, on_gpu
 from ..kernels.entropy import fused_token_signals, numpy_token_signals
 
 
-def read_time_signals(logits: mx.array) -> "LazySignals":
+def read_time_signals(logits: mx.array) -> LazySignals:
     """The signals of one logits vector, to be read once it is computed: the fastest correct way here.
 
     On a GPU they are part of the lazy graph (the fused kernel, or the reference). On a CPU the

@@ -10,8 +10,9 @@ telemetry check on recorded tries (`RecordedPosition`), so the three cannot drif
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 from .policies import Policy, make_policy
 from .router import Decision, RouterConfig
@@ -105,20 +106,31 @@ def replay(policy: Policy, initial: float | None, positions: Iterable[Position])
     return out
 
 
-def derive_tried(config: RouterConfig, num_tiers: int, initial_entropy: float | None,
-                 tried_entropies: Iterable[Sequence[float | None]]) -> list[list[int]]:
+def derive_tried(
+    config: RouterConfig,
+    num_tiers: int,
+    initial_entropy: float | None,
+    tried_entropies: Iterable[Sequence[float | None]],
+) -> list[list[int]]:
     """Re-derive, for every token, the rungs that computed its position (the last made it).
 
     `tried_entropies[k]` lists the signals measured at position k, in the order the rungs ran
     (one entry unless the policy escalated there): a telemetry record holds exactly that. A
     record the rule disagrees with shows up as a list of another length.
     """
-    settled = replay(make_policy(config, num_tiers), initial_entropy,
-                     (RecordedPosition(values) for values in tried_entropies))
+    settled = replay(
+        make_policy(config, num_tiers),
+        initial_entropy,
+        (RecordedPosition(values) for values in tried_entropies),
+    )
     return [list(s.rungs) for s in settled]
 
 
-def derive_rungs(config: RouterConfig, num_tiers: int, initial_entropy: float | None,
-                 tried_entropies: Iterable[Sequence[float | None]]) -> list[int]:
+def derive_rungs(
+    config: RouterConfig,
+    num_tiers: int,
+    initial_entropy: float | None,
+    tried_entropies: Iterable[Sequence[float | None]],
+) -> list[int]:
     """The rung that made each token, for any policy (the telemetry check)."""
     return [rungs[-1] for rungs in derive_tried(config, num_tiers, initial_entropy, tried_entropies)]

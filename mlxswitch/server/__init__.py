@@ -27,8 +27,14 @@ def run(config: ServeConfig, worker: Worker, host: str, port: int, log_level: st
 
     app = build_app(config, worker)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
-                    # one request generates, the queue waits: more connections than that are refused
-                    limit_concurrency=config.limits.queue_size + 32)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_keep_alive=5,
+            # one request generates, the queue waits: more connections than that are refused
+            limit_concurrency=config.limits.queue_size + 32,
+        )
     finally:
         worker.close()

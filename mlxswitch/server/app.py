@@ -56,35 +56,53 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
             return
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 config.api_key.encode()):
-            raise RequestError("a valid API key is required: send 'Authorization: Bearer KEY'",
-                               status=401, code="invalid_api_key")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), config.api_key.encode()
+        ):
+            raise RequestError(
+                "a valid API key is required: send 'Authorization: Bearer KEY'",
+                status=401,
+                code="invalid_api_key",
+            )
 
     async def read_body(request: HttpRequest) -> bytes:
         limit = config.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            raise RequestError(f"the body is larger than this server accepts ({limit} bytes)",
-                               status=413, code="request_too_large")
+            raise RequestError(
+                f"the body is larger than this server accepts ({limit} bytes)",
+                status=413,
+                code="request_too_large",
+            )
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:  # a chunked body that lied about nothing but is too long
-                raise RequestError(f"the body is larger than this server accepts ({limit} bytes)",
-                                   status=413, code="request_too_large")
+                raise RequestError(
+                    f"the body is larger than this server accepts ({limit} bytes)",
+                    status=413,
+                    code="request_too_large",
+                )
         return bytes(body)
 
     def check_model(name: str | None) -> str:
         if name is None or name == config.model:
             return config.model
         if any(row["name"] == name for row in config.profiles):
-            raise RequestError(f"model '{name}' is not loaded here: this server serves '{config.model}' "
-                               f"(start another with `mlxswitch serve --profile {name}`)", status=404,
-                               param="model", code="model_not_found")
-        raise RequestError(f"model '{name}' does not exist: this server serves '{config.model}' "
-                           "(GET /v1/models lists the profiles)", status=404, param="model",
-                           code="model_not_found")
+            raise RequestError(
+                f"model '{name}' is not loaded here: this server serves '{config.model}' "
+                f"(start another with `mlxswitch serve --profile {name}`)",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        raise RequestError(
+            f"model '{name}' does not exist: this server serves '{config.model}' "
+            "(GET /v1/models lists the profiles)",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
 
     def starter(req: Request):
         if req.kind == "text":
@@ -101,19 +119,25 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
         try:
             job = await worker.run(starter(req))
         except PromptTooLongError as exc:
-            raise RequestError(f"the prompt is {exc.tokens} tokens but the model's context holds "
-                               f"{exc.context}",
-                               param="messages" if kind == "chat" else "prompt",
-                               code="context_length_exceeded") from None
+            raise RequestError(
+                f"the prompt is {exc.tokens} tokens but the model's context holds {exc.context}",
+                param="messages" if kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            ) from None
         except TemplateError as exc:  # the model's chat template refuses this conversation
-            raise RequestError(f"the model's chat template refuses these messages: {exc}",
-                               param="messages", code="invalid_conversation") from None
+            raise RequestError(
+                f"the model's chat template refuses these messages: {exc}",
+                param="messages",
+                code="invalid_conversation",
+            ) from None
         ident = out.new_id(kind)
         decode = _decoder(worker.session.ladder.tokenizer) if req.settings.top_logprobs is not None else None
         if req.stream:
-            return StreamingResponse(_sse(job, kind, ident, model, req.include_usage, decode),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                _sse(job, kind, ident, model, req.include_usage, decode),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         summary = None
         async for item in job.events():
             if isinstance(item, AnswerSummary):
@@ -132,44 +156,78 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
 
     async def models(request: HttpRequest) -> Response:
         authorize(request)
-        data = [{"id": row["name"], "object": "model", "created": 0, "owned_by": "mlxswitch",
-                 "mlxswitch": {"served": row["name"] == config.model, "available": all(row["offline"]),
-                               "mode": row["mode"], "tiers": row["tiers"], "description": row["notes"]}}
-                for row in config.profiles]
+        data = [
+            {
+                "id": row["name"],
+                "object": "model",
+                "created": 0,
+                "owned_by": "mlxswitch",
+                "mlxswitch": {
+                    "served": row["name"] == config.model,
+                    "available": all(row["offline"]),
+                    "mode": row["mode"],
+                    "tiers": row["tiers"],
+                    "description": row["notes"],
+                },
+            }
+            for row in config.profiles
+        ]
         if not any(row["name"] == config.model for row in config.profiles):  # an ad-hoc ladder
-            data.insert(0, {"id": config.model, "object": "model", "created": 0, "owned_by": "mlxswitch",
-                            "mlxswitch": {"served": True, "available": True}})
+            data.insert(
+                0,
+                {
+                    "id": config.model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "mlxswitch",
+                    "mlxswitch": {"served": True, "available": True},
+                },
+            )
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: HttpRequest) -> Response:
         last = worker.last_summary
-        return JSONResponse({"status": "ok", "model": config.model, "generating": worker.busy,
-                             "waiting": worker.waiting,
-                             "last_answer": None if last is None else {"finish_reason": last.finish_reason,
-                                                                       "tokens": last.generated}})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": config.model,
+                "generating": worker.busy,
+                "waiting": worker.waiting,
+                "last_answer": None
+                if last is None
+                else {"finish_reason": last.finish_reason, "tokens": last.generated},
+            }
+        )
 
     async def refused(request: HttpRequest, exc: Exception) -> Response:
         if isinstance(exc, RequestError):
             return error_response(exc)
         if isinstance(exc, HTTPException):
             kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-            return error_response(RequestError(f"{request.method} {request.url.path}: {exc.detail}",
-                                               status=exc.status_code, type=kind))
+            return error_response(
+                RequestError(
+                    f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, type=kind
+                )
+            )
         if isinstance(exc, ClientDisconnect):
             return Response(status_code=499)
         if isinstance(exc, MlxSwitchError):  # a setting the request made invalid
             return error_response(RequestError(str(exc)))
         # Reached through Starlette's last-resort middleware, which logs the traceback (server side only).
-        return error_response(RequestError(f"internal error: {type(exc).__name__}", status=500,
-                                           type="server_error"))
+        return error_response(
+            RequestError(f"internal error: {type(exc).__name__}", status=500, type="server_error")
+        )
 
-    routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
     # Specific classes are answered where raised; Exception goes through the last-resort middleware.
-    handlers = {cls: refused for cls in (RequestError, MlxSwitchError, HTTPException, ClientDisconnect,
-                                         Exception)}
+    handlers = {
+        cls: refused for cls in (RequestError, MlxSwitchError, HTTPException, ClientDisconnect, Exception)
+    }
     return Starlette(routes=routes, exception_handlers=handlers)
 
 

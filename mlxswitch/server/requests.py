@@ -82,14 +82,24 @@ def parse_body(raw: bytes, kind: str, defaults: GenerationSettings) -> Request:
     if options is not None and not isinstance(options, dict):
         raise RequestError("stream_options must be an object", param="stream_options")
     stop = _stop(body)
-    settings = dataclasses.replace(defaults, max_tokens=min(max_tokens or defaults.max_tokens,
-                                                            defaults.max_tokens),
-                                   temperature=temperature, top_p=top_p,
-                                   seed=defaults.seed if seed is None else seed,
-                                   stop=defaults.stop if stop is None else stop, top_logprobs=top_logprobs)
-    return Request(kind=kind, model=model, messages=messages, prompt=prompt, settings=settings,
-                   stream=bool(_optional(body, "stream", bool)),
-                   include_usage=bool(_optional(options or {}, "include_usage", bool)))
+    settings = dataclasses.replace(
+        defaults,
+        max_tokens=min(max_tokens or defaults.max_tokens, defaults.max_tokens),
+        temperature=temperature,
+        top_p=top_p,
+        seed=defaults.seed if seed is None else seed,
+        stop=defaults.stop if stop is None else stop,
+        top_logprobs=top_logprobs,
+    )
+    return Request(
+        kind=kind,
+        model=model,
+        messages=messages,
+        prompt=prompt,
+        settings=settings,
+        stream=bool(_optional(body, "stream", bool)),
+        include_usage=bool(_optional(options or {}, "include_usage", bool)),
+    )
 
 
 def _optional(body: dict, key: str, kind: type):
@@ -134,8 +144,10 @@ def _messages(body: dict) -> tuple[dict, ...]:
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise RequestError(f"messages[{i}] must be an object whose role is one of {', '.join(ROLES)}",
-                               param=f"messages[{i}]")
+            raise RequestError(
+                f"messages[{i}] must be an object whose role is one of {', '.join(ROLES)}",
+                param=f"messages[{i}]",
+            )
         role = "system" if message["role"] == "developer" else message["role"]
         out.append({"role": role, "content": _content(message.get("content"), i)})
     return tuple(out)
@@ -147,11 +159,13 @@ def _content(content, i: int) -> str:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(p["text"] for p in content)
-    raise RequestError(f"messages[{i}].content must be a string or a list of text parts",
-                       param=f"messages[{i}].content")
+    raise RequestError(
+        f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content"
+    )
 
 
 def _prompt(body: dict) -> str:

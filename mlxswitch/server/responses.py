@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
 from ..errors import RequestError
 
 Decode = Callable[[int], str]
-OBJECTS = {"chat": ("chat.completion", "chat.completion.chunk", "chatcmpl"),
-           "text": ("text_completion", "text_completion", "cmpl")}
+OBJECTS = {
+    "chat": ("chat.completion", "chat.completion.chunk", "chatcmpl"),
+    "text": ("text_completion", "text_completion", "cmpl"),
+}
 
 
 def new_id(kind: str) -> str:
@@ -36,85 +38,147 @@ def logprobs(kind: str, events: list[TokenEvent], decode: Decode | None, offset:
     if decode is None or not events or events[0].logprob is None:
         return None
     if kind == "chat":
+
         def entry(token: str, logprob: float | None) -> dict:
             return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
-        return {"content": [{**entry(decode(e.id), e.logprob),
-                             "top_logprobs": [entry(decode(i), lp) for i, lp in e.top_logprobs]}
-                            for e in events]}
+        return {
+            "content": [
+                {
+                    **entry(decode(e.id), e.logprob),
+                    "top_logprobs": [entry(decode(i), lp) for i, lp in e.top_logprobs],
+                }
+                for e in events
+            ]
+        }
     offsets, at = [], offset
     for e in events:
         offsets.append(at)
         at += len(e.text)
-    return {"tokens": [decode(e.id) for e in events], "token_logprobs": [e.logprob for e in events],
-            "top_logprobs": [{decode(i): lp for i, lp in e.top_logprobs} for e in events],
-            "text_offset": offsets}
+    return {
+        "tokens": [decode(e.id) for e in events],
+        "token_logprobs": [e.logprob for e in events],
+        "top_logprobs": [{decode(i): lp for i, lp in e.top_logprobs} for e in events],
+        "text_offset": offsets,
+    }
 
 
-def _choice(kind: str, text: str | None, finish: str | None, delta: bool, first: bool = False,
-            probs: dict | None = None) -> dict:
+def _choice(
+    kind: str,
+    text: str | None,
+    finish: str | None,
+    delta: bool,
+    first: bool = False,
+    probs: dict | None = None,
+) -> dict:
     if kind == "text":
         return {"index": 0, "text": text or "", "logprobs": probs, "finish_reason": finish}
     if delta:
-        body = {"role": "assistant", "content": text or ""} if first else \
-            ({"content": text} if text is not None else {})
+        body = (
+            {"role": "assistant", "content": text or ""}
+            if first
+            else ({"content": text} if text is not None else {})
+        )
         return {"index": 0, "delta": body, "logprobs": probs, "finish_reason": finish}
-    return {"index": 0, "message": {"role": "assistant", "content": text or ""}, "logprobs": probs,
-            "finish_reason": finish}
+    return {
+        "index": 0,
+        "message": {"role": "assistant", "content": text or ""},
+        "logprobs": probs,
+        "finish_reason": finish,
+    }
 
 
 def usage(summary: AnswerSummary) -> dict:
     """OpenAI's usage object."""
-    return {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.generated,
-            "total_tokens": summary.prompt_tokens + summary.generated}
+    return {
+        "prompt_tokens": summary.prompt_tokens,
+        "completion_tokens": summary.generated,
+        "total_tokens": summary.prompt_tokens + summary.generated,
+    }
 
 
 def provenance(summary: AnswerSummary) -> dict:
     """Where an answer's tokens came from, what it cost, and how much prompt the caches reused."""
     cloud = summary.cloud or {}
-    return {"tier_tokens": summary.tier_counts, "switches": summary.switches,
-            "catch_up_tokens": summary.catch_up_tokens,
-            "cloud_cost_usd": round(float((cloud.get("answer") or {}).get("usd", 0.0)), 6),
-            "prompt_tokens_reused": summary.prompt_tokens - summary.prefilled_tokens,
-            "finish_reason": summary.finish_reason}
+    return {
+        "tier_tokens": summary.tier_counts,
+        "switches": summary.switches,
+        "catch_up_tokens": summary.catch_up_tokens,
+        "cloud_cost_usd": round(float((cloud.get("answer") or {}).get("usd", 0.0)), 6),
+        "prompt_tokens_reused": summary.prompt_tokens - summary.prefilled_tokens,
+        "finish_reason": summary.finish_reason,
+    }
 
 
 def _finish(summary: AnswerSummary) -> str:
     return "length" if summary.finish_reason == "length" else "stop"
 
 
-def chunk(kind: str, ident: str, model: str, created: int, events: list[TokenEvent],
-          first: bool = False, decode: Decode | None = None, offset: int = 0) -> dict:
+def chunk(
+    kind: str,
+    ident: str,
+    model: str,
+    created: int,
+    events: list[TokenEvent],
+    first: bool = False,
+    decode: Decode | None = None,
+    offset: int = 0,
+) -> dict:
     """A streamed chunk holding `events`' text, with their tiers and entropies."""
     probs = logprobs(kind, events, decode, offset)
-    return {"id": ident, "object": OBJECTS[kind][1], "created": created, "model": model,
-            "choices": [_choice(kind, "".join(e.text for e in events), None, True, first, probs)],
-            "mlxswitch": {"tiers": [e.tier for e in events], "entropies": [_entropy(e) for e in events]}}
+    return {
+        "id": ident,
+        "object": OBJECTS[kind][1],
+        "created": created,
+        "model": model,
+        "choices": [_choice(kind, "".join(e.text for e in events), None, True, first, probs)],
+        "mlxswitch": {"tiers": [e.tier for e in events], "entropies": [_entropy(e) for e in events]},
+    }
 
 
 def final_chunk(kind: str, ident: str, model: str, created: int, summary: AnswerSummary) -> dict:
     """The chunk that carries the finish reason and the answer's provenance."""
-    return {"id": ident, "object": OBJECTS[kind][1], "created": created, "model": model,
-            "choices": [_choice(kind, None, _finish(summary), True)],
-            "mlxswitch": {"tiers": [], "entropies": [], "usage": provenance(summary)}}
+    return {
+        "id": ident,
+        "object": OBJECTS[kind][1],
+        "created": created,
+        "model": model,
+        "choices": [_choice(kind, None, _finish(summary), True)],
+        "mlxswitch": {"tiers": [], "entropies": [], "usage": provenance(summary)},
+    }
 
 
 def usage_chunk(kind: str, ident: str, model: str, created: int, summary: AnswerSummary) -> dict:
     """The extra last chunk `stream_options.include_usage` asks for: no choices, the usage."""
-    return {"id": ident, "object": OBJECTS[kind][1], "created": created, "model": model, "choices": [],
-            "usage": usage(summary)}
+    return {
+        "id": ident,
+        "object": OBJECTS[kind][1],
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage(summary),
+    }
 
 
-def completion(kind: str, ident: str, model: str, summary: AnswerSummary,
-               decode: Decode | None = None) -> dict:
+def completion(
+    kind: str, ident: str, model: str, summary: AnswerSummary, decode: Decode | None = None
+) -> dict:
     """The whole (non-streamed) response."""
     probs = logprobs(kind, summary.tokens, decode)
-    return {"id": ident, "object": OBJECTS[kind][0], "created": int(time.time()), "model": model,
-            "choices": [_choice(kind, summary.text, _finish(summary), False, probs=probs)],
-            "usage": usage(summary),
-            "mlxswitch": {"tiers": [e.tier for e in summary.tokens],
-                          "entropies": [_entropy(e) for e in summary.tokens],
-                          "texts": [e.text for e in summary.tokens], "usage": provenance(summary)}}
+    return {
+        "id": ident,
+        "object": OBJECTS[kind][0],
+        "created": int(time.time()),
+        "model": model,
+        "choices": [_choice(kind, summary.text, _finish(summary), False, probs=probs)],
+        "usage": usage(summary),
+        "mlxswitch": {
+            "tiers": [e.tier for e in summary.tokens],
+            "entropies": [_entropy(e) for e in summary.tokens],
+            "texts": [e.text for e in summary.tokens],
+            "usage": provenance(summary),
+        },
+    }
 
 
 def error_body(error: RequestError) -> dict:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Callable, Generator
 
 from ..decoding.answer import AnswerSummary, TokenEvent
 from ..decoding.session import ChatSession
@@ -56,14 +56,18 @@ class Worker:
         """Requests queued behind the one generating."""
         return max(self._admitted - 1, 0)
 
-    async def run(self, start: Start) -> "Job":
+    async def run(self, start: Start) -> Job:
         """Queue, then start a generation; RequestError for a full queue or a refused prompt.
 
         The prompt is checked (too long?) before this returns, so a refusal is still a 4xx.
         """
         if self._admitted > self.queue_size:
-            raise RequestError(f"the server is busy: {self.queue_size} request(s) are already waiting; "
-                               "retry shortly", status=429, type="rate_limit_error", code="queue_full")
+            raise RequestError(
+                f"the server is busy: {self.queue_size} request(s) are already waiting; retry shortly",
+                status=429,
+                type="rate_limit_error",
+                code="queue_full",
+            )
         self._admitted += 1
         try:
             await self._lock.acquire()

@@ -25,8 +25,10 @@ def parse_groups(text: str | None, quick: bool = False) -> tuple[str, ...]:
     asked = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [part for part in asked if part not in GROUPS]
     if unknown:
-        raise UsageError(f"--arms: unknown arm group '{unknown[0]}' (choose among {', '.join(GROUPS)}; "
-                         "bottom and top alone always run)")
+        raise UsageError(
+            f"--arms: unknown arm group '{unknown[0]}' (choose among {', '.join(GROUPS)}; "
+            "bottom and top alone always run)"
+        )
     return tuple(group for group in GROUPS if group in asked)
 
 
@@ -44,14 +46,20 @@ def matched_arm(arm: Arm) -> str:
 def humaneval_arms(profile: Profile, ladder: Ladder, taus: list[float], groups: tuple[str, ...]) -> list[Arm]:
     """Tiers alone, the routed arms, their random controls, the oracle, then mlx-lm's arms."""
     n = len(ladder.tiers)
-    bench = [arm for arm in make_arms(profile, ladder, taus)
-             if arm.kind == "tier" and arm.tier in (0, n - 1) or _group(arm) in groups]
+    bench = [
+        arm
+        for arm in make_arms(profile, ladder, taus)
+        if arm.kind == "tier" and arm.tier in (0, n - 1) or _group(arm) in groups
+    ]
     own = [arm for arm in bench if arm.kind not in ("mlx-lm", "speculative")]
     stock = [arm for arm in bench if arm.kind in ("mlx-lm", "speculative")]
     controls = []
     if n > 1 and "random" in groups:
-        controls += [Arm(f"random@{arm.name}", "random", forced_config(n, 0))
-                     for arm in own if arm.kind in ROUTED_KINDS]
+        controls += [
+            Arm(f"random@{arm.name}", "random", forced_config(n, 0))
+            for arm in own
+            if arm.kind in ROUTED_KINDS
+        ]
     if n > 1 and "oracle" in groups:
         controls.append(Arm("oracle", "oracle", forced_config(n, 0)))
     return own + controls + stock

@@ -39,10 +39,19 @@ def default_records_path(profile: Profile) -> Path:
     return user_dir() / "bench" / f"humaneval-{slug}-{key}.jsonl"
 
 
-def plan(profile: Profile, problems: str | None = None, split: str = "all", limit: int | None = None,
-         arms: str | None = None, quick: bool = False, max_tokens: int = 512,
-         timeout_s: float | None = None, records_path: Path | None = None,
-         restart: bool = False, read_only: bool = False) -> HumanEvalPlan:
+def plan(
+    profile: Profile,
+    problems: str | None = None,
+    split: str = "all",
+    limit: int | None = None,
+    arms: str | None = None,
+    quick: bool = False,
+    max_tokens: int = 512,
+    timeout_s: float | None = None,
+    records_path: Path | None = None,
+    restart: bool = False,
+    read_only: bool = False,
+) -> HumanEvalPlan:
     """Check every choice and open the records (settings compared) — nothing is loaded yet."""
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1 (got {max_tokens})")
@@ -51,12 +60,16 @@ def plan(profile: Profile, problems: str | None = None, split: str = "all", limi
     groups = arm_sets.parse_groups(arms, quick)
     every = load_problems()
     chosen = select_problems(every, problems, split, limit)
-    options = HumanEvalOptions(max_tokens=max_tokens, groups=groups,
-                               timeout_s=timeout_s or HumanEvalOptions.timeout_s,
-                               **(QUICK if quick else {}))
+    options = HumanEvalOptions(
+        max_tokens=max_tokens,
+        groups=groups,
+        timeout_s=timeout_s or HumanEvalOptions.timeout_s,
+        **(QUICK if quick else {}),
+    )
     # Thresholds come from the calibration half: the problems run from it, else its first ones.
-    calibration = ([p for p in chosen if p.split == "calibration"]
-                   or [p for p in every if p.split == "calibration"])[: options.threshold_problems]
+    calibration = (
+        [p for p in chosen if p.split == "calibration"] or [p for p in every if p.split == "calibration"]
+    )[: options.threshold_problems]
     path = records_path or default_records_path(profile)
     if records_path is None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,9 +92,19 @@ def report(run: HumanEvalPlan) -> dict:
     if header is None:
         raise UsageError(f"--report: {run.records.path} holds no answers yet (run without --report first)")
     derived = header["derived"]
-    return {"command": ["mlxswitch", *sys.argv[1:]], "machine": machine(), "versions": versions(),
-            "profile": {"name": run.profile.name, "mode": run.profile.mode,
-                        "models": list(run.profile.models), "tiers": derived["tier_names"],
-                        "bytes_per_token": dict(zip(derived["tier_names"], derived["bytes_per_token"]))},
-            "records": str(run.records.path), "settings": header["settings"], "derived": derived,
-            **summarize(header, run.records.lines)}
+    return {
+        "command": ["mlxswitch", *sys.argv[1:]],
+        "machine": machine(),
+        "versions": versions(),
+        "profile": {
+            "name": run.profile.name,
+            "mode": run.profile.mode,
+            "models": list(run.profile.models),
+            "tiers": derived["tier_names"],
+            "bytes_per_token": dict(zip(derived["tier_names"], derived["bytes_per_token"])),
+        },
+        "records": str(run.records.path),
+        "settings": header["settings"],
+        "derived": derived,
+        **summarize(header, run.records.lines),
+    }

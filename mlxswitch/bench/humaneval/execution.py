@@ -34,7 +34,7 @@ DEFAULT_MEMORY_MB = 2048
 OUTPUT_LIMIT_BYTES = 1 << 20  # RLIMIT_FSIZE: a program printing forever is stopped here
 _STATUS_CHARS = 200
 
-_PRELUDE = r'''
+_PRELUDE = r"""
 import builtins, io, os, resource, sys
 token = sys.stdin.readline().strip()
 sys.stdin = open(os.devnull)
@@ -104,7 +104,7 @@ scope = {"__name__": "__candidate__", "__builtins__": builtins}
 exec(compile(source, "program.py", "exec"), scope)
 sys.stdout.write("\n" + token + "\n")
 sys.stdout.flush()
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,13 @@ def network_namespace_works() -> bool:
         return False
 
 
-def run_program(program: str, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-                root: Path | None = None, isolate_network: bool = True) -> Execution:
+def run_program(
+    program: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    memory_mb: int = DEFAULT_MEMORY_MB,
+    root: Path | None = None,
+    isolate_network: bool = True,
+) -> Execution:
     """Run `program` in a fresh temporary directory under `root` (default: the system's) and limits."""
     token = secrets.token_hex(16)
     start = time.perf_counter()
@@ -144,11 +149,23 @@ def run_program(program: str, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: i
         command = [sys.executable, "-I", "prelude.py", *limits]
         if isolate_network and network_namespace_works():
             command = ["unshare", "-n", *command]
-        env = {"HOME": str(workdir), "TMPDIR": str(workdir), "PATH": "/usr/bin:/bin",
-               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            "HOME": str(workdir),
+            "TMPDIR": str(workdir),
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         with open(workdir / "output.txt", "wb") as output:
-            process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.PIPE,
-                                       stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             status = None
             try:
                 process.communicate((token + "\n").encode(), timeout=timeout_s)

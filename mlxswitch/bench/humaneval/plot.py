@@ -10,8 +10,10 @@ from ..plot import _pyplot
 
 
 def _xy(arms: list[dict], x: str) -> tuple[list, list, list]:
-    points = sorted(((a[x], a["pass@1"], a) for a in arms
-                     if a.get(x) is not None and a["pass@1"] is not None), key=lambda p: p[:2])
+    points = sorted(
+        ((a[x], a["pass@1"], a) for a in arms if a.get(x) is not None and a["pass@1"] is not None),
+        key=lambda p: p[:2],
+    )
     return [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
 
 
@@ -35,12 +37,21 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
             if x == "top_share" and oracle["top_share"] is not None:
                 axis.scatter([oracle["top_share"]], [oracle["pass@1"]], color="black", marker="x", zorder=5)
         for arm in arms:
-            if arm["kind"] in ("tier", "profile", "mlx-lm", "speculative") and arm.get(x) is not None \
-                    and arm["pass@1"] is not None:
+            if (
+                arm["kind"] in ("tier", "profile", "mlx-lm", "speculative")
+                and arm.get(x) is not None
+                and arm["pass@1"] is not None
+            ):
                 low, high = arm["pass@1_95"]
-                axis.errorbar([arm[x]], [arm["pass@1"]], yerr=[[arm["pass@1"] - low], [high - arm["pass@1"]]],
-                              fmt="s" if arm["kind"] != "profile" else "*", ms=7, capsize=3,
-                              label=arm["name"])
+                axis.errorbar(
+                    [arm[x]],
+                    [arm["pass@1"]],
+                    yerr=[[arm["pass@1"] - low], [high - arm["pass@1"]]],
+                    fmt="s" if arm["kind"] != "profile" else "*",
+                    ms=7,
+                    capsize=3,
+                    label=arm["name"],
+                )
         axis.set_ylabel("pass@1 (greedy; bars: 95% Wilson interval)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7, loc="best")

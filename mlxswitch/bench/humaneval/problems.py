@@ -61,8 +61,9 @@ def load_problems() -> list[Problem]:
     return sorted(problems, key=lambda p: p.number)
 
 
-def select_problems(problems: list[Problem], ids: str | None = None, split: str = "all",
-                    limit: int | None = None) -> list[Problem]:
+def select_problems(
+    problems: list[Problem], ids: str | None = None, split: str = "all", limit: int | None = None
+) -> list[Problem]:
     """`--problems` (comma-separated ids or numbers), then `--split`, then the first `--limit`."""
     if split not in (*SPLITS, "all"):
         raise UsageError(f"--split must be calibration, heldout or all (got '{split}')")
@@ -75,8 +76,10 @@ def select_problems(problems: list[Problem], ids: str | None = None, split: str 
         for part in (x.strip() for x in ids.split(",")):
             key = f"HumanEval/{part}" if part.isdigit() else part
             if key not in by_id:
-                raise UsageError(f"--problems: no problem '{part}' (ids run HumanEval/0 … "
-                                 f"HumanEval/{len(problems) - 1}; a number alone works too)")
+                raise UsageError(
+                    f"--problems: no problem '{part}' (ids run HumanEval/0 … "
+                    f"HumanEval/{len(problems) - 1}; a number alone works too)"
+                )
             if by_id[key] not in chosen:
                 chosen.append(by_id[key])
         if not chosen:
@@ -92,9 +95,12 @@ def select_problems(problems: list[Problem], ids: str | None = None, split: str 
 
 def instruction(problem: Problem) -> str:
     """The user turn: complete the function whose signature and docstring are HumanEval's prompt."""
-    return ("Complete the following Python function. Reply with the whole function, its signature "
-            "included, in one ```python code block and nothing else.\n\n```python\n"
-            + problem.prompt.rstrip() + "\n```")
+    return (
+        "Complete the following Python function. Reply with the whole function, its signature "
+        "included, in one ```python code block and nothing else.\n\n```python\n"
+        + problem.prompt.rstrip()
+        + "\n```"
+    )
 
 
 def extract_code(answer: str) -> str:
@@ -115,5 +121,4 @@ def program(problem: Problem, code: str) -> str:
     """The script that passes only if `code` solves the problem (the tests run `check`)."""
     # The prompt ends in a docstring-only function: valid Python, redefined by a full answer.
     joiner = "\n" if defines(code, problem.entry_point) else ""
-    return (problem.prompt + joiner + code + "\n\n" + problem.test + "\n\n"
-            + f"check({problem.entry_point})\n")
+    return problem.prompt + joiner + code + "\n\n" + problem.test + "\n\n" + f"check({problem.entry_point})\n"

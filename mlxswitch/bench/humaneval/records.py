@@ -74,7 +74,7 @@ class Records:
         self._handle = None
 
     @classmethod
-    def open(cls, path: Path, settings: dict, restart: bool = False, read_only: bool = False) -> "Records":
+    def open(cls, path: Path, settings: dict, restart: bool = False, read_only: bool = False) -> Records:
         """Read `path` (dropping a torn last line) and check its settings; empty with `restart`.
 
         `read_only`: leave the file as it is (a run may still be writing its last line).
@@ -87,13 +87,17 @@ class Records:
         header, lines, good_bytes = _read(path)
         if header is not None:
             if header.get("format") != FORMAT:
-                raise UsageError(f"--records {path} is not a records file of this version; "
-                                 "pass --restart to start over, or another --records file")
+                raise UsageError(
+                    f"--records {path} is not a records file of this version; "
+                    "pass --restart to start over, or another --records file"
+                )
             changed = _differences(header["settings"], settings)
             if changed:
-                raise UsageError(f"--records {path} was made with other settings ({'; '.join(changed[:4])}"
-                                 f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
-                                 "or another --records file")
+                raise UsageError(
+                    f"--records {path} was made with other settings ({'; '.join(changed[:4])}"
+                    f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
+                    "or another --records file"
+                )
         if good_bytes < path.stat().st_size and not read_only:
             with open(path, "r+b") as handle:  # the torn tail goes, so appends start on a new line
                 handle.truncate(good_bytes)
@@ -154,12 +158,14 @@ def _read(path: Path) -> tuple[dict | None, list[dict], int]:
         except ValueError:
             if last or i == len(chunks) - 2 and not chunks[-1]:
                 break  # a torn last line: dropped, and cut off before appending
-            raise UsageError(f"--records {path}:{i + 1}: not a JSON record; "
-                             "pass --restart to start over") from None
+            raise UsageError(
+                f"--records {path}:{i + 1}: not a JSON record; pass --restart to start over"
+            ) from None
         if header is None:
             if record.get("type") != "header":
-                raise UsageError(f"--records {path}: its first line is no header; "
-                                 "pass --restart to start over")
+                raise UsageError(
+                    f"--records {path}: its first line is no header; pass --restart to start over"
+                )
             header = record
         else:
             lines.append(record)

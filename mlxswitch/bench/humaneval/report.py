@@ -39,18 +39,33 @@ def _num(value) -> float | None:
 
 
 def _config(router: dict) -> RouterConfig:
-    return RouterConfig(up=tuple(map(float, router["up"])), down=tuple(map(float, router["down"])),
-                        window=router["window"], min_run=router["min_run"], policy=router["policy"],
-                        normalize=router["normalize"], signal=router["signal"])
+    return RouterConfig(
+        up=tuple(map(float, router["up"])),
+        down=tuple(map(float, router["down"])),
+        window=router["window"],
+        min_run=router["min_run"],
+        policy=router["policy"],
+        normalize=router["normalize"],
+        signal=router["signal"],
+    )
 
 
 def _positions(records: list[dict]) -> list[simulate.Positions]:
-    return [simulate.Positions(r["task_id"], np.array(r["entropy"]), np.array(r["nll"]),
-                               np.array(r["varentropy"]), np.array(r["margin"])) for r in records]
+    return [
+        simulate.Positions(
+            r["task_id"],
+            np.array(r["entropy"]),
+            np.array(r["nll"]),
+            np.array(r["varentropy"]),
+            np.array(r["margin"]),
+        )
+        for r in records
+    ]
 
 
-def _teacher_forced(arm: dict, positions: list[simulate.Positions], tier_bytes: list[int],
-                    live_share: float | None) -> dict:
+def _teacher_forced(
+    arm: dict, positions: list[simulate.Positions], tier_bytes: list[int], live_share: float | None
+) -> dict:
     n = len(tier_bytes)
     if n < 2 or not positions:
         return {}
@@ -59,8 +74,11 @@ def _teacher_forced(arm: dict, positions: list[simulate.Positions], tier_bytes: 
     if arm["kind"] in CONTROLS:
         if live_share is None:
             return {}
-        value = (metrics.random_control(bottom, top, live_share).mean if arm["kind"] == "random"
-                 else metrics.oracle(bottom, top, live_share))
+        value = (
+            metrics.random_control(bottom, top, live_share).mean
+            if arm["kind"] == "random"
+            else metrics.oracle(bottom, top, live_share)
+        )
         return {"top_share": live_share, "retained": _num(value)}
     if arm["kind"] in ("tier", "mlx-lm"):
         tried = simulate.forced(positions, arm["tier"])
@@ -93,20 +111,34 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         generated = sum(r["generated"] for r in mine)
         top_tokens = sum(r["tier_counts"].get(names[-1], 0) for r in mine)
         share = top_tokens / generated if generated else None
-        entry = {"name": arm["name"], "kind": arm["kind"], "policy": arm["policy"], "tau": arm["tau"],
-                 "problems": n, "passed": passed, "pass@1": passed / n if n else None,
-                 "pass@1_95": [low, high], "top_share": share}
+        entry = {
+            "name": arm["name"],
+            "kind": arm["kind"],
+            "policy": arm["policy"],
+            "tau": arm["tau"],
+            "problems": n,
+            "passed": passed,
+            "pass@1": passed / n if n else None,
+            "pass@1_95": [low, high],
+            "top_share": share,
+        }
         if arm["kind"] != "oracle" and mine:
             decoded = sum(max(r["generated"] - 1, 0) for r in mine)
             decode_s = sum(r["decode_s"] for r in mine)
             weighted = sum(r["mean_bytes_per_token"] * r["generated"] for r in mine)
             bpt = weighted / generated if generated else None
-            entry.update({"decode_tok_per_s": decoded / decode_s if decode_s > 0 else None,
-                          "seconds_per_problem": sum(r["elapsed_s"] for r in mine) / n,
-                          "bytes_per_token": bpt})
+            entry.update(
+                {
+                    "decode_tok_per_s": decoded / decode_s if decode_s > 0 else None,
+                    "seconds_per_problem": sum(r["elapsed_s"] for r in mine) / n,
+                    "bytes_per_token": bpt,
+                }
+            )
             if bpt:
-                entry["projection"] = {"note": PROJECTION_NOTE,
-                                       "tok_per_s_bound": metrics.apple_bound_tok_s(bpt)}
+                entry["projection"] = {
+                    "note": PROJECTION_NOTE,
+                    "tok_per_s_bound": metrics.apple_bound_tok_s(bpt),
+                }
         if arm["kind"] == "oracle":
             entry["reproduces_top"] = sum(r.get("reproduces_top", False) for r in mine)
         entry["teacher_forced"] = _teacher_forced(arm, forced, tier_bytes, share)
@@ -116,8 +148,13 @@ def summarize(header: dict, lines: list[dict]) -> dict:
     for entry in arms:
         entry["retained"] = _retained(entry, bottom, top)
     problems = header["settings"]["problems"]
-    return {"suite": "humaneval", "arms": arms, "problems": problems, "taus": derived["taus"],
-            "answered": sorted({r["task_id"] for r in results}, key=problems.index)}
+    return {
+        "suite": "humaneval",
+        "arms": arms,
+        "problems": problems,
+        "taus": derived["taus"],
+        "answered": sorted({r["task_id"] for r in results}, key=problems.index),
+    }
 
 
 def _retained(entry: dict, bottom: dict | None, top: dict | None) -> float | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ...decoding.session import ChatSession, GenerationSettings
 from ...decoding.tiers import Ladder
@@ -57,11 +57,18 @@ class HumanEvalOptions:
 def settings(profile: Profile, problems: list[Problem], options: HumanEvalOptions) -> dict:
     """The header's settings: what must match for a records file to be resumed."""
     router = Arm("profile", "profile", profile.router).to_dict()["router"]
-    out = {"suite": "humaneval", "prompt_version": PROMPT_VERSION, "profile": profile.name,
-            "models": [model_identity(source) for source in profile.models],
-            "gears": list(profile.gears), "tiers": list(profile.tier_names()), "router": router,
-            "problems": [p.task_id for p in problems], **dataclasses.asdict(options),
-            "groups": list(options.groups)}
+    out = {
+        "suite": "humaneval",
+        "prompt_version": PROMPT_VERSION,
+        "profile": profile.name,
+        "models": [model_identity(source) for source in profile.models],
+        "gears": list(profile.gears),
+        "tiers": list(profile.tier_names()),
+        "router": router,
+        "problems": [p.task_id for p in problems],
+        **dataclasses.asdict(options),
+        "groups": list(options.groups),
+    }
     return json.loads(json.dumps(out))  # as the header reads back: lists, not tuples
 
 
@@ -69,8 +76,9 @@ def _prompt(problem: Problem) -> BenchPrompt:
     return BenchPrompt(problem.task_id, "humaneval", instruction(problem), None, None, None, problem.split)
 
 
-def _thresholds(session: ChatSession, ladder: Ladder, calibration: list[Problem],
-                options: HumanEvalOptions, say: Progress) -> tuple[list[float], dict]:
+def _thresholds(
+    session: ChatSession, ladder: Ladder, calibration: list[Problem], options: HumanEvalOptions, say: Progress
+) -> tuple[list[float], dict]:
     """Swept thresholds as the bench chooses them, on calibration problems' top-tier answers;
     those answers too (the top-alone arm's, when the problem is run: not decoded twice)."""
     n = len(ladder.tiers)
@@ -90,8 +98,16 @@ def _share(record: dict, top_name: str) -> float:
     return record["tier_counts"].get(top_name, 0) / record["generated"] if record["generated"] else 0.0
 
 
-def _decode(session: ChatSession, ladder: Ladder, arm: Arm, problem: Problem, prompt_ids: list[int],
-            done: dict, positions: dict, options: HumanEvalOptions) -> dict:
+def _decode(
+    session: ChatSession,
+    ladder: Ladder,
+    arm: Arm,
+    problem: Problem,
+    prompt_ids: list[int],
+    done: dict,
+    positions: dict,
+    options: HumanEvalOptions,
+) -> dict:
     """One arm's answer to one problem: the bench's raw record, plus what the controls drew on."""
     top_name = ladder.tier_names[-1]
     if arm.kind in ("mlx-lm", "speculative"):
@@ -115,18 +131,30 @@ def _decode(session: ChatSession, ladder: Ladder, arm: Arm, problem: Problem, pr
     return {**record, **extra}
 
 
-def _positions_record(ladder: Ladder, problem: Problem, prompt_ids: list[int], top: dict,
-                      max_tokens: int) -> dict:
+def _positions_record(
+    ladder: Ladder, problem: Problem, prompt_ids: list[int], top: dict, max_tokens: int
+) -> dict:
     answer = [t["id"] for t in top["tokens"]]
     forced = teacher_forced(ladder, problem.task_id, prompt_ids, answer)
     # Fewer tokens than the budget: the top tier said end-of-sequence there (no stop strings here).
     ended = len(answer) < min(max_tokens, ladder.context_length - len(prompt_ids))
-    return {"type": "positions", "task_id": problem.task_id, **forced.to_dict(),
-            "disagree": disagreements(ladder, prompt_ids, answer, ended) if len(ladder.tiers) > 1 else []}
+    return {
+        "type": "positions",
+        "task_id": problem.task_id,
+        **forced.to_dict(),
+        "disagree": disagreements(ladder, prompt_ids, answer, ended) if len(ladder.tiers) > 1 else [],
+    }
 
 
-def run_humaneval(profile: Profile, ladder: Ladder, problems: list[Problem], calibration: list[Problem],
-                  options: HumanEvalOptions, records: Records, progress: Progress | None = None) -> list[Arm]:
+def run_humaneval(
+    profile: Profile,
+    ladder: Ladder,
+    problems: list[Problem],
+    calibration: list[Problem],
+    options: HumanEvalOptions,
+    records: Records,
+    progress: Progress | None = None,
+) -> list[Arm]:
     """Decode, execute and record every (problem, arm) not yet in `records`; the arms run."""
     early: dict = {}  # top-tier answers decoded to choose the thresholds
     say = progress or (lambda stage, done, total: None)
@@ -137,11 +165,17 @@ def run_humaneval(profile: Profile, ladder: Ladder, problems: list[Problem], cal
         swept = n > 1 and set(POLICY_BY_NAME) & set(options.groups)
         taus, early = _thresholds(session, ladder, calibration, options, say) if swept else ([], {})
         arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
-        records.start(wanted, {"taus": taus, "arms": [a.to_dict() for a in arms],
-                               "tier_names": ladder.tier_names,
-                               "bytes_per_token": [t.bytes_per_token for t in ladder.tiers],
-                               "threshold_problems": [p.task_id for p in calibration] if swept else [],
-                               "network_namespace": network_namespace_works()})
+        records.start(
+            wanted,
+            {
+                "taus": taus,
+                "arms": [a.to_dict() for a in arms],
+                "tier_names": ladder.tier_names,
+                "bytes_per_token": [t.bytes_per_token for t in ladder.tiers],
+                "threshold_problems": [p.task_id for p in calibration] if swept else [],
+                "network_namespace": network_namespace_works(),
+            },
+        )
     taus = records.header["derived"]["taus"]
     arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
     done, positions = records.results(), records.positions()
@@ -153,19 +187,27 @@ def run_humaneval(profile: Profile, ladder: Ladder, problems: list[Problem], cal
             key = (problem.task_id, arm.name)
             if key not in done:
                 say("humaneval arms", count, total)
-                record = early.pop(key, None) or _decode(session, ladder, arm, problem, prompt_ids, done,
-                                                         positions, options)
+                record = early.pop(key, None) or _decode(
+                    session, ladder, arm, problem, prompt_ids, done, positions, options
+                )
                 code = extract_code(record["text"])
                 result = run_program(program(problem, code), options.timeout_s, options.memory_mb)
-                done[key] = {"type": "result", "task_id": problem.task_id, "arm": arm.name,
-                             "kind": arm.kind, **record, "code": code, **result.to_dict()}
+                done[key] = {
+                    "type": "result",
+                    "task_id": problem.task_id,
+                    "arm": arm.name,
+                    "kind": arm.kind,
+                    **record,
+                    "code": code,
+                    **result.to_dict(),
+                }
                 records.append(done[key])
                 count += 1
                 say("humaneval arms", count, total)
             if arm.name == f"{top_name} alone" and problem.task_id not in positions:
-                positions[problem.task_id] = _positions_record(ladder, problem, prompt_ids, done[key],
-                                                                   options.max_tokens)
+                positions[problem.task_id] = _positions_record(
+                    ladder, problem, prompt_ids, done[key], options.max_tokens
+                )
                 records.append(positions[problem.task_id])
     say("humaneval arms", total, total)
     return arms
-
