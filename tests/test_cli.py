@@ -165,8 +165,9 @@ def test_telemetry_record_of_every_token_equals_its_json_record(pair_args, tmp_p
         (
             ["--profile", "nope"],
             3,
-            "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, qwen2.5-0.5b-7b, "
-            "qwen2.5-1.5b-14b, llama3.2-1b-3b, qwen3-0.6b-8b, qwen2.5-0.5b-7b-cloud)",
+            "error: unknown profile 'nope' (known: embedded, embedded-plain, qwen2.5-7b-gears, "
+            "qwen2.5-coder-0.5b-1.5b, qwen2.5-0.5b-7b, qwen2.5-1.5b-14b, llama3.2-1b-3b, qwen3-0.6b-8b, "
+            "qwen2.5-0.5b-7b-cloud)",
         ),
         (["--model", "./missing-dir"], 4, "error: model './missing-dir': no such file or directory"),
         (
