@@ -235,8 +235,10 @@ def test_codes_are_packed_as_mlx_packs_them(bits):
 class NumpyQwen2:
     """Plain fp32 qwen2 over the whole prefix: biased q/k/v, NEOX RoPE, GQA, untied output."""
 
-    def __init__(self, weights: dict[str, np.ndarray], theta: float = 10000.0, eps: float = 1e-6):
+    def __init__(self, weights: dict[str, np.ndarray], theta: float = 10000.0, eps: float = 1e-6,
+                 layers: int = LAYERS, heads: int = HEADS, kv_heads: int = KV_HEADS):
         self.w, self.theta, self.eps = weights, theta, eps
+        self.layers, self.heads, self.kv_heads = layers, heads, kv_heads
 
     def _norm(self, x, weight):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
@@ -253,7 +255,8 @@ class NumpyQwen2:
         w, T = self.w, len(ids)
         x = w["token_embd.weight"][ids]
         mask = np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)
-        for i in range(LAYERS):
+        heads, kv_heads = self.heads, self.kv_heads
+        for i in range(self.layers):
             p = f"blk.{i}."
             h = self._norm(x, w[p + "attn_norm.weight"])
 
@@ -261,9 +264,9 @@ class NumpyQwen2:
                 out = h @ w[p + name + ".weight"].T + w[p + name + ".bias"]
                 return out.reshape(T, heads, -1).transpose(1, 0, 2)
 
-            q, k, v = project("attn_q", HEADS), project("attn_k", KV_HEADS), project("attn_v", KV_HEADS)
+            q, k, v = project("attn_q", heads), project("attn_k", kv_heads), project("attn_v", kv_heads)
             q, k = self._rope(q), self._rope(k)
-            k, v = np.repeat(k, HEADS // KV_HEADS, axis=0), np.repeat(v, HEADS // KV_HEADS, axis=0)
+            k, v = np.repeat(k, heads // kv_heads, axis=0), np.repeat(v, heads // kv_heads, axis=0)
             scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + mask
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             attn = (scores / scores.sum(-1, keepdims=True)) @ v
@@ -369,3 +372,36 @@ def test_packaged_parts_missing_or_damaged_are_one_error(tmp_path, monkeypatch):
         r"with uv sync --extra qwen-coder",
     ):
         packaged.join_parts(entry, target)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
+def test_the_packaged_pair_decodes_as_an_independent_reference(tmp_path, name):
+    """Opt-in: the real Qwen2.5-Coder GGUFs (uv sync --extra qwen-coder), joined, converted and
+    decoded greedily by the engine, against NumPy over gguf's dequantization of the same file."""
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+    from mlxswitch.decoding.tiers import single_model_ladder
+    from mlxswitch.models import packaged
+    from mlxswitch.models.sources import model_source
+    from mlxswitch.routing.router import RouterConfig
+
+    entry = packaged.CATALOGUE[name]
+    if not packaged.parts_present(entry):
+        pytest.skip(f"the packaged {entry.title} is not installed ({entry.install_hint()})")
+    joined = packaged.join_parts(entry, tmp_path / f"{name}.gguf")
+    loaded = model_source(f"package:{name}").load()  # converts into the test's own user directory
+    session = ChatSession(single_model_ladder(loaded, name="model"), RouterConfig(up=()),
+                          GenerationSettings(max_tokens=8))
+    question = "Write a Python function that reverses a string."
+    summary = session.ask(question)
+    reader = GGUFReader(str(joined))
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml")}
+    reference = NumpyQwen2(gguf_floats(joined), theta=meta["qwen2.rope.freq_base"],
+                           eps=meta["qwen2.attention.layer_norm_rms_epsilon"], layers=meta["qwen2.block_count"],
+                           heads=meta["qwen2.attention.head_count"], kv_heads=meta["qwen2.attention.head_count_kv"])
+    ids = list(loaded.tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                    add_generation_prompt=True))
+    expected = []
+    for _ in range(8):
+        expected.append(int(np.argmax(reference.logits(ids))))
+        ids.append(expected[-1])
+    assert [t.id for t in summary.tokens] == expected
