@@ -17,14 +17,19 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGUFReader
 
-from mlxswitch.models.gguf_convert import REQUANT_BITS, dequantized
+from mlxswitch.models.gguf_convert import REQUANT_BITS, dequantized, requantize
 
 GROUP = 32
 
 
-def errors(values: np.ndarray, bits: int) -> dict:
-    """Error of one re-quantization of `values` against themselves."""
-    weight, scales, biases = mx.quantize(mx.array(values), group_size=GROUP, bits=bits)
+def errors(values: np.ndarray, bits: int, ours: bool = False) -> dict:
+    """Error of one re-quantization of `values` against themselves: plain mx.quantize, or
+    mlxswitch's conversion (the group's grid recovered where it has one)."""
+    if ours:
+        out = requantize(values, bits)
+        weight, scales, biases = out[""], out["scales"], out["biases"]
+    else:
+        weight, scales, biases = mx.quantize(mx.array(values), group_size=GROUP, bits=bits)
     back = np.asarray(mx.dequantize(weight, scales, biases, group_size=GROUP, bits=bits))
     diff = (back - values).reshape(-1, GROUP)
     span = np.ptp(values.reshape(-1, GROUP), axis=1) + 1e-30
@@ -50,6 +55,7 @@ def main(argv: list[str]) -> None:
             values = dequantized(tensor)
             for bits in (4, 5, 6, 8):
                 rows[kind][bits].append(errors(values, bits))
+            rows[kind]["ours"].append(errors(values, REQUANT_BITS[kind], ours=True))
             print(f"{file}: {tensor.name} {kind} {values.shape}", file=sys.stderr)
     table = {
         kind: {
