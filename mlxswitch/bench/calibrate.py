@@ -248,6 +248,6 @@ def calibrate(
         "auroc_calibration": aurocs(cal),
         "prompts": {"calibration": [p.id for p in calibration], "heldout": [p.id for p in heldout]},
         "tiers": ladder.tier_names,
-        "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes)),
+        "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes, strict=True)),
         "candidates": len(candidates),
     }

@@ -59,7 +59,7 @@ class BenchPrompt:
 
 
 def default_suite_path() -> Path:
-    """The bundled suite: mlxswitch/bench_prompts/suite.jsonl in a wheel, bench/prompts/suite.jsonl in a checkout."""
+    """The bundled suite: bench_prompts/suite.jsonl in the package (wheel) or bench/prompts/ (checkout)."""
     path = bundled_file("bench_prompts/suite.jsonl", "bench/prompts/suite.jsonl")
     if not path.is_file():
         raise ConfigError(f"the bundled prompt suite is missing (looked for {path})")

@@ -40,7 +40,7 @@ def _speed_of(
         ref = top_tokens.get(r["prompt_id"], [])
         ids = [t["id"] for t in r["tokens"]]
         longest = max(len(ref), len(ids))
-        agree.append(sum(a == b for a, b in zip(ids, ref)) / longest if longest else 1.0)
+        agree.append(sum(a == b for a, b in zip(ids, ref, strict=False)) / longest if longest else 1.0)
     checked = [r["correct"] for r in records if r["correct"] is not None]
     out = {
         "prompt_tok_per_s": _ratio(sum(r["prefilled"] for r in records if r["first_token_s"]), sum(firsts)),

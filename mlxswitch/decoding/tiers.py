@@ -232,6 +232,6 @@ def gear_ladder(model: LoadedModel, gears: list[int]) -> Ladder:
     names = [f"g{bits}" for bits in gears]
     group = CacheGroup(model, "+".join(names), prefill_gear=gears[-1])
     return Ladder(
-        [Tier(name, group, gear=bits) for name, bits in zip(names, gears)],
+        [Tier(name, group, gear=bits) for name, bits in zip(names, gears, strict=True)],
         description=f"{model.name} gears {'/'.join(map(str, gears))}",
     )

@@ -70,7 +70,7 @@ def result_dtype(x: mx.array, planes, bias: mx.array | None = None) -> mx.Dtype:
 def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
     """x · (Σ first `active` dequantized planes)ᵀ (+ bias): one mx.quantized_matmul per plane."""
     out = None
-    for plane, bits in zip(*_active(planes, plane_bits, active)):
+    for plane, bits in zip(*_active(planes, plane_bits, active), strict=True):
         y = mx.quantized_matmul(
             x,
             plane["weight"],
@@ -87,7 +87,7 @@ def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None
 def dense_weight(planes, plane_bits, group_size, active) -> mx.array:
     """Σ of the first `active` planes dequantized in fp32 (scales widened first: exact)."""
     weight = None
-    for p, bits in zip(*_active(planes, plane_bits, active)):
+    for p, bits in zip(*_active(planes, plane_bits, active), strict=True):
         part = mx.dequantize(
             p["weight"],
             p["scales"].astype(mx.float32),
@@ -131,7 +131,7 @@ def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
     part = _scratch((rows, groups, 2, half), 1) if len(planes) > 1 else weight
     codes = _scratch((rows, groups, half), 2, np.uint8)
     bias = None
-    for index, (p, bits) in enumerate(zip(planes, plane_bits)):
+    for index, (p, bits) in enumerate(zip(planes, plane_bits, strict=True)):
         raw = np.asarray(p["weight"]).view(np.uint8)
         scale = np.asarray(p["scales"].astype(mx.float32))[:, :, None]
         out = weight if index == 0 else part

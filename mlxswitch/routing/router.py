@@ -119,13 +119,14 @@ class RouterConfig:
             )
         if any(math.isnan(t) for t in (*self.up, *downs)):
             raise SettingError("up", "thresholds cannot be NaN")
-        for i, (u, d) in enumerate(zip(self.up, downs)):
+        for i, (u, d) in enumerate(zip(self.up, downs, strict=True)):
             if d > u:
                 raise SettingError(
                     "down", f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}"
                 )
         if self.normalize or spec.probability:
-            # Normalised entropies and probabilities lie in [0, 1]: a finite threshold outside is never crossed.
+            # Normalised entropies and probabilities lie in [0, 1]: a finite threshold outside them is
+            # never crossed.
             outside = [t for t in (*self.up, *downs) if math.isfinite(t) and not 0 <= t <= 1]
             if outside:
                 what = (
