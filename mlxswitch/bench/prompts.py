@@ -185,6 +185,7 @@ def check_answer(prompt: BenchPrompt, text: str) -> bool | None:
         return None
     if prompt.answer_kind == "number":
         found = numbers_in(text)
+        assert isinstance(prompt.answer_value, float | int)  # the loader parses number answers
         return bool(found) and abs(found[-1] - float(prompt.answer_value)) <= NUMBER_TOLERANCE
     if prompt.answer_kind == "regex":
         return re.search(str(prompt.answer_value), text) is not None

@@ -297,6 +297,7 @@ def bench_progress() -> Iterator:
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskID,
         TextColumn,
         TimeElapsedColumn,
     )
@@ -310,7 +311,7 @@ def bench_progress() -> Iterator:
         console=console,
         disable=not console.is_terminal,
     ) as bars:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def update(stage: str, done: int, total: int) -> None:
             if stage not in tasks:

@@ -161,7 +161,7 @@ class Ladder:
             try:
                 self._bottom_split = split_model(bottom.model.model, bottom.model.name)
             finally:
-                if found is not None:
+                if state is not None and found is not None:
                     state.set(found)
         return self._bottom_split
 
