@@ -480,6 +480,21 @@ def nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.ar
     return dense_nested_matmul(x, planes, plane_bits, group_size, active, bias, use_numpy=route == "blas")
 
 
+def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None = None) -> mx.array | None:
+    """x · Wᵀ (+ bias) on a resident fp32 copy of W, by NumPy's BLAS: the CPU route at every row
+    count for a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
+    bench/results/row-routes-qwen1.5b.txt). None where evaluation is refused (mx.compile)."""
+    try:
+        mx.eval(x)
+    except ValueError:
+        return None
+    xs = np.asarray(x.astype(mx.float32)).reshape(-1, x.shape[-1])
+    with single_threaded_blas():
+        y = mx.array((xs @ weight.T).reshape(*x.shape[:-1], weight.shape[0]))
+    y = y if y.dtype == x.dtype else y.astype(x.dtype)
+    return y if bias is None else y + bias
+
+
 def quantized_matmul_rows(
     x, w, scales, biases, group_size, bits, bias=None, mode: str = "affine"
 ) -> mx.array:

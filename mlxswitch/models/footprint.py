@@ -40,6 +40,7 @@ class Footprint:
     bytes: int
     params: int  # parameters, quantized ones unpacked
     config: dict  # mlx-lm style: num_hidden_layers, num_key_value_heads, head_dim, …
+    linear_params: int = 0  # of those, held by quantized matrices other than the embedding
 
 
 def float_width(stored: int) -> int:
@@ -64,7 +65,7 @@ def _dir_footprint(folder: Path) -> Footprint | None:
     config = _read_json(folder / "config.json")
     quant = config.get("quantization") or config.get("quantization_config") or {}
     bits = int(quant.get("bits", 4)) if isinstance(quant, dict) else 4
-    size = params = 0
+    size = params = linear = 0
     for file in files:
         # The header is an 8-byte little-endian length and a JSON table: no weights are read.
         with open(file, "rb") as handle:
@@ -82,9 +83,10 @@ def _dir_footprint(folder: Path) -> Footprint | None:
             )
             if dtype == "U32" and name.endswith("weight"):
                 params += count * 32 // bits  # packed quantized weights
+                linear += 0 if "embed" in name else count * 32 // bits
             elif not name.endswith((".scales", ".biases")):
                 params += count
-    return Footprint(size, params, config)
+    return Footprint(size, params, config, linear)
 
 
 def gguf_footprint(path: Path) -> Footprint:
@@ -100,11 +102,12 @@ def gguf_footprint(path: Path) -> Footprint:
 def _gguf_footprint(path: Path) -> Footprint:
     header = read_header(path)
     meta = header.meta
-    size = params = 0
-    for kind, count in header.tensors.values():
+    size = params = linear = 0
+    for name, (kind, count) in header.tensors.items():
         params += count
         kind = ggml_type(kind)
         bits = kind.quant_bits or REQUANT_BITS.get(kind.name, 0)
+        linear += count if bits and not kind.float_bytes and not name.startswith("token_embd") else 0
         if kind.float_bytes:
             size += count * float_width(kind.float_bytes)
         elif bits:
@@ -121,7 +124,7 @@ def _gguf_footprint(path: Path) -> Footprint:
         "hidden_size": meta.get(f"{arch}.embedding_length"),
         "max_position_embeddings": meta.get(f"{arch}.context_length"),
     }
-    return Footprint(size, params, config)
+    return Footprint(size, params, config, linear)
 
 
 def _read_json(path: Path) -> dict:

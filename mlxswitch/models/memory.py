@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import re
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..errors import InsufficientMemoryError
 from .footprint import Footprint, float_width
 from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
+from .machine import available_memory_bytes
+from .rows import keeps_dense_weights
 from .sources import model_source
 
 KV_CONTEXT_TOKENS = 4096
@@ -22,7 +20,13 @@ _GB = 1e9
 def estimate_model_bytes(source: str) -> int | None:
     """Bytes the model's weights take once loaded here (floats in fp32 on a CPU); None if not local."""
     weights = model_source(source).footprint()
-    return weights.bytes if weights is not None else None
+    return _loaded_bytes(weights) if weights is not None else None
+
+
+def _loaded_bytes(weights: Footprint) -> int:
+    # A CPU keeps an fp32 copy of plain quantized linears when it fits (rows.py).
+    dense = 4 * weights.linear_params
+    return weights.bytes + (dense if dense and keeps_dense_weights(weights.linear_params) else 0)
 
 
 _PARAMS_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)([BM])(?![A-Za-z])")
@@ -68,37 +72,6 @@ def _gear_plane_bytes(weights: Footprint, gears: tuple[int, ...]) -> int:
     planes = plane_bits_for(tuple(gears))
     per_param = sum(planes) / 8 + len(planes) * 2 * float_width(2) / DEFAULT_GROUP_SIZE
     return int(weights.params * per_param)
-
-
-def available_memory_bytes() -> int:
-    """Memory the models may use: MemAvailable on Linux; Metal's working-set limit on macOS."""
-    if platform.system() == "Darwin":
-        # Unified memory: the GPU may wire about 75% of RAM (Metal's recommended working set).
-        try:
-            import mlx.core as mx
-
-            if mx.metal.is_available():
-                limit = mx.device_info().get("max_recommended_working_set_size")
-                if limit:
-                    return int(limit)
-        except Exception:  # an older MLX without device_info: fall back to the usual 75%
-            pass
-        try:
-            total = int(
-                subprocess.run(
-                    ["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, timeout=5
-                ).stdout.strip()
-            )
-        except (OSError, ValueError, subprocess.SubprocessError):
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return int(total * 0.75)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass(frozen=True)
@@ -165,7 +138,10 @@ def estimate_memory(profile_or_sources, tokens: int = KV_CONTEXT_TOKENS) -> Memo
         if weights is None:
             models.append(ModelMemory(role, source, None, 0))
             continue
-        size = weights.bytes + (_gear_plane_bytes(weights, gears) if gears else 0)
+        if gears:
+            size = weights.bytes + _gear_plane_bytes(weights, gears)
+        else:
+            size = _loaded_bytes(weights)
         models.append(ModelMemory(role, source, size, kv_cache_bytes(weights.config, tokens), guessed))
     return MemoryEstimate(name, tuple(models), available_memory_bytes())
 

@@ -1,18 +1,33 @@
-"""Plain quantized linears on the multi-row route: prefill and catch-up at BLAS speed on a CPU."""
+"""Plain quantized linears on the CPU routes: prefill, catch-up and decode at BLAS speed.
+
+Where NumPy routes are allowed on a CPU (MLXSWITCH_KERNELS=auto), each plain quantized linear
+keeps a resident fp32 copy of its weight (4 bytes a parameter beside the ~0.6 of its planes) and
+every product goes through NumPy's BLAS; elsewhere the planes are used as they are.
+"""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from ..kernels.nested import quantized_matmul_rows
+from ..kernels._common import numpy_routes_allowed
+from ..kernels.nested import quantized_matmul_rows, resident_dense_matmul
+from .machine import available_memory_bytes
 
 
 class RowsQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose product takes the dispatcher's route (same arrays, same results)."""
 
+    dense: np.ndarray | None = None  # the resident fp32 weight, when the CPU route keeps one
+
     def __call__(self, x: mx.array) -> mx.array:
-        """x · Wᵀ (+ bias); many rows go through one dequantized product (kernels/nested.py)."""
+        """x · Wᵀ (+ bias): on the resident fp32 weight, else many rows through one dequantized
+        product and few through MLX's quantized matmul (kernels/nested.py)."""
+        if self.dense is not None and numpy_routes_allowed():
+            y = resident_dense_matmul(x, self.dense, self.get("bias"))
+            if y is not None:
+                return y
         return quantized_matmul_rows(
             x,
             self["weight"],
@@ -24,14 +39,44 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
             mode=self.mode,
         )
 
+    def keep_dense(self) -> None:
+        """Dequantize the weight once into a resident fp32 NumPy copy (not a parameter)."""
+        weight = mx.dequantize(
+            self["weight"],
+            self["scales"],
+            self.get("biases"),
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        ).astype(mx.float32)
+        mx.eval(weight)
+        self.dense = np.array(weight)
+
+
+DENSE_SHARE = 0.5  # of the available memory, what one model's fp32 copies may take
+
+
+def keeps_dense_weights(params: int) -> bool:
+    """Whether a model's plain quantized linears (`params` weights) get resident fp32 copies: on a
+    CPU with NumPy routes, when the copies fit (a 7B would need 28 GB: it keeps its planes only)."""
+    return (
+        mx.default_device() == mx.cpu
+        and numpy_routes_allowed()
+        and 4 * params <= DENSE_SHARE * available_memory_bytes()
+    )
+
 
 def use_fast_rows(model: nn.Module) -> int:
-    """Give every plain nn.QuantizedLinear the multi-row route; the count of layers changed."""
+    """Give every plain nn.QuantizedLinear the CPU routes; the count of layers changed."""
     changed = 0
+    plain = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
+    dense = keeps_dense_weights(sum(m.weight.size * 32 // m.bits for m in plain))
     for _, module in model.named_modules():
         # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
         # Changing the class leaves the parameters, and so loading and saving, untouched.
         if type(module) is nn.QuantizedLinear:
             module.__class__ = RowsQuantizedLinear
+            if dense:
+                module.keep_dense()
             changed += 1
     return changed

@@ -1,0 +1,39 @@
+"""What this machine can hold: memory available to models."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+
+def available_memory_bytes() -> int:
+    """Memory the models may use: MemAvailable on Linux; Metal's working-set limit on macOS."""
+    if platform.system() == "Darwin":
+        # Unified memory: the GPU may wire about 75% of RAM (Metal's recommended working set).
+        try:
+            import mlx.core as mx
+
+            if mx.metal.is_available():
+                limit = mx.device_info().get("max_recommended_working_set_size")
+                if limit:
+                    return int(limit)
+        except Exception:  # an older MLX without device_info: fall back to the usual 75%
+            pass
+        try:
+            total = int(
+                subprocess.run(
+                    ["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, timeout=5
+                ).stdout.strip()
+            )
+        except (OSError, ValueError, subprocess.SubprocessError):
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(total * 0.75)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
