@@ -49,7 +49,8 @@ def first_token_times(repeats: int) -> None:
     group.prefill_gear = 8
     tokens = [len(geared.render([{"role": "user", "content": p.prompt}])) for p in prompts]
     print(
-        f"time to first token, {len(prompts)} prompts ({min(tokens)}–{max(tokens)} tokens) × {repeats} repeats:"
+        f"time to first token, {len(prompts)} prompts ({min(tokens)}–{max(tokens)} tokens)"
+        f" × {repeats} repeats:"
     )
     base = statistics.median(times["embedded-plain"])
     for name, values in times.items():
@@ -72,7 +73,8 @@ def prompt_gear_quality(max_tokens: int) -> None:
     }
     n = sum(len(a) for a in answers.values())
     print(
-        f"teacher-forced NLL (nats/token) of g8's greedy answers, {len(prompts)} calibration prompts, {n} tokens:"
+        f"teacher-forced NLL (nats/token) of g8's greedy answers, {len(prompts)} calibration prompts,"
+        f" {n} tokens:"
     )
     print(f"  {'prompt K/V written at':<24}{'answer at g4':>14}{'answer at g8':>14}")
     for prefill in ("g8", "g4"):

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+from pathlib import Path
 
 from mlxswitch.api import open_chat, resolve_profile
 from mlxswitch.bench.prompts import default_suite_path, load_prompts, select
@@ -27,7 +28,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
-    best = json.loads(open(args.record).read())["per_signal_heldout"]
+    best = json.loads(Path(args.record).read_text())["per_signal_heldout"]
     profile = resolve_profile(
         "embedded", policy="peek", signal="probe", window=1, min_run=1, tau=str(best["probe"]["tau"])
     )

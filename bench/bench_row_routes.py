@@ -15,6 +15,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -31,6 +32,25 @@ def _timed(call, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
+def _routes(layer, bits: int, x, dense, x_np, dense_np) -> dict[str, Callable[[], object]]:
+    """The three ways to multiply one row by the layer, each a call to time."""
+    return {
+        "mlx quantized mat-vec": lambda: mx.eval(
+            mx.quantized_matmul(
+                x,
+                layer.weight,
+                layer.scales,
+                layer.biases,
+                transpose=True,
+                group_size=layer.group_size,
+                bits=bits,
+            )
+        ),
+        "mlx dense fp32": lambda: mx.eval(x @ dense.T),
+        "numpy fp32 (BLAS)": lambda: x_np @ dense_np.T,
+    }
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="package:qwen2.5-coder-1.5b-instruct")
@@ -40,23 +60,20 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     loaded = load_model(args.model)
     shapes: dict[tuple, nn.Module] = {}
-    for name, module in loaded.model.named_modules():
+    for _, module in loaded.model.named_modules():
         if isinstance(module, nn.QuantizedLinear):
-            shapes.setdefault((module.weight.shape[0], module.weight.shape[1] * 32 // module.bits,
-                               module.bits), module)
+            shapes.setdefault(
+                (module.weight.shape[0], module.weight.shape[1] * 32 // module.bits, module.bits), module
+            )
     rows = []
     for (out_dim, in_dim, bits), layer in sorted(shapes.items()):
-        dense = mx.dequantize(layer.weight, layer.scales, layer.biases, group_size=layer.group_size, bits=bits)
+        dense = mx.dequantize(
+            layer.weight, layer.scales, layer.biases, group_size=layer.group_size, bits=bits
+        )
         dense_np = np.array(dense)
         x = mx.random.normal((1, in_dim))
         x_np = np.array(x)
-        routes = {
-            "mlx quantized mat-vec": lambda: mx.eval(mx.quantized_matmul(
-                x, layer.weight, layer.scales, layer.biases, transpose=True, group_size=layer.group_size,
-                bits=bits)),
-            "mlx dense fp32": lambda: mx.eval(x @ dense.T),
-            "numpy fp32 (BLAS)": lambda: x_np @ dense_np.T,
-        }
+        routes = _routes(layer, bits, x, dense, x_np, dense_np)
         times: dict[str, list[float]] = {route: [] for route in routes}
         for _ in range(args.rounds):  # interleaved, so drift hits every route alike
             for route, call in routes.items():
@@ -65,12 +82,23 @@ def main(argv: list[str]) -> None:
         for route, samples in times.items():
             ms = statistics.median(samples)
             read = quantized_bytes if route.startswith("mlx quantized") else dense_np.nbytes
-            rows.append({"shape": [out_dim, in_dim], "bits": bits, "route": route, "ms": ms,
-                         "gb_per_s": read / ms / 1e6})
-            print(f"{out_dim:>7}×{in_dim:<5} {bits}-bit  {route:<22} {ms:8.3f} ms  {read / ms / 1e6:6.2f} GB/s")
+            rows.append(
+                {
+                    "shape": [out_dim, in_dim],
+                    "bits": bits,
+                    "route": route,
+                    "ms": ms,
+                    "gb_per_s": read / ms / 1e6,
+                }
+            )
+            print(
+                f"{out_dim:>7}×{in_dim:<5} {bits}-bit  {route:<22} {ms:8.3f} ms  {read / ms / 1e6:6.2f} GB/s"
+            )
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"command": " ".join(["bench/bench_row_routes.py", *argv]), "rows": rows}, handle, indent=1)
+            json.dump(
+                {"command": " ".join(["bench/bench_row_routes.py", *argv]), "rows": rows}, handle, indent=1
+            )
 
 
 if __name__ == "__main__":

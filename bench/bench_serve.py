@@ -51,8 +51,8 @@ def save_embedded(out: Path) -> Path:
 
 def start(name: str, command: list[str], port: int, logs: Path) -> tuple[str, subprocess.Popen, str]:
     """Start one server and wait (bounded) until it answers."""
-    log = open(logs / f"{name}.log", "wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    with open(logs / f"{name}.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
         if proc.poll() is not None:

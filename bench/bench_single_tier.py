@@ -87,11 +87,11 @@ def main() -> None:
         rate, m = engine_decode_rate(session, PROMPT)
         ours.append(rate)
         assert n == m == args.tokens, (n, m)
-    ratios = [a / b for a, b in zip(ours, theirs)]
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
     print(f"model {loaded.name} · {args.tokens} tokens · {args.rounds} rounds (alternating)")
     print("mlx-lm side: a fresh model, mlx-lm's own nn.QuantizedLinear layers, stream_generate")
     print(f"{'round':>5} {'mlx-lm tok/s':>13} {'mlxswitch tok/s':>16} {'ratio':>6}")
-    for i, (a, b, r) in enumerate(zip(theirs, ours, ratios)):
+    for i, (a, b, r) in enumerate(zip(theirs, ours, ratios, strict=True)):
         print(f"{i:>5} {a:>13.2f} {b:>16.2f} {r:>6.3f}")
     print(f"median ratio mlxswitch / mlx-lm: {statistics.median(ratios):.3f} (target ≥ 0.97)")
     assert all(math.isfinite(r) for r in ratios)

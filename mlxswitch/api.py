@@ -213,7 +213,7 @@ def open_chat(
     ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
     ladder.description = f"{chosen.name}: {ladder.description}"
     ladder.note = chosen.description
-    if cloud is not None:
+    if chosen.cloud is not None:
         ladder.description += f" → cloud {chosen.cloud.model} ({chosen.cloud.mode})"
     return ChatSession(ladder, chosen.router, settings, system=system, cloud=cloud)
 

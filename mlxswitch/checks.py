@@ -66,7 +66,7 @@ def doctor_report() -> DoctorReport:
                 ("mlxswitch", __version__),
                 ("python", platform.python_version()),
                 ("platform", f"{platform.system()} {platform.machine()}"),
-                ("mlx", mx.__version__),
+                ("mlx", mx.__version__),  # type: ignore[attr-defined]  # mlx's stubs omit __version__
                 ("default device", "gpu" if mx.default_device() == mx.gpu else "cpu"),
                 ("metal", "available" if mx.metal.is_available() else "not available"),
                 ("cuda", "available" if cuda is not None and cuda.is_available() else "not available"),

@@ -47,7 +47,8 @@ def profile_table(profile: Profile, comment: str) -> str:
 
 def _without_profile(text: str, name: str) -> str:
     """The file's text with [profiles.NAME] and its sub-tables (and the comments just above) removed."""
-    out, skipping = [], False
+    out: list[str] = []
+    skipping = False
     lines = text.splitlines(keepends=True)
     for line in lines:
         header = _HEADER.match(line)

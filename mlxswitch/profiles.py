@@ -26,6 +26,7 @@ import re
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from .cloud.budget import CloudSettings, cloud_settings
@@ -176,7 +177,7 @@ class _TomlFile:
 
     def _ranges(self, table: tuple[str, ...]):
         bounds = self.sections + [(len(self.lines), None)]
-        for (start, parts), (end, _) in zip(bounds, bounds[1:]):
+        for (start, parts), (end, _) in pairwise(bounds):
             if parts == table:
                 yield start, end
 

@@ -77,9 +77,9 @@ def _layer(name: str) -> int:
     best = None
     for index, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if name == prefix or name.startswith(prefix + "."):
-                if best is None or len(prefix) > best[1]:
-                    best = (index, len(prefix))
+            inside = name == prefix or name.startswith(prefix + ".")
+            if inside and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
     assert best is not None, f"{name} is in no layer: add it to LAYERS"
     return best[0]
 

@@ -109,7 +109,8 @@ def test_plot_is_a_png(quick):
 def test_figures_rederive_from_the_raw_records(tiny_pair, tmp_path):
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text(
-        '{"id": "a", "category": "facts", "prompt": "What is the capital of France?", "answer": {"regex": "Paris"}}\n'
+        '{"id": "a", "category": "facts", "prompt": "What is the capital of France?", '
+        '"answer": {"regex": "Paris"}}\n'
         '{"id": "b", "category": "arithmetic", "prompt": "What is 2 + 3?", "answer": {"number": 5}}\n'
     )
     small, large = tiny_pair

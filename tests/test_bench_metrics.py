@@ -201,8 +201,8 @@ def test_the_reported_curves_and_controls_are_the_metrics_at_each_share():
 
 
 def _auroc_naive(scores, labels):
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
     if not pos or not neg:
         return math.nan
     wins = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)

@@ -173,7 +173,8 @@ def test_telemetry_record_of_every_token_equals_its_json_record(pair_args, tmp_p
         (
             ["--model", "mlx-community/not-cached-here"],
             4,
-            "error: model 'mlx-community/not-cached-here' is neither cached locally nor reachable on Hugging Face",
+            "error: model 'mlx-community/not-cached-here' is neither cached locally"
+            " nor reachable on Hugging Face",
         ),
         (["--max-tokens", "0"], 2, "error: --max-tokens must be at least 1 (got 0)"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import mlx.core as mx
 import numpy as np
@@ -111,7 +112,7 @@ def test_thresholds_used_in_tests_really_switch(ladder):
     _, events = _run(ladder, PROMPTS[0], config)
     rungs = [e.rung for e in events]
     assert 0 in rungs and 1 in rungs
-    assert any(a > b for a, b in zip(rungs, rungs[1:]))
+    assert any(a > b for a, b in pairwise(rungs))
 
 
 def test_telemetry_tiers_rederive_from_entropies(ladder):

@@ -8,6 +8,7 @@ planes; planted bugs, edited into that source, must each be caught.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -56,7 +57,7 @@ def test_reference_is_the_sum_of_dequantized_planes_in_float64(plane_bits):
                 mx.dequantize(p["weight"], p["scales"], p["biases"], group_size=64, bits=bits),
                 dtype=np.float64,
             )
-            for p, bits in zip(planes[:active], plane_bits)
+            for p, bits in zip(planes[:active], plane_bits, strict=False)
         )
         want = np.array(x, dtype=np.float64) @ weight.T + np.array(b, dtype=np.float64)
         got = nested.reference_nested_matmul(x, planes, plane_bits, 64, active, b)
@@ -582,10 +583,8 @@ def _generated_source(config, folder) -> str:
         return nested.launch(kernel, a[0], traced, bits, gs, a[-1] if has_bias else None, verbose=True)
 
     def export():  # export tracing records a Metal kernel without Metal, printing its source
-        try:
+        with contextlib.suppress(Exception):
             mx.export_function(str(folder / "trace.mlxfn"), launch, *arrays)
-        except Exception:
-            pass
 
     match = re.search(r"```\n(.*)```", _stdout_of(export), re.S)
     if match is None:
@@ -670,7 +669,7 @@ class Emulator:
 
     def run(self, program: str, index: int, config, x, planes, bias) -> mx.array:
         launch = _recorded_launch(config, x, planes, bias)
-        for name, array in zip(launch["names"], launch["inputs"]):
+        for name, array in zip(launch["names"], launch["inputs"], strict=True):
             raw = array.view(mx.uint16) if array.dtype in (F16, BF16) else array
             (self.folder / f"{name}.bin").write_bytes(np.array(raw).tobytes())
             (self.folder / f"{name}.shape").write_text(" ".join(map(str, array.shape)))

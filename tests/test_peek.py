@@ -262,6 +262,8 @@ def test_peek_on_another_signal_matches_the_naive_reference(ladder, signal, up, 
     assert [_tried(e, ladder.tier_names) for e in events] == tried
     assert any(len(t) > 1 for t in tried) and any(len(t) == 1 for t in tried)
     # Every token records the value routed on; its tier re-derives from those values.
-    values = [[h for _, h in zip(e.tried, e.tried_signals)] if e.tried else [e.signal] for e in events]
+    values = [
+        [h for _, h in zip(e.tried, e.tried_signals, strict=True)] if e.tried else [e.signal] for e in events
+    ]
     assert all(e.signal is not None for e in events)
     assert derive_rungs(config, 2, None, values) == [e.rung for e in events]

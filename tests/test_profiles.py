@@ -42,7 +42,7 @@ def test_bundled_profiles_are_valid_and_default_is_geared_embedded():
         assert profile.origin == str(bundled_models_toml())
         assert len(profile.router.up) == len(profile.tier_names()) - 1
         assert profile.router.down is None or all(
-            d <= u for d, u in zip(profile.router.down, profile.router.up)
+            d <= u for d, u in zip(profile.router.down, profile.router.up, strict=True)
         )
         # The default was calibrated (issue 11), the coder pair routes on the same position (peek);
         # the others keep EAD's timing.
@@ -51,7 +51,9 @@ def test_bundled_profiles_are_valid_and_default_is_geared_embedded():
         assert profile.description
         if profile.mode == "pair":
             assert profile.tier_names() == ("small", "large")
-            assert all(re.fullmatch(r"mlx-community/.+-4bit|package:qwen2.5-coder-.+", m) for m in profile.models)
+            assert all(
+                re.fullmatch(r"mlx-community/.+-4bit|package:qwen2.5-coder-.+", m) for m in profile.models
+            )
     names = [p.name for p in profiles]
     assert names[:2] == ["embedded", "embedded-plain"]  # file order
     assert {"qwen2.5-0.5b-7b", "llama3.2-1b-3b", "qwen3-0.6b-8b", "qwen2.5-7b-gears"} <= set(names)

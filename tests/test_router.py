@@ -333,7 +333,7 @@ def test_random_sequences_replay_and_respect_min_run():
         assert [(d.rung, d.moved, d.guard) for d in replayed] == [(d.rung, d.moved, d.guard) for d in live]
         reference = _reference(h0, entropies, config, num)
         assert [d.rung for d in live] == [r for r, _ in reference]
-        for d, e, (_, m) in zip(live, replayed, reference):
+        for d, e, (_, m) in zip(live, replayed, reference, strict=True):
             assert _same(d.mean, m) and _same(d.mean, e.mean)
 
 

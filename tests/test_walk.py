@@ -61,7 +61,7 @@ def _recorded(ladder, prompt, config):
     names = ladder.tier_names
     tried = [[names.index(t) for t in e.tried] if e.tried else [e.rung] for e in events]
     routed = [e.signal if config.signal != "entropy" else e.entropy for e in events]
-    values = [list(e.tried_signals) if e.tried else [v] for e, v in zip(events, routed)]
+    values = [list(e.tried_signals) if e.tried else [v] for e, v in zip(events, routed, strict=True)]
     initial = summary.initial_signal if config.signal != "entropy" else summary.initial_entropy
     prompt_ids = session.render([{"role": "user", "content": prompt}])
     return [e.rung for e in events], tried, values, initial, prompt_ids, [e.id for e in events]
@@ -71,8 +71,8 @@ def _positions_from_record(config, tried, values, initial) -> simulate.Positions
     """The record as teacher-forced arrays: each position's tried rungs hold what they measured,
     the others NaN (a replay that reads them takes another path: the guard fires on NaN)."""
     columns = np.full((2, len(tried)), np.nan)
-    for t, (rungs, measured) in enumerate(zip(tried, values)):
-        for rung, value in zip(rungs, measured):
+    for t, (rungs, measured) in enumerate(zip(tried, values, strict=True)):
+        for rung, value in zip(rungs, measured, strict=True):
             columns[rung, t] = np.nan if value is None else value
     if config.signal == "probe":
         return simulate.Positions("r", np.zeros_like(columns), np.zeros_like(columns), probe=columns[0])

@@ -80,6 +80,8 @@ def choose(
             c for c in usable if abs(c.quality.top_share - target_share) <= max(best_gap, SHARE_TOLERANCE)
         ]
         return max(near, key=lambda c: (c.quality.retained, -c.quality.bytes_per_token))
+    if target_retained is None:
+        raise UsageError("calibrate needs a target: a share of the top tier or a retained fraction")
     reaching = [c for c in usable if c.quality.retained >= target_retained]
     if not reaching:
         best = max(c.quality.retained for c in usable)
@@ -211,7 +213,7 @@ def calibrate(
     held_quality, random = _heldout(chosen, held, tier_bytes, bottom, top)
     # The best setting of each signal for the same target, on the same held-out text: how the
     # signals compare where it matters (share and retained), not only by AUROC.
-    per_signal = {}
+    per_signal: dict[str, dict] = {}
     for signal in signals:
         try:
             best = choose([c for c in candidates if c.signal == signal], target_share, target_retained)
@@ -248,6 +250,6 @@ def calibrate(
         "auroc_calibration": aurocs(cal),
         "prompts": {"calibration": [p.id for p in calibration], "heldout": [p.id for p in heldout]},
         "tiers": ladder.tier_names,
-        "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes)),
+        "bytes_per_token": dict(zip(ladder.tier_names, tier_bytes, strict=True)),
         "candidates": len(candidates),
     }

@@ -57,7 +57,7 @@ def versions() -> dict:
     import mlx_lm
 
     return {
-        "mlx": mx.__version__,
+        "mlx": mx.__version__,  # type: ignore[attr-defined]  # mlx's stubs omit __version__
         "mlx_lm": mlx_lm.__version__,
         "mlxswitch": __version__,
         "python": platform.python_version(),

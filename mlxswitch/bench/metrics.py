@@ -122,7 +122,10 @@ class RandomControl:
 def random_control(
     nll_bottom, nll_top, share: float, seed: int = 0, draws: int = RANDOM_DRAWS, eps: float = GAP_EPS
 ) -> RandomControl:
-    """Retained when a random k = round(share * n) subset goes to the top: exact mean k/n, seeded 5-95% band."""
+    """Retained when a random k = round(share * n) subset goes to the top.
+
+    The mean is exact (k/n); the 5-95% band comes from seeded draws.
+    """
     b, t = _pair(nll_bottom, nll_top)
     n = b.size
     k = count_for_share(share, n) if n else 0
@@ -146,7 +149,7 @@ def random_control(
 
 
 def oracle(nll_bottom, nll_top, share: float, eps: float = GAP_EPS) -> float:
-    """Retained when the top tier takes the k = round(share * n) positions with the largest nll_bottom - nll_top."""
+    """Retained when the top tier takes the k = round(share * n) positions of largest nll_bottom - nll_top."""
     b, t = _pair(nll_bottom, nll_top)
     if b.size == 0:
         return math.nan
@@ -154,7 +157,7 @@ def oracle(nll_bottom, nll_top, share: float, eps: float = GAP_EPS) -> float:
 
 
 def auroc(scores, labels) -> float:
-    """P(score of a positive > score of a negative), ties counted half (Mann-Whitney U); NaN if a class is empty."""
+    """P(score of a positive > score of a negative), ties half (Mann-Whitney U); NaN if a class is empty."""
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     y = np.asarray(labels).reshape(-1).astype(bool)
     if s.size != y.size:
@@ -190,7 +193,7 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 
 def apple_bound_tok_s(bytes_per_token: float, efficiency: float = 1.0) -> dict[str, float]:
-    """Projected decode tok/s upper bound per Apple chip: efficiency * peak bandwidth / bytes read per token."""
+    """Projected decode tok/s bound per Apple chip: efficiency * peak bandwidth / bytes read per token."""
     if not (bytes_per_token > 0 and math.isfinite(bytes_per_token)):
         raise ValueError(f"bytes_per_token must be a positive number, got {bytes_per_token}")
     if not (0 < efficiency <= 1):

@@ -26,7 +26,16 @@ def features(positions: list[Positions]) -> np.ndarray | None:
     """Per position: the bottom tier's hidden state and its three scalar signals (None: no hidden states)."""
     if not positions or any(p.hidden is None for p in positions):
         return None
-    return np.concatenate([feature_rows(p.hidden, [m[0] for m in p.measured()]) for p in positions], axis=0)
+    return np.concatenate([_feature_rows(p) for p in positions], axis=0)
+
+
+def _feature_rows(p: Positions) -> np.ndarray:
+    measured = p.measured()
+    if p.hidden is None or any(m is None for m in measured):
+        raise ValueError(
+            f"{p.prompt_id}: the probe's features need the hidden state and every measured signal"
+        )
+    return feature_rows(p.hidden, [m[0] for m in measured if m is not None])
 
 
 def labels(positions: list[Positions], gain_nats: float) -> np.ndarray:
@@ -94,7 +103,9 @@ def fit_cross_validated(
     in-sample scores of a probe are optimistic).
     """
     parts = [p for p in _folds(groups, folds, seed) if p.size]
-    table, best, best_key = {}, None, (-np.inf,)
+    table: dict[str, float] = {}
+    best: tuple[int | None, float] | None = None
+    best_key: tuple[float, ...] = (-np.inf,)
     for components in COMPONENT_CHOICES:
         for l2 in L2_CHOICES:
             scores = []

@@ -59,7 +59,7 @@ class BenchPrompt:
 
 
 def default_suite_path() -> Path:
-    """The bundled suite: mlxswitch/bench_prompts/suite.jsonl in a wheel, bench/prompts/suite.jsonl in a checkout."""
+    """The bundled suite: bench_prompts/suite.jsonl in the package (wheel) or bench/prompts/ (checkout)."""
     path = bundled_file("bench_prompts/suite.jsonl", "bench/prompts/suite.jsonl")
     if not path.is_file():
         raise ConfigError(f"the bundled prompt suite is missing (looked for {path})")
@@ -185,6 +185,7 @@ def check_answer(prompt: BenchPrompt, text: str) -> bool | None:
         return None
     if prompt.answer_kind == "number":
         found = numbers_in(text)
+        assert isinstance(prompt.answer_value, float | int)  # the loader parses number answers
         return bool(found) and abs(found[-1] - float(prompt.answer_value)) <= NUMBER_TOLERANCE
     if prompt.answer_kind == "regex":
         return re.search(str(prompt.answer_value), text) is not None

@@ -40,7 +40,7 @@ def _speed_of(
         ref = top_tokens.get(r["prompt_id"], [])
         ids = [t["id"] for t in r["tokens"]]
         longest = max(len(ref), len(ids))
-        agree.append(sum(a == b for a, b in zip(ids, ref)) / longest if longest else 1.0)
+        agree.append(sum(a == b for a, b in zip(ids, ref, strict=False)) / longest if longest else 1.0)
     checked = [r["correct"] for r in records if r["correct"] is not None]
     out = {
         "prompt_tok_per_s": _ratio(sum(r["prefilled"] for r in records if r["first_token_s"]), sum(firsts)),
@@ -68,18 +68,18 @@ def _alone_seconds(runs: list[dict], arms: list[Arm], names: list[str], repeat: 
         if arm.kind == "tier":
             records = [r for r in runs if r["arm"] == arm.name and r["repeat"] == repeat]
             decoded = sum(max(r["generated"] - 1, 0) for r in records)
-            out[names[arm.tier]] = _ratio(sum(r["decode_s"] for r in records), decoded)
+            out[names[arm.rung()]] = _ratio(sum(r["decode_s"] for r in records), decoded)
     return out
 
 
 def _quality(arm: Arm, run: BenchRun, profile: Profile, tier_bytes: list[int]) -> simulate.Quality:
     n = len(tier_bytes)
     if arm.kind in ("tier", "mlx-lm"):
-        tried = simulate.forced(run.positions, arm.tier)
+        tried = simulate.forced(run.positions, arm.rung())
     elif arm.kind == "speculative":  # lossless: the large model's own tokens
         tried = simulate.forced(run.positions, n - 1)
     else:
-        tried = [simulate.route(arm.config, p) for p in run.positions]
+        tried = [simulate.route(arm.engine_config(), p) for p in run.positions]
     return simulate.quality(run.positions, tried, tier_bytes)
 
 

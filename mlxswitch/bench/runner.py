@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
@@ -69,6 +70,18 @@ class Arm:
             "tier": self.tier,
             "router": None if self.config is None else self.config.settings(json_float),
         }
+
+    def engine_config(self) -> RouterConfig:
+        """The router configuration of an engine arm ("tier", "profile", "sweep")."""
+        if self.config is None:
+            raise ValueError(f"arm {self.name} ({self.kind}) has no engine configuration")
+        return self.config
+
+    def rung(self) -> int:
+        """The tier index of a "tier" or "mlx-lm" arm."""
+        if self.tier is None:
+            raise ValueError(f"arm {self.name} ({self.kind}) names no tier")
+        return self.tier
 
 
 def forced_config(num_tiers: int, rung: int) -> RouterConfig:
@@ -127,7 +140,7 @@ def _stock_kernels():
 
 
 def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
-    session.router_config = arm.config
+    session.router_config = arm.engine_config()
     session.reset()
     summary: AnswerSummary = session.ask(prompt.prompt, max_tokens)
     decode_s = (summary.tokens[-1].elapsed_s - summary.tokens[0].elapsed_s) if summary.generated > 1 else 0.0
@@ -159,12 +172,12 @@ def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens:
 def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:
     tokenizer = ladder.tokenizer
     eos = tokenizer.eos_token_ids
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if arm.kind == "speculative":
         model = ladder.tiers[-1].model.model
         kwargs = {"draft_model": ladder.tiers[0].model.model}
     else:
-        tier = ladder.tiers[arm.tier]
+        tier = ladder.tiers[arm.rung()]
         tier.activate()
         model = tier.model.model
     start, stamps, ids, drafted, peak = time.perf_counter(), [], [], 0, 0.0
@@ -178,7 +191,7 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
             drafted += bool(getattr(response, "from_draft", False))
             peak = response.peak_memory
     text = tokenizer.decode(ids)
-    name = ladder.tier_names[-1] if arm.kind == "speculative" else ladder.tier_names[arm.tier]
+    name = ladder.tier_names[-1] if arm.kind == "speculative" else ladder.tier_names[arm.rung()]
     return {
         "generated": len(ids),
         "prefilled": len(prompt_ids),
@@ -189,7 +202,7 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
         "switches": 0,
         "catch_up_tokens": 0,
         "tier_counts": {name: len(ids)},
-        "mean_bytes_per_token": ladder.tiers[-1 if arm.kind == "speculative" else arm.tier].bytes_per_token,
+        "mean_bytes_per_token": ladder.tiers[-1 if arm.kind == "speculative" else arm.rung()].bytes_per_token,
         "draft_share": drafted / len(ids) if ids and arm.kind == "speculative" else None,
         "text": text,
         "tokens": [{"id": t, "tier": name} for t in ids],
@@ -245,8 +258,10 @@ def collect_positions(
         forced = teacher_forced(
             ladder, prompt.id, prompt_ids[prompt.id], answers[prompt.id], hidden or scored
         )
-        if scored and forced.hidden is not None:
-            forced = dataclasses.replace(forced, probe=ladder.probe.score(probe.features([forced])))
+        if ladder.probe is not None and forced.hidden is not None:  # scored
+            features = probe.features([forced])
+            assert features is not None  # forced has its hidden states
+            forced = dataclasses.replace(forced, probe=ladder.probe.score(features))
         positions.append(forced)
     say(stage, len(prompts), len(prompts))
     return session, prompt_ids, budget, answers, positions

@@ -96,7 +96,7 @@ def quality(
     nll_sum = bottom = top_sum = count = top_count = 0.0
     bytes_sum = 0.0
     top = len(tier_bytes) - 1
-    for positions, tried in zip(all_positions, all_tried):
+    for positions, tried in zip(all_positions, all_tried, strict=True):
         for t, rungs in enumerate(tried):
             nll_sum += positions.nll[rungs[-1], t]
             bottom += positions.nll[0, t]

@@ -472,7 +472,8 @@ def bench(
     arms: Annotated[
         str | None,
         typer.Option(
-            help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative (bottom and top always run)."
+            help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative"
+            " (bottom and top always run)."
         ),
     ] = None,
     timeout: Annotated[
@@ -564,9 +565,7 @@ def calibrate(
     large: o.LargeOpt = None,
     model: o.ModelOpt = None,
     gears: o.GearsOpt = None,
-    target_share: Annotated[
-        float | None, typer.Option(help="Wanted share of top-tier tokens (0–1).")
-    ] = None,
+    target_share: Annotated[float | None, typer.Option(help="Wanted share of top-tier tokens (0–1).")] = None,
     target_retained: Annotated[
         float | None,
         typer.Option(help="Wanted retained fidelity (0–1): the cheapest setting reaching it."),

@@ -100,8 +100,9 @@ class ChatRunner:
         status = ui.make_console(stderr=True)
         first_failure = 0
         for line in prompts:
-            failure = line.error
+            failure: MlxSwitchError | None = line.error
             if failure is None:
+                assert line.text is not None  # a line without an error holds a prompt
                 if not keep_history:
                     self.session.reset()
                 try:
@@ -116,7 +117,8 @@ class ChatRunner:
                     self._finish_output(summary)
                     self._gap_pending = not self.json_output  # one blank line before the next answer
                     self._print_notices()
-                    ui.print_status(status, summary, painter.colours if painter else None)
+                    if summary is not None:
+                        ui.print_status(status, summary, painter.colours if painter else None)
                     continue
             ui.print_error(str(failure))
             first_failure = first_failure or failure.exit_code
@@ -234,10 +236,13 @@ class ChatRunner:
 
     # -- shared -----------------------------------------------------------------------------
 
-    def _run_answer(self, prompt: str, painter: ui.TokenPainter | None) -> AnswerSummary:
-        """Stream one answer to stdout (painted, plain, or silent for JSON); return its summary."""
+    def _run_answer(self, prompt: str, painter: ui.TokenPainter | None) -> AnswerSummary | None:
+        """Stream one answer to stdout (painted, plain, or silent for JSON); return its summary.
+
+        None when the prompt was refused before any token.
+        """
         stream = self.session.stream(prompt)
-        summary = None
+        summary: AnswerSummary | None = None
         written = 0  # events whose telemetry line is out
         cloud = self.session.cloud
         # Piped, a hand-off holds the local answer back: stdout gets only the answer shown.
@@ -282,14 +287,16 @@ class ChatRunner:
     def _hand_off(self, summary: AnswerSummary, painter: ui.TokenPainter | None, hold: bool) -> None:
         """Ask the cloud again when the answer is unsure; show the answer chosen."""
         live = not hold and not self.json_output
-        started = []
+        cloud = self.session.cloud
+        assert cloud is not None  # only a session with a cloud tier hands off
+        started: list[bool] = []
 
         def on_text(piece: str) -> None:
             if not live:
                 return
             if not started:  # the local answer is on screen: the cloud's follows, marked
                 started.append(True)
-                self._write(f"\n\n[{self.session.cloud.settings.model}]\n")
+                self._write(f"\n\n[{cloud.settings.model}]\n")
             if painter is not None:
                 painter.paint(piece, "cloud", None)
             else:
@@ -297,10 +304,10 @@ class ChatRunner:
 
         record = self.session.hand_off(summary, on_text)
         if hold and not self.json_output:
-            shown = record is not None and record["shown"] == "cloud"
-            pieces = (
-                [(record["cloud_text"], "cloud")] if shown else [(e.text, e.tier) for e in summary.tokens]
-            )
+            if record is not None and record["shown"] == "cloud":
+                pieces = [(record["cloud_text"], "cloud")]
+            else:
+                pieces = [(e.text, e.tier) for e in summary.tokens]
             for text, tier in pieces:
                 if painter is not None:
                     self._write("")

@@ -15,9 +15,7 @@ import typer
 ProfileOpt = Annotated[
     str | None, typer.Option("--profile", help="Profile from models.toml (default: its default).")
 ]
-SmallOpt = Annotated[
-    str | None, typer.Option("--small", help="Ad-hoc pair: the cheap model (with --large).")
-]
+SmallOpt = Annotated[str | None, typer.Option("--small", help="Ad-hoc pair: the cheap model (with --large).")]
 LargeOpt = Annotated[
     str | None, typer.Option("--large", help="Ad-hoc pair: the strong model (with --small).")
 ]
@@ -34,9 +32,7 @@ DraftModelOpt = Annotated[
         "--draft-model", help="With --model: a pair whose cheap tier is this model (mlx-lm's spelling)."
     ),
 ]
-GearsOpt = Annotated[
-    str | None, typer.Option("--gears", help="Gear bits low→high for --model, e.g. 4,8,16.")
-]
+GearsOpt = Annotated[str | None, typer.Option("--gears", help="Gear bits low→high for --model, e.g. 4,8,16.")]
 ForceMemoryOpt = Annotated[
     bool, typer.Option("--force-memory", help="Load even if the memory estimate says it will not fit.")
 ]

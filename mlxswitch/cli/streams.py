@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
@@ -42,7 +42,7 @@ def _decode(raw: bytes, number: int, what: str) -> PromptLine:
         )
 
 
-def prompt_lines(source: BinaryIO | Iterable[str], whole: bool = False) -> Iterator[PromptLine]:
+def prompt_lines(source: BinaryIO | list[str] | tuple[str, ...], whole: bool = False) -> Iterator[PromptLine]:
     """Prompts as they arrive: each non-empty line (or all of the input with `whole`)."""
     if isinstance(source, (list, tuple)):  # --prompt
         yield from (PromptLine(1, text.strip()) for text in source if text.strip())
@@ -106,6 +106,7 @@ class TelemetryFile:
             return
         self.handle.close()
         self.handle = None
+        assert self.temporary is not None and self.path is not None  # open() sets all three
         commit(self.temporary, self.path, "--telemetry")
 
 

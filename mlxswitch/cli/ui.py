@@ -199,7 +199,10 @@ def profiles_table(rows: list[dict]) -> Table:
             row["mode"],
             " → ".join(row["tiers"]),
             "\n".join(row["models"]),
-            "\n".join("yes" if ok else f"no: {how}" for ok, how in zip(row["offline"], row["how_to_get"])),
+            "\n".join(
+                "yes" if ok else f"no: {how}"
+                for ok, how in zip(row["offline"], row["how_to_get"], strict=True)
+            ),
             row.get("notes", ""),
         )
     return table
@@ -274,10 +277,8 @@ def line_editing(history: Path) -> Iterator[None]:
     except ImportError:  # a Python built without readline: plain input still works
         yield
         return
-    try:
+    with contextlib.suppress(OSError):  # first run, or unreadable: start empty
         readline.read_history_file(history)
-    except OSError:  # first run, or unreadable: start empty
-        pass
     readline.set_history_length(1000)
     try:
         yield
@@ -296,6 +297,7 @@ def bench_progress() -> Iterator:
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskID,
         TextColumn,
         TimeElapsedColumn,
     )
@@ -309,7 +311,7 @@ def bench_progress() -> Iterator:
         console=console,
         disable=not console.is_terminal,
     ) as bars:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def update(stage: str, done: int, total: int) -> None:
             if stage not in tasks:

@@ -198,6 +198,7 @@ class CloudClient:
             cost = self.budget.charge(usage, failed=reason is not None or not finished)
         if reason is not None:
             raise CloudFailure(self._scrub(reason), "".join(shown))
+        assert usage is not None  # a complete reply has a message, and so its usage
         return CloudReply(
             text="".join(shown),
             usage=usage,
@@ -272,7 +273,11 @@ class CloudClient:
 def _text_of(event: Any) -> str:
     """The text of a text_delta event, else "" (a malformed event is caught at the end)."""
     delta = getattr(event, "delta", None)
-    if getattr(event, "type", None) == "content_block_delta" and getattr(delta, "type", None) == "text_delta":
+    if (
+        delta is not None
+        and getattr(event, "type", None) == "content_block_delta"
+        and getattr(delta, "type", None) == "text_delta"
+    ):
         return delta.text if isinstance(delta.text, str) else ""
     return ""
 

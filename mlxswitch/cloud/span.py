@@ -11,7 +11,10 @@ def span_prompt(question: str, partial: str, span_tokens: int) -> str:
     """The last user turn of a span call: the question, the local answer so far, the instruction."""
     words = max(3, span_tokens * 3 // 4)  # ~0.75 English words a token
     if not partial.strip():
-        return f"{question}\n\n(Write only the first sentence of your reply, at most {words} words, no preamble.)"
+        return (
+            f"{question}\n\n(Write only the first sentence of your reply, at most {words} words,"
+            " no preamble.)"
+        )
     tail = _TAIL_WORD.search(partial)
     # A reply that ends in a letter may end mid-word: asking for that word again, in full, makes
     # the join exact (strip_repeated_prefix removes it) instead of guessing whether to add a space.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from ..json_numbers import json_float, rounded
 from .loop import Step
@@ -51,7 +52,7 @@ class TokenEvent:
         if len(self.tried) > 1:
             out["tried"] = [
                 [name, None if h is None else json_float(h)]
-                for name, h in zip(self.tried, self.tried_signals)
+                for name, h in zip(self.tried, self.tried_signals, strict=True)
             ]
         return out
 
@@ -104,7 +105,7 @@ class AnswerSummary:
     @property
     def switches(self) -> int:
         """How often consecutive tokens came from different tiers."""
-        return sum(a.tier != b.tier for a, b in zip(self.tokens, self.tokens[1:]))
+        return sum(a.tier != b.tier for a, b in pairwise(self.tokens))
 
     @property
     def tok_per_s(self) -> float | None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from typing import ContextManager
 
 from ..cloud.budget import CloudSettings
 from ..json_numbers import rounded
 
-Waiting = Callable[[str], ContextManager]
+Waiting = Callable[[str], contextlib.AbstractContextManager]
 OnText = Callable[[str], None]
 
 

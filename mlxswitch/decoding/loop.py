@@ -132,7 +132,7 @@ class _LivePosition:
             first_rung = 0 if self.loop.bottom_first else pending.rung
             self.speculative = self.loop._produce(first_rung, pending.token)
             mx.async_eval(*self.speculative.arrays)
-        self.token = int(pending.token.item())
+        self.token = int(pending.token.item())  # type: ignore[arg-type]  # mlx: int | float | complex
         return pending.signal(self.loop.signal)
 
     def _on(self, rung: int) -> _Pending:
@@ -174,7 +174,7 @@ class TokenLoop:
         self.prefill_step = prefill_step
         self.prompt_tokens = len(ids)
         self.initial_entropy = math.nan
-        self.initial_signal = math.nan
+        self.initial_signal: float | None = math.nan
         self.ended_by_eos = False
 
     def steps(self, budget: int) -> Iterator[Step]:

@@ -7,7 +7,7 @@ conversation, runs the token loop and builds the answer from its steps. It never
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -151,7 +151,9 @@ class ChatSession:
         assert self.last_summary is not None
         return self.last_summary
 
-    def stream(self, prompt: str, max_tokens: int | None = None) -> Iterator[TokenEvent | AnswerSummary]:
+    def stream(
+        self, prompt: str, max_tokens: int | None = None
+    ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Yield a TokenEvent per token, then the AnswerSummary; history is kept even if interrupted.
 
         max_tokens: this answer's limit, when it differs from the settings' (the bench uses it).
@@ -164,7 +166,7 @@ class ChatSession:
 
     def stream_conversation(
         self, messages: list[dict], settings: GenerationSettings | None = None
-    ) -> Iterator[TokenEvent | AnswerSummary]:
+    ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Answer a whole conversation given at once (a server request), as `stream` does.
 
         The caches keep what the new conversation shares with the sequence so far, so a client
@@ -175,13 +177,13 @@ class ChatSession:
 
     def stream_text(
         self, text: str, settings: GenerationSettings | None = None
-    ) -> Iterator[TokenEvent | AnswerSummary]:
+    ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Continue raw text (no chat template, no system prompt): a plain completion."""
         return self._answer(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
 
     def _answer(
         self, prompt: str, prompt_ids: list[int], messages: list[dict] | None, settings: GenerationSettings
-    ) -> Iterator[TokenEvent | AnswerSummary]:
+    ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Check the prompt's length now (a refusal raises before the first event), then stream."""
         self.last_summary = None
         budget = self._token_budget(prompt_ids, settings.max_tokens)
@@ -194,7 +196,7 @@ class ChatSession:
         messages: list[dict] | None,
         settings: GenerationSettings,
         budget: int,
-    ) -> Iterator[TokenEvent | AnswerSummary]:
+    ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         common = common_prefix_len(self.ids, prompt_ids)
         # A rotating cache past its limit cannot be rewound: it starts over and is fed it all again.
         refed = max(group.rewind(common) for group in self.ladder.groups)

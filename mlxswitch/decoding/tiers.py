@@ -161,7 +161,7 @@ class Ladder:
             try:
                 self._bottom_split = split_model(bottom.model.model, bottom.model.name)
             finally:
-                if found is not None:
+                if state is not None and found is not None:
                     state.set(found)
         return self._bottom_split
 
@@ -232,6 +232,6 @@ def gear_ladder(model: LoadedModel, gears: list[int]) -> Ladder:
     names = [f"g{bits}" for bits in gears]
     group = CacheGroup(model, "+".join(names), prefill_gear=gears[-1])
     return Ladder(
-        [Tier(name, group, gear=bits) for name, bits in zip(names, gears)],
+        [Tier(name, group, gear=bits) for name, bits in zip(names, gears, strict=True)],
         description=f"{model.name} gears {'/'.join(map(str, gears))}",
     )

@@ -47,8 +47,9 @@ def relative_max_error(got: mx.array, want: mx.array) -> float:
     if got.shape != want.shape:
         return float("inf")
     g, w = got.astype(mx.float32), want.astype(mx.float32)
-    err = mx.max(mx.abs(g - w)).item()
-    scale = mx.max(mx.abs(w)).item()
+    # mlx types item() as int | float | complex; a max of absolute fp32 values is a float.
+    err: float = mx.max(mx.abs(g - w)).item()  # type: ignore[assignment]
+    scale: float = mx.max(mx.abs(w)).item()  # type: ignore[assignment]
     if err != err or scale != scale:  # NaN
         return float("inf")
     return err / max(scale, 1e-30)

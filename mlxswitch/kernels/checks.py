@@ -1,4 +1,4 @@
-"""`mlxswitch doctor`'s kernel lines: every kernel against its reference, every reference against the truth."""
+"""`mlxswitch doctor`'s kernel lines: each kernel against its reference, each reference against the truth."""
 
 from __future__ import annotations
 

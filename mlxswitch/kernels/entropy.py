@@ -176,7 +176,7 @@ def metal_token_signals(logits: mx.array, threads: int = THREADGROUP_SIZES[0]) -
 def signals_error(got, want) -> float:
     """Largest absolute error, relative where a value exceeds 1 (bits and bits² alike)."""
     worst = 0.0
-    for g, w in zip(list(got), list(want)):
+    for g, w in zip(list(got), list(want), strict=True):
         g, w = float(g), float(w)
         if math.isnan(g) or math.isnan(w):
             if not (math.isnan(g) and math.isnan(w)):

@@ -69,8 +69,8 @@ def result_dtype(x: mx.array, planes, bias: mx.array | None = None) -> mx.Dtype:
 
 def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
     """x · (Σ first `active` dequantized planes)ᵀ (+ bias): one mx.quantized_matmul per plane."""
-    out = None
-    for plane, bits in zip(*_active(planes, plane_bits, active)):
+    out: mx.array | None = None
+    for plane, bits in zip(*_active(planes, plane_bits, active), strict=True):
         y = mx.quantized_matmul(
             x,
             plane["weight"],
@@ -81,13 +81,14 @@ def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None
             bits=bits,
         )
         out = y if out is None else out + y
+    assert out is not None  # _active keeps at least one plane
     return out if bias is None else out + bias
 
 
 def dense_weight(planes, plane_bits, group_size, active) -> mx.array:
     """Σ of the first `active` planes dequantized in fp32 (scales widened first: exact)."""
-    weight = None
-    for p, bits in zip(*_active(planes, plane_bits, active)):
+    weight: mx.array | None = None
+    for p, bits in zip(*_active(planes, plane_bits, active), strict=True):
         part = mx.dequantize(
             p["weight"],
             p["scales"].astype(mx.float32),
@@ -96,6 +97,7 @@ def dense_weight(planes, plane_bits, group_size, active) -> mx.array:
             bits=bits,
         )
         weight = part if weight is None else weight + part
+    assert weight is not None  # _active keeps at least one plane
     return weight
 
 
@@ -131,7 +133,7 @@ def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
     part = _scratch((rows, groups, 2, half), 1) if len(planes) > 1 else weight
     codes = _scratch((rows, groups, half), 2, np.uint8)
     bias = None
-    for index, (p, bits) in enumerate(zip(planes, plane_bits)):
+    for index, (p, bits) in enumerate(zip(planes, plane_bits, strict=True)):
         raw = np.asarray(p["weight"]).view(np.uint8)
         scale = np.asarray(p["scales"].astype(mx.float32))[:, :, None]
         out = weight if index == 0 else part
@@ -149,6 +151,7 @@ def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
             np.add(weight, part, out=weight)
         b = np.asarray(p["biases"].astype(mx.float32))
         bias = b if bias is None else bias + b
+    assert bias is not None, "no planes"
     weight += bias[:, :, None, None]
     return weight.reshape(rows, -1)
 
@@ -189,9 +192,9 @@ def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.ar
         if byte_aligned:
             weight = _numpy_dense_weight(rows, plane_bits, group_size)
         else:
-            weight = dense_weight(rows, plane_bits, group_size, len(planes))
-            mx.eval(weight)
-            weight = np.asarray(weight)
+            dense = dense_weight(rows, plane_bits, group_size, len(planes))
+            mx.eval(dense)
+            weight = np.asarray(dense)
         with single_threaded_blas():
             out[:, r0:r1] = xs @ weight.T
     return mx.array(out.reshape(*x32.shape[:-1], out.shape[-1]))
@@ -316,6 +319,8 @@ def kernel_available() -> bool:
 
 
 def _kernel(n_planes: int, has_bias: bool):
+    if _KERNELS is None:
+        raise RuntimeError("the fused nested-gear kernel needs the Metal backend")
     key = (n_planes, has_bias)
     if key not in _KERNELS:
         _KERNELS[key] = make_kernel(n_planes, has_bias)
@@ -524,17 +529,20 @@ def nested_self_check() -> list:
     name = f"{KERNEL_PREFIX}_{KERNEL_VERSION}"
     if not kernel_available():
         return checks + [KernelCheck(name, "metal", "unavailable: no Metal backend")]
-    worst, failures = dict.fromkeys(_FLOAT_DTYPES, 0.0), []
+    worst_by_dtype: dict[mx.Dtype, float] = dict.fromkeys(_FLOAT_DTYPES, 0.0)
+    failures: list[str] = []
     with mx.stream(mx.gpu):  # metal_kernel runs on GPU streams only, whatever the default
-        for bits, group_size in (((4, 4), 64), ((4, 4, 8), 64), ((2, 2), 32), ((3, 5, 6), 128)):
+        for metal_bits, group_size in (((4, 4), 64), ((4, 4, 8), 64), ((2, 2), 32), ((3, 5, 6), 128)):
             for dtype in _FLOAT_DTYPES:
                 try:
-                    error = check_kernel_case(metal_nested_matmul, bits, group_size, dtype, dtype, dtype)
-                    worst[dtype] = max(worst[dtype], error)
+                    error = check_kernel_case(
+                        metal_nested_matmul, metal_bits, group_size, dtype, dtype, dtype
+                    )
+                    worst_by_dtype[dtype] = max(worst_by_dtype[dtype], error)
                 except Exception as exc:  # report, never crash doctor
-                    failures.append(f"{bits} {dtype}: {str(exc).splitlines()[0][:100]}")
+                    failures.append(f"{metal_bits} {dtype}: {str(exc).splitlines()[0][:100]}")
     if failures:
         return checks + [KernelCheck(name, "metal", "failed: " + "; ".join(failures[:2]))]
-    ok = all(worst[d] <= _TOLERANCE[d] for d in _FLOAT_DTYPES)
-    errors = ", ".join(f"{str(d).rsplit('.', 1)[-1]} {worst[d]:.1e}" for d in _FLOAT_DTYPES)
+    ok = all(worst_by_dtype[d] <= _TOLERANCE[d] for d in _FLOAT_DTYPES)
+    errors = ", ".join(f"{str(d).rsplit('.', 1)[-1]} {worst_by_dtype[d]:.1e}" for d in _FLOAT_DTYPES)
     return checks + [KernelCheck(name, "metal", f"{'ok' if ok else 'mismatch'} (max err {errors})")]

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from .router import BOTTOM_ONLY_SIGNALS, POLICY_NAMES, Decision, Router, RouterConfig
@@ -192,7 +193,7 @@ class PeekPolicy:
 
 
 # The classes of the policies described in registry.py (router.py checks names against it).
-POLICY_CLASSES = {"ead": EadPolicy, "peek": PeekPolicy}
+POLICY_CLASSES: dict[str, Callable[[RouterConfig, int], Policy]] = {"ead": EadPolicy, "peek": PeekPolicy}
 assert tuple(POLICY_CLASSES) == POLICY_NAMES
 
 

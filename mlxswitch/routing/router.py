@@ -119,13 +119,14 @@ class RouterConfig:
             )
         if any(math.isnan(t) for t in (*self.up, *downs)):
             raise SettingError("up", "thresholds cannot be NaN")
-        for i, (u, d) in enumerate(zip(self.up, downs)):
+        for i, (u, d) in enumerate(zip(self.up, downs, strict=True)):
             if d > u:
                 raise SettingError(
                     "down", f"down threshold {d:g} exceeds up threshold {u:g} at boundary {i + 1}"
                 )
         if self.normalize or spec.probability:
-            # Normalised entropies and probabilities lie in [0, 1]: a finite threshold outside is never crossed.
+            # Normalised entropies and probabilities lie in [0, 1]: a finite threshold outside them is
+            # never crossed.
             outside = [t for t in (*self.up, *downs) if math.isfinite(t) and not 0 <= t <= 1]
             if outside:
                 what = (
@@ -175,7 +176,11 @@ class RouterConfig:
 
     def units(self, entropy: float) -> float:
         """An entropy in bits as the thresholds compare it (a fraction of log2 V when normalized)."""
-        return entropy / max_entropy_bits(self.vocab_size) if self.normalize else entropy
+        if not self.normalize:
+            return entropy
+        if self.vocab_size is None:
+            raise UsageError("normalised thresholds need the vocabulary size")
+        return entropy / max_entropy_bits(self.vocab_size)
 
     def settings(self, number: Callable[[float], object] = float) -> dict:
         """The settings a record or a profile rebuilds this config from; thresholds through `number`."""
@@ -220,8 +225,10 @@ class Router:
         self._log2v = max_entropy_bits(config.vocab_size) if config.vocab_size else None
         # Compared in bits, so normalisation does not change which tokens are near-maximal.
         # Near-maximal is a statement about entropy: with another signal only non-finite values fire.
-        near_max = self._log2v and SIGNAL_BY_NAME[config.signal].normalisable
-        self._hot_bits = config.guard_fraction * self._log2v if near_max else math.inf
+        if self._log2v is not None and SIGNAL_BY_NAME[config.signal].normalisable:
+            self._hot_bits = config.guard_fraction * self._log2v
+        else:
+            self._hot_bits = math.inf
         self._rung, self._count, self._streak = 0, 0, 0
         self._window: deque[float] = deque(maxlen=config.window)
 

@@ -35,16 +35,22 @@ class LazySignals:
     """[entropy bits, varentropy bits², p1 − p2], computed by mx or read from logits by NumPy."""
 
     def __init__(self, signals: mx.array | None, logits: mx.array | None):
-        self.array = signals if signals is not None else logits  # what async_eval must compute
-        self._signals, self._logits, self._values = signals, logits, None
+        array = signals if signals is not None else logits  # what async_eval must compute
+        if array is None:
+            raise ValueError("LazySignals needs the signals or the logits")
+        self.array: mx.array = array
+        self._signals, self._logits = signals, logits
+        self._values: list[float] | None = None
 
     def values(self) -> list[float]:
         """The three numbers (the first call waits for the computation)."""
         if self._values is None:
             if self._signals is not None:
-                self._values = self._signals.tolist()
+                values: list[float] = self._signals.tolist()  # type: ignore[assignment]  # mlx: any nesting
             else:
-                self._values = [float(v) for v in token_signals_numpy(self._logits)]
+                assert self._logits is not None  # one of the two is always given
+                values = [float(v) for v in token_signals_numpy(self._logits)]
+            self._values = values
         return self._values
 
 

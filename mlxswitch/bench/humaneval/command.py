@@ -101,7 +101,7 @@ def report(run: HumanEvalPlan) -> dict:
             "mode": run.profile.mode,
             "models": list(run.profile.models),
             "tiers": derived["tier_names"],
-            "bytes_per_token": dict(zip(derived["tier_names"], derived["bytes_per_token"])),
+            "bytes_per_token": dict(zip(derived["tier_names"], derived["bytes_per_token"], strict=True)),
         },
         "records": str(run.records.path),
         "settings": header["settings"],

@@ -17,6 +17,7 @@ A pass is a secret token printed after `check(entry_point)` returns; a timeout, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -184,10 +185,8 @@ def run_program(
 
 def _kill_group(process: subprocess.Popen) -> None:
     # Whatever the program left running in its session goes too (its group is its pid).
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     process.wait()
 
 

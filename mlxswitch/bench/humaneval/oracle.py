@@ -28,8 +28,8 @@ def disagreements(ladder: Ladder, prompt_ids: list[int], answer_ids: list[int], 
     tier.activate()
     fed = answer_ids if ended else answer_ids[:-1]
     logits = model(mx.array([prompt_ids[-1], *fed])[None], cache=cache)[0]
-    greedy = mx.argmax(logits, axis=-1).tolist()
-    out = [t for t, (mine, theirs) in enumerate(zip(greedy, answer_ids)) if mine != theirs]
+    greedy: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]  # mlx: any nesting
+    out = [t for t, (mine, theirs) in enumerate(zip(greedy, answer_ids, strict=False)) if mine != theirs]
     if ended and greedy[-1] not in ladder.tokenizer.eos_token_ids:
         out.append(len(answer_ids))
     return out

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TextIO
 
 from ...errors import OutputError, UsageError
 from ...models.sources import EmbeddedSource, model_source
@@ -71,7 +72,7 @@ class Records:
         self.path = path
         self.header = header
         self.lines = lines
-        self._handle = None
+        self._handle: TextIO | None = None
 
     @classmethod
     def open(cls, path: Path, settings: dict, restart: bool = False, read_only: bool = False) -> Records:
@@ -108,22 +109,24 @@ class Records:
         self.header = {"type": "header", "format": FORMAT, "settings": settings, "derived": derived}
         self.lines = []
         try:
-            self._handle = open(self.path, "w", encoding="utf-8")
+            # Held open across append() calls (each record fsynced), closed by close().
+            self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise OutputError(f"--records {self.path}: {exc.strerror}") from None
         self._write(self.header)
 
     def append(self, record: dict) -> None:
         """Add one record, on disk (flushed and fsynced) before this returns."""
-        if self._handle is None:
-            self._handle = open(self.path, "a", encoding="utf-8")
         self._write(record)
         self.lines.append(record)
 
     def _write(self, record: dict) -> None:
-        self._handle.write(json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        if self._handle is None:
+            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (as in start)
+        handle = self._handle
+        handle.write(json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
     def close(self) -> None:
         """Close the file (records already written stay)."""

@@ -176,6 +176,7 @@ def run_humaneval(
                 "network_namespace": network_namespace_works(),
             },
         )
+    assert records.header is not None  # started above, or read from the file
     taus = records.header["derived"]["taus"]
     arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
     done, positions = records.results(), records.positions()
