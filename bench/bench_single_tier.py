@@ -47,17 +47,18 @@ def stock_model(source: str) -> tuple[nn.Module, object]:
 
 def mlx_lm_decode_rate(model, tokenizer, prompt_ids, tokens: int) -> tuple[float, int]:
     """Decode tok/s of mlx-lm's stream_generate, timed from the first token to the last."""
-    stamps = []
-    for _ in stream_generate(model, tokenizer, prompt_ids, max_tokens=tokens):
+    stamps, prompt_tps = [], 0.0
+    for response in stream_generate(model, tokenizer, prompt_ids, max_tokens=tokens):
         stamps.append(time.perf_counter())
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps)
+        prompt_tps = response.prompt_tps
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps), prompt_tps
 
 
-def engine_decode_rate(session: ChatSession, prompt: str) -> tuple[float, int]:
-    """Decode tok/s of our engine on a one-tier ladder, timed the same way."""
+def engine_decode_rate(session: ChatSession, prompt: str) -> tuple[float, int, float]:
+    """Decode tok/s of our engine on a one-tier ladder, timed the same way, and prompt tok/s."""
     session.reset()
     summary = session.ask(prompt)
-    return summary.tok_per_s, summary.generated
+    return summary.tok_per_s, summary.generated, summary.prompt_tok_per_s
 
 
 def main() -> None:
@@ -80,12 +81,14 @@ def main() -> None:
     mlx_lm_decode_rate(stock, stock_tokenizer, prompt_ids, 8)  # warm-up both paths
     engine_decode_rate(session, PROMPT)
 
-    ours, theirs = [], []
+    ours, theirs, prompt_ours, prompt_theirs = [], [], [], []
     for _ in range(args.rounds):
-        rate, n = mlx_lm_decode_rate(stock, stock_tokenizer, prompt_ids, args.tokens)
+        rate, n, prompt_rate = mlx_lm_decode_rate(stock, stock_tokenizer, prompt_ids, args.tokens)
         theirs.append(rate)
-        rate, m = engine_decode_rate(session, PROMPT)
+        prompt_theirs.append(prompt_rate)
+        rate, m, prompt_rate = engine_decode_rate(session, PROMPT)
         ours.append(rate)
+        prompt_ours.append(prompt_rate)
         assert n == m == args.tokens, (n, m)
     ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
     print(f"model {loaded.name} · {args.tokens} tokens · {args.rounds} rounds (alternating)")
@@ -94,6 +97,10 @@ def main() -> None:
     for i, (a, b, r) in enumerate(zip(theirs, ours, ratios, strict=True)):
         print(f"{i:>5} {a:>13.2f} {b:>16.2f} {r:>6.3f}")
     print(f"median ratio mlxswitch / mlx-lm: {statistics.median(ratios):.3f} (target ≥ 0.97)")
+    print(
+        f"prompt processing ({len(prompt_ids)} tokens), median tok/s: mlx-lm "
+        f"{statistics.median(prompt_theirs):.1f}, mlxswitch {statistics.median(prompt_ours):.1f}"
+    )
     assert all(math.isfinite(r) for r in ratios)
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from . import __version__
 from .errors import MlxSwitchError
 from .models.gears import resident_bytes
-from .models.sources import model_source
+from .models.packaged import CATALOGUE, parts_present
+from .models.sources import PackagedGGUFSource, model_source
 from .profiles import load_profiles, user_models_toml
 from .resources import bundled_models_toml, embedded_gguf_path, metal_dir
 from .routing.probe import describe_probe
@@ -88,6 +89,13 @@ def doctor_report() -> DoctorReport:
         embedded = f"missing: {exc}"
         report.problems.append("embedded model missing")
     models.append(("embedded model", embedded))
+    for entry in CATALOGUE.values():  # optional models: reported, never a failure when absent
+        source = model_source(f"package:{entry.name}")
+        converted = source.converted() if isinstance(source, PackagedGGUFSource) else None
+        state = (f"converted ({converted})" if converted is not None
+                 else "parts installed; converted on first use" if parts_present(entry)
+                 else f"not installed: {source.how_to_get()}")
+        models.append((f"package:{entry.name}", state))
     key = os.environ.get("ANTHROPIC_API_KEY")
     models.append(("anthropic key", "set (ANTHROPIC_API_KEY)" if key else "not set"))
     report.sections.append(("configuration", files + models))
