@@ -20,6 +20,17 @@ def _pyplot():
     return plt
 
 
+def save_figure(plt, fig, title: str, path: Path) -> None:
+    """Title a figure and write it as a PNG, atomically (temporary name, rename); then close it."""
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    try:
+        with atomic_file(path, "--plot", binary=True) as handle:
+            fig.savefig(handle, format="png")
+    finally:
+        plt.close(fig)
+
+
 def save_plot(summary: dict, title: str, path: Path) -> None:
     """Write a two-panel PNG readable without the table; atomically (temporary name, rename)."""
     plt = _pyplot()
@@ -62,10 +73,4 @@ def save_plot(summary: dict, title: str, path: Path) -> None:
         axis.set_ylabel("retained fidelity (0 = bottom tier, 1 = top tier)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    try:
-        with atomic_file(path, "--plot", binary=True) as handle:
-            fig.savefig(handle, format="png")
-    finally:
-        plt.close(fig)
+    save_figure(plt, fig, title, path)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...files import atomic_file
 from ...routing.registry import POLICIES
-from ..plot import _pyplot
+from ..plot import _pyplot, save_figure
 
 
 def _xy(arms: list[dict], x: str) -> tuple[list, list, list]:
@@ -57,10 +56,4 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
         axis.legend(fontsize=7, loc="best")
     by_share.set_xlabel("top-tier share of tokens")
     by_time.set_xlabel("seconds per problem (this machine)")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    try:
-        with atomic_file(path, "--plot", binary=True) as handle:
-            fig.savefig(handle, format="png")
-    finally:
-        plt.close(fig)
+    save_figure(plt, fig, title, path)
