@@ -246,7 +246,7 @@ def test_memory_check_refuses_and_force_overrides(pair_args, monkeypatch):
 def test_models_lists_profiles_and_offline_availability():
     result = invoke(["models"])
     assert result.exit_code == 0
-    assert "embedded (default)" in result.stdout and "qwen2.5-0.5b-7b" in result.stdout
+    assert "embedded-plain (default)" in result.stdout and "qwen2.5-0.5b-7b" in result.stdout
 
 
 def test_doctor_reports_without_revealing_the_key(monkeypatch):
@@ -256,6 +256,13 @@ def test_doctor_reports_without_revealing_the_key(monkeypatch):
     assert "sk-ant-secret-value" not in result.stdout
     assert "set (ANTHROPIC_API_KEY)" in result.stdout
     assert "checksum verified" in result.stdout
+    assert "default profile" in result.stdout and "embedded-plain" in result.stdout
+
+
+def test_doctor_says_how_to_train_a_probe_for_a_switching_default(isolated_home):
+    (isolated_home / "models.toml").write_text('default = "embedded"\n')
+    result = invoke(["doctor"])
+    assert result.exit_code == 0
     # A fresh user directory holds no probe: doctor says how to train one.
     assert "probe" in result.stdout and "mlxswitch calibrate --profile embedded" in result.stdout
 

@@ -43,6 +43,6 @@ def test_wheel_ships_and_finds_its_data(tmp_path):
         str(installed / "metal"),
         str(installed / "models.toml"),
         "True",
-        "embedded",
+        "embedded-plain",
         str(installed / "bench_prompts" / "suite.jsonl"),
     ]

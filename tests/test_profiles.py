@@ -24,10 +24,14 @@ def use_file(tmp_path, monkeypatch, text: str, name: str = "models.toml"):
 # -- the bundled file ---------------------------------------------------------------------------
 
 
-def test_bundled_profiles_are_valid_and_default_is_geared_embedded():
+def test_bundled_profiles_are_valid_and_default_is_the_plain_embedded_model():
     profiles = load_profiles()
-    default = profiles.get(None)
-    assert default.name == "embedded" and default.mode == "gears"
+    # The plain model answers as well as the gears' top tier, faster (issue 20): it is the default.
+    plain = profiles.get(None)
+    assert plain.name == "embedded-plain" and plain.mode == "single"
+    assert plain.models == ("embedded:smollm2-135m",)
+    default = profiles.get("embedded")
+    assert default.mode == "gears"
     assert default.models == ("embedded:smollm2-135m",) and default.tier_names() == ("g4", "g8")
     # Re-chosen by calibrate on the held-out split (models.toml says so, and that plain is better).
     assert (default.router.policy, default.router.signal, default.router.window, default.router.min_run) == (
@@ -145,7 +149,7 @@ def test_without_overrides_the_user_file_is_in_config(monkeypatch, tmp_path):
     monkeypatch.delenv("MLXSWITCH_HOME")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert user_models_toml() == tmp_path / ".config" / "mlxswitch" / "models.toml"
-    assert load_profiles().default == "embedded"  # an absent user file is fine
+    assert load_profiles().default == "embedded-plain"  # an absent user file is fine
 
 
 def test_paths_expand_home_and_resolve_against_the_file(tmp_path, monkeypatch):
