@@ -235,8 +235,15 @@ def test_codes_are_packed_as_mlx_packs_them(bits):
 class NumpyQwen2:
     """Plain fp32 qwen2 over the whole prefix: biased q/k/v, NEOX RoPE, GQA, untied output."""
 
-    def __init__(self, weights: dict[str, np.ndarray], theta: float = 10000.0, eps: float = 1e-6,
-                 layers: int = LAYERS, heads: int = HEADS, kv_heads: int = KV_HEADS):
+    def __init__(
+        self,
+        weights: dict[str, np.ndarray],
+        theta: float = 10000.0,
+        eps: float = 1e-6,
+        layers: int = LAYERS,
+        heads: int = HEADS,
+        kv_heads: int = KV_HEADS,
+    ):
         self.w, self.theta, self.eps = weights, theta, eps
         self.layers, self.heads, self.kv_heads = layers, heads, kv_heads
 
@@ -250,6 +257,10 @@ class NumpyQwen2:
         first, second = x[..., : d // 2], x[..., d // 2 :]
         return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
+    def _project(self, h, prefix: str, name: str, heads: int):  # h: (T, hidden) → (heads, T, d)
+        out = h @ self.w[prefix + name + ".weight"].T + self.w[prefix + name + ".bias"]
+        return out.reshape(h.shape[0], heads, -1).transpose(1, 0, 2)
+
     def logits(self, ids: list[int]) -> np.ndarray:
         """Next-token logits after `ids`."""
         w, T = self.w, len(ids)
@@ -259,12 +270,8 @@ class NumpyQwen2:
         for i in range(self.layers):
             p = f"blk.{i}."
             h = self._norm(x, w[p + "attn_norm.weight"])
-
-            def project(name: str, heads: int):
-                out = h @ w[p + name + ".weight"].T + w[p + name + ".bias"]
-                return out.reshape(T, heads, -1).transpose(1, 0, 2)
-
-            q, k, v = project("attn_q", heads), project("attn_k", kv_heads), project("attn_v", kv_heads)
+            q = self._project(h, p, "attn_q", heads)
+            k, v = self._project(h, p, "attn_k", kv_heads), self._project(h, p, "attn_v", kv_heads)
             q, k = self._rope(q), self._rope(k)
             k, v = np.repeat(k, heads // kv_heads, axis=0), np.repeat(v, heads // kv_heads, axis=0)
             scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + mask
@@ -389,17 +396,26 @@ def test_the_packaged_pair_decodes_as_an_independent_reference(tmp_path, name):
         pytest.skip(f"the packaged {entry.title} is not installed ({entry.install_hint()})")
     joined = packaged.join_parts(entry, tmp_path / f"{name}.gguf")
     loaded = model_source(f"package:{name}").load()  # converts into the test's own user directory
-    session = ChatSession(single_model_ladder(loaded, name="model"), RouterConfig(up=()),
-                          GenerationSettings(max_tokens=8))
+    session = ChatSession(
+        single_model_ladder(loaded, name="model"), RouterConfig(up=()), GenerationSettings(max_tokens=8)
+    )
     question = "Write a Python function that reverses a string."
     summary = session.ask(question)
     reader = GGUFReader(str(joined))
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml")}
-    reference = NumpyQwen2(gguf_floats(joined), theta=meta["qwen2.rope.freq_base"],
-                           eps=meta["qwen2.attention.layer_norm_rms_epsilon"], layers=meta["qwen2.block_count"],
-                           heads=meta["qwen2.attention.head_count"], kv_heads=meta["qwen2.attention.head_count_kv"])
-    ids = list(loaded.tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                                    add_generation_prompt=True))
+    reference = NumpyQwen2(
+        gguf_floats(joined),
+        theta=meta["qwen2.rope.freq_base"],
+        eps=meta["qwen2.attention.layer_norm_rms_epsilon"],
+        layers=meta["qwen2.block_count"],
+        heads=meta["qwen2.attention.head_count"],
+        kv_heads=meta["qwen2.attention.head_count_kv"],
+    )
+    ids = list(
+        loaded.tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True
+        )
+    )
     expected = []
     for _ in range(8):
         expected.append(int(np.argmax(reference.logits(ids))))

@@ -105,11 +105,11 @@ def _gguf_footprint(path: Path) -> Footprint:
     size = params = linear = 0
     for name, (kind, count) in header.tensors.items():
         params += count
-        kind = ggml_type(kind)
-        bits = kind.quant_bits or REQUANT_BITS.get(kind.name, 0)
-        linear += count if bits and not kind.float_bytes and not name.startswith("token_embd") else 0
-        if kind.float_bytes:
-            size += count * float_width(kind.float_bytes)
+        gtype = ggml_type(kind)
+        bits = gtype.quant_bits or REQUANT_BITS.get(gtype.name, 0)
+        linear += count if bits and not gtype.float_bytes and not name.startswith("token_embd") else 0
+        if gtype.float_bytes:
+            size += count * float_width(gtype.float_bytes)
         elif bits:
             # MLX holds a block as packed weights plus a scale and a bias (fp16; fp32 on a CPU).
             size += count * bits // 8 + 2 * (count // GGUF_GROUP_SIZE) * float_width(2)

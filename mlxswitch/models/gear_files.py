@@ -7,10 +7,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from ..errors import ModelFormatError, ModelNotFoundError, OutputError, UsageError
 from ..files import atomic_dir
+from .arrays import flat_parameters, load_arrays
 from .gears import (
     DEFAULT_GROUP_SIZE,
     HALF_DTYPES,
@@ -43,7 +43,7 @@ def save_geared(model: nn.Module, config: dict, out_dir: Path, scale_dtype: mx.D
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = {}
-    for name, value in tree_flatten(model.parameters()):
+    for name, value in flat_parameters(model):
         if mx.issubdtype(value.dtype, mx.floating):
             first = scale_dtype if ".planes." in name else OTHER_DTYPE
             value = value.astype(exact_dtype(value, (first, *HALF_DTYPES)) or mx.float32)
@@ -103,9 +103,8 @@ def load_geared(out_dir: Path, float_dtype: mx.Dtype | None = None) -> tuple[nn.
         )
     if config.get("rope_freqs"):
         use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
-    load_checked_weights(
-        model, mx.load(str(path / "model.safetensors")), dtype, f"{path}: saved gears do not fit its config"
-    )
+    weights = load_arrays(str(path / "model.safetensors"))
+    load_checked_weights(model, weights, dtype, f"{path}: saved gears do not fit its config")
     model.gear_state = state
     return model, config
 

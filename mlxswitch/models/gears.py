@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import EllipsisType
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
+from .arrays import flat_parameters
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
@@ -101,21 +102,22 @@ class NestedLinear(nn.Module):
         candidates = (scale_dtype, mx.bfloat16) if scale_dtype == mx.float16 else (scale_dtype or dtype,)
         planes = []
         for index, bits in enumerate(plane_bits):
-            peak = mx.max(mx.abs(residual)).item()
+            peak: float = mx.max(mx.abs(residual)).item()  # type: ignore[assignment]  # mlx: int | float | complex
             # mx.quantize floors scales at 1e-7, coarser than a tiny residual needs: lift it by an
             # exact power of two first (never the first plane: it stays plain mx.quantize).
             lift = 2.0 ** -math.floor(math.log2(peak)) if index and 0 < peak < math.inf else 1.0
             q, scales, biases = mx.quantize(residual * lift, group_size=group_size, bits=bits)
             scales, biases = scales / lift, biases / lift
-            best = None
+            best: tuple[float, mx.array, mx.array, mx.array] | None = None
             for candidate in candidates:
                 s, b = _round_to(scales, candidate, dtype), _round_to(biases, candidate, dtype)
                 part = mx.dequantize(
                     q, s.astype(mx.float32), b.astype(mx.float32), group_size=group_size, bits=bits
                 )
-                error = mx.sum(mx.square(residual - part)).item()
+                error: float = mx.sum(mx.square(residual - part)).item()  # type: ignore[assignment]  # mlx: int | float | complex
                 if best is None or error < best[0]:
                     best = (error, s, b, part)
+            assert best is not None  # candidates is never empty
             _, scales, biases, part = best
             residual = residual - part
             planes.append({"weight": q, "scales": scales, "biases": biases})
@@ -177,7 +179,7 @@ class NestedLinear(nn.Module):
     def dequantized(self, planes: int | None = None) -> mx.array:
         """The fp32 weight the first `planes` planes represent (all of them by default)."""
         count = planes or len(self.planes)
-        return sum(
+        return sum(  # type: ignore[return-value]  # typed array | 0: a layer always has a plane
             mx.dequantize(
                 p["weight"],
                 p["scales"].astype(mx.float32),
@@ -185,7 +187,7 @@ class NestedLinear(nn.Module):
                 group_size=self.group_size,
                 bits=bits,
             )
-            for p, bits in zip(self.planes[:count], self.plane_bits[:count])
+            for p, bits in zip(self.planes[:count], self.plane_bits[:count], strict=True)
         )
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -202,7 +204,7 @@ class NestedLinear(nn.Module):
 
 def plane_bits_for(gears: tuple[int, ...]) -> tuple[int, ...]:
     """Plane widths that give these cumulative gears: (4, 8, 16) → (4, 4, 8)."""
-    planes = tuple(b - a for a, b in zip((0,) + tuple(gears), gears))
+    planes = tuple(b - a for a, b in zip((0,) + tuple(gears), gears, strict=False))  # one shorter by design
     bad = [p for p in planes if p not in SUPPORTED_PLANE_BITS]
     if bad or list(gears) != sorted(set(gears)):
         raise UsageError(
@@ -219,7 +221,8 @@ def source_bits(model: nn.Module) -> int | None:
     if state is not None:  # already nested: the source was recorded then
         return state.source_bits
     bits = [m.bits if isinstance(m, nn.QuantizedLinear) else None for _, m in linear_layers(model)]
-    return None if not bits or None in bits else max(bits)
+    widths = [b for b in bits if b is not None]
+    return None if not bits or len(widths) < len(bits) else max(widths)
 
 
 def honest_plane_bits(source_bits: int | None) -> tuple[int, ...]:
@@ -307,7 +310,7 @@ def _round_other_floats(model: nn.Module) -> None:
     # What runs is what gets saved: float tensors outside the planes are rounded once to bf16.
     rounded = [
         (k, v.astype(OTHER_DTYPE).astype(v.dtype))
-        for k, v in tree_flatten(model.parameters())
+        for k, v in flat_parameters(model)
         if ".planes." not in k and mx.issubdtype(v.dtype, mx.floating) and exact_dtype(v, HALF_DTYPES) is None
     ]
     if rounded:
@@ -317,7 +320,7 @@ def _round_other_floats(model: nn.Module) -> None:
 
 def activation_dtype(model: nn.Module) -> mx.Dtype:
     """The float dtype the model computes in (its norms' dtype): scales must match it."""
-    for name, value in tree_flatten(model.parameters()):
+    for name, value in flat_parameters(model):
         if name.endswith("norm.weight"):
             return value.dtype
     return mx.float32
@@ -328,7 +331,7 @@ def activation_dtype(model: nn.Module) -> mx.Dtype:
 
 def resident_bytes(model: nn.Module) -> int:
     """Bytes of every parameter the model holds in memory (all gears)."""
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    return sum(v.nbytes for _, v in flat_parameters(model))
 
 
 def bytes_per_token(model: nn.Module, gear: int | None = None) -> int:
@@ -347,7 +350,7 @@ def bytes_per_token(model: nn.Module, gear: int | None = None) -> int:
         name for name, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))
     }
     total = 0
-    for name, value in tree_flatten(model.parameters()):
+    for name, value in flat_parameters(model):
         parts = name.split(".")
         owner = ".".join(parts[:-1])
         if "planes" in parts and active is not None:
@@ -393,7 +396,7 @@ class GearReport:
         return out
 
 
-def gear_report(model: nn.Module, source: int | None = ...) -> GearReport:
+def gear_report(model: nn.Module, source: int | None | EllipsisType = ...) -> GearReport:
     """Resident bytes and per-gear bytes read of a nested model (source bits: as recorded)."""
     state: GearState = model.gear_state
     source = state.source_bits if source is ... else source

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -145,7 +145,8 @@ def convert_gguf(path: Path, progress: Progress | None = None, sha256: str | Non
 
 def _read(path: Path) -> tuple[dict, dict]:
     try:
-        return mx.load(str(path), return_metadata=True)
+        # mlx types the result as a union over formats; return_metadata=True gives (arrays, metadata).
+        return mx.load(str(path), return_metadata=True)  # type: ignore[return-value]
     except Exception as exc:  # mlx raises plain RuntimeError/ValueError for any unreadable file
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].removeprefix("[load_gguf] ")
         raise ModelFormatError(f"{path.name}: cannot read as GGUF ({reason})") from exc
@@ -164,7 +165,7 @@ def _config(meta: dict, arch: str, weights: dict, path: Path, rope_factors: mx.a
     head_dim = int(get("attention.key_length", hidden // heads))
     if int(get("rope.dimension_count", head_dim)) != head_dim:
         raise ModelFormatError(f"{path.name}: partial rotary embeddings are not supported")
-    config = {
+    config: dict[str, Any] = {
         "model_type": arch,
         "hidden_size": hidden,
         "num_hidden_layers": int(get("block_count")),
@@ -191,7 +192,8 @@ def _config(meta: dict, arch: str, weights: dict, path: Path, rope_factors: mx.a
         raise ModelFormatError(f"{path.name}: RoPE scaling '{scaling}' is not supported")
     if rope_factors is not None:
         # Not mlx-lm's: whoever rebuilds this model from the config must re-apply them.
-        config["rope_freqs"] = [float(f) for f in rope_factors.astype(mx.float32).tolist()]
+        factors: list[float] = rope_factors.astype(mx.float32).tolist()  # type: ignore[assignment]  # 1-D
+        config["rope_freqs"] = [float(f) for f in factors]
     file_type = meta_value(meta, "general.file_type", path, None)
     config["gguf_file_type"] = (
         "unknown" if file_type is None else _FILE_TYPES.get(file_type, f"type {file_type}")
@@ -247,7 +249,7 @@ def _layer_bits(weights: dict) -> dict[str, int]:
 def _dominant_float_dtype(tensors: dict) -> mx.Dtype:
     # A quantized GGUF keeps norms in F32 but scales in F16; mixing them would run every
     # activation in fp32, so "the checkpoint's precision" is the dtype holding most values.
-    sizes = Counter()
+    sizes: Counter[mx.Dtype] = Counter()
     for value in tensors.values():
         if mx.issubdtype(value.dtype, mx.floating):
             sizes[value.dtype] += value.size

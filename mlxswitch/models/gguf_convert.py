@@ -52,7 +52,7 @@ def reader_metadata(reader) -> dict:
     arrays as lists, numeric arrays as mx arrays (what gguf.py and gguf_tokenizer.py read)."""
     from gguf import GGUFValueType
 
-    meta = {}
+    meta: dict[str, object] = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
             continue

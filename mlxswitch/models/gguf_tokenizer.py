@@ -70,8 +70,12 @@ def build_tokenizer(meta: dict, path: Path) -> TokenizerWrapper:
     splits, ignore_merges, add_bos_default = _PRE_TOKENIZERS[pre]
     tokens = list(meta_value(meta, "tokenizer.ggml.tokens", path))
     merges = [tuple(m.split(" ", 1)) for m in meta_value(meta, "tokenizer.ggml.merges", path, [])]
-    types = meta.get("tokenizer.ggml.token_type")
-    types = types.tolist() if isinstance(types, mx.array) else [1] * len(tokens)
+    token_types = meta.get("tokenizer.ggml.token_type")
+    types: list[int] = (
+        token_types.tolist()  # type: ignore[assignment]  # mlx: any nesting; this array is 1-D
+        if isinstance(token_types, mx.array)
+        else [1] * len(tokens)
+    )
 
     backend = Tokenizer(
         models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=ignore_merges)

@@ -31,8 +31,9 @@ def _candidate_heads(model: nn.Module, body) -> list[Callable]:
     if callable(getattr(model, "lm_head", None)):
         heads.append(model.lm_head)
     embed = getattr(body, "embed_tokens", None)
-    if callable(getattr(embed, "as_linear", None)):
-        heads.append(embed.as_linear)
+    as_linear = getattr(embed, "as_linear", None)
+    if callable(as_linear):
+        heads.append(as_linear)
     return heads
 
 

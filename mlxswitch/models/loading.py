@@ -38,7 +38,8 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     if "mlxswitch_gears" in config:
         return load_geared_dir(source, path, name)
     try:
-        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+        # mlx-lm's annotation omits the config that return_config=True appends.
+        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)  # type: ignore[misc]
     except ValueError as exc:  # mlx-lm's word for an unknown model_type or missing weights
         raise ModelFormatError(f"model '{source}': {str(exc).splitlines()[0]}") from exc
     except FileNotFoundError as exc:

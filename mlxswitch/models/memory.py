@@ -111,7 +111,7 @@ class MemoryEstimate:
     def summary(self) -> str:
         """'small 0.3 GB + large 4.6 GB + KV 0.9 GB', for messages."""
         known = [m for m in self.models if m.weights is not None]
-        parts = [f"{m.role} {m.weights / _GB:.1f} GB" for m in known]
+        parts = [f"{m.role} {m.weights / _GB:.1f} GB" for m in known if m.weights is not None]
         text = " + ".join(parts + [f"KV {sum(m.kv for m in known) / _GB:.1f} GB"])
         if any(m.guessed for m in known):
             text += "; sizes of models not downloaded yet are guessed from their names"
@@ -131,7 +131,7 @@ def estimate_memory(profile_or_sources, tokens: int = KV_CONTEXT_TOKENS) -> Memo
         name, sources, gears = f"profile '{profile.name}'", tuple(profile.models), tuple(profile.gears)
     roles = ("small", "large") if len(sources) == 2 else ("model",) * len(sources)
     models = []
-    for role, source in zip(roles, sources):
+    for role, source in zip(roles, sources, strict=True):
         weights, guessed = model_source(source).footprint(), False
         if weights is None:
             weights, guessed = _guess_weights(source), True

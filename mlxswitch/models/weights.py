@@ -10,10 +10,10 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.utils import MODEL_REMAPPING
 
 from ..errors import ModelFormatError
+from .arrays import flat_parameters
 
 
 @dataclass
@@ -54,7 +54,7 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
         return
     casted = [
         (k, v.astype(dtype))
-        for k, v in tree_flatten(model.parameters())
+        for k, v in flat_parameters(model)
         if mx.issubdtype(v.dtype, mx.floating) and v.dtype != dtype
     ]
     if casted:
@@ -62,7 +62,7 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
         mx.eval(model.parameters())
 
 
-def model_classes(config: dict, what: str) -> tuple[type, type]:
+def model_classes(config: dict, what: str) -> tuple[type[Any], type[Any]]:
     """mlx-lm's Model and ModelArgs classes for a config's model_type; ModelFormatError naming `what`."""
     # mlx-lm's own lookup is private (utils._get_classes); its model modules and remapping are public.
     model_type = str(config.get("model_type", ""))
