@@ -92,9 +92,13 @@ def doctor_report() -> DoctorReport:
     for entry in CATALOGUE.values():  # optional models: reported, never a failure when absent
         source = model_source(f"package:{entry.name}")
         converted = source.converted() if isinstance(source, PackagedGGUFSource) else None
-        state = (f"converted ({converted})" if converted is not None
-                 else "parts installed; converted on first use" if parts_present(entry)
-                 else f"not installed: {source.how_to_get()}")
+        state = (
+            f"converted ({converted})"
+            if converted is not None
+            else "parts installed; converted on first use"
+            if parts_present(entry)
+            else f"not installed: {source.how_to_get()}"
+        )
         models.append((f"package:{entry.name}", state))
     key = os.environ.get("ANTHROPIC_API_KEY")
     models.append(("anthropic key", "set (ANTHROPIC_API_KEY)" if key else "not set"))
