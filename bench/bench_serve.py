@@ -168,6 +168,8 @@ def main() -> None:
                     "-m",
                     "mlxswitch",
                     "serve",
+                    "--profile",
+                    "embedded",
                     "--port",
                     str(ports[2]),
                     "--log-level",
