@@ -64,16 +64,15 @@ def main(argv: list[str]) -> None:
         }
         for kind, by_bits in rows.items()
     }
-    print(
-        "| type | chosen | "
-        + " | ".join(f"{b}-bit rel. RMS error (exact groups)" for b in (4, 5, 6, 8))
-        + " |"
-    )
+    head = " | ".join(f"mx.quantize {b}-bit" for b in (4, 5, 6, 8))
+    print(f"| type | mlxswitch: bits, rel. RMS error (exact groups) | {head} |")
     for kind, by_bits in sorted(table.items()):
         cells = [
             f"{by_bits[b]['rel_rms']:.2e} ({100 * by_bits[b]['groups_exact']:.0f}%)" for b in (4, 5, 6, 8)
         ]
-        print(f"| {kind} | {REQUANT_BITS[kind]}-bit | " + " | ".join(cells) + " |")
+        ours = by_bits["ours"]
+        mine = f"{REQUANT_BITS[kind]}-bit, {ours['rel_rms']:.2e} ({100 * ours['groups_exact']:.0f}%)"
+        print(f"| {kind} | {mine} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"command": " ".join(sys.argv), "files": args.files, "table": table}, handle, indent=1)
