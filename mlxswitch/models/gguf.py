@@ -26,7 +26,6 @@ from .gguf_convert import (
     refuse_unknown_types,
     write_converted,
 )
-from .gguf_convert import tensor_types as convert_tensor_types
 from .gguf_reader import GROUP_SIZE, ggml_type, header_types_or_none, meta_value
 from .gguf_tokenizer import build_tokenizer
 from .weights import load_checked_weights, model_classes
@@ -121,9 +120,8 @@ def convert_gguf(path: Path, progress: Progress | None = None, sha256: str | Non
     """The mlx-lm directory converted from this GGUF, made once (keyed by its sha256) and cached;
     `sha256` when the caller verified it already."""
     path = Path(path)
-    refuse_unknown_types(
-        path, {name: ggml_type(kind).name for name, kind in (header_types_or_none(path) or {}).items()}
-    )
+    types = {name: ggml_type(kind).name for name, kind in (header_types_or_none(path) or {}).items()}
+    refuse_unknown_types(path, types)
     sha256 = sha256 or known_sha256(path)
     found = find_converted(sha256)
     if found is not None:
@@ -135,7 +133,6 @@ def convert_gguf(path: Path, progress: Progress | None = None, sha256: str | Non
     except Exception as exc:  # gguf raises ValueError/struct errors/IndexError for a damaged file
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
         raise ModelFormatError(f"{path.name}: cannot read as GGUF ({reason})") from exc
-    types = convert_tensor_types(reader)
     meta = reader_metadata(reader)
     tensors = convert_tensors(path, reader, progress)
     model, tokenizer, config = _assemble(path, meta, tensors, None)

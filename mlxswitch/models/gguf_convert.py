@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-from ..errors import ModelFormatError
-from ..files import atomic_dir
+from ..errors import ModelFormatError, OutputError
+from ..files import atomic_dir, atomic_file
 from ..resources import cache_dir, file_sha256
-from .gguf_reader import GROUP_SIZE, meta_value
+from .gguf_reader import GROUP_SIZE
 
 Progress = Callable[[str], None]
 
@@ -162,11 +163,6 @@ def pack_codes(codes: np.ndarray, bits: int, chunk: int = 4096) -> np.ndarray:
     return out
 
 
-def tensor_types(reader) -> dict[str, str]:
-    """Every tensor's ggml type name."""
-    return {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
-
-
 def refuse_unknown_types(path: Path, types: dict[str, str]) -> None:
     """One error naming the first tensor whose type has no conversion."""
     foreign = {name: kind for name, kind in types.items() if kind not in REQUANT_BITS}
@@ -258,26 +254,11 @@ def write_converted(path: Path, sha256: str, model, config: dict, tokenizer, typ
             "source": path.name,
             "sha256": sha256,
             "format": CONVERTED_FORMAT,
-            "types": dict(sorted(_type_counts(types).items())),
+            "types": dict(sorted(Counter(types.values()).items())),
             "requant_bits": {k: REQUANT_BITS[k] for k in sorted(set(types.values()))},
         }
         save_config(config, staging / "config.json")
     return target
-
-
-def _type_counts(types: dict[str, str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for kind in types.values():
-        counts[kind] = counts.get(kind, 0) + 1
-    return counts
-
-
-def converted_summary(folder: Path) -> dict | None:
-    """The `mlxswitch_gguf` record of a converted directory, None when it is not one."""
-    try:
-        return json.loads((folder / "config.json").read_text()).get("mlxswitch_gguf")
-    except (OSError, ValueError):
-        return None
 
 
 def find_converted(sha256: str) -> Path | None:
@@ -306,14 +287,8 @@ def known_sha256(path: Path) -> str:
     index[key] = sha
     try:
         index_file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = index_file.with_name(f".sha256.{os.getpid()}.json")
-        temporary.write_text(json.dumps(index))
-        os.replace(temporary, index_file)
-    except OSError:  # a read-only cache only costs a re-hash next time
+        with atomic_file(index_file, "sha256 index") as handle:
+            json.dump(index, handle)
+    except (OSError, OutputError):  # a read-only cache only costs a re-hash next time
         pass
     return sha
-
-
-def architecture(meta: dict, path: Path) -> str:
-    """`general.architecture`, required."""
-    return str(meta_value(meta, "general.architecture", path))
