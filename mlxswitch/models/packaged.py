@@ -11,13 +11,12 @@ import base64
 import hashlib
 import importlib.metadata
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelNotFoundError
-from ..files import open_temporary
+from ..files import commit, open_temporary
 
 Progress = Callable[[str], None]
 
@@ -140,7 +139,7 @@ def join_parts(entry: PackagedGGUF, target: Path, progress: Progress | None = No
                 f"expected {entry.size:,} bytes, {entry.sha256[:12]}…); reinstall with "
                 f"{entry.install_hint().replace('uv sync', 'uv sync --reinstall', 1)}"
             )
-        os.replace(temporary, target)
+        commit(temporary, target, "model cache")
     finally:
         temporary.unlink(missing_ok=True)
     return target
