@@ -48,6 +48,7 @@ def resolve_profile(
     normalize: bool | None = None,
     policy: str | None = None,
     signal: str | None = None,
+    verify: bool | None = None,
     cloud: str | None = None,
     cloud_options: dict | None = None,
 ) -> Profile:
@@ -127,6 +128,7 @@ def resolve_profile(
         normalize=old.normalize if normalize is None else normalize,
         policy=old.policy if policy is None else policy,
         signal=old.signal if signal is None else signal,
+        verify=old.verify if verify is None else verify,
     )
     router.validate(tiers)
     return dataclasses.replace(profile, router=router)

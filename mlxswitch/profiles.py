@@ -51,6 +51,7 @@ _PROFILE_KEYS = (
     "normalize",
     "policy",
     "signal",
+    "verify",
     "cloud",
 )
 _DEFAULT_KEYS = ("window", "min_run", "normalize")
@@ -345,6 +346,10 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
             if not isinstance(table[key], str):
                 raise fail(key, f"'{key}' must be a name (got {table[key]!r})")
             settings[key] = table[key]
+    if "verify" in table:
+        if not isinstance(table["verify"], bool):
+            raise fail("verify", "'verify' must be true or false")
+        settings["verify"] = table["verify"]
     try:
         router = RouterConfig(up=up, down=down, **settings)
         router.validate(len(profile.tier_names()))

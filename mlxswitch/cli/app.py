@@ -123,6 +123,7 @@ def chat(
     normalize: o.NormalizeOpt = None,
     policy: o.PolicyOpt = None,
     signal: o.SignalOpt = None,
+    verify: o.VerifyOpt = None,
     max_tokens: o.MaxTokensOpt = 512,
     temp: o.TempOpt = 0.0,
     top_p: o.TopPOpt = 1.0,
@@ -198,6 +199,7 @@ _SHARED = (
     "normalize",
     "policy",
     "signal",
+    "verify",
     "max_tokens",
     "temp",
     "top_p",
@@ -230,6 +232,7 @@ def _routing_and_sampling(
     normalize,
     policy,
     signal,
+    verify,
     max_tokens,
     temp,
     top_p,
@@ -264,6 +267,7 @@ def _routing_and_sampling(
         normalize=normalize,
         policy=policy,
         signal=signal,
+        verify=verify,
         cloud=cloud,
         cloud_options=o.cloud_options(
             cloud_model, cloud_budget, cloud_calls, cloud_timeout, cloud_span_tokens, cloud_threshold
@@ -302,6 +306,7 @@ def serve(
     normalize: o.NormalizeOpt = None,
     policy: o.PolicyOpt = None,
     signal: o.SignalOpt = None,
+    verify: o.VerifyOpt = None,
     max_tokens: Annotated[
         int,
         typer.Option(

@@ -61,6 +61,14 @@ PolicyOpt = Annotated[
         "a stronger one redoes it when unsure.",
     ),
 ]
+VerifyOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--verify/--no-verify",
+        help="The large tier checks every token the small one drafts (lossless, as speculative "
+        "decoding); a draft ends where peek would escalate. Needs --policy peek --window 1 --min-run 1.",
+    ),
+]
 SignalOpt = Annotated[
     str | None,
     typer.Option(

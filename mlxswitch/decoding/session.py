@@ -22,6 +22,7 @@ from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
 from .loop import TokenLoop
 from .tiers import Ladder
+from .verify import VerifyLoop
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
@@ -230,18 +231,31 @@ class ChatSession:
                 def span(answer_ids: list[int], room: int) -> list[int]:
                     return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
 
-        policy = (self.policy_factory or make_policy)(self.router_config, len(self.tier_names))
-        loop = TokenLoop(
-            ladder,
-            self.ids,
-            policy,
-            sampler,
-            settings.prefill_step,
-            cloud_span=span,
-            signal=self.router_config.signal,
-            normalize_for_sampler=0 < settings.top_p < 1,
-            top_logprobs=settings.top_logprobs,
-        )
+        config = self.router_config
+        loop: TokenLoop | VerifyLoop
+        if config.verify and self.policy_factory is None:
+            loop = VerifyLoop(
+                ladder,
+                self.ids,
+                config.up[0],
+                sampler,
+                settings.prefill_step,
+                signal=config.signal,
+                normalize_for_sampler=0 < settings.top_p < 1,
+                top_logprobs=settings.top_logprobs,
+            )
+        else:
+            loop = TokenLoop(
+                ladder,
+                self.ids,
+                (self.policy_factory or make_policy)(config, len(self.tier_names)),
+                sampler,
+                settings.prefill_step,
+                cloud_span=span,
+                signal=config.signal,
+                normalize_for_sampler=0 < settings.top_p < 1,
+                top_logprobs=settings.top_logprobs,
+            )
         mx.reset_peak_memory()
         reason = "interrupted"
         try:

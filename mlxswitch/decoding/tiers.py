@@ -56,21 +56,35 @@ class CacheGroup:
         gears never write lasting low-precision K/V for a prompt.
         """
         model = self.model.model
-        if inputs.size > 1:
-            self._activate(self.prefill_gear)
-        while inputs.size > 1:
-            part = inputs[: min(chunk, inputs.size - 1)]
-            model(part[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
-            mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries
-            self.seen += part.size
-            inputs = inputs[part.size :]
+        inputs = self._prefill(inputs, 1, chunk)
         self.seen += inputs.size
         self._activate(gear)
         if split is None:
             return model(inputs[None], cache=self.cache)[:, -1, :], None
         hidden = split.body(inputs[None], cache=self.cache)[:, -1:, :]
         return split.head(hidden)[:, -1, :], hidden[0, -1]
+
+    def score(self, inputs: mx.array, rows: int, gear: int | None, chunk: int) -> mx.array:
+        """Run the model over `inputs` (ids after `seen`); lazy logits (rows, V) of the last `rows`
+        positions, in one batched pass (verify.py checks a draft with them)."""
+        inputs = self._prefill(inputs, rows, chunk)
+        self.seen += inputs.size
+        self._activate(gear)
+        return self.model.model(inputs[None], cache=self.cache)[0]
+
+    def _prefill(self, inputs: mx.array, keep: int, chunk: int) -> mx.array:
+        """Fill the cache with all but the last `keep` ids, in chunks, at the prefill gear: evaluating
+        the cache state alone skips the output head for them; the ids left are returned."""
+        if inputs.size > keep:
+            self._activate(self.prefill_gear)
+        while inputs.size > keep:
+            part = inputs[: min(chunk, inputs.size - keep)]
+            self.model.model(part[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries
+            self.seen += part.size
+            inputs = inputs[part.size :]
+        return inputs
 
     def rewind(self, keep: int) -> int:
         """Keep the first `keep` tokens (trimmed, else started over); how many must be fed again."""

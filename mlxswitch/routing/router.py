@@ -87,6 +87,8 @@ class RouterConfig:
     top_local: int | None = None
     policy: str = "ead"
     signal: str = "entropy"
+    # The top tier checks every token the bottom one drafts (decoding/verify.py): lossless.
+    verify: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -140,6 +142,15 @@ class RouterConfig:
                 )
         if self.window < 1:
             raise SettingError("window", f"the window must be at least 1 token (got {self.window})")
+        if self.verify and (self.policy, self.window, self.min_run) != ("peek", 1, 1):
+            # A draft ends where peek, deciding each position on its own, would escalate.
+            raise SettingError(
+                "verify",
+                "verify checks the drafts where peek escalates, deciding each position on its own: "
+                "it needs --policy peek --window 1 --min-run 1",
+            )
+        if self.verify and spec.bottom_only:
+            raise SettingError("verify", f"verify routes on a signal of the logits, not the {self.signal}")
         if self.min_run < 1:
             raise SettingError("min_run", f"the min run must be at least 1 token (got {self.min_run})")
         if self.vocab_size is not None and self.vocab_size < 2:
@@ -164,6 +175,11 @@ class RouterConfig:
         if len(self.up) != num_tiers - 1:
             raise SettingError(
                 "up", f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}"
+            )
+        if self.verify and num_tiers != 2:
+            raise SettingError(
+                "verify",
+                f"verify needs two local tiers, a drafter and a checker (this ladder has {num_tiers})",
             )
         if self.top_local is not None and not 0 <= self.top_local < num_tiers:
             raise UsageError(
@@ -192,6 +208,7 @@ class RouterConfig:
             "window": self.window,
             "min_run": self.min_run,
             "normalize": self.normalize,
+            "verify": self.verify,
         }
 
     def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> RouterConfig:

@@ -1,0 +1,147 @@
+"""Verified drafting (decoding/verify.py): the answer is the top tier's own, whatever the threshold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from mlxswitch.cli import app
+from mlxswitch.decoding import verify
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
+from mlxswitch.errors import ConfigError, SettingError
+from mlxswitch.models.sources import load_model
+from mlxswitch.profiles import load_profiles
+from mlxswitch.routing.router import RouterConfig
+
+PROMPTS = ["What is the capital of France?", "Count: one two three", "def add(a, b):"]
+INF = math.inf
+
+
+def _verify(tau: float) -> RouterConfig:
+    return RouterConfig(up=(tau,), policy="peek", window=1, min_run=1, verify=True)
+
+
+def _answers(ladder, config: RouterConfig, max_tokens: int, **settings) -> list:
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens, **settings))
+    out = []
+    for prompt in PROMPTS:
+        out.append(session.ask(prompt))
+        session.reset()
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    small, large = tiny_pair
+    return pair_ladder(load_model(str(small)), load_model(str(large)))
+
+
+@pytest.fixture(scope="module")
+def twin(tiny_pair):
+    """The large model drafting for itself: every draft is kept, so whole drafts are checked."""
+    large = load_model(str(tiny_pair[1]))
+    return pair_ladder(large, large)
+
+
+@pytest.mark.parametrize("ladder_name", ["pair", "twin", "gears"])
+@pytest.mark.parametrize("tau", [0.0, 2.0, INF])
+def test_greedy_verified_answer_is_the_top_tiers_answer(request, ladder_name, tau, tiny_gears_4_8):
+    if ladder_name == "gears":
+        ladder = gear_ladder(tiny_gears_4_8, [4, 8])
+    else:
+        ladder = request.getfixturevalue(ladder_name)
+    top = _answers(ladder, RouterConfig(up=(-INF,)), 70)
+    checked = _answers(ladder, _verify(tau), 70)
+    for alone, ours in zip(top, checked, strict=True):
+        assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
+        assert ours.text == alone.text and ours.finish_reason == alone.finish_reason
+
+
+def test_a_confident_drafter_makes_the_tokens_and_the_top_tier_checks_them_in_few_passes(twin):
+    for answer in _answers(twin, _verify(INF), 70):
+        counts = answer.tier_counts
+        # One pass per MAX_DRAFT drafted tokens: the top tier makes one token per pass (bonus).
+        assert counts["large"] <= math.ceil(answer.generated / verify.MAX_DRAFT)
+        assert counts["small"] + counts["large"] == answer.generated
+        assert answer.catch_up_tokens["large"] >= counts["small"]  # it read every drafted token
+        for event in answer.tokens:
+            assert event.tried in ((), ("large",), ("small", "large"))
+
+
+def test_threshold_zero_checks_every_position_and_the_top_tier_makes_them_all(pair):
+    for answer in _answers(pair, _verify(0.0), 30):
+        assert answer.tier_counts == {"small": 0, "large": answer.generated}
+        # Each position was computed below first (its doubt ended the draft), then by the top tier.
+        assert all(event.tried == ("small", "large") for event in answer.tokens)
+
+
+@pytest.mark.parametrize("budget", [1, 5, verify.MAX_DRAFT + 3])
+def test_the_budget_holds_mid_draft(twin, budget):
+    top = _answers(twin, RouterConfig(up=(-INF,)), budget)
+    for alone, ours in zip(top, _answers(twin, _verify(INF), budget), strict=True):
+        assert ours.generated <= budget
+        assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
+
+
+def test_log_probabilities_are_the_top_tiers(pair):
+    top = _answers(pair, RouterConfig(up=(-INF,)), 12, top_logprobs=3)
+    for alone, ours in zip(top, _answers(pair, _verify(2.0), 12, top_logprobs=3), strict=True):
+        for a, b in zip(alone.tokens, ours.tokens, strict=True):
+            assert b.logprob == pytest.approx(a.logprob, abs=1e-3)
+            assert [i for i, _ in b.top_logprobs] == [i for i, _ in a.top_logprobs]
+
+
+def test_sampled_verified_answers_are_reproducible_with_a_seed(pair):
+    first = _answers(pair, _verify(2.0), 20, temperature=0.8, seed=3)
+    again = _answers(pair, _verify(2.0), 20, temperature=0.8, seed=3)
+    assert [a.text for a in first] == [b.text for b in again]
+
+
+# -- the settings ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"policy": "ead"}, "needs --policy peek --window 1 --min-run 1"),
+        ({"window": 3}, "needs --policy peek --window 1 --min-run 1"),
+        ({"min_run": 2}, "needs --policy peek --window 1 --min-run 1"),
+    ],
+)
+def test_verify_needs_peek_deciding_each_position_alone(changes, words):
+    settings = {"up": (1.0,), "policy": "peek", "window": 1, "min_run": 1, "verify": True, **changes}
+    with pytest.raises(SettingError, match=words) as caught:
+        RouterConfig(**settings)
+    assert caught.value.key == "verify"
+
+
+def test_verify_needs_two_tiers():
+    config = RouterConfig(up=(1.0, 2.0), policy="peek", window=1, min_run=1, verify=True)
+    with pytest.raises(SettingError, match=r"two local tiers, a drafter and a checker \(this ladder has 3\)"):
+        config.validate(3)
+
+
+def test_a_profile_turns_verify_on_and_a_bad_value_names_its_line(tmp_path, monkeypatch):
+    path = tmp_path / "models.toml"
+    monkeypatch.setenv("MLXSWITCH_MODELS", str(path))
+    table = '[profiles.v]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\npolicy = "peek"\n'
+    path.write_text(table + "window = 1\nmin_run = 1\nverify = true\n")
+    assert load_profiles().get("v").router.verify
+    path.write_text(table + "window = 1\nmin_run = 1\nverify = 1\n")
+    with pytest.raises(ConfigError, match=r"models.toml:9: profile 'v': 'verify' must be true or false"):
+        load_profiles()
+    path.write_text(table + "verify = true\n")
+    with pytest.raises(ConfigError, match=r"models.toml:7: profile 'v': verify checks the drafts"):
+        load_profiles()
+
+
+def test_chat_refuses_verify_on_a_profile_that_routes_with_ead_before_loading(isolated_home):
+    result = CliRunner().invoke(app, ["chat", "--profile", "embedded-plain", "--verify", "-p", "hi"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: verify checks the drafts where peek escalates, deciding each position on its own: "
+        "it needs --policy peek --window 1 --min-run 1\n"
+    )
