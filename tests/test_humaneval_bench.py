@@ -25,7 +25,7 @@ FLAGS = [
     "--timeout",
     "2",
     "--arms",
-    "profile,peek,random,oracle,mlx-lm,speculative",
+    "profile,calibrated,verify,peek,random,oracle,mlx-lm,speculative,speculative-ours",
 ]
 
 
@@ -72,7 +72,18 @@ def test_every_arm_answers_every_problem(full_run):
     result, out, _ = full_run
     record = json.loads((out / "r.json").read_text())
     kinds = {a["kind"] for a in record["arms"]}
-    assert kinds == {"tier", "profile", "sweep", "random", "oracle", "mlx-lm", "speculative"}
+    assert kinds == {
+        "tier",
+        "profile",
+        "calibrated",
+        "verify",
+        "sweep",
+        "random",
+        "oracle",
+        "mlx-lm",
+        "speculative",
+        "speculative-ours",
+    }
     assert {a["policy"] for a in record["arms"] if a["kind"] == "sweep"} == {"peek"}
     assert record["answered"] == ["HumanEval/34", "HumanEval/53"]
     assert all(a["problems"] == 2 for a in record["arms"])
@@ -82,6 +93,28 @@ def test_every_arm_answers_every_problem(full_run):
     assert header["type"] == "header" and header["settings"]["problems"] == ["HumanEval/34", "HumanEval/53"]
     assert header["derived"]["threshold_problems"] == ["HumanEval/34"]  # the calibration half only
     assert len(header["derived"]["taus"]) == 3
+    # The calibrated threshold, its promised share (teacher-forced on the calibration half) and the
+    # live share of its arm side by side (issue 20, item 6).
+    promised = header["derived"]["calibrated"]
+    assert promised["target_share"] == 0.2 and promised["problems"] == 1
+    assert record["calibrated"]["tau"] == promised["tau"]
+    live = next(a for a in record["arms"] if a["kind"] == "calibrated")
+    assert record["calibrated"]["live_share"] == live["top_share"]
+    assert "calibrated τ" in result.stdout and "random@calibrated" in result.stdout
+
+
+def test_verified_drafting_and_speculative_decoding_answer_as_the_top_tier(full_run):
+    _, out, _ = full_run
+    answers = {
+        (r["task_id"], r["arm"]): [t["id"] for t in r["tokens"]]
+        for r in _lines(out / "r.jsonl")
+        if r["type"] == "result"
+    }
+    for task in ("HumanEval/34", "HumanEval/53"):
+        top = answers[(task, "large alone")]
+        verified = next(v for (t, arm), v in answers.items() if t == task and arm.startswith("verify"))
+        assert verified == top
+        assert answers[(task, "mlx-lm speculative (our kernels)")] == top
 
 
 def test_figures_rederive_from_the_records(full_run):
@@ -107,7 +140,7 @@ def test_figures_rederive_from_the_records(full_run):
 
     lines = _lines(out / "r.jsonl")
     assert json.loads(json.dumps(finite(summarize(lines[0], lines[1:])))) == {
-        k: record[k] for k in ("suite", "arms", "problems", "taus", "answered")
+        k: record[k] for k in ("suite", "arms", "problems", "taus", "calibrated", "answered")
     }
     by_name = {a["name"]: a for a in record["arms"]}
     assert by_name["small alone"]["teacher_forced"]["retained"] == pytest.approx(0.0, abs=1e-9)
@@ -160,7 +193,7 @@ def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp
         max_tokens=8,
         quick=True,
         timeout_s=2,
-        arms="profile,peek,random,oracle,mlx-lm,speculative",
+        arms=FLAGS[FLAGS.index("--arms") + 1],
         records_path=tmp_path / "r.jsonl",
     )
     ladder = build_ladder(profile)

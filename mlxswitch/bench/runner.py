@@ -173,7 +173,10 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
     tokenizer = ladder.tokenizer
     eos = tokenizer.eos_token_ids
     kwargs: dict[str, Any] = {}
-    if arm.kind == "speculative":
+    speculative = arm.kind in ("speculative", "speculative-ours")
+    # "speculative-ours": mlx-lm's generator on our CPU routes (its algorithm, our kernels).
+    kernels = contextlib.nullcontext() if arm.kind == "speculative-ours" else _stock_kernels()
+    if speculative:
         model = ladder.tiers[-1].model.model
         kwargs = {"draft_model": ladder.tiers[0].model.model}
     else:
@@ -182,7 +185,7 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
         model = tier.model.model
     start, stamps, ids, drafted, peak = time.perf_counter(), [], [], 0, 0.0
     mx.reset_peak_memory()
-    with _stock_kernels():
+    with kernels:
         for response in stream_generate(model, tokenizer, prompt_ids, max_tokens=max_tokens, **kwargs):
             if response.token in eos:
                 break
@@ -191,7 +194,7 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
             drafted += bool(getattr(response, "from_draft", False))
             peak = response.peak_memory
     text = tokenizer.decode(ids)
-    name = ladder.tier_names[-1] if arm.kind == "speculative" else ladder.tier_names[arm.rung()]
+    name = ladder.tier_names[-1] if speculative else ladder.tier_names[arm.rung()]
     return {
         "generated": len(ids),
         "prefilled": len(prompt_ids),
@@ -202,8 +205,8 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
         "switches": 0,
         "catch_up_tokens": 0,
         "tier_counts": {name: len(ids)},
-        "mean_bytes_per_token": ladder.tiers[-1 if arm.kind == "speculative" else arm.rung()].bytes_per_token,
-        "draft_share": drafted / len(ids) if ids and arm.kind == "speculative" else None,
+        "mean_bytes_per_token": ladder.tiers[-1 if speculative else arm.rung()].bytes_per_token,
+        "draft_share": drafted / len(ids) if ids and speculative else None,
         "text": text,
         "tokens": [{"id": t, "tier": name} for t in ids],
     }

@@ -497,7 +497,16 @@ def humaneval_table(record: dict) -> Table:
             cell(tf.get("random_control")),
             cell(tf.get("oracle")),
         )
+    calibrated = record.get("calibrated")
+    promise = (
+        f"calibrated τ {calibrated['tau']:g}: share promised {cell(calibrated['promised_share'])} "
+        f"(teacher-forced, {calibrated['problems']} calibration problems), live "
+        f"{cell(calibrated['live_share'])}; "
+        if calibrated
+        else ""
+    )
     table.caption = (
+        f"{promise}verify: top share = tokens the top tier made, every token checked by it; "
         f"{len(record['answered'])} problems, greedy, one sample each; records in "
         f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom); "
         "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "

@@ -1,7 +1,16 @@
 """Which arms a HumanEval run decodes with: the bench's own (runner.make_arms) and the controls.
 
 Bottom and top alone always run: every other figure is read against them. `--arms` picks among
-the groups below; random controls match every routed arm picked (the profile, each swept point).
+the groups below; random controls match every routed arm picked (the profile, the calibrated
+setting, each swept point).
+
+- `calibrated`: peek, each position on its own, at the threshold that gives `target_share` of the
+  top tier's tokens teacher-forced on calibration problems (run.py): the setting calibrate would
+  promise, decoded live on the held-out problems.
+- `verify`: verified drafting (decoding/verify.py) at that threshold: lossless.
+- `speculative`: mlx-lm's speculative decoding as shipped; `speculative-ours`: the same generator
+  on our CPU routes (mlx-lm's algorithm, our kernels), so that the comparison with `verify`
+  isolates the drafting rule.
 """
 
 from __future__ import annotations
@@ -10,12 +19,32 @@ from ...decoding.tiers import Ladder
 from ...errors import UsageError
 from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
+from ...routing.router import RouterConfig
 from ..runner import Arm, forced_config, make_arms
 
-GROUPS = ("profile", *POLICY_BY_NAME, "random", "oracle", "mlx-lm", "speculative")
+GROUPS = (
+    "profile",
+    "calibrated",
+    "verify",
+    *POLICY_BY_NAME,
+    "random",
+    "oracle",
+    "mlx-lm",
+    "speculative",
+    "speculative-ours",
+)
 QUICK_GROUPS = ("profile", "peek", "random", "oracle")
-ROUTED_KINDS = ("profile", "sweep")
+ROUTED_KINDS = ("profile", "calibrated", "sweep")
 CONTROL_KINDS = ("random", "oracle")
+STOCK_KINDS = ("mlx-lm", "speculative", "speculative-ours")  # mlx-lm's generator decodes them
+
+
+def calibrated_config(profile: Profile, tau: float, num_tiers: int, verify: bool = False) -> RouterConfig:
+    """peek on the profile's signal, each position on its own, at `tau` (and verified drafting)."""
+    signal = "entropy" if profile.router.signal == "probe" else profile.router.signal
+    return RouterConfig(
+        up=(tau,) * (num_tiers - 1), policy="peek", window=1, min_run=1, signal=signal, verify=verify
+    )
 
 
 def parse_groups(text: str | None, quick: bool = False) -> tuple[str, ...]:
@@ -43,7 +72,13 @@ def matched_arm(arm: Arm) -> str:
     return arm.name.split("@", 1)[1]
 
 
-def humaneval_arms(profile: Profile, ladder: Ladder, taus: list[float], groups: tuple[str, ...]) -> list[Arm]:
+def humaneval_arms(
+    profile: Profile,
+    ladder: Ladder,
+    taus: list[float],
+    groups: tuple[str, ...],
+    calibrated_tau: float | None = None,
+) -> list[Arm]:
     """Tiers alone, the routed arms, their random controls, the oracle, then mlx-lm's arms."""
     n = len(ladder.tiers)
     bench = [
@@ -51,8 +86,18 @@ def humaneval_arms(profile: Profile, ladder: Ladder, taus: list[float], groups: 
         for arm in make_arms(profile, ladder, taus)
         if arm.kind == "tier" and arm.tier in (0, n - 1) or _group(arm) in groups
     ]
-    own = [arm for arm in bench if arm.kind not in ("mlx-lm", "speculative")]
-    stock = [arm for arm in bench if arm.kind in ("mlx-lm", "speculative")]
+    if n == 2 and calibrated_tau is not None:
+        tau = calibrated_tau
+        for kind, verify in (("calibrated", False), ("verify", True)):
+            if kind in groups:
+                name = f"{kind} (peek τ={tau:g})"
+                config = calibrated_config(profile, tau, n, verify)
+                bench.append(Arm(name, kind, config, policy="peek", tau=tau))
+    two_models = n == 2 and ladder.tiers[0].group is not ladder.tiers[1].group
+    if "speculative-ours" in groups and two_models:
+        bench.append(Arm("mlx-lm speculative (our kernels)", "speculative-ours"))
+    own = [arm for arm in bench if arm.kind not in STOCK_KINDS]
+    stock = [arm for arm in bench if arm.kind in STOCK_KINDS]
     controls = []
     if n > 1 and "random" in groups:
         controls += [

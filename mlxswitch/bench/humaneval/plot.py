@@ -7,6 +7,9 @@ from pathlib import Path
 from ...routing.registry import POLICIES
 from ..plot import _pyplot, save_figure
 
+POINT_KINDS = ("tier", "profile", "calibrated", "verify", "mlx-lm", "speculative", "speculative-ours")
+MARKERS = {"profile": "*", "calibrated": "*", "verify": "D"}
+
 
 def _xy(arms: list[dict], x: str) -> tuple[list, list, list]:
     points = sorted(
@@ -36,17 +39,13 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
             if x == "top_share" and oracle["top_share"] is not None:
                 axis.scatter([oracle["top_share"]], [oracle["pass@1"]], color="black", marker="x", zorder=5)
         for arm in arms:
-            if (
-                arm["kind"] in ("tier", "profile", "mlx-lm", "speculative")
-                and arm.get(x) is not None
-                and arm["pass@1"] is not None
-            ):
+            if arm["kind"] in POINT_KINDS and arm.get(x) is not None and arm["pass@1"] is not None:
                 low, high = arm["pass@1_95"]
                 axis.errorbar(
                     [arm[x]],
                     [arm["pass@1"]],
                     yerr=[[arm["pass@1"] - low], [high - arm["pass@1"]]],
-                    fmt="s" if arm["kind"] != "profile" else "*",
+                    fmt=MARKERS.get(arm["kind"], "s"),
                     ms=7,
                     capsize=3,
                     label=arm["name"],

@@ -47,6 +47,7 @@ def _config(router: dict) -> RouterConfig:
         policy=router["policy"],
         normalize=router["normalize"],
         signal=router["signal"],
+        verify=router.get("verify", False),
     )
 
 
@@ -82,7 +83,7 @@ def _teacher_forced(
         return {"top_share": live_share, "retained": _num(value)}
     if arm["kind"] in ("tier", "mlx-lm"):
         tried = simulate.forced(positions, arm["tier"])
-    elif arm["kind"] == "speculative":  # lossless: the large model's own tokens
+    elif arm["kind"] in LOSSLESS:  # the large model's own tokens
         tried = simulate.forced(positions, n - 1)
     else:
         tried = [simulate.route(_config(arm["router"]), p) for p in positions]
@@ -95,6 +96,7 @@ def _teacher_forced(
 
 
 CONTROLS = ("random", "oracle")
+LOSSLESS = ("speculative", "speculative-ours", "verify")  # every token is the top tier's sample
 
 
 def summarize(header: dict, lines: list[dict]) -> dict:
@@ -148,11 +150,17 @@ def summarize(header: dict, lines: list[dict]) -> dict:
     for entry in arms:
         entry["retained"] = _retained(entry, bottom, top)
     problems = header["settings"]["problems"]
+    calibrated = derived.get("calibrated")
+    if calibrated is not None:
+        live = next((a for a in arms if a["kind"] == "calibrated"), None)
+        # Item 6: the share promised on calibration problems (teacher-forced) beside the live one.
+        calibrated = {**calibrated, "live_share": live["top_share"] if live else None}
     return {
         "suite": "humaneval",
         "arms": arms,
         "problems": problems,
         "taus": derived["taus"],
+        "calibrated": calibrated,
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
     }
 

@@ -8,7 +8,9 @@ controls (each after the arm it matches), the oracle, mlx-lm on each tier, specu
 Before the first problem, when swept arms are asked for, the thresholds are chosen as the bench
 chooses them (quantiles of the bottom tier's entropy along the top tier's greedy answers) on the
 first `threshold_problems` calibration-half problems of the run (or of all problems, when the
-run has none from that half), and kept in the header.
+run has none from that half), and kept in the header. The calibrated setting's threshold comes
+from the same answers: the one whose teacher-forced replay gives the share nearest
+`target_share` (the share calibrate would promise; the report sets the live share beside it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from ...decoding.session import ChatSession, GenerationSettings
 from ...decoding.tiers import Ladder
@@ -49,6 +53,7 @@ class HumanEvalOptions:
     groups: tuple[str, ...] = arm_sets.GROUPS
     sweep_points: int = 5
     threshold_problems: int = 4
+    target_share: float = 0.2  # the calibrated setting's promised share of top-tier tokens
     timeout_s: float = DEFAULT_TIMEOUT_S
     memory_mb: int = DEFAULT_MEMORY_MB
     seed: int = 0
@@ -77,10 +82,16 @@ def _prompt(problem: Problem) -> BenchPrompt:
 
 
 def _thresholds(
-    session: ChatSession, ladder: Ladder, calibration: list[Problem], options: HumanEvalOptions, say: Progress
-) -> tuple[list[float], dict]:
-    """Swept thresholds as the bench chooses them, on calibration problems' top-tier answers;
-    those answers too (the top-alone arm's, when the problem is run: not decoded twice)."""
+    session: ChatSession,
+    ladder: Ladder,
+    profile: Profile,
+    calibration: list[Problem],
+    options: HumanEvalOptions,
+    say: Progress,
+) -> tuple[list[float], dict | None, dict]:
+    """Swept thresholds as the bench chooses them, on calibration problems' top-tier answers; the
+    calibrated setting (threshold, promised share); those answers too (the top-alone arm's, when the
+    problem is run: not decoded twice)."""
     n = len(ladder.tiers)
     top = Arm(f"{ladder.tier_names[-1]} alone", "tier", forced_config(n, n - 1), tier=n - 1)
     positions, answers = [], {}
@@ -91,7 +102,27 @@ def _thresholds(
         ids = session.render([{"role": "user", "content": instruction(problem)}])
         positions.append(teacher_forced(ladder, problem.task_id, ids, [t["id"] for t in answer["tokens"]]))
     say("thresholds (top-tier answers)", len(calibration), len(calibration))
-    return simulate.sweep_thresholds(positions, options.sweep_points), answers
+    swept = set(POLICY_BY_NAME) & set(options.groups)
+    taus = simulate.sweep_thresholds(positions, options.sweep_points) if swept else []
+    calibrated = None
+    if {"calibrated", "verify"} & set(options.groups):
+        calibrated = _calibrated(profile, positions, len(ladder.tiers), options.target_share)
+    return taus, calibrated, answers
+
+
+def _calibrated(profile: Profile, positions: list, tiers: int, target: float) -> dict:
+    """The threshold whose teacher-forced share is nearest `target`, among the signal's quantiles."""
+    config = arm_sets.calibrated_config(profile, 1.0, tiers)
+    pooled = np.concatenate([p.signal(config.signal)[0] for p in positions])
+    pooled = pooled[np.isfinite(pooled)]
+    best: dict = {}
+    for q in np.linspace(0.5, 0.99, 50):
+        tau = round(float(np.quantile(pooled, q)), 4)
+        tried = [simulate.route(config.with_thresholds((tau,) * (tiers - 1)), p) for p in positions]
+        share = simulate.quality(positions, tried, [0] * tiers).top_share
+        if not best or abs(share - target) < abs(best["promised_share"] - target):
+            best = {"tau": tau, "promised_share": share, "target_share": target}
+    return {**best, "positions": int(pooled.size), "problems": len(positions)}
 
 
 def _share(record: dict, top_name: str) -> float:
@@ -110,7 +141,7 @@ def _decode(
 ) -> dict:
     """One arm's answer to one problem: the bench's raw record, plus what the controls drew on."""
     top_name = ladder.tier_names[-1]
-    if arm.kind in ("mlx-lm", "speculative"):
+    if arm.kind in arm_sets.STOCK_KINDS:
         return mlx_lm_run(ladder, arm, prompt_ids, options.max_tokens)
     extra: dict = {}
     if arm.kind == "random":
@@ -162,13 +193,19 @@ def run_humaneval(
     session = ChatSession(ladder, forced_config(n, n - 1), GenerationSettings(max_tokens=options.max_tokens))
     wanted = settings(profile, problems, options)
     if records.header is None:
-        swept = n > 1 and set(POLICY_BY_NAME) & set(options.groups)
-        taus, early = _thresholds(session, ladder, calibration, options, say) if swept else ([], {})
-        arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
+        needs = set(POLICY_BY_NAME) | {"calibrated", "verify"}
+        swept = n > 1 and needs & set(options.groups)
+        taus, calibrated, early = (
+            _thresholds(session, ladder, profile, calibration, options, say) if swept else ([], None, {})
+        )
+        arms = arm_sets.humaneval_arms(
+            profile, ladder, taus, options.groups, calibrated["tau"] if calibrated else None
+        )
         records.start(
             wanted,
             {
                 "taus": taus,
+                "calibrated": calibrated,
                 "arms": [a.to_dict() for a in arms],
                 "tier_names": ladder.tier_names,
                 "bytes_per_token": [t.bytes_per_token for t in ladder.tiers],
@@ -177,8 +214,11 @@ def run_humaneval(
             },
         )
     assert records.header is not None  # started above, or read from the file
-    taus = records.header["derived"]["taus"]
-    arms = arm_sets.humaneval_arms(profile, ladder, taus, options.groups)
+    derived = records.header["derived"]
+    calibrated = derived.get("calibrated")
+    arms = arm_sets.humaneval_arms(
+        profile, ladder, derived["taus"], options.groups, calibrated["tau"] if calibrated else None
+    )
     done, positions = records.results(), records.positions()
     total, count = len(problems) * len(arms), len(done)
     top_name = ladder.tier_names[-1]
