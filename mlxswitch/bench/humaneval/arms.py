@@ -103,7 +103,7 @@ def humaneval_arms(
         controls += [
             Arm(f"random@{arm.name}", "random", forced_config(n, 0))
             for arm in own
-            if arm.kind in ROUTED_KINDS
+            if arm.kind in ROUTED_KINDS and not arm.engine_config().verify  # verified: lossless
         ]
     if n > 1 and "oracle" in groups:
         controls.append(Arm("oracle", "oracle", forced_config(n, 0)))

@@ -83,7 +83,7 @@ def _teacher_forced(
         return {"top_share": live_share, "retained": _num(value)}
     if arm["kind"] in ("tier", "mlx-lm"):
         tried = simulate.forced(positions, arm["tier"])
-    elif arm["kind"] in LOSSLESS:  # the large model's own tokens
+    elif arm["kind"] in LOSSLESS or (arm["router"] or {}).get("verify"):  # the large model's tokens
         tried = simulate.forced(positions, n - 1)
     else:
         tried = [simulate.route(_config(arm["router"]), p) for p in positions]
