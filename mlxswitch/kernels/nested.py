@@ -175,14 +175,27 @@ def _rows_of(planes, r0: int, r1: int) -> list[dict]:
     return [{k: p[k][r0:r1] for k in ("weight", "scales", "biases")} for p in planes]
 
 
-def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.array | None:
+def _numpy_rows(x: mx.array) -> np.ndarray | None:
+    """x as a 2-D fp32 NumPy array (rows × last dim), or None where evaluation is refused."""
     # Evaluates x here (a sync point); under mx.compile / vmap / export evaluation is refused,
     # and the caller stays in MLX. No gradient flows through NumPy: an inference-only route.
+    x32 = x.astype(mx.float32)
     try:
         mx.eval(x32)
     except ValueError:
         return None
-    xs = np.asarray(x32).reshape(-1, x32.shape[-1])  # a zero-copy view of MLX's buffer
+    return np.asarray(x32).reshape(-1, x.shape[-1])  # a zero-copy view of MLX's buffer
+
+
+def _from_rows(y: np.ndarray, x: mx.array) -> mx.array:
+    """A (rows × out) NumPy result as an mx.array of shape (*x.shape[:-1], out)."""
+    return mx.array(y.reshape(*x.shape[:-1], y.shape[-1]))
+
+
+def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.array | None:
+    xs = _numpy_rows(x32)
+    if xs is None:
+        return None
     out = np.empty((xs.shape[0], blocks[-1][1]), dtype=np.float32)
     byte_aligned = all(bits in (4, 8) for bits in plane_bits)
     if byte_aligned:
@@ -197,7 +210,7 @@ def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.ar
             weight = np.asarray(dense)
         with single_threaded_blas():
             out[:, r0:r1] = xs @ weight.T
-    return mx.array(out.reshape(*x32.shape[:-1], out.shape[-1]))
+    return _from_rows(out, x32)
 
 
 def dense_nested_matmul(
@@ -484,13 +497,11 @@ def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None
     """x · Wᵀ (+ bias) on a resident fp32 copy of W, by NumPy's BLAS: the CPU route at every row
     count for a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
     bench/results/row-routes-qwen1.5b.txt). None where evaluation is refused (mx.compile)."""
-    try:
-        mx.eval(x)
-    except ValueError:
+    xs = _numpy_rows(x)
+    if xs is None:
         return None
-    xs = np.asarray(x.astype(mx.float32)).reshape(-1, x.shape[-1])
     with single_threaded_blas():
-        y = mx.array((xs @ weight.T).reshape(*x.shape[:-1], weight.shape[0]))
+        y = _from_rows(xs @ weight.T, x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
 
