@@ -13,12 +13,19 @@ from mlxswitch.cli.app import app
 README = Path(__file__).resolve().parent.parent / "README.md"
 # Commands whose options the README documents in a table; a command with options but no table
 # fails below, so a new command gets one.
-DOCUMENTED = ("chat", "serve", "bench", "calibrate")
+DOCUMENTED = ("chat", "serve", "bench", "calibrate", "gears build")
 _NAME = re.compile(r"(?<![\w-])--?[a-zA-Z][\w-]*")
 
 
-def _commands() -> dict:
-    return dict(typer.main.get_command(app).commands)
+def _commands(group=None, prefix: str = "") -> dict:
+    """Every command by its full name under `mlxswitch`, subcommands included ("gears build")."""
+    found = {}
+    for name, command in (group or typer.main.get_command(app)).commands.items():
+        if hasattr(command, "commands"):
+            found |= _commands(command, f"{prefix}{name} ")
+        else:
+            found[f"{prefix}{name}"] = command
+    return found
 
 
 def _accepted(command) -> tuple[set[str], set[str]]:
