@@ -145,3 +145,16 @@ def test_chat_refuses_verify_on_a_profile_that_routes_with_ead_before_loading(is
         "error: verify checks the drafts where peek escalates, deciding each position on its own: "
         "it needs --policy peek --window 1 --min-run 1\n"
     )
+
+
+def test_chat_with_verify_prints_the_large_models_answer(isolated_home, tiny_pair):
+    small, large = str(tiny_pair[0]), str(tiny_pair[1])
+    pair = ["chat", "--small", small, "--large", large, "--max-tokens", "24", "--no-color"]
+    alone = CliRunner().invoke(app, [*pair, "--tau", "-inf", "-p", "Count: one two three"])
+    verified = CliRunner().invoke(
+        app,
+        [*pair, "--policy", "peek", "--window", "1", "--min-run", "1", "--tau", "2"]
+        + ["--verify", "-p", "Count: one two three"],
+    )
+    assert alone.exit_code == verified.exit_code == 0, verified.stderr
+    assert verified.stdout == alone.stdout and verified.stdout.strip()
