@@ -101,6 +101,11 @@ def test_every_arm_answers_every_problem(full_run):
     live = next(a for a in record["arms"] if a["kind"] == "calibrated")
     assert record["calibrated"]["live_share"] == live["top_share"]
     assert "calibrated τ" in result.stdout and "random@calibrated" in result.stdout
+    # EAD's table, teacher-forced: share → retained, with the controls at each share.
+    curve = record["teacher_forced_curve"]
+    assert [row["target_share"] for row in curve] == [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+    assert all(0 <= row["top_share"] <= 1 for row in curve)
+    assert "share → retained" in result.stdout
 
 
 def test_verified_drafting_and_speculative_decoding_answer_as_the_top_tier(full_run):
@@ -140,7 +145,8 @@ def test_figures_rederive_from_the_records(full_run):
 
     lines = _lines(out / "r.jsonl")
     assert json.loads(json.dumps(finite(summarize(lines[0], lines[1:])))) == {
-        k: record[k] for k in ("suite", "arms", "problems", "taus", "calibrated", "answered")
+        k: record[k]
+        for k in ("suite", "arms", "problems", "taus", "calibrated", "teacher_forced_curve", "answered")
     }
     by_name = {a["name"]: a for a in record["arms"]}
     assert by_name["small alone"]["teacher_forced"]["retained"] == pytest.approx(0.0, abs=1e-9)

@@ -130,3 +130,25 @@ def sweep_thresholds(
         return [1.0] * points
     qs = np.linspace(low, high, points) if points > 1 else np.array([(low + high) / 2])
     return [round(float(v), 4) for v in np.quantile(pooled, qs)]
+
+
+def threshold_for_share(
+    config: RouterConfig, all_positions: list[Positions], target: float
+) -> tuple[float, float]:
+    """The threshold (among 50 quantiles of the routed signal) whose replayed top-tier share over
+    `all_positions` is nearest `target`, and that share; `config` gives policy and timing."""
+    if not all_positions:
+        return math.nan, math.nan
+    pooled = np.concatenate([p.signal(config.signal)[0] for p in all_positions])
+    pooled = pooled[np.isfinite(pooled)]
+    if pooled.size == 0:
+        return math.nan, math.nan
+    tiers = len(config.up) + 1
+    best = (math.nan, math.nan)
+    for q in np.linspace(0.5, 0.99, 50):
+        tau = round(float(np.quantile(pooled, q)), 4)
+        tried = [route(config.with_thresholds((tau,) * (tiers - 1)), p) for p in all_positions]
+        share = quality(all_positions, tried, [0] * tiers).top_share
+        if math.isnan(best[1]) or abs(share - target) < abs(best[1] - target):
+            best = (tau, share)
+    return best

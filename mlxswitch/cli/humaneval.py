@@ -85,4 +85,7 @@ def bench_humaneval(
             f"{record['machine']['backend']} · {len(record['answered'])} problems"
         )
         save_humaneval_plot(record, title, plot)
-    ui.make_console().print(ui.humaneval_table(record))
+    console = ui.make_console()
+    console.print(ui.humaneval_table(record))
+    if record.get("teacher_forced_curve"):
+        console.print(ui.humaneval_curve_table(record))

@@ -513,3 +513,30 @@ def humaneval_table(record: dict) -> Table:
         "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token"
     )
     return table
+
+
+def humaneval_curve_table(record: dict) -> Table:
+    """Share of top-tier tokens → retained fidelity, teacher-forced, with the controls (EAD's table)."""
+    table = Table(
+        title="teacher-forced along the top tier's answers: share → retained (NLL gap closed)",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in ("target share", "τ", "top share", "peek retained", "random", "oracle"):
+        table.add_column(column, justify="right")
+
+    def cell(value, digits: int = 2) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    for row in record["teacher_forced_curve"]:
+        table.add_row(
+            cell(row["target_share"]),
+            cell(row["tau"], 4),
+            cell(row["top_share"]),
+            cell(row["retained"]),
+            cell(row["random_control"]),
+            cell(row["oracle"]),
+        )
+    answered = len(record["answered"])
+    table.caption = f"{answered} problems; peek decides each position alone (window 1, min run 1)"
+    return table

@@ -96,7 +96,35 @@ def _teacher_forced(
 
 
 CONTROLS = ("random", "oracle")
+# The EAD-style table: teacher-forced retained fidelity at these shares of top-tier tokens.
+CURVE_SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 LOSSLESS = ("speculative", "speculative-ours", "verify")  # every token is the top tier's sample
+
+
+def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], signal: str) -> list[dict]:
+    """Share → retained along the top tier's answers: peek (each position alone) at the threshold
+    giving each share over these positions, beside random routing and the oracle at that share."""
+    if len(tier_bytes) != 2 or not positions:
+        return []
+    bottom = np.concatenate([p.nll[0] for p in positions])
+    top = np.concatenate([p.nll[-1] for p in positions])
+    base = RouterConfig(up=(1.0,), policy="peek", window=1, min_run=1, signal=signal)
+    out = []
+    for target in CURVE_SHARES:
+        tau, _ = simulate.threshold_for_share(base, positions, target)
+        tried = [simulate.route(base.with_thresholds((tau,)), p) for p in positions]
+        quality = simulate.quality(positions, tried, tier_bytes)
+        out.append(
+            {
+                "target_share": target,
+                "tau": _num(tau),
+                "top_share": _num(quality.top_share),
+                "retained": _num(quality.retained),
+                "random_control": _num(metrics.random_control(bottom, top, quality.top_share).mean),
+                "oracle": _num(metrics.oracle(bottom, top, quality.top_share)),
+            }
+        )
+    return out
 
 
 def summarize(header: dict, lines: list[dict]) -> dict:
@@ -161,8 +189,15 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         "problems": problems,
         "taus": derived["taus"],
         "calibrated": calibrated,
+        "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
     }
+
+
+def _signal(derived: dict) -> str:
+    """The signal the calibrated arm routes on (entropy when the run has none)."""
+    routed = [a["router"] for a in derived["arms"] if a["kind"] == "calibrated" and a["router"]]
+    return routed[0]["signal"] if routed else "entropy"
 
 
 def _retained(entry: dict, bottom: dict | None, top: dict | None) -> float | None:

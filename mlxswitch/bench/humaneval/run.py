@@ -113,16 +113,15 @@ def _thresholds(
 def _calibrated(profile: Profile, positions: list, tiers: int, target: float) -> dict:
     """The threshold whose teacher-forced share is nearest `target`, among the signal's quantiles."""
     config = arm_sets.calibrated_config(profile, 1.0, tiers)
-    pooled = np.concatenate([p.signal(config.signal)[0] for p in positions])
-    pooled = pooled[np.isfinite(pooled)]
-    best: dict = {}
-    for q in np.linspace(0.5, 0.99, 50):
-        tau = round(float(np.quantile(pooled, q)), 4)
-        tried = [simulate.route(config.with_thresholds((tau,) * (tiers - 1)), p) for p in positions]
-        share = simulate.quality(positions, tried, [0] * tiers).top_share
-        if not best or abs(share - target) < abs(best["promised_share"] - target):
-            best = {"tau": tau, "promised_share": share, "target_share": target}
-    return {**best, "positions": int(pooled.size), "problems": len(positions)}
+    tau, share = simulate.threshold_for_share(config, positions, target)
+    count = sum(int(np.isfinite(p.signal(config.signal)[0]).sum()) for p in positions)
+    return {
+        "tau": tau,
+        "promised_share": share,
+        "target_share": target,
+        "positions": count,
+        "problems": len(positions),
+    }
 
 
 def _share(record: dict, top_name: str) -> float:
