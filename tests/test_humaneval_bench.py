@@ -120,6 +120,10 @@ def test_verified_drafting_and_speculative_decoding_answer_as_the_top_tier(full_
         verified = next(v for (t, arm), v in answers.items() if t == task and arm.startswith("verify"))
         assert verified == top
         assert answers[(task, "mlx-lm speculative (our kernels)")] == top
+    record = json.loads((out / "r.json").read_text())
+    lossless = {a["name"]: a for a in record["arms"] if a.get("verified")}
+    assert {a["kind"] for a in lossless.values()} == {"verify", "speculative", "speculative-ours"}
+    assert all(a["reproduces_top"] == 2 and a["teacher_forced"]["retained"] == 1 for a in lossless.values())
 
 
 def test_figures_rederive_from_the_records(full_run):

@@ -483,7 +483,7 @@ def humaneval_table(record: dict) -> Table:
         tf = arm.get("teacher_forced") or {}
         bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
         table.add_row(
-            arm["name"],
+            arm["name"] + (" · verified" if arm.get("verified") and arm["kind"] != "verify" else ""),
             cell(arm["pass@1"], 3),
             "–" if low is None else f"{low:.2f}–{high:.2f}",
             str(arm["problems"]),
@@ -497,6 +497,8 @@ def humaneval_table(record: dict) -> Table:
             cell(tf.get("random_control")),
             cell(tf.get("oracle")),
         )
+    same = [f"{a['name']} {a['reproduces_top']}/{a['problems']}" for a in record["arms"] if a.get("verified")]
+    lossless = f"answers identical to the top tier's: {', '.join(same)}; " if same else ""
     calibrated = record.get("calibrated")
     promise = (
         f"calibrated τ {calibrated['tau']:g}: share promised {cell(calibrated['promised_share'])} "
@@ -506,7 +508,8 @@ def humaneval_table(record: dict) -> Table:
         else ""
     )
     table.caption = (
-        f"{promise}verify: top share = tokens the top tier made, every token checked by it; "
+        f"{promise}verified arms: top share = tokens the top tier made, every token checked by it; "
+        f"{lossless}"
         f"{len(record['answered'])} problems, greedy, one sample each; records in "
         f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom); "
         "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "

@@ -83,7 +83,7 @@ def _teacher_forced(
         return {"top_share": live_share, "retained": _num(value)}
     if arm["kind"] in ("tier", "mlx-lm"):
         tried = simulate.forced(positions, arm["tier"])
-    elif arm["kind"] in LOSSLESS or (arm["router"] or {}).get("verify"):  # the large model's tokens
+    elif _lossless(arm):  # the large model's tokens
         tried = simulate.forced(positions, n - 1)
     else:
         tried = [simulate.route(_config(arm["router"]), p) for p in positions]
@@ -133,6 +133,7 @@ def summarize(header: dict, lines: list[dict]) -> dict:
     names, tier_bytes = derived["tier_names"], derived["bytes_per_token"]
     results = [r for r in lines if r.get("type") == "result"]
     forced = _positions([r for r in lines if r.get("type") == "positions"])
+    top_answers = {r["task_id"]: r for r in results if r["arm"] == f"{names[-1]} alone"}
     arms = []
     for arm in derived["arms"]:
         mine = [r for r in results if r["arm"] == arm["name"]]
@@ -171,6 +172,12 @@ def summarize(header: dict, lines: list[dict]) -> dict:
                 }
         if arm["kind"] == "oracle":
             entry["reproduces_top"] = sum(r.get("reproduces_top", False) for r in mine)
+        if _lossless(arm):
+            # Lossless up to the rounding of batched passes: how many answers are the top tier's own.
+            entry["verified"] = True
+            entry["reproduces_top"] = sum(
+                _ids(r) == _ids(top_answers[r["task_id"]]) for r in mine if r["task_id"] in top_answers
+            )
         entry["teacher_forced"] = _teacher_forced(arm, forced, tier_bytes, share)
         arms.append(entry)
     bottom = next((a for a in arms if a["name"] == f"{names[0]} alone"), None)
@@ -192,6 +199,15 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
     }
+
+
+def _lossless(arm: dict) -> bool:
+    """Every token is the top tier's sample: speculative decoding, or verified drafting."""
+    return arm["kind"] in LOSSLESS or bool((arm["router"] or {}).get("verify"))
+
+
+def _ids(record: dict) -> list[int]:
+    return [t["id"] for t in record["tokens"]]
 
 
 def _signal(derived: dict) -> str:
