@@ -1,4 +1,4 @@
-"""The `mlxswitch` command: thin Typer wrappers over the library; Rich lives in ui.py.
+"""The `mlxswitch` command: thin Typer wrappers over the library; Rich lives in ui.py and ui_tables.py.
 
 Every failure leaves as one `error:` line on stderr and the exit code of its class
 (errors.py); Typer's own usage errors too, and an unexpected exception becomes one
@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 from .. import __version__
 from ..errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, MlxSwitchError
 from . import options as o
-from . import ui
+from . import ui, ui_tables
 from .streams import silence_stdout, write_crash_log
 
 # transformers warns on stderr about long prompts; our own checks say what matters, in one line.
@@ -560,7 +560,7 @@ def bench(
             f"{record['machine']['backend']} · {len(items)} prompts",
             plot,
         )
-    ui.make_console().print(ui.bench_table(record))
+    ui.make_console().print(ui_tables.bench_table(record))
 
 
 @app.command()
@@ -623,7 +623,7 @@ def calibrate(
         )
     if json_path is not None:
         write_json(finite(result), json_path)
-    ui.make_console().print(ui.calibration_report(chosen.name, result))
+    ui.make_console().print(ui_tables.calibration_report(chosen.name, result))
     if write:
         pick = result["chosen"]
         tiers = len(chosen.tier_names())

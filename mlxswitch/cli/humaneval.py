@@ -1,4 +1,4 @@
-"""`mlxswitch bench --suite humaneval`: the command's flow, kept out of app.py (Rich stays in ui.py)."""
+"""`mlxswitch bench --suite humaneval`: the command's flow, kept out of app.py (Rich stays in ui*.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..profiles import Profile
-from . import ui
+from . import ui, ui_tables
 
 
 def bench_humaneval(
@@ -86,6 +86,6 @@ def bench_humaneval(
         )
         save_humaneval_plot(record, title, plot)
     console = ui.make_console()
-    console.print(ui.humaneval_table(record))
+    console.print(ui_tables.humaneval_table(record))
     if record.get("teacher_forced_curve"):
-        console.print(ui.humaneval_curve_table(record))
+        console.print(ui_tables.humaneval_curve_table(record))

@@ -1,0 +1,229 @@
+"""The result tables of bench, calibrate and bench --suite humaneval. Rich code, like ui.py."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
+    value = (figures.get(key) or {}).get("median")
+    return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
+
+
+def bench_table(record: dict) -> Table:
+    """The bench's table: one row per arm, speed and quality side by side."""
+    table = Table(
+        title=f"mlxswitch bench · {record['profile']['name']} · {record['machine']['backend']}",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in (
+        "arm",
+        "top share",
+        "retained",
+        "random@share",
+        "oracle@share",
+        "agree",
+        "acc",
+        "pp tok/s",
+        "tg tok/s",
+        "TTFT s",
+        "peak GB",
+        "sw/100",
+        "MB/tok",
+        "overhead",
+        "M3 Max bound*",
+    ):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+
+    def cell(value, digits: int = 2) -> str:
+        return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+    for arm in record["arms"]:
+        q, s = arm["quality"], arm["speed"]
+        bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
+        table.add_row(
+            arm["name"],
+            cell(q["top_share"]),
+            cell(q["retained"]),
+            cell((arm.get("random_control") or {}).get("mean")),
+            cell(arm.get("oracle")),
+            _median(s, "agreement", digits=2),
+            _median(s, "accuracy", digits=2),
+            _median(s, "prompt_tok_per_s"),
+            _median(s, "decode_tok_per_s"),
+            _median(s, "first_token_s", digits=2),
+            _median(s, "peak_memory_gb", digits=2),
+            _median(s, "switches_per_100"),
+            _median(s, "bytes_per_token", 1e-6),
+            _median(s, "overhead", digits=2),
+            cell(bound, 0),
+        )
+    auroc = record.get("auroc") or {}
+    table.caption = (
+        f"retained: teacher-forced along the top tier's greedy answers "
+        f"({len(record['positions'])} prompts); speed: median over "
+        f"{record['options']['repeats']} repeat(s) of {len(record['speed_prompts'])} prompt(s); "
+        f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
+        "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token"
+    )
+    return table
+
+
+def calibration_report(name: str, result: dict) -> Table:
+    """What calibrate chose, and how it does on text it never saw."""
+    pick, held = result["chosen"], result["heldout"]
+    table = Table(
+        title=f"mlxswitch calibrate · {name} · {' → '.join(result['tiers'])}",
+        show_header=False,
+        show_edge=False,
+        title_justify="left",
+    )
+    table.add_column(style="bold")
+    table.add_column()
+
+    def num(value, digits: int = 3) -> str:
+        return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+    table.add_row(
+        "chosen",
+        f"--policy {pick['policy']} --tau {pick['tau']:g} --tau-down {pick['down']:g} "
+        f"--window {pick['window']} --min-run {pick['min_run']} (signal: {pick['signal']})",
+    )
+    cal = pick["calibration"]
+    table.add_row(
+        "calibration",
+        f"share {num(cal['top_share'], 2)} · retained {num(cal['retained'])} "
+        f"({len(result['prompts']['calibration'])} prompts, {cal['positions']} positions)",
+    )
+    table.add_row(
+        "held-out",
+        f"share {num(held['top_share'], 2)} · retained {num(held['retained'])} · "
+        f"random at that share {num(held['random_retained'])} "
+        f"(×{num(held['vs_random'], 2)}) · oracle {num(held['oracle_retained'])} · "
+        f"{held['bytes_per_token'] / 1e6:.1f} MB/token "
+        f"({len(result['prompts']['heldout'])} prompts, {held['positions']} positions)",
+    )
+    for signal, best in result.get("per_signal_heldout", {}).items():
+        if "top_share" in best:
+            table.add_row(
+                f"best on {signal}",
+                f"--policy {best['policy']} --tau {best['tau']:g}: held-out share "
+                f"{num(best['top_share'], 2)} · retained {num(best['retained'])} "
+                f"(random {num(best['random_retained'])})",
+            )
+        else:
+            table.add_row(f"best on {signal}", best.get("status", ""))
+    for split in ("heldout", "calibration"):
+        aurocs = result[f"auroc_{split}"]
+        table.add_row(f"AUROC {split}", " · ".join(f"{signal} {num(v)}" for signal, v in aurocs.items()))
+    learned = result.get("probe") or {}
+    if learned.get("status") == "trained":
+        table.add_row(
+            "probe",
+            f"{learned['features']} features, hidden state on {learned['components']} "
+            f"principal components, L2 {learned['l2']:g} (by CV over prompts) · "
+            f"AUROC held-out {num(learned['auroc_heldout'])}, calibration out-of-fold "
+            f"{num(learned['auroc_calibration_out_of_fold'])} · "
+            f"{learned['cost_s_per_token'] * 1e6:.0f} µs a token "
+            f"({100 * learned['cost_share_of_cheap_step']:.2f}% of a cheap step) · "
+            f"saved {learned['path']} (--signal probe --policy peek)",
+        )
+    elif learned:
+        table.add_row("probe", learned.get("status", ""))
+    return table
+
+
+def humaneval_table(record: dict) -> Table:
+    """HumanEval pass@1 per arm, with its interval, share, speed and the teacher-forced fidelity."""
+    table = Table(
+        title=f"mlxswitch bench --suite humaneval · {record['profile']['name']} · "
+        f"{record['machine']['backend']}",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in (
+        "arm",
+        "pass@1",
+        "95% CI",
+        "n",
+        "retained",
+        "top share",
+        "tg tok/s",
+        "s/problem",
+        "MB/tok",
+        "M3 Max bound*",
+        "TF retained",
+        "TF random",
+        "TF oracle",
+    ):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+
+    def cell(value, digits: int = 2, scale: float = 1.0) -> str:
+        return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
+
+    for arm in record["arms"]:
+        low, high = arm["pass@1_95"]
+        tf = arm.get("teacher_forced") or {}
+        bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
+        table.add_row(
+            arm["name"] + (" · verified" if arm.get("verified") and arm["kind"] != "verify" else ""),
+            cell(arm["pass@1"], 3),
+            "–" if low is None else f"{low:.2f}–{high:.2f}",
+            str(arm["problems"]),
+            cell(arm["retained"]),
+            cell(arm["top_share"]),
+            cell(arm.get("decode_tok_per_s"), 1),
+            cell(arm.get("seconds_per_problem"), 1),
+            cell(arm.get("bytes_per_token"), 1, 1e-6),
+            cell(bound, 0),
+            cell(tf.get("retained")),
+            cell(tf.get("random_control")),
+            cell(tf.get("oracle")),
+        )
+    same = [f"{a['name']} {a['reproduces_top']}/{a['problems']}" for a in record["arms"] if a.get("verified")]
+    lossless = f"answers identical to the top tier's: {', '.join(same)}; " if same else ""
+    calibrated = record.get("calibrated")
+    promise = (
+        f"calibrated τ {calibrated['tau']:g}: share promised {cell(calibrated['promised_share'])} "
+        f"(teacher-forced, {calibrated['problems']} calibration problems), live "
+        f"{cell(calibrated['live_share'])}; "
+        if calibrated
+        else ""
+    )
+    table.caption = (
+        f"{promise}verified arms: top share = tokens the top tier made, every token checked by it; "
+        f"{lossless}"
+        f"{len(record['answered'])} problems, greedy, one sample each; records in "
+        f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom); "
+        "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "
+        "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token"
+    )
+    return table
+
+
+def humaneval_curve_table(record: dict) -> Table:
+    """Share of top-tier tokens → retained fidelity, teacher-forced, with the controls (EAD's table)."""
+    table = Table(
+        title="teacher-forced along the top tier's answers: share → retained (NLL gap closed)",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in ("target share", "τ", "top share", "peek retained", "random", "oracle"):
+        table.add_column(column, justify="right")
+
+    def cell(value, digits: int = 2) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    for row in record["teacher_forced_curve"]:
+        table.add_row(
+            cell(row["target_share"]),
+            cell(row["tau"], 4),
+            cell(row["top_share"]),
+            cell(row["retained"]),
+            cell(row["random_control"]),
+            cell(row["oracle"]),
+        )
+    answered = len(record["answered"])
+    table.caption = f"{answered} problems; peek decides each position alone (window 1, min run 1)"
+    return table
