@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -193,3 +194,25 @@ def test_teacher_forcing_reads_the_prompt_the_engine_prefilled(tiny_gears_4_8):
     cheap_prompt = teacher_forced(ladder, "p", prompt_ids, [e.id for e in events])
     ladder.groups[0].prefill_gear = 8
     assert not np.allclose(cheap_prompt.entropy[0], forced.entropy[0], atol=2e-3)
+
+
+def test_the_fp32_arm_swaps_quantized_layers_for_fp32_ones_and_back(tiny_pair):
+    import mlx.nn as nn
+
+    from mlxswitch.bench.runner import _dequantized_fp32
+    from mlxswitch.models.sources import load_model
+
+    model = load_model(str(tiny_pair[1])).model
+    nn.quantize(model, group_size=32, bits=4)
+    before = [type(m) for _, m in model.named_modules()]
+    ids = mx.array([[5, 17, 42, 7]])
+    quantized = model(ids)
+    with _dequantized_fp32([model]):
+        kinds = {type(m) for _, m in model.named_modules()}
+        assert nn.QuantizedLinear not in kinds and nn.Linear in kinds
+        assert all(m.weight.dtype == mx.float32 for _, m in model.named_modules() if type(m) is nn.Linear)
+        dense = model(ids)
+    assert [type(m) for _, m in model.named_modules()] == before
+    # The same weights, dequantized: the same logits up to rounding.
+    assert mx.allclose(dense, quantized, atol=1e-3).item()
+    assert mx.array_equal(model(ids), quantized).item()

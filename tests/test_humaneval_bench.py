@@ -25,7 +25,7 @@ FLAGS = [
     "--timeout",
     "2",
     "--arms",
-    "profile,calibrated,verify,peek,random,oracle,mlx-lm,speculative,speculative-ours",
+    "profile,calibrated,verify,peek,random,oracle,mlx-lm,speculative,speculative-ours,speculative-fp32",
 ]
 
 
@@ -83,6 +83,7 @@ def test_every_arm_answers_every_problem(full_run):
         "mlx-lm",
         "speculative",
         "speculative-ours",
+        "speculative-fp32",
     }
     assert {a["policy"] for a in record["arms"] if a["kind"] == "sweep"} == {"peek"}
     assert record["answered"] == ["HumanEval/34", "HumanEval/53"]
@@ -120,9 +121,15 @@ def test_verified_drafting_and_speculative_decoding_answer_as_the_top_tier(full_
         verified = next(v for (t, arm), v in answers.items() if t == task and arm.startswith("verify"))
         assert verified == top
         assert answers[(task, "mlx-lm speculative (our kernels)")] == top
+        assert answers[(task, "mlx-lm speculative (fp32 weights)")] == top
     record = json.loads((out / "r.json").read_text())
     lossless = {a["name"]: a for a in record["arms"] if a.get("verified")}
-    assert {a["kind"] for a in lossless.values()} == {"verify", "speculative", "speculative-ours"}
+    assert {a["kind"] for a in lossless.values()} == {
+        "verify",
+        "speculative",
+        "speculative-ours",
+        "speculative-fp32",
+    }
     assert all(a["reproduces_top"] == 2 and a["teacher_forced"]["retained"] == 1 for a in lossless.values())
 
 

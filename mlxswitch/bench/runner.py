@@ -20,12 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
 from mlx_lm.generate import stream_generate
+from mlx_lm.utils import dequantize_model
 
 from ..decoding.answer import AnswerSummary
 from ..decoding.session import ChatSession
 from ..decoding.tiers import Ladder
 from ..json_numbers import json_float
+from ..models.gears import bytes_per_token
 from ..profiles import Profile
 from ..routing.registry import POLICY_BY_NAME
 from ..routing.router import POLICY_NAMES, RouterConfig
@@ -139,6 +143,9 @@ def _stock_kernels():
             os.environ["MLXSWITCH_KERNELS"] = before
 
 
+SPECULATIVE_KINDS = ("speculative", "speculative-ours", "speculative-fp32")
+
+
 def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
     session.router_config = arm.engine_config()
     session.reset()
@@ -169,13 +176,43 @@ def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens:
     }
 
 
+@contextlib.contextmanager
+def _dequantized_fp32(models: list[nn.Module]):
+    """The models' quantized layers swapped for fp32 ones (mlx-lm's dequantize_model, then a cast)
+    while the block runs, and swapped back after: mlx-lm with the weights dequantized to fp32."""
+    saved = []
+    try:
+        for model in models:
+            layers = [
+                (name, m)
+                for name, m in model.named_modules()
+                if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+            ]
+            saved.append((model, layers))
+            dequantize_model(model)
+            for name, _ in layers:
+                dense = _module(model, name)
+                dense.weight = dense.weight.astype(mx.float32)
+        mx.eval([m.parameters() for m in models])
+        yield
+    finally:
+        for model, layers in saved:
+            model.update_modules(tree_unflatten(layers))
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    """The submodule at a dotted name from named_modules() (list indices as numbers)."""
+    found: Any = model
+    for part in name.split("."):
+        found = found[int(part)] if part.isdigit() else found[part]
+    return found
+
+
 def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:
     tokenizer = ladder.tokenizer
     eos = tokenizer.eos_token_ids
     kwargs: dict[str, Any] = {}
-    speculative = arm.kind in ("speculative", "speculative-ours")
-    # "speculative-ours": mlx-lm's generator on our CPU routes (its algorithm, our kernels).
-    kernels = contextlib.nullcontext() if arm.kind == "speculative-ours" else _stock_kernels()
+    speculative = arm.kind in SPECULATIVE_KINDS
     if speculative:
         model = ladder.tiers[-1].model.model
         kwargs = {"draft_model": ladder.tiers[0].model.model}
@@ -183,9 +220,23 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
         tier = ladder.tiers[arm.rung()]
         tier.activate()
         model = tier.model.model
-    start, stamps, ids, drafted, peak = time.perf_counter(), [], [], 0, 0.0
-    mx.reset_peak_memory()
-    with kernels:
+    # "speculative-ours": mlx-lm's generator on our CPU routes (its algorithm, our kernels);
+    # "speculative-fp32": on MLX's kernels with both models dequantized to fp32 (as issue 20 measured).
+    kernels: contextlib.AbstractContextManager = (
+        contextlib.nullcontext() if arm.kind == "speculative-ours" else _stock_kernels()
+    )
+    weights: contextlib.AbstractContextManager = (
+        _dequantized_fp32([model, kwargs["draft_model"]])
+        if arm.kind == "speculative-fp32"
+        else contextlib.nullcontext()
+    )
+    start, stamps, ids, drafted, peak = 0.0, [], [], 0, 0.0
+    read = ladder.tiers[-1 if speculative else arm.rung()].bytes_per_token
+    with kernels, weights:
+        if arm.kind == "speculative-fp32":
+            read = bytes_per_token(model)  # the fp32 weights this arm reads
+        start = time.perf_counter()
+        mx.reset_peak_memory()
         for response in stream_generate(model, tokenizer, prompt_ids, max_tokens=max_tokens, **kwargs):
             if response.token in eos:
                 break
@@ -205,7 +256,7 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
         "switches": 0,
         "catch_up_tokens": 0,
         "tier_counts": {name: len(ids)},
-        "mean_bytes_per_token": ladder.tiers[-1 if speculative else arm.rung()].bytes_per_token,
+        "mean_bytes_per_token": read,
         "draft_share": drafted / len(ids) if ids and speculative else None,
         "text": text,
         "tokens": [{"id": t, "tier": name} for t in ids],

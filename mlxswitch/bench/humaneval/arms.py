@@ -10,7 +10,8 @@ setting, each swept point).
 - `verify`: verified drafting (decoding/verify.py) at that threshold: lossless.
 - `speculative`: mlx-lm's speculative decoding as shipped; `speculative-ours`: the same generator
   on our CPU routes (mlx-lm's algorithm, our kernels), so that the comparison with `verify`
-  isolates the drafting rule.
+  isolates the drafting rule; `speculative-fp32`: mlx-lm's speculative decoding on MLX's own
+  kernels with both models dequantized to fp32 while it runs (how issue 20 measured the bar).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ...errors import UsageError
 from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from ...routing.router import RouterConfig
-from ..runner import Arm, forced_config, make_arms
+from ..runner import SPECULATIVE_KINDS, Arm, forced_config, make_arms
 
 GROUPS = (
     "profile",
@@ -32,11 +33,12 @@ GROUPS = (
     "mlx-lm",
     "speculative",
     "speculative-ours",
+    "speculative-fp32",
 )
 QUICK_GROUPS = ("profile", "peek", "random", "oracle")
 ROUTED_KINDS = ("profile", "calibrated", "sweep")
 CONTROL_KINDS = ("random", "oracle")
-STOCK_KINDS = ("mlx-lm", "speculative", "speculative-ours")  # mlx-lm's generator decodes them
+STOCK_KINDS = ("mlx-lm", *SPECULATIVE_KINDS)  # mlx-lm's generator decodes them
 
 
 def calibrated_config(profile: Profile, tau: float, num_tiers: int, verify: bool = False) -> RouterConfig:
@@ -96,6 +98,8 @@ def humaneval_arms(
     two_models = n == 2 and ladder.tiers[0].group is not ladder.tiers[1].group
     if "speculative-ours" in groups and two_models:
         bench.append(Arm("mlx-lm speculative (our kernels)", "speculative-ours"))
+    if "speculative-fp32" in groups and two_models:
+        bench.append(Arm("mlx-lm speculative (fp32 weights)", "speculative-fp32"))
     own = [arm for arm in bench if arm.kind not in STOCK_KINDS]
     stock = [arm for arm in bench if arm.kind in STOCK_KINDS]
     controls = []

@@ -7,7 +7,16 @@ from pathlib import Path
 from ...routing.registry import POLICIES
 from ..plot import _pyplot, save_figure
 
-POINT_KINDS = ("tier", "profile", "calibrated", "verify", "mlx-lm", "speculative", "speculative-ours")
+POINT_KINDS = (
+    "tier",
+    "profile",
+    "calibrated",
+    "verify",
+    "mlx-lm",
+    "speculative",
+    "speculative-ours",
+    "speculative-fp32",
+)
 MARKERS = {"profile": "*", "calibrated": "*", "verify": "D"}
 
 

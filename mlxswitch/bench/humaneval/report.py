@@ -98,7 +98,8 @@ def _teacher_forced(
 CONTROLS = ("random", "oracle")
 # The EAD-style table: teacher-forced retained fidelity at these shares of top-tier tokens.
 CURVE_SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
-LOSSLESS = ("speculative", "speculative-ours", "verify")  # every token is the top tier's sample
+# Every token is the top tier's sample.
+LOSSLESS = ("speculative", "speculative-ours", "speculative-fp32", "verify")
 
 
 def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], signal: str) -> list[dict]:
