@@ -131,5 +131,5 @@ def test_the_router_imports_neither_mlx_nor_numpy(graph):
 def test_the_check_sees_function_local_imports():
     # Guards the checks above against vacuity: a local import inside a function is found.
     known = _modules()
-    found = _imports("mlxswitch.cli.app", known["mlxswitch.cli.app"], known)
+    found = _imports("mlxswitch.cli.cmd_chat", known["mlxswitch.cli.cmd_chat"], known)
     assert "mlxswitch.api" in found and "mlxswitch.cli.ui" in found

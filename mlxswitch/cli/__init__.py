@@ -1,4 +1,4 @@
-"""The `mlxswitch` command line: Typer commands (app), chat loops (chat), all Rich code (ui)."""
+"""The `mlxswitch` command line: the Typer app (app), its commands (cmd_*), chat loops (chat), Rich (ui)."""
 
 from .app import app, main
 

@@ -1,4 +1,4 @@
-"""`mlxswitch bench --suite humaneval`: the command's flow, kept out of app.py (Rich stays in ui*.py)."""
+"""`mlxswitch bench --suite humaneval`: the command's flow, kept out of cmd_bench.py (Rich in ui*.py)."""
 
 from __future__ import annotations
 
