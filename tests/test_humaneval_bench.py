@@ -323,3 +323,23 @@ def test_the_live_oracle_reproduces_the_top_tier_with_fewer_top_tokens(near_pair
     assert [e.id for e in oracle.tokens] == answer
     assert {t for t, e in enumerate(oracle.tokens) if e.tier == "large"} == chosen - {len(answer)}
     assert 0 < len(chosen) < len(answer)  # not vacuous: both kinds of position occur
+
+
+def test_retained_reads_only_the_problems_both_tiers_and_the_arm_answered():
+    from mlxswitch.bench.humaneval.report import _retained
+
+    def result(task, arm, passed):
+        return {"task_id": task, "arm": arm, "passed": passed}
+
+    results = [
+        result("A", "small alone", False),
+        result("A", "large alone", True),
+        result("A", "routed", True),
+        result("B", "small alone", True),
+        result("B", "large alone", True),
+        result("B", "routed", True),
+        result("C", "small alone", True),  # a stopped run: only the first arm answered C
+    ]
+    assert _retained("routed", "small alone", "large alone", results) == (1.0, 2)
+    assert _retained("small alone", "small alone", "large alone", results) == (0.0, 2)
+    assert _retained("routed", "small alone", "large alone", results[3:]) == (None, 1)  # no gap

@@ -195,7 +195,8 @@ def humaneval_table(record: dict) -> Table:
         f"{promise}verified arms: top share = tokens the top tier made, every token checked by it; "
         f"{lossless}"
         f"{len(record['answered'])} problems, greedy, one sample each; records in "
-        f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom); "
+        f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
+        "on the problems all three answered; "
         "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "
         "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token"
     )

@@ -181,10 +181,10 @@ def summarize(header: dict, lines: list[dict]) -> dict:
             )
         entry["teacher_forced"] = _teacher_forced(arm, forced, tier_bytes, share)
         arms.append(entry)
-    bottom = next((a for a in arms if a["name"] == f"{names[0]} alone"), None)
-    top = next((a for a in arms if a["name"] == f"{names[-1]} alone"), None)
     for entry in arms:
-        entry["retained"] = _retained(entry, bottom, top)
+        entry["retained"], entry["retained_problems"] = _retained(
+            entry["name"], f"{names[0]} alone", f"{names[-1]} alone", results
+        )
     problems = header["settings"]["problems"]
     calibrated = derived.get("calibrated")
     if calibrated is not None:
@@ -217,8 +217,15 @@ def _signal(derived: dict) -> str:
     return routed[0]["signal"] if routed else "entropy"
 
 
-def _retained(entry: dict, bottom: dict | None, top: dict | None) -> float | None:
-    if bottom is None or top is None or entry["pass@1"] is None:
-        return None
-    gap = (top["pass@1"] or 0.0) - (bottom["pass@1"] or 0.0)
-    return (entry["pass@1"] - bottom["pass@1"]) / gap if gap != 0 else None
+def _retained(arm: str, bottom: str, top: str, results: list[dict]) -> tuple[float | None, int]:
+    """(pass_arm − pass_bottom) / (pass_top − pass_bottom) over the problems all three answered
+    (a stopped run can leave one problem part-done), and how many those are."""
+    passed: dict[str, dict[str, bool]] = {arm: {}, bottom: {}, top: {}}
+    for r in results:
+        if r["arm"] in passed:
+            passed[r["arm"]][r["task_id"]] = r["passed"]
+    common = set(passed[arm]) & set(passed[bottom]) & set(passed[top])
+    if not common:
+        return None, 0
+    a, b, t = (sum(passed[name][task] for task in common) for name in (arm, bottom, top))
+    return ((a - b) / (t - b) if t != b else None), len(common)
