@@ -157,7 +157,16 @@ def test_figures_rederive_from_the_records(full_run):
     lines = _lines(out / "r.jsonl")
     assert json.loads(json.dumps(finite(summarize(lines[0], lines[1:])))) == {
         k: record[k]
-        for k in ("suite", "arms", "problems", "taus", "calibrated", "teacher_forced_curve", "answered")
+        for k in (
+            "suite",
+            "arms",
+            "problems",
+            "taus",
+            "calibrated",
+            "teacher_forced_curve",
+            "answered",
+            "complete",
+        )
     }
     by_name = {a["name"]: a for a in record["arms"]}
     assert by_name["small alone"]["teacher_forced"]["retained"] == pytest.approx(0.0, abs=1e-9)

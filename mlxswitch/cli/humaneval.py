@@ -82,7 +82,7 @@ def bench_humaneval(
         tiers = " → ".join(record["profile"]["tiers"])
         title = (
             f"mlxswitch bench --suite humaneval · {profile.name} ({tiers}) · "
-            f"{record['machine']['backend']} · {len(record['answered'])} problems"
+            f"{record['machine']['backend']} · {len(record['complete'])} problems answered by every arm"
         )
         save_humaneval_plot(record, title, plot)
     console = ui.make_console()

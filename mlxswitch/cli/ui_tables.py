@@ -194,7 +194,8 @@ def humaneval_table(record: dict) -> Table:
     table.caption = (
         f"{promise}verified arms: top share = tokens the top tier made, every token checked by it; "
         f"{lossless}"
-        f"{len(record['answered'])} problems, greedy, one sample each; records in "
+        f"{len(record['complete'])} problems answered by every arm ({len(record['answered'])} begun), "
+        f"greedy, one sample each; records in "
         f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
         "on the problems all three answered; "
         "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "

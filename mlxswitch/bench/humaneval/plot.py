@@ -28,6 +28,11 @@ def _xy(arms: list[dict], x: str) -> tuple[list, list, list]:
     return [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
 
 
+def _label(arm: dict) -> str:
+    verified = arm.get("verified") and arm["kind"] == "profile"  # a profile that decodes verified
+    return arm["name"] + (" · verified" if verified else "")
+
+
 def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
     """Two panels, pass@1 with 95% intervals: swept policies and the random control as lines,
     tiers, profile and mlx-lm as points, the oracle as a line at its pass@1 (no speed: a control)."""
@@ -57,7 +62,7 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
                     fmt=MARKERS.get(arm["kind"], "s"),
                     ms=7,
                     capsize=3,
-                    label=arm["name"],
+                    label=_label(arm),
                 )
         axis.set_ylabel("pass@1 (greedy; bars: 95% Wilson interval)")
         axis.grid(alpha=0.3)

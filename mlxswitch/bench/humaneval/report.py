@@ -186,6 +186,7 @@ def summarize(header: dict, lines: list[dict]) -> dict:
             entry["name"], f"{names[0]} alone", f"{names[-1]} alone", results
         )
     problems = header["settings"]["problems"]
+    done = {(r["task_id"], r["arm"]) for r in results}
     calibrated = derived.get("calibrated")
     if calibrated is not None:
         live = next((a for a in arms if a["kind"] == "calibrated"), None)
@@ -199,6 +200,8 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         "calibrated": calibrated,
         "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
+        # Problems every arm has answered (a stopped run leaves the last one part-done).
+        "complete": [task for task in problems if all((task, a["name"]) in done for a in derived["arms"])],
     }
 
 
