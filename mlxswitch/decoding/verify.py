@@ -57,25 +57,21 @@ class VerifyLoop:
         self.initial_entropy = math.nan
         self.initial_signal: float | None = math.nan
         self.ended_by_eos = False
-        self.rounds = 0  # checks made by the top tier
-        self.discarded = 0  # drafted tokens the top tier sampled differently (or after one)
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
         eos = self.ladder.tokenizer.eos_token_ids
-        bottom = self.ladder.tiers[0]
+        bottom, top_rung = self.ladder.tiers[0], len(self.ladder.tiers) - 1
         n = 0
         fed_back: dict[str, int] = {}  # the top tier's token, fed to the bottom group next round
         while n < budget:
             length = len(self.ids)
             draft, entropies, signals, ended_unsure = self._draft(min(MAX_DRAFT, budget - n), eos)
             rows, catch_up = self._check(draft)
-            self.rounds += 1
             samples: list[int] = self._sample(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
             kept = 0
             while kept < len(draft) and samples[kept] == draft[kept]:
                 kept += 1
-            self.discarded += len(draft) - kept
             keep = length + kept
             for group in self.ladder.groups:
                 group.rewind(min(group.seen, keep))
@@ -115,11 +111,11 @@ class VerifyLoop:
             computed_below = kept < len(draft) or ended_unsure
             yield Step(
                 token,
-                1,
+                top_rung,
                 top_values[0],
                 math.nan,
                 False,
-                (0, 1) if computed_below else (1,),
+                (0, top_rung) if computed_below else (top_rung,),
                 (bottom_signal, top_signal) if computed_below else (top_signal,),
                 catch_up,
                 *self._token_logprobs(logprobs, kept, token),
