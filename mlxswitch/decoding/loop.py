@@ -103,10 +103,14 @@ class _Pending:
         """The token's log-probability and the `top` likeliest ids with theirs (a sync point)."""
         if self.logprobs is None:
             return None, ()
-        values = np.asarray(self.logprobs.astype(mx.float32)).reshape(-1)
-        best = np.argpartition(-values, top - 1)[:top] if top else np.array([], dtype=np.int64)
-        best = best[np.argsort(-values[best])]
-        return float(values[token]), tuple((int(i), float(values[i])) for i in best)
+        return token_and_top(np.asarray(self.logprobs.astype(mx.float32)).reshape(-1), token, top)
+
+
+def token_and_top(logprobs: np.ndarray, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """From one distribution's log-probabilities: the token's, and the `top` likeliest ids with theirs."""
+    best = np.argpartition(-logprobs, top - 1)[:top] if top else np.array([], dtype=np.int64)
+    best = best[np.argsort(-logprobs[best])]
+    return float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best)
 
 
 class _LivePosition:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..routing.registry import uncertainty
 from ..routing.signals import read_time_signals, token_signals_numpy
-from .loop import Sampler, Step
+from .loop import Sampler, Step, token_and_top
 from .tiers import Ladder
 
 # Bounds a round's rows (the check is one batched pass) and how long a stream waits for a check.
@@ -191,7 +191,4 @@ class VerifyLoop:
     ) -> tuple[float | None, tuple[tuple[int, float], ...]]:
         if logprobs is None or self.top_logprobs is None:
             return None, ()
-        values, top = logprobs[row], self.top_logprobs
-        best = np.argpartition(-values, top - 1)[:top] if top else np.array([], dtype=np.int64)
-        best = best[np.argsort(-values[best])]
-        return float(values[token]), tuple((int(i), float(values[i])) for i in best)
+        return token_and_top(logprobs[row], token, self.top_logprobs)
