@@ -264,8 +264,8 @@ def _defaults(toml: _TomlFile) -> dict:
 
 def _type_problem(key: str, value) -> str | None:
     # TOML types only: what the values mean is RouterConfig's to judge.
-    if key == "normalize":
-        return None if isinstance(value, bool) else "'normalize' must be true or false"
+    if key in ("normalize", "verify"):
+        return None if isinstance(value, bool) else f"'{key}' must be true or false"
     if not isinstance(value, int) or isinstance(value, bool):
         return f"'{key}' must be a whole number (got {value!r})"
     return None
@@ -347,8 +347,9 @@ def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile
                 raise fail(key, f"'{key}' must be a name (got {table[key]!r})")
             settings[key] = table[key]
     if "verify" in table:
-        if not isinstance(table["verify"], bool):
-            raise fail("verify", "'verify' must be true or false")
+        problem = _type_problem("verify", table["verify"])
+        if problem:
+            raise fail("verify", problem)
         settings["verify"] = table["verify"]
     try:
         router = RouterConfig(up=up, down=down, **settings)

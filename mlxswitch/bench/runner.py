@@ -190,22 +190,15 @@ def _dequantized_fp32(models: list[nn.Module]):
             ]
             saved.append((model, layers))
             dequantize_model(model)
-            for name, _ in layers:
-                dense = _module(model, name)
-                dense.weight = dense.weight.astype(mx.float32)
+            swapped = {name for name, _ in layers}
+            for name, dense in model.named_modules():
+                if name in swapped:
+                    dense.weight = dense.weight.astype(mx.float32)
         mx.eval([m.parameters() for m in models])
         yield
     finally:
         for model, layers in saved:
             model.update_modules(tree_unflatten(layers))
-
-
-def _module(model: nn.Module, name: str) -> nn.Module:
-    """The submodule at a dotted name from named_modules() (list indices as numbers)."""
-    found: Any = model
-    for part in name.split("."):
-        found = found[int(part)] if part.isdigit() else found[part]
-    return found
 
 
 def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:

@@ -68,7 +68,8 @@ class VerifyLoop:
             length = len(self.ids)
             draft, entropies, signals, ended_unsure = self._draft(min(MAX_DRAFT, budget - n), eos)
             rows, catch_up = self._check(draft)
-            samples: list[int] = self._sample(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
+            rows = self._normalized(rows)
+            samples: list[int] = self.sampler(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
             kept = 0
             while kept < len(draft) and samples[kept] == draft[kept]:
                 kept += 1
@@ -157,10 +158,12 @@ class VerifyLoop:
                 return draft, entropies, signals, False
 
     def _lazy(self, logits: mx.array):
-        signals = read_time_signals(logits)
-        if self.normalize:
-            logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return self.sampler(logits), signals
+        return self.sampler(self._normalized(logits)), read_time_signals(logits)
+
+    def _normalized(self, logits: mx.array) -> mx.array:
+        """Log-probabilities where the sampler or the log-probabilities need them (else the logits:
+        mlx-lm's samplers other than top-p do not mind a shift)."""
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.normalize else logits
 
     def _check(self, draft: list[int]) -> tuple[mx.array, dict[str, int]]:
         """The top tier's logits at every drafted position and the one after (rows, V), and the
@@ -176,15 +179,9 @@ class VerifyLoop:
         fed = length + len(draft) - max(start, self.prompt_tokens)
         return rows.astype(mx.float32), ({group.name: fed} if fed > 0 else {})
 
-    def _sample(self, rows: mx.array) -> mx.array:
-        if self.normalize:
-            rows = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
-        return self.sampler(rows)
-
     def _logprobs(self, rows: mx.array) -> np.ndarray | None:
-        if self.top_logprobs is None:
-            return None
-        return np.asarray(rows - mx.logsumexp(rows, axis=-1, keepdims=True))
+        """The rows as NumPy log-probabilities (already normalized: asking for them turns it on)."""
+        return None if self.top_logprobs is None else np.asarray(rows)
 
     def _token_logprobs(
         self, logprobs: np.ndarray | None, row: int, token: int

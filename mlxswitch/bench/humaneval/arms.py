@@ -41,9 +41,13 @@ CONTROL_KINDS = ("random", "oracle")
 STOCK_KINDS = ("mlx-lm", *SPECULATIVE_KINDS)  # mlx-lm's generator decodes them
 
 
-def calibrated_config(profile: Profile, tau: float, num_tiers: int, verify: bool = False) -> RouterConfig:
-    """peek on the profile's signal, each position on its own, at `tau` (and verified drafting)."""
-    signal = "entropy" if profile.router.signal == "probe" else profile.router.signal
+def calibrated_signal(profile: Profile) -> str:
+    """What the calibrated arms route on: the profile's signal, or entropy in place of the probe."""
+    return "entropy" if profile.router.signal == "probe" else profile.router.signal
+
+
+def calibrated_config(signal: str, tau: float, num_tiers: int, verify: bool = False) -> RouterConfig:
+    """peek on `signal`, each position on its own, at `tau` (and verified drafting)."""
     return RouterConfig(
         up=(tau,) * (num_tiers - 1), policy="peek", window=1, min_run=1, signal=signal, verify=verify
     )
@@ -93,7 +97,7 @@ def humaneval_arms(
         for kind, verify in (("calibrated", False), ("verify", True)):
             if kind in groups:
                 name = f"{kind} (peek τ={tau:g})"
-                config = calibrated_config(profile, tau, n, verify)
+                config = calibrated_config(calibrated_signal(profile), tau, n, verify)
                 bench.append(Arm(name, kind, config, policy="peek", tau=tau))
     two_models = n == 2 and ladder.tiers[0].group is not ladder.tiers[1].group
     if "speculative-ours" in groups and two_models:

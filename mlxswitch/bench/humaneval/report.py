@@ -19,6 +19,7 @@ import numpy as np
 
 from ...routing.router import RouterConfig
 from .. import metrics, simulate
+from .arms import calibrated_config
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 PROJECTION_NOTE = "projection, not a measurement: peak bandwidth ÷ weight bytes read per token"
@@ -109,7 +110,7 @@ def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], sign
         return []
     bottom = np.concatenate([p.nll[0] for p in positions])
     top = np.concatenate([p.nll[-1] for p in positions])
-    base = RouterConfig(up=(1.0,), policy="peek", window=1, min_run=1, signal=signal)
+    base = calibrated_config(signal, 1.0, 2)
     out = []
     for target in CURVE_SHARES:
         tau, _ = simulate.threshold_for_share(base, positions, target)
