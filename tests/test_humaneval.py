@@ -221,6 +221,35 @@ def test_records_resume_drops_a_torn_line_and_checks_settings(tmp_path):
         Records.open(path, SETTINGS)
 
 
+def _append_many(path: str, arm: str, count: int) -> None:
+    records = Records.open(path, SETTINGS)
+    for i in range(count):  # lines of ~64 KB: several pipe-buffer sizes, so a torn write would show
+        records.append({"type": "result", "task_id": f"HumanEval/{i}", "arm": arm, "text": arm * 65536})
+    records.close()
+
+
+def test_shards_append_to_one_file_without_tearing_a_line(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "r.jsonl"
+    first = Records.open(path, SETTINGS)
+    first.start(SETTINGS, {"taus": []})
+    first.close()
+    context = multiprocessing.get_context("spawn")
+    shards = [context.Process(target=_append_many, args=(str(path), arm, 40)) for arm in "ab"]
+    for shard in shards:
+        shard.start()
+    for shard in shards:
+        shard.join(60)
+        assert shard.exitcode == 0
+    lines = [json.loads(line) for line in path.read_text().splitlines()]  # every line whole
+    assert lines[0]["type"] == "header" and len(lines) == 81
+    assert sorted(Records.open(path, SETTINGS).results()) == sorted(
+        (f"HumanEval/{i}", arm) for i in range(40) for arm in "ab"
+    )
+    assert all(line["text"] == line["arm"] * 65536 for line in lines[1:])
+
+
 def test_canonical_solutions_pass_in_the_sandbox(problems, sandbox_root):
     """The guard leaves honest programs alone: HumanEval's own solutions pass (every 20th problem)."""
     import gzip

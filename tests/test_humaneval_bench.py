@@ -241,6 +241,25 @@ def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp
     assert _outcomes(tmp_path / "r.jsonl") == _outcomes(out / "r.jsonl")
 
 
+def test_shards_on_one_records_file_give_the_records_of_one_run(full_run, tiny_pair, tmp_path):
+    _, out, args = full_run
+    sharded = [a.replace(str(out), str(tmp_path)) for a in args]  # records, --json, --plot here
+    first = runner.invoke(app, sharded + ["--shard", "1/2"])
+    assert first.exit_code == 0, first.stderr
+    after_first = _outcomes(tmp_path / "r.jsonl")
+    assert {task for task, _ in after_first} == {"HumanEval/34"}  # problems 1, 3, … of the run
+    second = runner.invoke(app, sharded + ["--shard", "2/2"])
+    assert second.exit_code == 0, second.stderr
+    assert _outcomes(tmp_path / "r.jsonl") == _outcomes(out / "r.jsonl")
+
+
+def test_humaneval_flags_are_refused_on_the_prompt_suite(tmp_path):
+    for flags in (["--records", str(tmp_path / "r.jsonl")], ["--shard", "1/2"], ["--split", "heldout"]):
+        result = runner.invoke(app, ["bench", *flags])
+        assert result.exit_code == 2
+        assert result.stderr == f"error: {flags[0]} applies to --suite humaneval only\n"
+
+
 def test_other_settings_on_the_same_records_are_one_error_line(full_run):
     _, out, args = full_run
     changed = [a if a != "8" else "9" for a in args]
@@ -257,6 +276,11 @@ def test_other_settings_on_the_same_records_are_one_error_line(full_run):
         (["--arms", "peek,magic"], "error: --arms: unknown arm group 'magic'"),
         (["--split", "train"], "error: --split must be"),
         (["--repeats", "3"], "error: --repeats does not apply to --suite humaneval"),
+        (["--shard", "3/2"], "error: --shard must be I/N with 1 ≤ I ≤ N, e.g. 2/2 (got '3/2')"),
+        (["--shard", "two"], "error: --shard must be I/N"),
+        (["--shard", "2/2"], "error: --shard 2/2: "),  # the records file is not started
+        (["--shard", "2/2", "--restart"], "error: --restart with --shard 2/2: only shard 1/2"),
+        (["--shard", "1/2", "--report"], "error: --shard does not apply to --report"),
     ],
 )
 def test_bad_choices_are_one_error_line_before_loading(flags, message, tmp_path):

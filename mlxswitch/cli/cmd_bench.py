@@ -65,6 +65,13 @@ def bench(
     timeout: Annotated[
         float | None, typer.Option(help="humaneval: seconds each program may run (default 10).")
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="humaneval: as I/N, answer only problems I, I+N, I+2N, … of the run: N processes"
+            " share one --records file (shard 1 starts it)."
+        ),
+    ] = None,
     report: Annotated[
         bool,
         typer.Option(
@@ -103,8 +110,22 @@ def bench(
             arms=arms,
             timeout=timeout,
             report_only=report,
+            shard=shard,
         )
         return
+    for given, flag in (
+        (records is not None, "--records"),
+        (restart, "--restart"),
+        (problems is not None, "--problems"),
+        (split != "all", "--split"),
+        (limit is not None, "--limit"),
+        (arms is not None, "--arms"),
+        (timeout is not None, "--timeout"),
+        (report, "--report"),
+        (shard is not None, "--shard"),
+    ):
+        if given:
+            raise UsageError(f"{flag} applies to --suite humaneval only")
     for value, flag in (
         (repeats, "--repeats"),
         (max_tokens, "--max-tokens"),

@@ -28,6 +28,7 @@ def bench_humaneval(
     arms: str | None,
     timeout: float | None,
     report_only: bool = False,
+    shard: str | None = None,
 ) -> None:
     """Check every flag, open (or resume) the records, load the ladder, run, write and print."""
     from ..api import build_ladder
@@ -62,6 +63,7 @@ def bench_humaneval(
         records_path=records,
         restart=restart,
         read_only=report_only,
+        shard=shard,
     )
     done = len(chosen.records.results())
     err = ui.make_console(stderr=True)

@@ -30,6 +30,7 @@ class HumanEvalPlan:
     calibration: list[Problem]
     options: HumanEvalOptions
     records: Records
+    shard: tuple[int, int] = (1, 1)  # (I, N): this process answers problems I, I+N, … of the run
 
 
 def default_records_path(profile: Profile) -> Path:
@@ -37,6 +38,16 @@ def default_records_path(profile: Profile) -> Path:
     key = hashlib.sha256("\n".join(profile.models + tuple(map(str, profile.gears))).encode()).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", profile.name).strip("-") or "profile"
     return user_dir() / "bench" / f"humaneval-{slug}-{key}.jsonl"
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """`--shard I/N` as (I, N), 1 ≤ I ≤ N; none given is (1, 1), the whole run."""
+    if text is None:
+        return (1, 1)
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise UsageError(f"--shard must be I/N with 1 ≤ I ≤ N, e.g. 2/2 (got '{text}')")
+    return int(match[1]), int(match[2])
 
 
 def plan(
@@ -51,8 +62,14 @@ def plan(
     records_path: Path | None = None,
     restart: bool = False,
     read_only: bool = False,
+    shard: str | None = None,
 ) -> HumanEvalPlan:
     """Check every choice and open the records (settings compared) — nothing is loaded yet."""
+    index, count = parse_shard(shard)
+    if shard is not None and read_only:
+        raise UsageError("--shard does not apply to --report (it reads every shard's answers)")
+    if index > 1 and restart:
+        raise UsageError(f"--restart with --shard {index}/{count}: only shard 1/{count} starts records over")
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1 (got {max_tokens})")
     if timeout_s is not None and not timeout_s > 0:
@@ -74,13 +91,20 @@ def plan(
     if records_path is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     records = Records.open(path, settings(profile, chosen, options), restart, read_only)
-    return HumanEvalPlan(profile, chosen, calibration, options, records)
+    if index > 1 and records.header is None:
+        raise UsageError(
+            f"--shard {index}/{count}: {path} is not started yet; start shard 1/{count} first, "
+            "and this one once the records file has its first line"
+        )
+    return HumanEvalPlan(profile, chosen, calibration, options, records, (index, count))
 
 
 def bench_humaneval(run: HumanEvalPlan, ladder, progress: Progress | None = None) -> dict:
     """Run what is left, then the full record: settings, machine, figures (from the records)."""
     try:
-        run_humaneval(run.profile, ladder, run.problems, run.calibration, run.options, run.records, progress)
+        run_humaneval(
+            run.profile, ladder, run.problems, run.calibration, run.options, run.records, progress, run.shard
+        )
     finally:
         run.records.close()
     return report(run)

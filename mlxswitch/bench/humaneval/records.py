@@ -5,17 +5,21 @@ everything that decides the results (models' identities, tiers, router, arms ask
 ids, token budget, sandbox limits, seed, prompt version); `derived` is what the run worked out
 from them before the first problem (swept thresholds, arm names). Then one record per line:
 {"type": "result", "task_id", "arm", …} per problem and arm, and {"type": "positions", "task_id",
-…} per problem (the teacher-forced arrays along the top tier's answer). Each line is flushed and
-fsynced as it is written; a torn last line (a crash mid-write) is dropped on resume.
+…} per problem (the teacher-forced arrays along the top tier's answer). Each line is one write
+under an exclusive lock, fsynced before the next, so shards of a run (several processes on
+disjoint problems) can append to one file; a torn last line (a crash mid-write) is dropped on
+resume.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 from ...errors import OutputError, UsageError
 from ...models.sources import EmbeddedSource, model_source
@@ -49,6 +53,24 @@ def model_identity(source: str) -> dict:
     return {"source": name, "path": str(where.resolve()), "bytes": total, "fingerprint": digest.hexdigest()}
 
 
+def _check(path: Path, header: dict | None, settings: dict) -> None:
+    """Refuse a records file of another version, or made with other settings."""
+    if header is None:
+        return
+    if header.get("format") != FORMAT:
+        raise UsageError(
+            f"--records {path} is not a records file of this version; "
+            "pass --restart to start over, or another --records file"
+        )
+    changed = _differences(header["settings"], settings)
+    if changed:
+        raise UsageError(
+            f"--records {path} was made with other settings ({'; '.join(changed[:4])}"
+            f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
+            "or another --records file"
+        )
+
+
 def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(old) | set(new)):
@@ -72,7 +94,7 @@ class Records:
         self.path = path
         self.header = header
         self.lines = lines
-        self._handle: TextIO | None = None
+        self._handle: BinaryIO | None = None
 
     @classmethod
     def open(cls, path: Path, settings: dict, restart: bool = False, read_only: bool = False) -> Records:
@@ -85,23 +107,15 @@ class Records:
             raise OutputError(f"--records {path}: no such directory")
         if restart or not path.exists():
             return cls(path, None, [])
-        header, lines, good_bytes = _read(path)
-        if header is not None:
-            if header.get("format") != FORMAT:
-                raise UsageError(
-                    f"--records {path} is not a records file of this version; "
-                    "pass --restart to start over, or another --records file"
-                )
-            changed = _differences(header["settings"], settings)
-            if changed:
-                raise UsageError(
-                    f"--records {path} was made with other settings ({'; '.join(changed[:4])}"
-                    f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
-                    "or another --records file"
-                )
-        if good_bytes < path.stat().st_size and not read_only:
-            with open(path, "r+b") as handle:  # the torn tail goes, so appends start on a new line
-                handle.truncate(good_bytes)
+        if read_only:
+            header, lines, _ = _read(path, path.read_bytes())
+            _check(path, header, settings)
+            return cls(path, header, lines)
+        with open(path, "r+b") as handle, _locked(handle):
+            # Under the lock, another shard's line is whole or not begun.
+            header, lines, good_bytes = _read(path, handle.read())
+            _check(path, header, settings)
+            handle.truncate(good_bytes)  # the torn tail goes, so appends start on a new line
         return cls(path, header, lines)
 
     def start(self, settings: dict, derived: dict) -> None:
@@ -109,8 +123,7 @@ class Records:
         self.header = {"type": "header", "format": FORMAT, "settings": settings, "derived": derived}
         self.lines = []
         try:
-            # Held open across append() calls (each record fsynced), closed by close().
-            self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self.path.write_bytes(b"")
         except OSError as exc:
             raise OutputError(f"--records {self.path}: {exc.strerror}") from None
         self._write(self.header)
@@ -122,11 +135,15 @@ class Records:
 
     def _write(self, record: dict) -> None:
         if self._handle is None:
-            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (as in start)
+            # Held open across records, closed by close(); O_APPEND, so shards never overwrite.
+            self._handle = open(self.path, "ab", buffering=0)  # noqa: SIM115
         handle = self._handle
-        handle.write(json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+        data = (json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n").encode()
+        with _locked(handle):
+            written = 0
+            while written < len(data):  # one write(2) for a regular file; a short one goes on
+                written += os.write(handle.fileno(), data[written:])
+            os.fsync(handle.fileno())
 
     def close(self) -> None:
         """Close the file (records already written stay)."""
@@ -143,9 +160,18 @@ class Records:
         return {r["task_id"]: r for r in self.lines if r.get("type") == "positions"}
 
 
-def _read(path: Path) -> tuple[dict | None, list[dict], int]:
-    """The header, the records, and how many bytes of the file hold whole lines."""
-    data = path.read_bytes()
+@contextlib.contextmanager
+def _locked(handle):
+    """An exclusive advisory lock on the records file: one shard reads or appends at a time."""
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _read(path: Path, data: bytes) -> tuple[dict | None, list[dict], int]:
+    """The header, the records, and how many bytes of `data` (the file's) hold whole lines."""
     header, lines, good = None, [], 0
     chunks = data.split(b"\n")
     for i, chunk in enumerate(chunks):

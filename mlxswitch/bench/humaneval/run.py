@@ -184,8 +184,13 @@ def run_humaneval(
     options: HumanEvalOptions,
     records: Records,
     progress: Progress | None = None,
+    shard: tuple[int, int] = (1, 1),
 ) -> list[Arm]:
-    """Decode, execute and record every (problem, arm) not yet in `records`; the arms run."""
+    """Decode, execute and record every (problem, arm) not yet in `records`; the arms run.
+
+    `shard` (I, N): only problems I, I+N, I+2N, … (1-based) of `problems`, so N processes can
+    share one records file; the settings still name them all.
+    """
     early: dict = {}  # top-tier answers decoded to choose the thresholds
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
@@ -219,9 +224,11 @@ def run_humaneval(
         profile, ladder, derived["taus"], options.groups, calibrated["tau"] if calibrated else None
     )
     done, positions = records.results(), records.positions()
-    total, count = len(problems) * len(arms), len(done)
+    mine = problems[shard[0] - 1 :: shard[1]]
+    ids = {p.task_id for p in mine}
+    total, count = len(mine) * len(arms), sum(task in ids for task, _ in done)
     top_name = ladder.tier_names[-1]
-    for problem in problems:
+    for problem in mine:
         prompt_ids = session.render([{"role": "user", "content": instruction(problem)}])
         for arm in arms:
             key = (problem.task_id, arm.name)
