@@ -148,6 +148,7 @@ def test_figures_rederive_from_the_records(full_run):
             assert "decode_tok_per_s" not in arm and arm["reproduces_top"] == 2
         else:
             assert arm["seconds_per_problem"] == pytest.approx(sum(r["elapsed_s"] for r in mine) / 2)
+            assert arm["side_by_side"]["seconds_per_problem"] == arm["seconds_per_problem"]  # all done
             assert arm["projection"]["tok_per_s_bound"]["M1"] > 0
         assert arm["teacher_forced"]["top_share"] is not None
     # The whole summary is a function of the records file alone.
@@ -166,6 +167,7 @@ def test_figures_rederive_from_the_records(full_run):
             "teacher_forced_curve",
             "answered",
             "complete",
+            "separating",
         )
     }
     by_name = {a["name"]: a for a in record["arms"]}
@@ -376,3 +378,43 @@ def test_retained_reads_only_the_problems_both_tiers_and_the_arm_answered():
     assert _retained("routed", "small alone", "large alone", results) == (1.0, 2)
     assert _retained("small alone", "small alone", "large alone", results) == (0.0, 2)
     assert _retained("routed", "small alone", "large alone", results[3:]) == (None, 1)  # no gap
+
+
+def test_speed_side_by_side_reads_only_the_problems_every_arm_answered():
+    from mlxswitch.bench.humaneval.report import summarize
+
+    def result(task, arm, passed, elapsed):
+        return {
+            "type": "result",
+            "task_id": task,
+            "arm": arm,
+            "passed": passed,
+            "generated": 11,
+            "decode_s": elapsed / 2,
+            "elapsed_s": elapsed,
+            "mean_bytes_per_token": 1.0,
+            "tier_counts": {arm.split()[0]: 11},
+            "tokens": [],
+        }
+
+    arms = [
+        {"name": f"{tier} alone", "kind": "tier", "tier": i, "policy": None, "tau": None, "router": None}
+        for i, tier in enumerate(("small", "large"))
+    ]
+    header = {
+        "settings": {"problems": ["A", "B", "C"]},
+        "derived": {"tier_names": ["small", "large"], "bytes_per_token": [1, 2], "arms": arms, "taus": []},
+    }
+    lines = [
+        result("A", "small alone", False, 10.0),
+        result("A", "large alone", True, 30.0),
+        result("B", "small alone", True, 20.0),
+        result("B", "large alone", True, 50.0),
+        result("C", "small alone", True, 90.0),  # a stopped run: the large model never answered C
+    ]
+    summary = summarize(header, lines)
+    small, large = summary["arms"]
+    assert summary["complete"] == ["A", "B"] and summary["separating"] == ["A"]
+    assert small["seconds_per_problem"] == pytest.approx(40.0)  # over its own three answers
+    assert small["side_by_side"] == {"seconds_per_problem": pytest.approx(15.0), "decode_tok_per_s": 20 / 15}
+    assert large["side_by_side"]["seconds_per_problem"] == pytest.approx(40.0)

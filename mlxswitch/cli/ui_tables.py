@@ -173,8 +173,8 @@ def humaneval_table(record: dict) -> Table:
             str(arm["problems"]),
             cell(arm["retained"]),
             cell(arm["top_share"]),
-            cell(arm.get("decode_tok_per_s"), 1),
-            cell(arm.get("seconds_per_problem"), 1),
+            cell((arm.get("side_by_side") or {}).get("decode_tok_per_s"), 1),
+            cell((arm.get("side_by_side") or {}).get("seconds_per_problem"), 1),
             cell(arm.get("bytes_per_token"), 1, 1e-6),
             cell(bound, 0),
             cell(tf.get("retained")),
@@ -194,8 +194,8 @@ def humaneval_table(record: dict) -> Table:
     table.caption = (
         f"{promise}verified arms: top share = tokens the top tier made, every token checked by it; "
         f"{lossless}"
-        f"{len(record['complete'])} problems answered by every arm ({len(record['answered'])} begun), "
-        f"greedy, one sample each; records in "
+        f"{len(record['complete'])} problems answered by every arm ({len(record['answered'])} begun; "
+        "tg tok/s and s/problem over those), greedy, one sample each; records in "
         f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
         "on the problems all three answered; "
         "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "

@@ -4,6 +4,7 @@
 - top share: the live share of tokens the top tier made; retained (pass) = (pass_arm − pass_bottom)
   / (pass_top − pass_bottom), None when the top and bottom tiers pass equally often;
 - speed: decode tok/s (pooled over problems), seconds per problem (mean wall time of an answer),
+  both also over the problems every arm answered (`side_by_side`: the ones to compare arms by),
   bytes of weights read per token and the Apple-silicon bound they imply (a projection, labelled);
   no speed for the oracle (a control that computes both tiers where it needs to);
 - teacher-forced quality along the top tier's answers (bench/simulate.py, prefill-speed): the
@@ -129,13 +130,28 @@ def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], sign
     return out
 
 
+def _speed(mine: list[dict]) -> dict:
+    """Decode tok/s pooled over the answers (from each first token) and mean seconds per answer."""
+    decoded = sum(max(r["generated"] - 1, 0) for r in mine)
+    decode_s = sum(r["decode_s"] for r in mine)
+    return {
+        "decode_tok_per_s": decoded / decode_s if decode_s > 0 else None,
+        "seconds_per_problem": sum(r["elapsed_s"] for r in mine) / len(mine) if mine else None,
+    }
+
+
 def summarize(header: dict, lines: list[dict]) -> dict:
-    """Every arm's figures from the records, each over the problems it has answered."""
+    """Every arm's figures from the records, each over the problems it has answered; its speed
+    also over the problems every arm has answered (`side_by_side`), the figures to compare."""
     derived = header["derived"]
     names, tier_bytes = derived["tier_names"], derived["bytes_per_token"]
     results = [r for r in lines if r.get("type") == "result"]
     forced = _positions([r for r in lines if r.get("type") == "positions"])
     top_answers = {r["task_id"]: r for r in results if r["arm"] == f"{names[-1]} alone"}
+    problems = header["settings"]["problems"]
+    done = {(r["task_id"], r["arm"]) for r in results}
+    # Problems every arm has answered (a stopped run leaves the last ones part-done).
+    complete = [task for task in problems if all((task, a["name"]) in done for a in derived["arms"])]
     arms = []
     for arm in derived["arms"]:
         mine = [r for r in results if r["arm"] == arm["name"]]
@@ -156,17 +172,11 @@ def summarize(header: dict, lines: list[dict]) -> dict:
             "top_share": share,
         }
         if arm["kind"] != "oracle" and mine:
-            decoded = sum(max(r["generated"] - 1, 0) for r in mine)
-            decode_s = sum(r["decode_s"] for r in mine)
             weighted = sum(r["mean_bytes_per_token"] * r["generated"] for r in mine)
             bpt = weighted / generated if generated else None
-            entry.update(
-                {
-                    "decode_tok_per_s": decoded / decode_s if decode_s > 0 else None,
-                    "seconds_per_problem": sum(r["elapsed_s"] for r in mine) / n,
-                    "bytes_per_token": bpt,
-                }
-            )
+            entry.update(_speed(mine))
+            entry["bytes_per_token"] = bpt
+            entry["side_by_side"] = _speed([r for r in mine if r["task_id"] in complete])
             if bpt:
                 entry["projection"] = {
                     "note": PROJECTION_NOTE,
@@ -186,8 +196,6 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         entry["retained"], entry["retained_problems"] = _retained(
             entry["name"], f"{names[0]} alone", f"{names[-1]} alone", results
         )
-    problems = header["settings"]["problems"]
-    done = {(r["task_id"], r["arm"]) for r in results}
     calibrated = derived.get("calibrated")
     if calibrated is not None:
         live = next((a for a in arms if a["kind"] == "calibrated"), None)
@@ -201,9 +209,20 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         "calibrated": calibrated,
         "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
-        # Problems every arm has answered (a stopped run leaves the last one part-done).
-        "complete": [task for task in problems if all((task, a["name"]) in done for a in derived["arms"])],
+        "complete": complete,
+        # Where the bottom and top tiers alone differ in pass@1: what every "retained" rests on.
+        "separating": _separating(f"{names[0]} alone", f"{names[-1]} alone", results, problems),
     }
+
+
+def _separating(bottom: str, top: str, results: list[dict], problems: list[str]) -> list[str]:
+    """The problems both tiers alone answered, one passing and the other not."""
+    passed: dict[str, dict[str, bool]] = {bottom: {}, top: {}}
+    for r in results:
+        if r["arm"] in passed:
+            passed[r["arm"]][r["task_id"]] = r["passed"]
+    both = set(passed[bottom]) & set(passed[top])
+    return [task for task in problems if task in both and passed[bottom][task] != passed[top][task]]
 
 
 def _lossless(arm: dict) -> bool:
