@@ -416,5 +416,26 @@ def test_speed_side_by_side_reads_only_the_problems_every_arm_answered():
     small, large = summary["arms"]
     assert summary["complete"] == ["A", "B"] and summary["separating"] == ["A"]
     assert small["seconds_per_problem"] == pytest.approx(40.0)  # over its own three answers
-    assert small["side_by_side"] == {"seconds_per_problem": pytest.approx(15.0), "decode_tok_per_s": 20 / 15}
+    assert (small["problems"], small["passed"], small["pass@1_95"]) == (3, 2, list(wilson(2, 3)))
+    assert small["side_by_side"] == {
+        "problems": 2,
+        "passed": 1,
+        "pass@1": 0.5,
+        "pass@1_95": list(wilson(1, 2)),
+        "top_share": 0.0,
+        "seconds_per_problem": pytest.approx(15.0),
+        "decode_tok_per_s": pytest.approx(20 / 15),
+        "retained": 0.0,
+    }
     assert large["side_by_side"]["seconds_per_problem"] == pytest.approx(40.0)
+    assert large["side_by_side"]["retained"] == 1.0 and large["side_by_side"]["top_share"] == 1.0
+
+
+def test_the_wilson_interval_holds_the_proportion_and_matches_a_known_value():
+    for n in range(1, 200):
+        for passed in (0, n // 3, n):
+            low, high = wilson(passed, n)
+            assert 0.0 <= low <= passed / n <= high <= 1.0
+    low, high = wilson(7, 8)  # the textbook Wilson interval at z = 1.96
+    assert (round(low, 4), round(high, 4)) == (0.5291, 0.9776)
+    assert wilson(0, 0) == (None, None)

@@ -75,3 +75,16 @@ def test_every_command_with_options_has_a_table():
         if any(p.param_type_name == "option" for p in getattr(command, "params", []))
     }
     assert with_options <= set(DOCUMENTED), sorted(with_options - set(DOCUMENTED))
+
+
+def test_the_headline_is_what_bench_headline_writes_from_its_report():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("headline", README.parent / "bench" / "headline.py")
+    assert spec is not None and spec.loader is not None
+    headline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headline)
+    found = headline.written(README.read_text(encoding="utf-8"))
+    assert found, "README.md has no <!-- headline: REPORT --> … <!-- /headline --> section"
+    report, section = found
+    assert section == headline.render(report), "run: uv run python bench/headline.py --write"

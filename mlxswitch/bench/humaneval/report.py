@@ -1,10 +1,11 @@
 """HumanEval figures per arm, re-derived from the records alone (header + results + positions).
 
+- every figure over the problems the arm answered, and again over the problems every arm answered
+  (`side_by_side`: the ones to compare arms by, as a stopped run leaves some problems part-done);
 - pass@1: passed / problems (greedy, one sample each), with the 95% Wilson interval;
 - top share: the live share of tokens the top tier made; retained (pass) = (pass_arm − pass_bottom)
   / (pass_top − pass_bottom), None when the top and bottom tiers pass equally often;
 - speed: decode tok/s (pooled over problems), seconds per problem (mean wall time of an answer),
-  both also over the problems every arm answered (`side_by_side`: the ones to compare arms by),
   bytes of weights read per token and the Apple-silicon bound they imply (a projection, labelled);
   no speed for the oracle (a control that computes both tiers where it needs to);
 - teacher-forced quality along the top tier's answers (bench/simulate.py, prefill-speed): the
@@ -33,7 +34,8 @@ def wilson(passed: int, n: int, z: float = Z95) -> tuple[float | None, float | N
     p = passed / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds p; the clamps only undo rounding (at p = 1, centre + half can land below 1).
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def _num(value) -> float | None:
@@ -130,19 +132,29 @@ def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], sign
     return out
 
 
-def _speed(mine: list[dict]) -> dict:
-    """Decode tok/s pooled over the answers (from each first token) and mean seconds per answer."""
-    decoded = sum(max(r["generated"] - 1, 0) for r in mine)
-    decode_s = sum(r["decode_s"] for r in mine)
-    return {
-        "decode_tok_per_s": decoded / decode_s if decode_s > 0 else None,
-        "seconds_per_problem": sum(r["elapsed_s"] for r in mine) / len(mine) if mine else None,
+def _figures(mine: list[dict], top_name: str, timed: bool) -> dict:
+    """pass@1 with its interval, the top tier's share of tokens and (`timed`) decode tok/s, pooled
+    from each first token, and mean seconds per answer — over the answers `mine`."""
+    passed, n = sum(r["passed"] for r in mine), len(mine)
+    generated = sum(r["generated"] for r in mine)
+    out = {
+        "problems": n,
+        "passed": passed,
+        "pass@1": passed / n if n else None,
+        "pass@1_95": list(wilson(passed, n)),
+        "top_share": sum(r["tier_counts"].get(top_name, 0) for r in mine) / generated if generated else None,
     }
+    if timed and mine:
+        decoded = sum(max(r["generated"] - 1, 0) for r in mine)
+        decode_s = sum(r["decode_s"] for r in mine)
+        out["decode_tok_per_s"] = decoded / decode_s if decode_s > 0 else None
+        out["seconds_per_problem"] = sum(r["elapsed_s"] for r in mine) / n
+    return out
 
 
 def summarize(header: dict, lines: list[dict]) -> dict:
-    """Every arm's figures from the records, each over the problems it has answered; its speed
-    also over the problems every arm has answered (`side_by_side`), the figures to compare."""
+    """Every arm's figures from the records, each over the problems it has answered, and again
+    over the problems every arm has answered (`side_by_side`), the figures to compare arms by."""
     derived = header["derived"]
     names, tier_bytes = derived["tier_names"], derived["bytes_per_token"]
     results = [r for r in lines if r.get("type") == "result"]
@@ -155,46 +167,45 @@ def summarize(header: dict, lines: list[dict]) -> dict:
     arms = []
     for arm in derived["arms"]:
         mine = [r for r in results if r["arm"] == arm["name"]]
-        passed, n = sum(r["passed"] for r in mine), len(mine)
-        low, high = wilson(passed, n)
-        generated = sum(r["generated"] for r in mine)
-        top_tokens = sum(r["tier_counts"].get(names[-1], 0) for r in mine)
-        share = top_tokens / generated if generated else None
+        timed = arm["kind"] != "oracle"  # a control that computes both tiers where it needs to
         entry = {
             "name": arm["name"],
             "kind": arm["kind"],
             "policy": arm["policy"],
             "tau": arm["tau"],
-            "problems": n,
-            "passed": passed,
-            "pass@1": passed / n if n else None,
-            "pass@1_95": [low, high],
-            "top_share": share,
+            **_figures(mine, names[-1], timed),
+            # The same figures over the problems every arm answered: the ones to compare arms by.
+            "side_by_side": _figures([r for r in mine if r["task_id"] in complete], names[-1], timed),
         }
-        if arm["kind"] != "oracle" and mine:
-            weighted = sum(r["mean_bytes_per_token"] * r["generated"] for r in mine)
-            bpt = weighted / generated if generated else None
-            entry.update(_speed(mine))
+        share = entry["top_share"]
+        generated = sum(r["generated"] for r in mine)
+        if timed and generated:
+            bpt = sum(r["mean_bytes_per_token"] * r["generated"] for r in mine) / generated
             entry["bytes_per_token"] = bpt
-            entry["side_by_side"] = _speed([r for r in mine if r["task_id"] in complete])
-            if bpt:
-                entry["projection"] = {
-                    "note": PROJECTION_NOTE,
-                    "tok_per_s_bound": metrics.apple_bound_tok_s(bpt),
-                }
+            entry["projection"] = {"note": PROJECTION_NOTE, "tok_per_s_bound": metrics.apple_bound_tok_s(bpt)}
+        same: dict[str, bool] | None = None  # per problem: is the answer the top tier's own?
         if arm["kind"] == "oracle":
-            entry["reproduces_top"] = sum(r.get("reproduces_top", False) for r in mine)
-        if _lossless(arm):
+            same = {r["task_id"]: r.get("reproduces_top", False) for r in mine}
+        elif _lossless(arm):
             # Lossless up to the rounding of batched passes: how many answers are the top tier's own.
             entry["verified"] = True
-            entry["reproduces_top"] = sum(
-                _ids(r) == _ids(top_answers[r["task_id"]]) for r in mine if r["task_id"] in top_answers
-            )
+            same = {
+                r["task_id"]: _ids(r) == _ids(top_answers[r["task_id"]])
+                for r in mine
+                if r["task_id"] in top_answers
+            }
+        if same is not None:
+            entry["reproduces_top"] = sum(same.values())
+            entry["side_by_side"]["reproduces_top"] = sum(same[task] for task in complete if task in same)
         entry["teacher_forced"] = _teacher_forced(arm, forced, tier_bytes, share)
         arms.append(entry)
+    finished = [r for r in results if r["task_id"] in complete]
     for entry in arms:
         entry["retained"], entry["retained_problems"] = _retained(
             entry["name"], f"{names[0]} alone", f"{names[-1]} alone", results
+        )
+        entry["side_by_side"]["retained"], _ = _retained(
+            entry["name"], f"{names[0]} alone", f"{names[-1]} alone", finished
         )
     calibrated = derived.get("calibrated")
     if calibrated is not None:
