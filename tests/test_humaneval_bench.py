@@ -244,15 +244,38 @@ def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp
 
 
 def test_shards_on_one_records_file_give_the_records_of_one_run(full_run, tiny_pair, tmp_path):
+    from mlxswitch.api import build_ladder, resolve_profile
+    from mlxswitch.bench.humaneval.command import bench_humaneval, plan
+
     _, out, args = full_run
-    sharded = [a.replace(str(out), str(tmp_path)) for a in args]  # records, --json, --plot here
-    first = runner.invoke(app, sharded + ["--shard", "1/2"])
-    assert first.exit_code == 0, first.stderr
-    after_first = _outcomes(tmp_path / "r.jsonl")
-    assert {task for task, _ in after_first} == {"HumanEval/34"}  # problems 1, 3, … of the run
-    second = runner.invoke(app, sharded + ["--shard", "2/2"])
-    assert second.exit_code == 0, second.stderr
+    small, large = tiny_pair
+    profile = resolve_profile(small=str(small), large=str(large))
+    options = dict(
+        problems=PROBLEMS,
+        max_tokens=8,
+        quick=True,
+        timeout_s=2,
+        arms=FLAGS[FLAGS.index("--arms") + 1],
+        records_path=tmp_path / "r.jsonl",
+    )
+    ladder = build_ladder(profile)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_one(stage, done, total):
+        if stage == "humaneval arms" and done == 1:
+            raise Stop
+
+    with pytest.raises(Stop):  # shard 1 writes the header and its first answer, then stops
+        bench_humaneval(plan(profile, **options, shard="1/2"), ladder, stop_after_one)
+    second = plan(profile, **options, shard="2/2")  # opened while shard 1 is part-way
+    first = bench_humaneval(plan(profile, **options, shard="1/2"), ladder)
+    assert first["answered"] == ["HumanEval/34"]  # problems 1, 3, … of the run
+    record = bench_humaneval(second, ladder)
     assert _outcomes(tmp_path / "r.jsonl") == _outcomes(out / "r.jsonl")
+    # The last shard's report reads the file as it ends, the other shard's later answers included.
+    assert record["complete"] == ["HumanEval/34", "HumanEval/53"]
 
 
 def test_humaneval_flags_are_refused_on_the_prompt_suite(tmp_path):

@@ -107,6 +107,9 @@ def bench_humaneval(run: HumanEvalPlan, ladder, progress: Progress | None = None
         )
     finally:
         run.records.close()
+    # The file as it stands now: other shards' answers too, not only those this process saw.
+    assert run.records.header is not None  # the run wrote it, or found it
+    run.records = Records.open(run.records.path, run.records.header["settings"], read_only=True)
     return report(run)
 
 
