@@ -213,6 +213,15 @@ class Headline:
             + ("those." if len(separating) != 1 else "that one.")
             + " The teacher-forced table below uses every position of the same answers.",
         ]
+        per_problem = self.record["run_seconds_per_problem"]
+        if per_problem:
+            total = len(self.record["problems"])
+            out += [
+                f"- **How long a run takes.** Every arm together decodes a problem in "
+                f"{per_problem / 60:.0f} minutes here, so the run's {total} problems take about "
+                f"{per_problem * total / 3600:.0f} hours (a projection from the problems so far). The "
+                "same command resumes a stopped run, and `--shard I/N` splits it over processes.",
+            ]
         if p and p.get("verified") and p.get("projection"):
             bound = p["projection"]["tok_per_s_bound"]["M3 Max"]
             top_bound = top["projection"]["tok_per_s_bound"]["M3 Max"]

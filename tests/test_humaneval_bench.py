@@ -168,6 +168,7 @@ def test_figures_rederive_from_the_records(full_run):
             "answered",
             "complete",
             "separating",
+            "run_seconds_per_problem",
         )
     }
     by_name = {a["name"]: a for a in record["arms"]}
@@ -438,6 +439,7 @@ def test_speed_side_by_side_reads_only_the_problems_every_arm_answered():
     summary = summarize(header, lines)
     small, large = summary["arms"]
     assert summary["complete"] == ["A", "B"] and summary["separating"] == ["A"]
+    assert summary["run_seconds_per_problem"] == pytest.approx(55.0)  # (10 + 30 + 20 + 50) / 2
     assert small["seconds_per_problem"] == pytest.approx(40.0)  # over its own three answers
     assert (small["problems"], small["passed"], small["pass@1_95"]) == (3, 2, list(wilson(2, 3)))
     assert small["side_by_side"] == {

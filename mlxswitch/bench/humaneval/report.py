@@ -221,6 +221,13 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
         "complete": complete,
+        # Decoding time of one problem, every arm (the oracle too), on the complete ones: how
+        # long a run takes here (execution and teacher forcing add a few seconds).
+        "run_seconds_per_problem": (
+            sum(r["elapsed_s"] for r in results if r["task_id"] in complete) / len(complete)
+            if complete
+            else None
+        ),
         # Where the bottom and top tiers alone differ in pass@1: what every "retained" rests on.
         "separating": _separating(f"{names[0]} alone", f"{names[-1]} alone", results, problems),
     }
