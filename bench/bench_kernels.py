@@ -24,7 +24,7 @@ import time
 
 import mlx.core as mx
 
-from mlxswitch.kernels import nested
+from mlxswitch.kernels import nested, nested_cpu
 
 # (name, out_dims, in_dims)
 SHAPES = {
@@ -65,10 +65,10 @@ def make_routes(planes, plane_bits, weight) -> dict:
     n = len(plane_bits)
     routes = {
         "reference": lambda x: nested.reference_nested_matmul(x, planes, plane_bits, GROUP_SIZE, n),
-        "mx dense": lambda x: nested.dense_nested_matmul(
+        "mx dense": lambda x: nested_cpu.dense_nested_matmul(
             x, planes, plane_bits, GROUP_SIZE, n, use_numpy=False
         ),
-        "blas dense": lambda x: nested.dense_nested_matmul(
+        "blas dense": lambda x: nested_cpu.dense_nested_matmul(
             x, planes, plane_bits, GROUP_SIZE, n, use_numpy=True
         ),
         "auto": lambda x: nested.nested_matmul(x, planes, plane_bits, GROUP_SIZE, n),
@@ -84,7 +84,7 @@ def bench_shape(label, out_dims, in_dims, rows_list, plane_sets, budget) -> list
     table = []
     top = max(plane_sets, key=len)
     planes = nested.synthetic_planes(out_dims, in_dims, top, GROUP_SIZE)
-    weight = nested.dense_weight(planes, top, GROUP_SIZE, len(top))  # a stand-in fp32 source
+    weight = nested_cpu.dense_weight(planes, top, GROUP_SIZE, len(top))  # a stand-in fp32 source
     mx.eval(weight)
     for plane_bits in plane_sets:
         if plane_bits != top[: len(plane_bits)]:
@@ -114,7 +114,7 @@ def bench_shape(label, out_dims, in_dims, rows_list, plane_sets, budget) -> list
                     "+".join(map(str, plane_bits)),
                     str(rows),
                     *[cells.get(k, "") for k in routes],
-                    nested.cpu_route(rows, len(plane_bits)) if not nested.on_gpu() else "gpu",
+                    nested_cpu.cpu_route(rows, len(plane_bits)) if not nested.on_gpu() else "gpu",
                     speedup,
                 ]
             )
@@ -138,7 +138,7 @@ def main() -> None:
     rows_list = [int(r) for r in args.rows.split(",")]
     plane_sets = [tuple(int(b) for b in p.split("+")) for p in args.planes.split(",")]
     start = time.perf_counter()
-    print(f"device {mx.default_device()}, MLX {mx.__version__}; CPU rule: {nested.describe_cpu_rule()}")
+    print(f"device {mx.default_device()}, MLX {mx.__version__}; CPU rule: {nested_cpu.describe_cpu_rule()}")
     header = ["layer", "planes", "rows", "reference", "mx dense", "blas dense", "auto", "builtin"]
     header += ["metal"] if nested.kernel_available() else []
     print(" | ".join(header + ["route", "auto vs ref"]))

@@ -23,7 +23,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlxswitch.kernels import kernel_self_check, nested
+from mlxswitch.kernels import kernel_self_check, nested, nested_cpu
 from mlxswitch.kernels._common import KERNELS_ENV, force_reference, relative_max_error
 
 F32, F16, BF16 = mx.float32, mx.float16, mx.bfloat16
@@ -77,7 +77,7 @@ def test_the_numpy_route_matches_the_truth_for_every_group_size_and_batch_shape(
     x = x.reshape(2, 3, 256)
     for active in range(1, len(plane_bits) + 1):
         want = nested.fp32_truth(x, planes, plane_bits, group_size, active, b)
-        got = nested.dense_nested_matmul(x, planes, plane_bits, group_size, active, b, use_numpy=True)
+        got = nested_cpu.dense_nested_matmul(x, planes, plane_bits, group_size, active, b, use_numpy=True)
         assert got.shape == (2, 3, 40)
         assert _err(got, want) < TOL[F32], active
 
@@ -91,7 +91,7 @@ def test_cpu_routes_match_reference_over_rows(plane_bits):
         want = nested.reference_nested_matmul(x, planes, plane_bits, 64, active, b)
         routes = [nested.nested_matmul(x, planes, plane_bits, 64, active, b)]
         routes += [
-            nested.dense_nested_matmul(x, planes, plane_bits, 64, active, b, use_numpy)
+            nested_cpu.dense_nested_matmul(x, planes, plane_bits, 64, active, b, use_numpy)
             for use_numpy in (True, False)
         ]
         for got in routes:
@@ -109,10 +109,10 @@ def test_cpu_routes_keep_the_reference_dtype_and_are_at_least_as_accurate(x_dtyp
     want = nested.reference_nested_matmul(x, planes, (4, 4, 8), 64, 3, b)
     truth = nested.fp32_truth(x, planes, (4, 4, 8), 64, 3, b)
     out_dtype = want.dtype
-    assert nested.result_dtype(x, planes, b) == out_dtype
+    assert nested_cpu.result_dtype(x, planes, b) == out_dtype
     assert _err(want, truth) < REF_TOL[out_dtype]
     for use_numpy in (True, False):
-        got = nested.dense_nested_matmul(x, planes, (4, 4, 8), 64, 3, b, use_numpy)
+        got = nested_cpu.dense_nested_matmul(x, planes, (4, 4, 8), 64, 3, b, use_numpy)
         assert got.dtype == out_dtype
         assert _err(got, truth) < TOL[out_dtype]  # fp32 inside, one rounding at the end
         assert _err(got, want) < REF_TOL[out_dtype]
@@ -120,13 +120,13 @@ def test_cpu_routes_keep_the_reference_dtype_and_are_at_least_as_accurate(x_dtyp
 
 def test_dense_routes_in_row_blocks(monkeypatch):
     # Big layers are dequantized DEQUANT_BLOCK weights at a time: 40 rows × 128 in blocks of 8.
-    monkeypatch.setattr(nested, "DEQUANT_BLOCK", 8 * 128)
-    assert nested._row_blocks(40, 128) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]
-    assert nested._row_blocks(13, 128)[-1] == (8, 13)
+    monkeypatch.setattr(nested_cpu, "DEQUANT_BLOCK", 8 * 128)
+    assert nested_cpu._row_blocks(40, 128) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]
+    assert nested_cpu._row_blocks(13, 128)[-1] == (8, 13)
     x, planes, b = _case((4, 4, 8), out_dims=44, rows=37)
     want = nested.reference_nested_matmul(x, planes, (4, 4, 8), 64, 3, b)
     for use_numpy in (True, False):
-        got = nested.dense_nested_matmul(x, planes, (4, 4, 8), 64, 3, b, use_numpy)
+        got = nested_cpu.dense_nested_matmul(x, planes, (4, 4, 8), 64, 3, b, use_numpy)
         assert _err(got, want) < TOL[F32]
 
 
@@ -136,19 +136,19 @@ def test_leading_dimensions_and_no_bias():
     want = nested.reference_nested_matmul(x, planes, (4, 4), 64, 2)
     for got in (
         nested.nested_matmul(x, planes, (4, 4), 64, 2),
-        nested.dense_nested_matmul(x, planes, (4, 4), 64, 2, use_numpy=False),
+        nested_cpu.dense_nested_matmul(x, planes, (4, 4), 64, 2, use_numpy=False),
     ):
         assert got.shape == (2, 19, 24) and _err(got, want) < TOL[F32]
 
 
 def test_dispatcher_takes_the_blas_route_from_the_rule(monkeypatch):
     seen = []
-    real = nested._blas_matmul
-    monkeypatch.setattr(nested, "_blas_matmul", lambda *a: seen.append(a[0].shape) or real(*a))
+    real = nested_cpu._blas_matmul
+    monkeypatch.setattr(nested_cpu, "_blas_matmul", lambda *a: seen.append(a[0].shape) or real(*a))
     x, planes, b = _case((4, 4), out_dims=24, rows=37)
-    for rows in (1, nested.BLAS_MIN_ROWS - 1, nested.BLAS_MIN_ROWS, 37):
+    for rows in (1, nested_cpu.BLAS_MIN_ROWS - 1, nested_cpu.BLAS_MIN_ROWS, 37):
         nested.nested_matmul(x[:rows], planes, (4, 4), 64, 2, b)
-    assert seen == [(nested.BLAS_MIN_ROWS, 128), (37, 128)]
+    assert seen == [(nested_cpu.BLAS_MIN_ROWS, 128), (37, 128)]
 
 
 def test_blas_runs_on_one_thread_and_restores_the_setting():
@@ -165,11 +165,11 @@ def test_blas_runs_on_one_thread_and_restores_the_setting():
 
 
 def test_the_rule():
-    assert nested.cpu_route(1, 3) == "reference"
-    assert nested.cpu_route(nested.BLAS_MIN_ROWS - 1, 2) == "reference"
-    assert nested.cpu_route(nested.BLAS_MIN_ROWS, 1) == "blas"
-    assert nested.cpu_route(300, 3) == "blas"
-    assert "NumPy BLAS" in nested.describe_cpu_rule()
+    assert nested_cpu.cpu_route(1, 3) == "reference"
+    assert nested_cpu.cpu_route(nested_cpu.BLAS_MIN_ROWS - 1, 2) == "reference"
+    assert nested_cpu.cpu_route(nested_cpu.BLAS_MIN_ROWS, 1) == "blas"
+    assert nested_cpu.cpu_route(300, 3) == "blas"
+    assert "NumPy BLAS" in nested_cpu.describe_cpu_rule()
 
 
 def test_blas_route_falls_back_to_mlx_under_transforms():
@@ -188,7 +188,7 @@ def test_env_override_forces_every_reference_path(monkeypatch):
     monkeypatch.setenv(KERNELS_ENV, "reference")
     assert force_reference()
     calls = []
-    monkeypatch.setattr(nested, "dense_weight", lambda *a: calls.append(a))
+    monkeypatch.setattr(nested_cpu, "dense_weight", lambda *a: calls.append(a))
     monkeypatch.setattr(nested, "_KERNELS", {})  # as if Metal were there …
     monkeypatch.setattr(nested, "on_gpu", lambda: True)  # … and in use
     monkeypatch.setattr(nested, "metal_nested_matmul", lambda *a: calls.append(a))
@@ -197,15 +197,15 @@ def test_env_override_forces_every_reference_path(monkeypatch):
         want = nested.reference_nested_matmul(x[:rows], planes, (4, 4, 8), 64, 3, b)
         assert np.array_equal(np.array(got), np.array(want))
     monkeypatch.setattr(nested, "on_gpu", lambda: False)
-    assert nested.cpu_route(200, 3) == "reference"
-    assert "reference" in nested.describe_cpu_rule()
+    assert nested_cpu.cpu_route(200, 3) == "reference"
+    assert "reference" in nested_cpu.describe_cpu_rule()
     got = nested.quantized_matmul_rows(
         x, planes[0]["weight"], planes[0]["scales"], planes[0]["biases"], 64, 4
     )
     assert calls == []
     # "mx": no NumPy, MLX's dense matmul only where it pays (2 planes from 8 rows, 3 from 4)
     monkeypatch.setenv(KERNELS_ENV, "mx")
-    assert [nested.cpu_route(r, a) for r, a in ((200, 1), (7, 2), (8, 2), (4, 3), (9, 5))] == [
+    assert [nested_cpu.cpu_route(r, a) for r, a in ((200, 1), (7, 2), (8, 2), (4, 3), (9, 5))] == [
         "reference",
         "reference",
         "dense",

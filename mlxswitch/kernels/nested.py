@@ -1,23 +1,18 @@
-"""Nested-gear matmul x · (Σ active planes)ᵀ: reference, CPU routes, Metal mat-vec, dispatcher."""
+"""Nested-gear matmul x · (Σ active planes)ᵀ: reference, Metal mat-vec, dispatcher.
+
+The CPU routes the dispatcher picks, and their rule, are in nested_cpu.py; a plain quantized
+linear's product (quantized_matmul_rows) is here because it goes through the dispatcher.
+"""
 
 from __future__ import annotations
 
-import threading
 import warnings
-from functools import cache
 
 import mlx.core as mx
-import numpy as np
 
 from ..resources import metal_source
-from ._common import (
-    KernelCheck,
-    force_reference,
-    numpy_routes_allowed,
-    on_gpu,
-    relative_max_error,
-    single_threaded_blas,
-)
+from ._common import KernelCheck, force_reference, on_gpu, relative_max_error
+from .nested_cpu import _active, _promoted, cpu_route, dense_nested_matmul, describe_cpu_rule, result_dtype
 
 # Bump whenever metal/nested_qmv.metal or the launch changes: MLX caches compiled libraries by name.
 KERNEL_VERSION = "v1"
@@ -30,41 +25,10 @@ BLOCK_ROWS = RESULTS_PER_SIMD * SIMDS_PER_GROUP
 # The fused kernel is a mat-vec: one x row per grid z, weights re-read per row. Past a few rows
 # MLX's tiled quantized matmul (one call per plane) reuses weights better. Unmeasured on a Mac.
 METAL_MAX_ROWS = 4
-# CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
-# kernels-smollm2.txt): dequantizing a plane costs about as much as a few rows of MLX's scalar
-# quantized_matmul, and NumPy's BLAS makes the dense product nearly free, so dequantize + BLAS
-# wins from 4 rows at any plane count and layer size (break-even near 3 rows), more the more rows.
-# MLX's dense matmul costs as much a row as one plane of quantized_matmul: without NumPy, dense
-# pays only with ≥ 2 planes (from 8 rows with 2, from 4 with 3).
-BLAS_MIN_ROWS = 4
-MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry
-DEQUANT_BLOCK = 1 << 20  # weights dequantized at a time by the dense routes
 _FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
-_SCRATCH = threading.local()
 # First-use tolerance on max |kernel − truth| / max |truth|: fp32 is the summation order; halves
 # are one output rounding (2^-8 relative for bf16) plus the reference's own.
 _TOLERANCE = {mx.float32: 1e-4, mx.float16: 4e-3, mx.bfloat16: 2e-2}
-
-
-def _active(planes, plane_bits, active: int):
-    if not 1 <= active <= min(len(planes), len(plane_bits)):
-        raise ValueError(f"active planes must be 1..{len(planes)}, got {active}")
-    return list(planes[:active]), tuple(plane_bits[:active])
-
-
-@cache
-def _promoted(*dtypes: mx.Dtype) -> mx.Dtype:
-    # MLX's own promotion, read off an empty lazy sum (never evaluated).
-    out = mx.zeros((0,), dtypes[0])
-    for d in dtypes[1:]:
-        out = out + mx.zeros((0,), d)
-    return out.dtype
-
-
-def result_dtype(x: mx.array, planes, bias: mx.array | None = None) -> mx.Dtype:
-    """The dtype the reference returns: quantized_matmul promotes x with scales, then + bias."""
-    dtypes = [x.dtype] + [p["scales"].dtype for p in planes]
-    return _promoted(*dtypes, *([bias.dtype] if bias is not None else []))
 
 
 def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
@@ -83,181 +47,6 @@ def reference_nested_matmul(x, planes, plane_bits, group_size, active, bias=None
         out = y if out is None else out + y
     assert out is not None  # _active keeps at least one plane
     return out if bias is None else out + bias
-
-
-def dense_weight(planes, plane_bits, group_size, active) -> mx.array:
-    """Σ of the first `active` planes dequantized in fp32 (scales widened first: exact)."""
-    weight: mx.array | None = None
-    for p, bits in zip(*_active(planes, plane_bits, active), strict=True):
-        part = mx.dequantize(
-            p["weight"],
-            p["scales"].astype(mx.float32),
-            p["biases"].astype(mx.float32),
-            group_size=group_size,
-            bits=bits,
-        )
-        weight = part if weight is None else weight + part
-    assert weight is not None  # _active keeps at least one plane
-    return weight
-
-
-def _scratch(shape: tuple[int, ...], slot: int, dtype=np.float32) -> np.ndarray:
-    # Fresh multi-MB temporaries per layer cost page faults that can double a layer's time; a few
-    # reused buffers per thread, shape and dtype avoid them.
-    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
-    key = (shape, slot, np.dtype(dtype).str)
-    if key not in buffers:
-        if len(buffers) > 32:  # many layer shapes: keep memory bounded
-            buffers.clear()
-        buffers[key] = np.empty(shape, dtype=dtype)
-    return buffers[key]
-
-
-def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
-    """dense_weight in NumPy for 4- and 8-bit planes, its columns in the split order (see below).
-
-    Byte views instead of MLX's unpacking loop. MLX packs values from the low bits up and the CPU
-    is little-endian, so a plane's bytes are its 8-bit values in order, and a byte's low then
-    high nibble are two 4-bit values in order. Writing each group's low nibbles (its even
-    columns), then its high nibbles (its odd ones), keeps every pass contiguous: no strided
-    interleave. `split_columns` puts x in the same order. The planes' biases are summed first
-    (one pass for any plane count). It measured faster than the interleaved order on SmolLM2's
-    layers, more so with two planes (bench/bench_kernels.py; bench/results/kernels-smollm2.txt).
-
-    The result is a scratch buffer: use it before the next call on this thread.
-    """
-    rows = planes[0]["weight"].shape[0]
-    groups = planes[0]["scales"].shape[1]
-    half = group_size // 2
-    weight = _scratch((rows, groups, 2, half), 0)
-    part = _scratch((rows, groups, 2, half), 1) if len(planes) > 1 else weight
-    codes = _scratch((rows, groups, half), 2, np.uint8)
-    bias = None
-    for index, (p, bits) in enumerate(zip(planes, plane_bits, strict=True)):
-        raw = np.asarray(p["weight"]).view(np.uint8)
-        scale = np.asarray(p["scales"].astype(mx.float32))[:, :, None]
-        out = weight if index == 0 else part
-        if bits == 8:
-            values = raw.reshape(rows, groups, half, 2)
-            np.multiply(values[..., 0], scale, out=out[:, :, 0])
-            np.multiply(values[..., 1], scale, out=out[:, :, 1])
-        else:
-            raw = raw.reshape(rows, groups, half)
-            np.bitwise_and(raw, 0xF, out=codes)
-            np.multiply(codes, scale, out=out[:, :, 0])
-            np.right_shift(raw, 4, out=codes)
-            np.multiply(codes, scale, out=out[:, :, 1])
-        if index:
-            np.add(weight, part, out=weight)
-        b = np.asarray(p["biases"].astype(mx.float32))
-        bias = b if bias is None else bias + b
-    assert bias is not None, "no planes"
-    weight += bias[:, :, None, None]
-    return weight.reshape(rows, -1)
-
-
-def split_columns(x: np.ndarray, group_size: int) -> np.ndarray:
-    """x's columns in _numpy_dense_weight's order: per group, its even columns, then its odd ones."""
-    lead, width = x.shape[:-1], x.shape[-1]
-    grouped = x.reshape(*lead, width // group_size, group_size // 2, 2)
-    return np.ascontiguousarray(np.swapaxes(grouped, -1, -2)).reshape(*lead, width)
-
-
-def _row_blocks(out_dims: int, in_dims: int) -> list[tuple[int, int]]:
-    # Dequantize DEQUANT_BLOCK weights at a time: a 4 MB fp32 block stays in cache while its
-    # planes are summed and multiplied. A whole 18944×3584 layer at once falls out of cache,
-    # costs several times more per weight, and takes 271 MB of memory.
-    step = max(8, DEQUANT_BLOCK // in_dims)
-    return [(r, min(r + step, out_dims)) for r in range(0, out_dims, step)]
-
-
-def _rows_of(planes, r0: int, r1: int) -> list[dict]:
-    return [{k: p[k][r0:r1] for k in ("weight", "scales", "biases")} for p in planes]
-
-
-def _numpy_rows(x: mx.array) -> np.ndarray | None:
-    """x as a 2-D fp32 NumPy array (rows × last dim), or None where evaluation is refused."""
-    # Evaluates x here (a sync point); under mx.compile / vmap / export evaluation is refused,
-    # and the caller stays in MLX. No gradient flows through NumPy: an inference-only route.
-    x32 = x.astype(mx.float32)
-    try:
-        mx.eval(x32)
-    except ValueError:
-        return None
-    return np.asarray(x32).reshape(-1, x.shape[-1])  # a zero-copy view of MLX's buffer
-
-
-def _from_rows(y: np.ndarray, x: mx.array) -> mx.array:
-    """A (rows × out) NumPy result as an mx.array of shape (*x.shape[:-1], out)."""
-    return mx.array(y.reshape(*x.shape[:-1], y.shape[-1]))
-
-
-def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.array | None:
-    xs = _numpy_rows(x32)
-    if xs is None:
-        return None
-    out = np.empty((xs.shape[0], blocks[-1][1]), dtype=np.float32)
-    byte_aligned = all(bits in (4, 8) for bits in plane_bits)
-    if byte_aligned:
-        xs = split_columns(xs, group_size)  # the weight's column order (see _numpy_dense_weight)
-    for r0, r1 in blocks:
-        rows = _rows_of(planes, r0, r1)
-        if byte_aligned:
-            weight = _numpy_dense_weight(rows, plane_bits, group_size)
-        else:
-            dense = dense_weight(rows, plane_bits, group_size, len(planes))
-            mx.eval(dense)
-            weight = np.asarray(dense)
-        with single_threaded_blas():
-            out[:, r0:r1] = xs @ weight.T
-    return _from_rows(out, x32)
-
-
-def dense_nested_matmul(
-    x, planes, plane_bits, group_size, active, bias=None, use_numpy: bool = True
-) -> mx.array:
-    """Multi-row CPU route: active planes as fp32 weight blocks, one matmul each (NumPy or MLX)."""
-    used, bits = _active(planes, plane_bits, active)
-    blocks = _row_blocks(used[0]["scales"].shape[0], x.shape[-1])
-    x32 = x.astype(mx.float32)
-    y = _blas_matmul(x32, used, bits, group_size, blocks) if use_numpy else None
-    if y is None:
-        parts = [
-            x32 @ dense_weight(_rows_of(used, r0, r1), bits, group_size, len(used)).T for r0, r1 in blocks
-        ]
-        y = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
-    out_dtype = result_dtype(x, used)
-    y = y if y.dtype == out_dtype else y.astype(out_dtype)
-    return y if bias is None else y + bias
-
-
-def _mx_dense_floor(active: int) -> int | None:
-    if active < min(MX_DENSE_MIN_ROWS):
-        return None
-    return MX_DENSE_MIN_ROWS[min(active, max(MX_DENSE_MIN_ROWS))]
-
-
-def cpu_route(rows: int, active: int) -> str:
-    """Which CPU route the rule picks: "blas", "dense" (MLX matmul) or "reference"."""
-    if force_reference():
-        return "reference"
-    if numpy_routes_allowed() and rows >= BLAS_MIN_ROWS:
-        return "blas"
-    floor = _mx_dense_floor(active)
-    return "dense" if floor is not None and rows >= floor else "reference"
-
-
-def describe_cpu_rule() -> str:
-    """The CPU rule in words, as the current MLXSWITCH_KERNELS setting applies it."""
-    if force_reference():
-        return "reference at every row count (MLXSWITCH_KERNELS=reference)"
-    if numpy_routes_allowed():
-        return f"dense fp32 + NumPy BLAS from {BLAS_MIN_ROWS} rows, any plane count"
-    top = max(MX_DENSE_MIN_ROWS)
-    floors = ", ".join(
-        f"{p}{'+' if p == top else ''} planes from {r} rows" for p, r in sorted(MX_DENSE_MIN_ROWS.items())
-    )
-    return f"dense fp32 + MLX matmul: {floors}; fewer planes: reference"
 
 
 # -- the fused Metal kernel -------------------------------------------------------------------
@@ -491,19 +280,6 @@ def nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.ar
     if route == "reference":
         return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
     return dense_nested_matmul(x, planes, plane_bits, group_size, active, bias, use_numpy=route == "blas")
-
-
-def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None = None) -> mx.array | None:
-    """x · Wᵀ (+ bias) on a resident fp32 copy of W, by NumPy's BLAS: the CPU route at every row
-    count for a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
-    bench/results/row-routes-qwen1.5b.txt). None where evaluation is refused (mx.compile)."""
-    xs = _numpy_rows(x)
-    if xs is None:
-        return None
-    with single_threaded_blas():
-        y = _from_rows(xs @ weight.T, x)
-    y = y if y.dtype == x.dtype else y.astype(x.dtype)
-    return y if bias is None else y + bias
 
 
 def quantized_matmul_rows(

@@ -12,7 +12,8 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels._common import numpy_routes_allowed
-from ..kernels.nested import quantized_matmul_rows, resident_dense_matmul
+from ..kernels.nested import quantized_matmul_rows
+from ..kernels.nested_cpu import resident_dense_matmul
 from .machine import available_memory_bytes
 
 
@@ -23,7 +24,7 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): on the resident fp32 weight, else many rows through one dequantized
-        product and few through MLX's quantized matmul (kernels/nested.py)."""
+        product and few through MLX's quantized matmul (kernels/nested.py, kernels/nested_cpu.py)."""
         if self.dense is not None and numpy_routes_allowed():
             y = resident_dense_matmul(x, self.dense, self.get("bias"))
             if y is not None:
