@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .cloud.budget import CLOUD_MODES, cloud_settings
+from .decoding.prompt_caches import PromptCaches
 from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
 from .errors import UsageError
@@ -202,6 +203,7 @@ def open_chat(
     system: str | None = None,
     progress: Progress | None = None,
     force_memory: bool = False,
+    prompt_caches: PromptCaches | None = None,
 ) -> ChatSession:
     """Load a profile (by name, or the default) and open a chat session on it."""
     chosen = profile if isinstance(profile, Profile) else resolve_profile(profile)
@@ -217,7 +219,9 @@ def open_chat(
     ladder.note = chosen.description
     if chosen.cloud is not None:
         ladder.description += f" → cloud {chosen.cloud.model} ({chosen.cloud.mode})"
-    return ChatSession(ladder, chosen.router, settings, system=system, cloud=cloud)
+    return ChatSession(
+        ladder, chosen.router, settings, system=system, cloud=cloud, prompt_caches=prompt_caches
+    )
 
 
 def build_gears(

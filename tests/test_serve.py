@@ -171,6 +171,24 @@ def test_chat_without_streaming_and_conversation_reuse(client):
     assert reused < again.usage.prompt_tokens
 
 
+def test_alternating_clients_each_reuse_their_own_history(client):
+    def ask(messages, tokens=4):
+        answer = client.chat.completions.create(
+            model="ad-hoc pair", messages=messages, max_tokens=tokens, temperature=0
+        )
+        return answer, answer.model_extra["mlxswitch"]["usage"]["prompt_tokens_reused"]
+
+    first = [{"role": "user", "content": "Tell me about the river and the old mill by the water. " * 4}]
+    one, _ = ask(first)
+    ask([{"role": "user", "content": "List the colours of the sky at dusk and of the sea. " * 4}])
+    again = first + [
+        {"role": "assistant", "content": one.choices[0].message.content},
+        {"role": "user", "content": "And then?"},
+    ]
+    _, reused = ask(again)
+    assert reused >= one.usage.prompt_tokens  # the other client's turn did not cost it its history
+
+
 def test_completions_stream_and_not(client):
     whole = client.completions.create(
         model="ad-hoc pair", prompt="The quick brown", max_tokens=5, temperature=0
@@ -361,6 +379,8 @@ def test_loopback_only_unless_asked(monkeypatch, tiny_pair):
     assert seen["config"].api_key is None
     result = CliRunner().invoke(app, ["serve", *pair, "--port", "0"])
     assert result.exit_code == 2 and "--port" in result.stderr
+    result = CliRunner().invoke(app, ["serve", *pair, "--prompt-cache-size", "-1"])
+    assert result.exit_code == 2 and result.stderr == "error: --prompt-cache-size must be ≥ 0 (got -1)\n"
 
 
 def test_shared_options_have_one_definition():

@@ -256,6 +256,14 @@ def serve(
     max_body_bytes: Annotated[
         int, typer.Option("--max-body-bytes", help="Larger request bodies are refused (413) unread.")
     ] = 1_000_000,
+    prompt_cache_size: Annotated[
+        int,
+        typer.Option(
+            "--prompt-cache-size",
+            help="Conversations whose KV caches are kept besides the one answering (least recently"
+            " used out first), so alternating clients do not prefill their history again; 0 keeps none.",
+        ),
+    ] = 4,
     log_level: Annotated[
         str, typer.Option("--log-level", help="uvicorn's log level: critical, error, warning, info, debug.")
     ] = "info",
@@ -263,11 +271,13 @@ def serve(
     """Serve the profile over an OpenAI-compatible HTTP API; every token says which tier made it."""
     from ..api import open_chat
     from ..checks import profile_rows
+    from ..decoding.prompt_caches import PromptCaches
     from ..errors import UsageError
     from ..server import ServeConfig, ServerLimits, Worker, is_loopback, run
 
     chosen, settings = _routing_and_sampling(**{k: v for k, v in locals().items() if k in _SHARED})
     limits = ServerLimits(max_body_bytes=max_body_bytes, queue_size=queue_size)
+    prompt_caches = PromptCaches(prompt_cache_size)
     if not 0 < port < 65536:
         raise UsageError(f"--port must be between 1 and 65535 (got {port})")
     if api_key is not None and not api_key.strip():
@@ -281,7 +291,13 @@ def serve(
     with ui.loading_status(ui.stderr_is_terminal()) as progress:
         # The session is opened on the worker's thread: MLX streams belong to their thread.
         worker.open(
-            lambda: open_chat(chosen, settings=settings, progress=progress, force_memory=force_memory)
+            lambda: open_chat(
+                chosen,
+                settings=settings,
+                progress=progress,
+                force_memory=force_memory,
+                prompt_caches=prompt_caches,
+            )
         )
     config = ServeConfig(
         model=chosen.name,

@@ -21,6 +21,7 @@ from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
 from .loop import TokenLoop
+from .prompt_caches import PromptCaches
 from .tiers import Ladder
 from .verify import VerifyLoop
 
@@ -85,9 +86,11 @@ class ChatSession:
         settings: GenerationSettings | None = None,
         system: str | None = None,
         cloud: CloudTier | None = None,
+        prompt_caches: PromptCaches | None = None,
     ):
         self.ladder = ladder
         self.cloud = cloud
+        self.prompt_caches = prompt_caches  # other conversations' caches (a server's clients)
         self.router_config = router_config
         self.settings = settings or GenerationSettings()
         self.system = system
@@ -198,6 +201,10 @@ class ChatSession:
         settings: GenerationSettings,
         budget: int,
     ) -> Generator[TokenEvent | AnswerSummary, None, None]:
+        if self.prompt_caches is not None:
+            reused = self.prompt_caches.switch(self.ladder.groups, self.ids, prompt_ids)
+            if reused is not None:  # a kept conversation that this prompt continues
+                self.ids = list(prompt_ids[:reused])
         common = common_prefix_len(self.ids, prompt_ids)
         # A rotating cache past its limit cannot be rewound: it starts over and is fed it all again.
         refed = max(group.rewind(common) for group in self.ladder.groups)

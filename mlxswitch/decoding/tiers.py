@@ -25,7 +25,7 @@ from ..routing.probe import SCALARS, Probe
 class CacheGroup:
     """One model's KV cache and how many of the conversation's token ids it holds (`seen`).
 
-    The group owns its position: only `feed`, `rewind` and `reset` move it. Gear tiers of one
+    The group owns its position: only `feed`, `rewind`, `restore` and `reset` move it. Gear tiers of one
     model share a group; `prefill_gear` is the gear that writes lasting K/V for long inputs.
     """
 
@@ -96,6 +96,10 @@ class CacheGroup:
             return 0
         self.reset()
         return keep
+
+    def restore(self, cache: list, seen: int) -> None:
+        """Take over `cache`, which holds a conversation's first `seen` ids (a kept one's)."""
+        self.cache, self.seen = cache, seen
 
     def reset(self) -> None:
         """Forget everything the cache holds."""

@@ -1,0 +1,90 @@
+"""Kept conversations (serve's --prompt-cache-size): a client that comes back after another one
+reuses its own caches, and its answer is token for token what a fresh session gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxswitch.api import build_ladder, resolve_profile
+from mlxswitch.decoding.prompt_caches import KEEP_MIN_DROPPED, PromptCaches
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.errors import UsageError
+
+# Long enough that leaving either conversation drops more than KEEP_MIN_DROPPED held tokens.
+FIRST = "Tell me about the river, the bridge and the old mill by the water. " * 4
+SECOND = "List some colours of the sky at dusk, and of the sea at dawn, please. " * 4
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    small, large = tiny_pair
+    # Thresholds that make the pair switch, so the two caches hold different counts of ids.
+    profile = resolve_profile(
+        small=str(small), large=str(large), tau="1.5", tau_down="1.0", window=2, min_run=2
+    )
+    return profile, build_ladder(profile)
+
+
+def _answer(session: ChatSession, messages: list[dict]):
+    for _ in session.stream_conversation(messages):
+        pass
+    return session.last_summary
+
+
+def _tokens(summary) -> list[tuple[int, str]]:
+    return [(t.id, t.tier) for t in summary.tokens]
+
+
+def test_a_client_returning_after_another_reuses_its_caches_and_answers_the_same(pair):
+    profile, ladder = pair
+    settings = GenerationSettings(max_tokens=12)
+    kept = ChatSession(ladder, profile.router, settings, prompt_caches=PromptCaches(2))
+    first = [{"role": "user", "content": FIRST}]
+    answer = _answer(kept, first)
+    assert len(kept.render(first)) > KEEP_MIN_DROPPED + 8
+    _answer(kept, [{"role": "user", "content": SECOND}])  # another client: the first is kept
+    assert len(kept.prompt_caches) == 1 and kept.prompt_caches.nbytes > 0
+    again = first + [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
+    returned = _answer(kept, again)
+    prompt = len(kept.render(again))
+    assert returned.prefilled_tokens < prompt - len(kept.render(first)) + 8  # its history was kept
+
+    fresh = ChatSession(ladder, profile.router, settings)  # the same ladder, its caches started over
+    fresh.reset()
+    alone = _answer(fresh, again)
+    assert alone.prefilled_tokens == prompt
+    assert _tokens(returned) == _tokens(alone)
+    assert {tier for _, tier in _tokens(alone)} == {"small", "large"} or len(alone.tokens) < 4
+
+
+def test_without_kept_conversations_the_returning_client_prefills_again(pair):
+    profile, ladder = pair
+    session = ChatSession(
+        ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=PromptCaches(0)
+    )
+    session.reset()
+    first = [{"role": "user", "content": FIRST}]
+    answer = _answer(session, first)
+    _answer(session, [{"role": "user", "content": SECOND}])
+    again = first + [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
+    returned = _answer(session, again)
+    assert len(session.prompt_caches) == 0
+    assert returned.prefilled_tokens > len(session.render(first)) - 8  # only the template's head shared
+
+
+def test_the_same_conversation_going_on_keeps_no_copy(pair):
+    profile, ladder = pair
+    session = ChatSession(
+        ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=PromptCaches(2)
+    )
+    session.reset()
+    first = [{"role": "user", "content": FIRST}]
+    answer = _answer(session, first)
+    again = first + [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
+    _answer(session, again)
+    assert len(session.prompt_caches) == 0  # nothing was left behind: no copy made
+
+
+def test_a_negative_size_is_a_usage_error():
+    with pytest.raises(UsageError, match="--prompt-cache-size must be ≥ 0"):
+        PromptCaches(-1)
