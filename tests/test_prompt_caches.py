@@ -44,7 +44,7 @@ def test_a_client_returning_after_another_reuses_its_caches_and_answers_the_same
     assert len(kept.render(first)) > KEEP_MIN_DROPPED + 8
     _answer(kept, [{"role": "user", "content": SECOND}])  # another client: the first is kept
     assert len(kept.prompt_caches) == 1 and kept.prompt_caches.nbytes > 0
-    again = first + [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
+    again = _next_turn(first, answer)
     returned = _answer(kept, again)
     prompt = len(kept.render(again))
     assert returned.prefilled_tokens < prompt - len(kept.render(first)) + 8  # its history was kept
@@ -54,34 +54,36 @@ def test_a_client_returning_after_another_reuses_its_caches_and_answers_the_same
     alone = _answer(fresh, again)
     assert alone.prefilled_tokens == prompt
     assert _tokens(returned) == _tokens(alone)
-    assert {tier for _, tier in _tokens(alone)} == {"small", "large"} or len(alone.tokens) < 4
+    assert {tier for _, tier in _tokens(alone)} == {"small", "large"}  # both caches were in play
+
+
+def _fresh(pair, kept: int) -> ChatSession:
+    profile, ladder = pair
+    session = ChatSession(
+        ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=PromptCaches(kept)
+    )
+    session.reset()
+    return session
+
+
+def _next_turn(first: list[dict], answer) -> list[dict]:
+    return first + [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
 
 
 def test_without_kept_conversations_the_returning_client_prefills_again(pair):
-    profile, ladder = pair
-    session = ChatSession(
-        ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=PromptCaches(0)
-    )
-    session.reset()
+    session = _fresh(pair, 0)
     first = [{"role": "user", "content": FIRST}]
     answer = _answer(session, first)
     _answer(session, [{"role": "user", "content": SECOND}])
-    again = first + [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
-    returned = _answer(session, again)
+    returned = _answer(session, _next_turn(first, answer))
     assert len(session.prompt_caches) == 0
     assert returned.prefilled_tokens > len(session.render(first)) - 8  # only the template's head shared
 
 
 def test_the_same_conversation_going_on_keeps_no_copy(pair):
-    profile, ladder = pair
-    session = ChatSession(
-        ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=PromptCaches(2)
-    )
-    session.reset()
+    session = _fresh(pair, 2)
     first = [{"role": "user", "content": FIRST}]
-    answer = _answer(session, first)
-    again = first + [{"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
-    _answer(session, again)
+    _answer(session, _next_turn(first, _answer(session, first)))
     assert len(session.prompt_caches) == 0  # nothing was left behind: no copy made
 
 
