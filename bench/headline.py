@@ -217,10 +217,11 @@ class Headline:
         if per_problem:
             total = len(self.record["problems"])
             out += [
-                f"- **How long a run takes.** Every arm together decodes a problem in "
-                f"{per_problem / 60:.0f} minutes here, so the run's {total} problems take about "
-                f"{per_problem * total / 3600:.0f} hours (a projection from the problems so far). The "
-                "same command resumes a stopped run, and `--shard I/N` splits it over processes.",
+                f"- **How long a run takes.** All arms together took {per_problem / 60:.0f} minutes of "
+                "decoding per problem here, the mean over the problems so far: about "
+                f"{per_problem * total / 3600:.0f} hours for the run's {total} problems, a projection. "
+                "The same command resumes a stopped run, and "
+                "`--shard I/N` splits it over processes.",
             ]
         if p and p.get("verified") and p.get("projection"):
             bound = p["projection"]["tok_per_s_bound"]["M3 Max"]
