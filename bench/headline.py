@@ -150,9 +150,15 @@ class Headline:
                 else "**"
             )
             + ". Those are seconds per answer, prompt included, over the problems every arm answered. "
-            f"Every arm ran in one run, interleaved problem by problem, greedy, on {n} held-out HumanEval "
-            f"problems (task numbers {_ids(self.complete)}).{partly}"
+            "Every arm ran in one run, interleaved problem by problem, greedy, on "
+            f"{n} {self.half()}HumanEval problems (task numbers {_ids(self.complete)}).{partly}"
         )
+
+    def half(self) -> str:
+        """ "held-out " or "calibration " when every problem of the run is from that half (odd or
+        even task numbers), else nothing."""
+        parities = {int(t.split("/")[-1]) % 2 for t in self.record["problems"]}
+        return {frozenset({1}): "held-out ", frozenset({0}): "calibration "}.get(frozenset(parities), "")
 
     def bullets(self) -> str:
         out = []
