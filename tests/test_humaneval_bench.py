@@ -210,11 +210,15 @@ def test_report_reads_the_records_without_loading_a_model(full_run, monkeypatch,
     assert fresh.exit_code == 2 and "holds no answers yet" in fresh.stderr
 
 
-def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp_path):
-    from mlxswitch.api import build_ladder, resolve_profile
-    from mlxswitch.bench.humaneval.command import bench_humaneval, plan
+class Stop(Exception):
+    """Raised by a progress callback: the run stops there, as a Ctrl-C or a crash would."""
 
-    _, out, _ = full_run
+
+def _api_run(tiny_pair, tmp_path):
+    """(profile, plan options, ladder) for the CLI run's settings through the Python API, and a
+    progress callback factory that stops the run after `n` answers."""
+    from mlxswitch.api import build_ladder, resolve_profile
+
     small, large = tiny_pair
     profile = resolve_profile(small=str(small), large=str(large))
     options = dict(
@@ -225,17 +229,24 @@ def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp
         arms=FLAGS[FLAGS.index("--arms") + 1],
         records_path=tmp_path / "r.jsonl",
     )
-    ladder = build_ladder(profile)
 
-    class Stop(Exception):
-        pass
+    def stop_after(n):
+        def progress(stage, done, total):
+            if stage == "humaneval arms" and done == n:
+                raise Stop
 
-    def stop_after_seven(stage, done, total):
-        if stage == "humaneval arms" and done == 7:
-            raise Stop
+        return progress
 
+    return profile, options, build_ladder(profile), stop_after
+
+
+def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp_path):
+    from mlxswitch.bench.humaneval.command import bench_humaneval, plan
+
+    _, out, _ = full_run
+    profile, options, ladder, stop_after = _api_run(tiny_pair, tmp_path)
     with pytest.raises(Stop):
-        bench_humaneval(plan(profile, **options), ladder, stop_after_seven)
+        bench_humaneval(plan(profile, **options), ladder, stop_after(7))
     with open(tmp_path / "r.jsonl", "a") as handle:
         handle.write('{"type": "result", "task_id": "HumanEval/53", "ar')  # and a crash mid-line
     resumed = plan(profile, **options)
@@ -245,31 +256,12 @@ def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp
 
 
 def test_shards_on_one_records_file_give_the_records_of_one_run(full_run, tiny_pair, tmp_path):
-    from mlxswitch.api import build_ladder, resolve_profile
     from mlxswitch.bench.humaneval.command import bench_humaneval, plan
 
-    _, out, args = full_run
-    small, large = tiny_pair
-    profile = resolve_profile(small=str(small), large=str(large))
-    options = dict(
-        problems=PROBLEMS,
-        max_tokens=8,
-        quick=True,
-        timeout_s=2,
-        arms=FLAGS[FLAGS.index("--arms") + 1],
-        records_path=tmp_path / "r.jsonl",
-    )
-    ladder = build_ladder(profile)
-
-    class Stop(Exception):
-        pass
-
-    def stop_after_one(stage, done, total):
-        if stage == "humaneval arms" and done == 1:
-            raise Stop
-
+    _, out, _ = full_run
+    profile, options, ladder, stop_after = _api_run(tiny_pair, tmp_path)
     with pytest.raises(Stop):  # shard 1 writes the header and its first answer, then stops
-        bench_humaneval(plan(profile, **options, shard="1/2"), ladder, stop_after_one)
+        bench_humaneval(plan(profile, **options, shard="1/2"), ladder, stop_after(1))
     second = plan(profile, **options, shard="2/2")  # opened while shard 1 is part-way
     first = bench_humaneval(plan(profile, **options, shard="1/2"), ladder)
     assert first["answered"] == ["HumanEval/34"]  # problems 1, 3, … of the run
