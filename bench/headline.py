@@ -53,7 +53,6 @@ class Headline:
         self.profile = next(iter(by_kind.get("profile", [])), None)
         self.calibrated = next(iter(by_kind.get("calibrated", [])), None)
         self.random = next(iter(by_kind.get("random", [])), None)
-        self.oracle = next(iter(by_kind.get("oracle", [])), None)
         self.speculative = next(iter(by_kind.get("speculative-ours", [])), None)
         self.complete = record["complete"]
 
