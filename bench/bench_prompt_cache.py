@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from bench_serve import free_port, start  # the same directory: run this file as a script
+from bench_serve import free_port, start, stop  # the same directory: run this file as a script
 
 OPENINGS = {
     "A": "Here are my notes on the history of lighthouses, one line per fact. "
@@ -104,9 +104,7 @@ def main() -> None:
                 for name, _, base in servers[r % 2 :] + servers[: r % 2]:
                     rows.setdefault(name, []).extend(conversation_round(base, args.profile, args.turns))
         finally:
-            for _, proc, _ in servers:
-                proc.terminate()
-                proc.wait(timeout=30)
+            stop(servers)
     print(
         f"profile {args.profile}: clients A and B alternating, {args.turns} turns each, {args.rounds} rounds "
         "(server order rotating); turns after each client's first, one greedy token each"

@@ -65,6 +65,13 @@ def start(name: str, command: list[str], port: int, logs: Path) -> tuple[str, su
     sys.exit(f"{name} did not start")
 
 
+def stop(servers: list[tuple[str, subprocess.Popen, str]]) -> None:
+    """End every server started by `start` and wait for it."""
+    for _, proc, _ in servers:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def one_client(base: str, model: str, tokens: int, out: list) -> None:
     """Stream one greedy chat answer; record (time to first byte, completion tokens, end time)."""
     body = {
@@ -196,9 +203,7 @@ def main() -> None:
                             level(base, models[name], clients, args.tokens)
                         )
         finally:
-            for _, proc, _ in servers:
-                proc.terminate()
-                proc.wait(timeout=30)
+            stop(servers)
     print(
         f"{args.tokens} tokens per answer, greedy, {args.rounds} rounds (server order rotating), "
         f"median over rounds; ttfb = time to the first SSE chunk"

@@ -31,7 +31,7 @@ class PromptCaches:
         if size < 0:
             raise UsageError(f"--prompt-cache-size must be ≥ 0 (got {size})")
         self.size = size
-        self._lru = LRUPromptCache(max_size=max(size, 1))
+        self._lru = LRUPromptCache(max_size=max(size, 1))  # never filled when size is 0
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -67,6 +67,4 @@ class PromptCaches:
             mine = copy.deepcopy(group.cache)
             trim_prompt_cache(mine, group.seen - len(ids))  # to the tokens every group holds
             caches += mine
-        self._lru.insert_cache(_KEY, list(ids), caches)
-        if len(self._lru) > self.size:
-            self._lru.trim_to(n_sequences=self.size)
+        self._lru.insert_cache(_KEY, list(ids), caches)  # evicts the least recently used past `size`

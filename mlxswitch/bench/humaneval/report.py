@@ -235,12 +235,18 @@ def summarize(header: dict, lines: list[dict]) -> dict:
 
 def _separating(bottom: str, top: str, results: list[dict], problems: list[str]) -> list[str]:
     """The problems both tiers alone answered, one passing and the other not."""
-    passed: dict[str, dict[str, bool]] = {bottom: {}, top: {}}
+    passed = _verdicts(results, (bottom, top))
+    both = set(passed[bottom]) & set(passed[top])
+    return [task for task in problems if task in both and passed[bottom][task] != passed[top][task]]
+
+
+def _verdicts(results: list[dict], arms: tuple[str, ...]) -> dict[str, dict[str, bool]]:
+    """Each of `arms`: task id → passed, from its results."""
+    passed: dict[str, dict[str, bool]] = {name: {} for name in arms}
     for r in results:
         if r["arm"] in passed:
             passed[r["arm"]][r["task_id"]] = r["passed"]
-    both = set(passed[bottom]) & set(passed[top])
-    return [task for task in problems if task in both and passed[bottom][task] != passed[top][task]]
+    return passed
 
 
 def _lossless(arm: dict) -> bool:
@@ -261,10 +267,7 @@ def _signal(derived: dict) -> str:
 def _retained(arm: str, bottom: str, top: str, results: list[dict]) -> tuple[float | None, int]:
     """(pass_arm − pass_bottom) / (pass_top − pass_bottom) over the problems all three answered
     (a stopped run can leave one problem part-done), and how many those are."""
-    passed: dict[str, dict[str, bool]] = {arm: {}, bottom: {}, top: {}}
-    for r in results:
-        if r["arm"] in passed:
-            passed[r["arm"]][r["task_id"]] = r["passed"]
+    passed = _verdicts(results, (arm, bottom, top))
     common = set(passed[arm]) & set(passed[bottom]) & set(passed[top])
     if not common:
         return None, 0
