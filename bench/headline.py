@@ -114,12 +114,40 @@ class Headline:
             f"| {self.large} share | τ (bits) | `{policy}` retained | random | oracle |",
             "|---|---|---|---|---|",
         ]
-        for point in self.record["teacher_forced_curve"]:
+        for point in self.forced_source()["teacher_forced_curve"]:
             rows.append(
                 f"| {_f(point['top_share'])} | {_f(point['tau'], 3)} | {_f(point['retained'])} "
                 f"| {_f(point['random_control'])} | {_f(point['oracle'])} |"
             )
         return "\n".join(rows)
+
+    def forced_source(self) -> dict:
+        """Where the teacher-forced table comes from: every run pooled (`--with-records`), else this one."""
+        return self.record.get("pooled") or self.record
+
+    def pooled_bullet(self) -> list[str]:
+        pooled = self.record.get("pooled")
+        if not pooled:
+            return []
+        bottom, top = (pooled["tiers"][a["name"]] for a in (self.bottom, self.top))
+        out = [
+            f"- **Over {pooled['problems']} problems** (this run with `--with-records`: the tiers alone "
+            f"on the problems it did not run). The {self.small} passes "
+            f"{bottom['passed']}/{bottom['problems']} and the {self.large} "
+            f"{top['passed']}/{top['problems']}; they differ on "
+            f"{len(pooled['separating'])}.",
+        ]
+        c = self.calibrated
+        tf = pooled["teacher_forced"].get(c["name"]) if c else None
+        if c and tf:
+            out.append(
+                f"  - Along the {self.large}'s answers to {pooled['teacher_forced_problems']} problems, "
+                f"`{c['policy']}` at τ {c['tau']:g} sends {_f(tf.get('top_share'))} of the tokens to the "
+                f"{self.large} and closes {_f(tf.get('retained'))} of the NLL gap; random routing at its "
+                f"live share closes {_f(tf.get('random_control'))}. The problems it was calibrated on "
+                "are among them."
+            )
+        return out
 
     def lead(self) -> str:
         n = len(self.complete)
@@ -218,6 +246,7 @@ class Headline:
             + ("those." if len(separating) != 1 else "that one.")
             + " The teacher-forced table below uses every position of the same answers.",
         ]
+        out += self.pooled_bullet()
         per_problem = self.record["run_seconds_per_problem"]
         if per_problem:
             total = len(self.record["problems"])
@@ -256,7 +285,8 @@ class Headline:
                 "re-derives every figure from the records, and `bench/headline.py` writes this section "
                 "from that report.",
                 self.bullets(),
-                f"Teacher-forced along the {self.large}'s answers (the EAD paper's table: the "
+                f"Teacher-forced along the {self.large}'s answers to "
+                f"{self.forced_source()['teacher_forced_problems']} problems (the EAD paper's table: the "
                 f"{self.large}'s share → the share of the {self.small} → {self.large} NLL gap closed, with "
                 "random routing and the oracle at the same share):",
                 self.curve(),

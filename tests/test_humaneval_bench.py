@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -165,6 +166,7 @@ def test_figures_rederive_from_the_records(full_run):
             "taus",
             "calibrated",
             "teacher_forced_curve",
+            "teacher_forced_problems",
             "answered",
             "complete",
             "separating",
@@ -272,7 +274,12 @@ def test_shards_on_one_records_file_give_the_records_of_one_run(full_run, tiny_p
 
 
 def test_humaneval_flags_are_refused_on_the_prompt_suite(tmp_path):
-    for flags in (["--records", str(tmp_path / "r.jsonl")], ["--shard", "1/2"], ["--split", "heldout"]):
+    for flags in (
+        ["--records", str(tmp_path / "r.jsonl")],
+        ["--shard", "1/2"],
+        ["--split", "heldout"],
+        ["--with-records", str(tmp_path / "r.jsonl")],
+    ):
         result = runner.invoke(app, ["bench", *flags])
         assert result.exit_code == 2
         assert result.stderr == f"error: {flags[0]} applies to --suite humaneval only\n"
@@ -456,3 +463,67 @@ def test_the_wilson_interval_holds_the_proportion_and_matches_a_known_value():
     low, high = wilson(7, 8)  # the textbook Wilson interval at z = 1.96
     assert (round(low, 4), round(high, 4)) == (0.5291, 0.9776)
     assert wilson(0, 0) == (None, None)
+
+
+def test_another_runs_tiers_pool_into_the_figures_over_all_problems(full_run, tiny_pair, tmp_path):
+    """--arms none runs the tiers alone (another split, say); --with-records pools its answers with
+    the run's: the tiers' pass@1 and the teacher-forced figures over every problem either answered."""
+    from mlxswitch.bench.command import finite
+    from mlxswitch.bench.humaneval.report import share_curve, summarize
+    from mlxswitch.bench.simulate import Positions
+
+    _, out, args = full_run
+    other = tmp_path / "other.jsonl"
+    flags = _pair_flags(tiny_pair) + ["--max-tokens", "8", "--timeout", "2", "--quick"]
+    result = runner.invoke(app, flags + ["--problems", "23,53", "--arms", "none", "--records", str(other)])
+    assert result.exit_code == 0, result.stderr
+    lines = _lines(other)
+    assert {r["arm"] for r in lines if r["type"] == "result"} == {"small alone", "large alone"}
+    assert lines[0]["derived"]["taus"] == [] and lines[0]["derived"]["calibrated"] is None
+
+    json_at = args.index("--json") + 1
+    pooled_args = args[:json_at] + [str(tmp_path / "p.json")] + args[json_at + 1 :]
+    result = runner.invoke(app, pooled_args + ["--report", "--with-records", str(other)])
+    assert result.exit_code == 0, result.stderr
+    assert "pooled with " in result.stdout
+    record = json.loads((tmp_path / "p.json").read_text())
+    pooled = record["pooled"]
+    assert record["with_records"] == [str(other)]
+    assert pooled["problems"] == pooled["teacher_forced_problems"] == 3  # 34, 53, and 23 from the other
+    # Where both runs hold a problem (53), the run's own answers count.
+    mine = [r for r in _lines(out / "r.jsonl") if r.get("type") == "result"]
+    theirs = [r for r in lines if r["type"] == "result" and r["task_id"] == "HumanEval/23"]
+    for tier in ("small alone", "large alone"):
+        answers = [r for r in mine + theirs if r["arm"] == tier]
+        assert pooled["tiers"][tier]["problems"] == 3
+        assert pooled["tiers"][tier]["passed"] == sum(r["passed"] for r in answers)
+    assert pooled["teacher_forced"]["small alone"]["retained"] == pytest.approx(0.0, abs=1e-9)
+    assert pooled["teacher_forced"]["large alone"]["retained"] == pytest.approx(1.0)
+    # The pooled curve is the curve over the three problems' positions, the run's first.
+    forced = [r for r in _lines(out / "r.jsonl")[1:] if r["type"] == "positions"]
+    forced += [r for r in lines if r["type"] == "positions" and r["task_id"] == "HumanEval/23"]
+    positions = [
+        Positions(r["task_id"], *(np.array(r[k]) for k in ("entropy", "nll", "varentropy", "margin")))
+        for r in forced
+    ]
+    derived = lines[0]["derived"]
+    expected = share_curve(positions, derived["bytes_per_token"], "entropy")
+    assert pooled["teacher_forced_curve"] == json.loads(json.dumps(finite(expected)))
+    # Without --with-records the summary holds no pooled block.
+    run_lines = _lines(out / "r.jsonl")
+    assert "pooled" not in summarize(run_lines[0], run_lines[1:])
+
+
+def test_with_records_refuses_other_tiers_settings_or_itself(full_run, tiny_pair, tmp_path):
+    _, out, args = full_run
+    other = tmp_path / "other.jsonl"
+    flags = _pair_flags(tiny_pair) + ["--timeout", "2", "--quick", "--problems", "23", "--arms", "none"]
+    assert runner.invoke(app, flags + ["--max-tokens", "4", "--records", str(other)]).exit_code == 0
+    for given, message in (
+        (other, f"error: --with-records {other} was made with other settings (max_tokens 8 → 4)"),
+        (tmp_path / "absent.jsonl", f"error: --with-records {tmp_path / 'absent.jsonl'}: no such file"),
+        (out / "r.jsonl", f"error: --with-records {out / 'r.jsonl'} is the --records file itself"),
+    ):
+        result = runner.invoke(app, args + ["--report", "--with-records", str(given)])
+        assert result.exit_code == 2
+        assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1

@@ -77,14 +77,56 @@ def test_every_command_with_options_has_a_table():
     assert with_options <= set(DOCUMENTED), sorted(with_options - set(DOCUMENTED))
 
 
-def test_the_headline_is_what_bench_headline_writes_from_its_report():
+def _headline():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("headline", README.parent / "bench" / "headline.py")
     assert spec is not None and spec.loader is not None
     headline = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(headline)
+    return headline
+
+
+def test_the_headline_is_what_bench_headline_writes_from_its_report():
+    headline = _headline()
     found = headline.written(README.read_text(encoding="utf-8"))
     assert found, "README.md has no <!-- headline: REPORT --> … <!-- /headline --> section"
     report, section = found
     assert section == headline.render(report), "run: uv run python bench/headline.py --write"
+
+
+def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
+    """With --with-records the headline says the tiers over every problem and the teacher-forced
+    table is the pooled one."""
+    import json
+
+    headline = _headline()
+    found = headline.written(README.read_text(encoding="utf-8"))
+    assert found
+    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    tiers = [a for a in record["arms"] if a["kind"] == "tier"]
+    calibrated = next(a for a in record["arms"] if a["kind"] == "calibrated")
+    curve = [{**row, "retained": 0.5} for row in record["teacher_forced_curve"]]
+    record["pooled"] = {
+        "problems": 80,
+        "teacher_forced_problems": 79,
+        "tiers": {
+            tiers[0]["name"]: {"passed": 50, "problems": 80},
+            tiers[1]["name"]: {"passed": 60, "problems": 80},
+        },
+        "separating": ["HumanEval/2"] * 12,
+        "teacher_forced": {calibrated["name"]: {"top_share": 0.21, "retained": 0.93, "random_control": 0.2}},
+        "teacher_forced_curve": curve,
+    }
+    section = headline.Headline(record).section(found[0])
+    assert (
+        "- **Over 80 problems** (this run with `--with-records`: the tiers alone on the problems it did "
+        "not run). The 0.5B passes 50/80 and the 1.5B 60/80; they differ on 12." in section
+    )
+    assert (
+        f"`peek` at τ {calibrated['tau']:g} sends 0.21 of the tokens to the 1.5B and closes 0.93 of the "
+        "NLL gap; random routing at its live share closes 0.20." in section
+    )
+    assert "answers to 79 problems (the EAD" in section
+    rows = [line for line in section.splitlines() if line.startswith("| 0.") and line.count("|") == 6]
+    assert rows and all(line.split("|")[3].strip() == "0.50" for line in rows)

@@ -59,7 +59,7 @@ def bench(
         str | None,
         typer.Option(
             help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative"
-            " (bottom and top always run)."
+            " (bottom and top always run; none: only they)."
         ),
     ] = None,
     timeout: Annotated[
@@ -70,6 +70,14 @@ def bench(
         typer.Option(
             help="humaneval: as I/N, answer only problems I, I+N, I+2N, … of the run: N processes"
             " share one --records file (shard 1 starts it)."
+        ),
+    ] = None,
+    with_records: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="humaneval: another run's records file of the same models and token budget (for"
+            " example the other split, tiers alone; repeatable): the tiers' pass@1 and the"
+            " teacher-forced figures also over every problem they answered."
         ),
     ] = None,
     report: Annotated[
@@ -111,6 +119,7 @@ def bench(
             timeout=timeout,
             report_only=report,
             shard=shard,
+            with_records=with_records,
         )
         return
     for given, flag in (
@@ -123,6 +132,7 @@ def bench(
         (timeout is not None, "--timeout"),
         (report, "--report"),
         (shard is not None, "--shard"),
+        (bool(with_records), "--with-records"),
     ):
         if given:
             raise UsageError(f"{flag} applies to --suite humaneval only")

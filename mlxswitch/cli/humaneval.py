@@ -29,6 +29,7 @@ def bench_humaneval(
     timeout: float | None,
     report_only: bool = False,
     shard: str | None = None,
+    with_records: list[Path] | None = None,
 ) -> None:
     """Check every flag, open (or resume) the records, load the ladder, run, write and print."""
     from ..api import build_ladder
@@ -64,6 +65,7 @@ def bench_humaneval(
         restart=restart,
         read_only=report_only,
         shard=shard,
+        with_records=with_records,
     )
     done = len(chosen.records.results())
     err = ui.make_console(stderr=True)
@@ -91,3 +93,7 @@ def bench_humaneval(
     console.print(ui_tables.humaneval_table(record))
     if record.get("teacher_forced_curve"):
         console.print(ui_tables.humaneval_curve_table(record))
+    if record.get("pooled"):
+        console.print(ui_tables.humaneval_pooled_table(record))
+        if record["pooled"]["teacher_forced_curve"]:
+            console.print(ui_tables.humaneval_curve_table(record, pooled=True))

@@ -204,10 +204,13 @@ def humaneval_table(record: dict) -> Table:
     return table
 
 
-def humaneval_curve_table(record: dict) -> Table:
-    """Share of top-tier tokens → retained fidelity, teacher-forced, with the controls (EAD's table)."""
+def humaneval_curve_table(record: dict, pooled: bool = False) -> Table:
+    """Share of top-tier tokens → retained fidelity, teacher-forced, with the controls (EAD's table);
+    `pooled`: over every problem this run and its --with-records answered."""
+    source = record["pooled"] if pooled else record
     table = Table(
-        title="teacher-forced along the top tier's answers: share → retained (NLL gap closed)",
+        title="teacher-forced along the top tier's answers: share → retained (NLL gap closed)"
+        + (", all runs pooled" if pooled else ""),
         show_edge=False,
         title_justify="left",
     )
@@ -217,7 +220,7 @@ def humaneval_curve_table(record: dict) -> Table:
     def cell(value, digits: int = 2) -> str:
         return "–" if value is None else f"{value:.{digits}f}"
 
-    for row in record["teacher_forced_curve"]:
+    for row in source["teacher_forced_curve"]:
         table.add_row(
             cell(row["target_share"]),
             cell(row["tau"], 4),
@@ -226,6 +229,46 @@ def humaneval_curve_table(record: dict) -> Table:
             cell(row["random_control"]),
             cell(row["oracle"]),
         )
-    answered = len(record["answered"])
-    table.caption = f"{answered} problems; peek decides each position alone (window 1, min run 1)"
+    table.caption = (
+        f"{source['teacher_forced_problems']} problems; "
+        "peek decides each position alone (window 1, min run 1)"
+    )
+    return table
+
+
+def humaneval_pooled_table(record: dict) -> Table:
+    """The tiers' pass@1 and every arm's teacher-forced figures over all runs' problems pooled."""
+    pooled = record["pooled"]
+    table = Table(
+        title=f"pooled with {', '.join(record['with_records'])}: the tiers over "
+        f"{pooled['problems']} problems, teacher-forced over {pooled['teacher_forced_problems']}",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in ("arm", "pass@1", "95% CI", "n", "TF top share", "TF retained", "TF random", "TF oracle"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+
+    def cell(value, digits: int = 2) -> str:
+        return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+    for arm in record["arms"]:
+        tier = pooled["tiers"].get(arm["name"])
+        tf = pooled["teacher_forced"].get(arm["name"]) or {}
+        low, high = tier["pass@1_95"] if tier else (None, None)
+        table.add_row(
+            arm["name"],
+            cell(tier["pass@1"], 3) if tier else "",
+            "" if low is None else f"{low:.2f}–{high:.2f}",
+            str(tier["problems"]) if tier else "",
+            cell(tf.get("top_share")),
+            cell(tf.get("retained")),
+            cell(tf.get("random_control")),
+            cell(tf.get("oracle")),
+        )
+    separating = ", ".join(pooled["separating"]) or "none"
+    table.caption = (
+        f"the tiers alone differ on: {separating}; TF: every arm's routing replayed along the top "
+        "tier's answers (in-sample on the problems its threshold was calibrated on), random and "
+        "oracle at the arm's live share"
+    )
     return table

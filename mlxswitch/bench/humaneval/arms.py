@@ -54,10 +54,13 @@ def calibrated_config(signal: str, tau: float, num_tiers: int, verify: bool = Fa
 
 
 def parse_groups(text: str | None, quick: bool = False) -> tuple[str, ...]:
-    """`--arms a,b,…` (or all; --quick: QUICK_GROUPS) in GROUPS order; a UsageError for an unknown one."""
+    """`--arms a,b,…` (or all; --quick: QUICK_GROUPS; `none`: the tiers alone) in GROUPS order; a
+    UsageError for an unknown one."""
     if text is None:
         return QUICK_GROUPS if quick else GROUPS
     asked = [part.strip() for part in text.split(",") if part.strip()]
+    if asked == ["none"]:
+        return ()
     unknown = [part for part in asked if part not in GROUPS]
     if unknown:
         raise UsageError(

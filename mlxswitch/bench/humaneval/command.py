@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import sys
@@ -31,6 +32,7 @@ class HumanEvalPlan:
     options: HumanEvalOptions
     records: Records
     shard: tuple[int, int] = (1, 1)  # (I, N): this process answers problems I, I+N, … of the run
+    pooled: list[Records] = dataclasses.field(default_factory=list)  # other runs of the same tiers
 
 
 def default_records_path(profile: Profile) -> Path:
@@ -63,6 +65,7 @@ def plan(
     restart: bool = False,
     read_only: bool = False,
     shard: str | None = None,
+    with_records: list[Path] | None = None,
 ) -> HumanEvalPlan:
     """Check every choice and open the records (settings compared) — nothing is loaded yet."""
     index, count = parse_shard(shard)
@@ -90,13 +93,17 @@ def plan(
     path = records_path or default_records_path(profile)
     if records_path is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    records = Records.open(path, settings(profile, chosen, options), restart, read_only)
+    wanted = settings(profile, chosen, options)
+    records = Records.open(path, wanted, restart, read_only)
     if index > 1 and records.header is None:
         raise UsageError(
             f"--shard {index}/{count}: {path} is not started yet; start shard 1/{count} first, "
             "and this one once the records file has its first line"
         )
-    return HumanEvalPlan(profile, chosen, calibration, options, records, (index, count))
+    if any(Path(other).expanduser().resolve() == path.expanduser().resolve() for other in with_records or []):
+        raise UsageError(f"--with-records {path} is the --records file itself")
+    pooled = [Records.pooled_with(other, wanted) for other in with_records or []]
+    return HumanEvalPlan(profile, chosen, calibration, options, records, (index, count), pooled)
 
 
 def bench_humaneval(run: HumanEvalPlan, ladder, progress: Progress | None = None) -> dict:
@@ -131,7 +138,8 @@ def report(run: HumanEvalPlan) -> dict:
             "bytes_per_token": dict(zip(derived["tier_names"], derived["bytes_per_token"], strict=True)),
         },
         "records": str(run.records.path),
+        "with_records": [str(other.path) for other in run.pooled],
         "settings": header["settings"],
         "derived": derived,
-        **summarize(header, run.records.lines),
+        **summarize(header, run.records.lines, [other.lines for other in run.pooled]),
     }

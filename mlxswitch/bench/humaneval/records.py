@@ -26,6 +26,18 @@ from ...models.sources import EmbeddedSource, model_source
 from ..command import finite
 
 FORMAT = 1
+# What two runs share for their tiers' answers to be pooled: the same models answering the same
+# prompt within the same budget and sandbox. Problems, arms and the router may differ.
+POOLED_SETTINGS = (
+    "suite",
+    "prompt_version",
+    "models",
+    "gears",
+    "tiers",
+    "max_tokens",
+    "timeout_s",
+    "memory_mb",
+)
 _FINGERPRINT_BYTES = 1 << 20  # hash the head and tail of big files: a changed model shows there
 
 
@@ -69,6 +81,10 @@ def _check(path: Path, header: dict | None, settings: dict) -> None:
             f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
             "or another --records file"
         )
+
+
+def _pooled_part(settings: dict) -> dict:
+    return {key: settings.get(key) for key in POOLED_SETTINGS}
 
 
 def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -116,6 +132,25 @@ class Records:
             header, lines, good_bytes = _read(path, handle.read())
             _check(path, header, settings)
             handle.truncate(good_bytes)  # the torn tail goes, so appends start on a new line
+        return cls(path, header, lines)
+
+    @classmethod
+    def pooled_with(cls, path: Path, settings: dict, flag: str = "--with-records") -> Records:
+        """Another run's records, read only, whose tiers' answers may be pooled with a run of
+        `settings`: refused unless both share POOLED_SETTINGS (problems and arms may differ)."""
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise UsageError(f"{flag} {path}: no such file")
+        header, lines, _ = _read(path, path.read_bytes())
+        if header is None or header.get("format") != FORMAT:
+            raise UsageError(f"{flag} {path}: not a records file of this version")
+        changed = _differences(_pooled_part(settings), _pooled_part(header["settings"]))
+        if changed:
+            raise UsageError(
+                f"{flag} {path} was made with other settings ({'; '.join(changed[:4])}"
+                f"{'; …' if len(changed) > 4 else ''}): only runs of the same models, prompt, "
+                "token budget and sandbox pool"
+            )
         return cls(path, header, lines)
 
     def start(self, settings: dict, derived: dict) -> None:

@@ -152,9 +152,10 @@ def _figures(mine: list[dict], top_name: str, timed: bool) -> dict:
     return out
 
 
-def summarize(header: dict, lines: list[dict]) -> dict:
+def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None = None) -> dict:
     """Every arm's figures from the records, each over the problems it has answered, and again
-    over the problems every arm has answered (`side_by_side`), the figures to compare arms by."""
+    over the problems every arm has answered (`side_by_side`), the figures to compare arms by;
+    with `others` (the lines of other runs of the same tiers), `pooled` too."""
     derived = header["derived"]
     names, tier_bytes = derived["tier_names"], derived["bytes_per_token"]
     results = [r for r in lines if r.get("type") == "result"]
@@ -208,6 +209,7 @@ def summarize(header: dict, lines: list[dict]) -> dict:
             entry["name"], f"{names[0]} alone", f"{names[-1]} alone", finished
         )
     calibrated = derived.get("calibrated")
+    extra = {"pooled": pooled(derived, lines, others, arms)} if others else {}
     if calibrated is not None:
         live = next((a for a in arms if a["kind"] == "calibrated"), None)
         # Item 6: the share promised on calibration problems (teacher-forced) beside the live one.
@@ -219,6 +221,7 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         "taus": derived["taus"],
         "calibrated": calibrated,
         "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
+        "teacher_forced_problems": len(forced),
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
         "complete": complete,
         # Decoding time of one problem, every arm (the oracle too), on the complete ones: how
@@ -230,6 +233,42 @@ def summarize(header: dict, lines: list[dict]) -> dict:
         ),
         # Where the bottom and top tiers alone differ in pass@1: what every "retained" rests on.
         "separating": _separating(f"{names[0]} alone", f"{names[-1]} alone", results, problems),
+        **extra,
+    }
+
+
+def pooled(derived: dict, lines: list[dict], others: list[list[dict]], arms: list[dict]) -> dict:
+    """The tiers alone and the teacher-forced figures over every problem this run or `others`
+    answered (item 4 asks for all 164; another split's run of the tiers alone supplies the rest).
+    Where two runs hold a problem, this run's records count. Every arm's routing is replayed along
+    the top tier's answers to all of them (the calibrated threshold on its own calibration
+    problems too: in-sample there); the random and oracle controls at the arm's live share."""
+    names, tier_bytes = derived["tier_names"], derived["bytes_per_token"]
+    tiers = (f"{names[0]} alone", f"{names[-1]} alone")
+    answers: dict[tuple[str, str], dict] = {}
+    positions: dict[str, dict] = {}
+    for run in (lines, *others):
+        for r in run:
+            if r.get("type") == "result" and r["arm"] in tiers:
+                answers.setdefault((r["task_id"], r["arm"]), r)
+            elif r.get("type") == "positions":
+                positions.setdefault(r["task_id"], r)
+    results = list(answers.values())
+    both = list(dict.fromkeys(task for task, _ in answers if all((task, t) in answers for t in tiers)))
+    forced = _positions(list(positions.values()))  # in file order: the same files, the same figures
+    return {
+        "problems": len(both),
+        "teacher_forced_problems": len(forced),
+        "tiers": {
+            name: _figures([r for r in results if r["arm"] == name and r["task_id"] in both], names[-1], True)
+            for name in tiers
+        },
+        "separating": _separating(*tiers, results, both),
+        "teacher_forced": {
+            arm["name"]: _teacher_forced(arm, forced, tier_bytes, live["top_share"])
+            for arm, live in zip(derived["arms"], arms, strict=True)
+        },
+        "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
     }
 
 
