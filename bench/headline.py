@@ -147,6 +147,18 @@ class Headline:
                 f"live share closes {_f(tf.get('random_control'))}. The problems it was calibrated on "
                 "are among them."
             )
+        halves = pooled.get("calibrated_by_split") or {}
+        promised = self.record.get("calibrated")
+        if c and promised and "calibration" in halves:
+            cal = halves["calibration"]
+            held = halves.get("heldout")
+            out.append(
+                f"  - The share it promised, {_f(promised['promised_share'])} on {promised['problems']} "
+                f"calibration problems, is {_f(cal.get('top_share'))} teacher-forced on the "
+                f"{cal['problems']} calibration problems whose answers are recorded"
+                + (f" and {_f(held.get('top_share'))} on {held['problems']} held-out ones" if held else "")
+                + f"; live on the held-out problems it sent {_f(c['side_by_side']['top_share'])}."
+            )
         return out
 
     def lead(self) -> str:

@@ -509,6 +509,17 @@ def test_another_runs_tiers_pool_into_the_figures_over_all_problems(full_run, ti
     derived = lines[0]["derived"]
     expected = share_curve(positions, derived["bytes_per_token"], "entropy")
     assert pooled["teacher_forced_curve"] == json.loads(json.dumps(finite(expected)))
+    # The calibrated threshold's teacher-forced share on each half, pooled back to the whole.
+    calibrated = next(a["name"] for a in record["arms"] if a["kind"] == "calibrated")
+    halves = pooled["calibrated_by_split"]
+    assert (halves["calibration"]["problems"], halves["heldout"]["problems"]) == (1, 2)  # 34; 53, 23
+    sizes = {p.prompt_id: p.nll.shape[1] for p in positions}
+    weight = {
+        "calibration": sizes["HumanEval/34"],
+        "heldout": sizes["HumanEval/53"] + sizes["HumanEval/23"],
+    }
+    whole = sum(halves[h]["top_share"] * weight[h] for h in weight) / sum(weight.values())
+    assert pooled["teacher_forced"][calibrated]["top_share"] == pytest.approx(whole)
     # Without --with-records the summary holds no pooled block.
     run_lines = _lines(out / "r.jsonl")
     assert "pooled" not in summarize(run_lines[0], run_lines[1:])

@@ -117,6 +117,10 @@ def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
         "separating": ["HumanEval/2"] * 12,
         "teacher_forced": {calibrated["name"]: {"top_share": 0.21, "retained": 0.93, "random_control": 0.2}},
         "teacher_forced_curve": curve,
+        "calibrated_by_split": {
+            "calibration": {"problems": 41, "top_share": 0.23},
+            "heldout": {"problems": 38, "top_share": 0.19},
+        },
     }
     section = headline.Headline(record).section(found[0])
     assert (
@@ -126,6 +130,13 @@ def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
     assert (
         f"`peek` at τ {calibrated['tau']:g} sends 0.21 of the tokens to the 1.5B and closes 0.93 of the "
         "NLL gap; random routing at its live share closes 0.20." in section
+    )
+    promised = record["calibrated"]
+    assert (
+        f"  - The share it promised, {promised['promised_share']:.2f} on {promised['problems']} calibration "
+        "problems, is 0.23 teacher-forced on the 41 calibration problems whose answers are recorded "
+        "and 0.19 on 38 held-out ones; live on the held-out problems it sent "
+        f"{calibrated['side_by_side']['top_share']:.2f}." in section
     )
     assert "answers to 79 problems (the EAD" in section
     rows = [line for line in section.splitlines() if line.startswith("| 0.") and line.count("|") == 6]

@@ -266,8 +266,13 @@ def humaneval_pooled_table(record: dict) -> Table:
             cell(tf.get("oracle")),
         )
     separating = ", ".join(pooled["separating"]) or "none"
+    halves = "".join(
+        f"{figures['problems']} {split} problems {cell(figures.get('top_share'))}, "
+        for split, figures in pooled["calibrated_by_split"].items()
+    )
+    shares = f"the calibrated threshold's TF share on {halves.rstrip(', ')}; " if halves else ""
     table.caption = (
-        f"the tiers alone differ on: {separating}; TF: every arm's routing replayed along the top "
+        f"the tiers alone differ on: {separating}; {shares}TF: every arm's routing replayed along the top "
         "tier's answers (in-sample on the problems its threshold was calibrated on), random and "
         "oracle at the arm's live share"
     )

@@ -44,8 +44,13 @@ class Problem:
 
     @property
     def split(self) -> str:
-        """calibration (even N) or heldout (odd N): fixed, so no run can choose its test set."""
-        return SPLITS[self.number % 2]
+        return split_of(self.task_id)
+
+
+def split_of(task_id: str) -> str:
+    """calibration (even N) or heldout (odd N) for HumanEval/N: fixed, so no run can choose its
+    test set."""
+    return SPLITS[int(task_id.rsplit("/", 1)[1]) % 2]
 
 
 def load_problems() -> list[Problem]:

@@ -22,6 +22,7 @@ import numpy as np
 from ...routing.router import RouterConfig
 from .. import metrics, simulate
 from .arms import calibrated_config
+from .problems import SPLITS, split_of
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 PROJECTION_NOTE = "projection, not a measurement: peak bandwidth ÷ weight bytes read per token"
@@ -256,6 +257,14 @@ def pooled(derived: dict, lines: list[dict], others: list[list[dict]], arms: lis
     results = list(answers.values())
     both = list(dict.fromkeys(task for task, _ in answers if all((task, t) in answers for t in tiers)))
     forced = _positions(list(positions.values()))  # in file order: the same files, the same figures
+    calibrated = next((a for a in derived["arms"] if a["kind"] == "calibrated"), None)
+    # Item 6: the calibrated threshold's teacher-forced share on each half (it was chosen on a few
+    # calibration problems), beside the share it promised and the live one.
+    by_split = {}
+    for split in SPLITS:
+        mine = [p for p in forced if split_of(p.prompt_id) == split]
+        if calibrated and mine:
+            by_split[split] = {"problems": len(mine), **_teacher_forced(calibrated, mine, tier_bytes, None)}
     return {
         "problems": len(both),
         "teacher_forced_problems": len(forced),
@@ -269,6 +278,7 @@ def pooled(derived: dict, lines: list[dict], others: list[list[dict]], arms: lis
             for arm, live in zip(derived["arms"], arms, strict=True)
         },
         "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
+        "calibrated_by_split": by_split,
     }
 
 
