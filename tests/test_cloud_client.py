@@ -464,13 +464,22 @@ def test_ctrl_c_closes_the_stream_and_keeps_partial_text(server):
 
 
 def test_ctrl_c_while_the_sdk_reads(server):
-    server.script(reply("One. Two. Three. Four. Five. Six. Seven.", chunk=5, chunk_delay_s=0.1))
+    server.script(reply("One. Two. Three. Four. Five. Six. Seven.", chunk=5, chunk_delay_s=0.5))
     client = make_client(server)
-    timer = threading.Timer(0.25, _thread.interrupt_main)  # a SIGINT while blocked in the stream
-    timer.start()
+    # A SIGINT shortly after the first text, while blocked waiting for the next chunk: timed from
+    # the stream itself, so a loaded machine cannot let the stream end first.
+    timer = threading.Timer(0.05, _thread.interrupt_main)
+
+    started: list[bool] = []
+
+    def first_text(piece: str) -> None:
+        if not started:
+            started.append(True)
+            timer.start()
+
     try:
         with pytest.raises(CloudInterrupted) as info:
-            client.answer(None, QUESTION)
+            client.answer(None, QUESTION, first_text)
     finally:
         timer.cancel()
     assert info.value.partial.startswith("One.") and "Seven" not in info.value.partial

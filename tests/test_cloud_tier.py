@@ -273,13 +273,25 @@ def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_p
         cloud_options={"timeout_s": 10},
     )
     session = open_chat(profile, settings=GenerationSettings(max_tokens=24))
-    timer = threading.Timer(1.5, _thread.interrupt_main)
-    timer.start()
+    stop = threading.Event()
+
+    def interrupt_once_the_span_is_asked() -> None:
+        # Timed from the cloud request's arrival, not a clock: on a loaded machine a fixed delay
+        # can land while the local model still decodes (a local interrupt, not this test's).
+        while not server.requests:
+            if stop.wait(0.01):
+                return
+        if not stop.wait(0.2):
+            _thread.interrupt_main()
+
+    watcher = threading.Thread(target=interrupt_once_the_span_is_asked, daemon=True)
+    watcher.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             session.ask("What is the capital of France?")
     finally:
-        timer.cancel()
+        stop.set()
+        watcher.join()
     summary = session.last_summary
     assert summary.finish_reason == "interrupted" and summary.generated >= 1
     assert all(e.tier != "cloud" for e in summary.tokens)
