@@ -5,6 +5,11 @@ from __future__ import annotations
 from rich.table import Table
 
 
+def _cell(value, digits: int = 2, scale: float = 1.0) -> str:
+    """A figure for a table: "–" for a missing one (None, or NaN)."""
+    return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
+
+
 def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
     value = (figures.get(key) or {}).get("median")
     return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
@@ -36,18 +41,15 @@ def bench_table(record: dict) -> Table:
     ):
         table.add_column(column, justify="left" if column == "arm" else "right")
 
-    def cell(value, digits: int = 2) -> str:
-        return "–" if value is None or value != value else f"{value:.{digits}f}"
-
     for arm in record["arms"]:
         q, s = arm["quality"], arm["speed"]
         bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
         table.add_row(
             arm["name"],
-            cell(q["top_share"]),
-            cell(q["retained"]),
-            cell((arm.get("random_control") or {}).get("mean")),
-            cell(arm.get("oracle")),
+            _cell(q["top_share"]),
+            _cell(q["retained"]),
+            _cell((arm.get("random_control") or {}).get("mean")),
+            _cell(arm.get("oracle")),
             _median(s, "agreement", digits=2),
             _median(s, "accuracy", digits=2),
             _median(s, "prompt_tok_per_s"),
@@ -57,14 +59,14 @@ def bench_table(record: dict) -> Table:
             _median(s, "switches_per_100"),
             _median(s, "bytes_per_token", 1e-6),
             _median(s, "overhead", digits=2),
-            cell(bound, 0),
+            _cell(bound, 0),
         )
     auroc = record.get("auroc") or {}
     table.caption = (
         f"retained: teacher-forced along the top tier's greedy answers "
         f"({len(record['positions'])} prompts); speed: median over "
         f"{record['options']['repeats']} repeat(s) of {len(record['speed_prompts'])} prompt(s); "
-        f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
+        f"AUROC of bottom entropy for '{auroc.get('label', '')}': {_cell(auroc.get('entropy'))}; "
         "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token"
     )
     return table
@@ -159,35 +161,32 @@ def humaneval_table(record: dict) -> Table:
     ):
         table.add_column(column, justify="left" if column == "arm" else "right")
 
-    def cell(value, digits: int = 2, scale: float = 1.0) -> str:
-        return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
-
     for arm in record["arms"]:
         low, high = arm["pass@1_95"]
         tf = arm.get("teacher_forced") or {}
         bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
         table.add_row(
             arm["name"] + (" · verified" if arm.get("verified") and arm["kind"] != "verify" else ""),
-            cell(arm["pass@1"], 3),
+            _cell(arm["pass@1"], 3),
             "–" if low is None else f"{low:.2f}–{high:.2f}",
             str(arm["problems"]),
-            cell(arm["retained"]),
-            cell(arm["top_share"]),
-            cell((arm.get("side_by_side") or {}).get("decode_tok_per_s"), 1),
-            cell((arm.get("side_by_side") or {}).get("seconds_per_problem"), 1),
-            cell(arm.get("bytes_per_token"), 1, 1e-6),
-            cell(bound, 0),
-            cell(tf.get("retained")),
-            cell(tf.get("random_control")),
-            cell(tf.get("oracle")),
+            _cell(arm["retained"]),
+            _cell(arm["top_share"]),
+            _cell((arm.get("side_by_side") or {}).get("decode_tok_per_s"), 1),
+            _cell((arm.get("side_by_side") or {}).get("seconds_per_problem"), 1),
+            _cell(arm.get("bytes_per_token"), 1, 1e-6),
+            _cell(bound, 0),
+            _cell(tf.get("retained")),
+            _cell(tf.get("random_control")),
+            _cell(tf.get("oracle")),
         )
     same = [f"{a['name']} {a['reproduces_top']}/{a['problems']}" for a in record["arms"] if a.get("verified")]
     lossless = f"answers identical to the top tier's: {', '.join(same)}; " if same else ""
     calibrated = record.get("calibrated")
     promise = (
-        f"calibrated τ {calibrated['tau']:g}: share promised {cell(calibrated['promised_share'])} "
+        f"calibrated τ {calibrated['tau']:g}: share promised {_cell(calibrated['promised_share'])} "
         f"(teacher-forced, {calibrated['problems']} calibration problems), live "
-        f"{cell(calibrated['live_share'])}; "
+        f"{_cell(calibrated['live_share'])}; "
         if calibrated
         else ""
     )
@@ -217,17 +216,14 @@ def humaneval_curve_table(record: dict, pooled: bool = False) -> Table:
     for column in ("target share", "τ", "top share", "peek retained", "random", "oracle"):
         table.add_column(column, justify="right")
 
-    def cell(value, digits: int = 2) -> str:
-        return "–" if value is None else f"{value:.{digits}f}"
-
     for row in source["teacher_forced_curve"]:
         table.add_row(
-            cell(row["target_share"]),
-            cell(row["tau"], 4),
-            cell(row["top_share"]),
-            cell(row["retained"]),
-            cell(row["random_control"]),
-            cell(row["oracle"]),
+            _cell(row["target_share"]),
+            _cell(row["tau"], 4),
+            _cell(row["top_share"]),
+            _cell(row["retained"]),
+            _cell(row["random_control"]),
+            _cell(row["oracle"]),
         )
     table.caption = (
         f"{source['teacher_forced_problems']} problems; "
@@ -248,26 +244,23 @@ def humaneval_pooled_table(record: dict) -> Table:
     for column in ("arm", "pass@1", "95% CI", "n", "TF top share", "TF retained", "TF random", "TF oracle"):
         table.add_column(column, justify="left" if column == "arm" else "right")
 
-    def cell(value, digits: int = 2) -> str:
-        return "–" if value is None or value != value else f"{value:.{digits}f}"
-
     for arm in record["arms"]:
         tier = pooled["tiers"].get(arm["name"])
         tf = pooled["teacher_forced"].get(arm["name"]) or {}
         low, high = tier["pass@1_95"] if tier else (None, None)
         table.add_row(
             arm["name"],
-            cell(tier["pass@1"], 3) if tier else "",
+            _cell(tier["pass@1"], 3) if tier else "",
             "" if low is None else f"{low:.2f}–{high:.2f}",
             str(tier["problems"]) if tier else "",
-            cell(tf.get("top_share")),
-            cell(tf.get("retained")),
-            cell(tf.get("random_control")),
-            cell(tf.get("oracle")),
+            _cell(tf.get("top_share")),
+            _cell(tf.get("retained")),
+            _cell(tf.get("random_control")),
+            _cell(tf.get("oracle")),
         )
     separating = ", ".join(pooled["separating"]) or "none"
     halves = "".join(
-        f"{figures['problems']} {split} problems {cell(figures.get('top_share'))}, "
+        f"{figures['problems']} {split} problems {_cell(figures.get('top_share'))}, "
         for split, figures in pooled["calibrated_by_split"].items()
     )
     shares = f"the calibrated threshold's TF share on {halves.rstrip(', ')}; " if halves else ""

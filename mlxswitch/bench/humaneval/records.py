@@ -77,10 +77,14 @@ def _check(path: Path, header: dict | None, settings: dict) -> None:
     changed = _differences(header["settings"], settings)
     if changed:
         raise UsageError(
-            f"--records {path} was made with other settings ({'; '.join(changed[:4])}"
-            f"{'; …' if len(changed) > 4 else ''}): pass --restart to start over, "
-            "or another --records file"
+            f"--records {path} was made with other settings ({_listed(changed)}): "
+            "pass --restart to start over, or another --records file"
         )
+
+
+def _listed(changed: list[str]) -> str:
+    """The first few differences for an error line."""
+    return "; ".join(changed[:4]) + ("; …" if len(changed) > 4 else "")
 
 
 def _pooled_part(settings: dict) -> dict:
@@ -147,9 +151,8 @@ class Records:
         changed = _differences(_pooled_part(settings), _pooled_part(header["settings"]))
         if changed:
             raise UsageError(
-                f"{flag} {path} was made with other settings ({'; '.join(changed[:4])}"
-                f"{'; …' if len(changed) > 4 else ''}): only runs of the same models, prompt, "
-                "token budget and sandbox pool"
+                f"{flag} {path} was made with other settings ({_listed(changed)}): only runs of the "
+                "same models, prompt, token budget and sandbox pool"
             )
         return cls(path, header, lines)
 
