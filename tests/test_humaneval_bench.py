@@ -530,7 +530,10 @@ def test_with_records_refuses_other_tiers_settings_or_itself(full_run, tiny_pair
     other = tmp_path / "other.jsonl"
     flags = _pair_flags(tiny_pair) + ["--timeout", "2", "--quick", "--problems", "23", "--arms", "none"]
     assert runner.invoke(app, flags + ["--max-tokens", "4", "--records", str(other)]).exit_code == 0
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_bytes(other.read_bytes().replace(b"\n", b"\n{torn\n", 1))
     for given, message in (
+        (corrupt, f"error: --with-records {corrupt}:2: not a JSON record\n"),
         (other, f"error: --with-records {other} was made with other settings (max_tokens 8 → 4)"),
         (tmp_path / "absent.jsonl", f"error: --with-records {tmp_path / 'absent.jsonl'}: no such file"),
         (out / "r.jsonl", f"error: --with-records {out / 'r.jsonl'} is the --records file itself"),

@@ -145,7 +145,7 @@ class Records:
         path = Path(path).expanduser()
         if not path.is_file():
             raise UsageError(f"{flag} {path}: no such file")
-        header, lines, _ = _read(path, path.read_bytes())
+        header, lines, _ = _read(path, path.read_bytes(), flag)
         if header is None or header.get("format") != FORMAT:
             raise UsageError(f"{flag} {path}: not a records file of this version")
         changed = _differences(_pooled_part(settings), _pooled_part(header["settings"]))
@@ -208,8 +208,12 @@ def _locked(handle):
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _read(path: Path, data: bytes) -> tuple[dict | None, list[dict], int]:
-    """The header, the records, and how many bytes of `data` (the file's) hold whole lines."""
+def _read(path: Path, data: bytes, flag: str = "--records") -> tuple[dict | None, list[dict], int]:
+    """The header, the records, and how many bytes of `data` (the file's) hold whole lines.
+
+    `flag` names the option the file came through in an error line; only a run's own
+    `--records` file can be started over."""
+    remedy = "; pass --restart to start over" if flag == "--records" else ""
     header, lines, good = None, [], 0
     chunks = data.split(b"\n")
     for i, chunk in enumerate(chunks):
@@ -225,14 +229,10 @@ def _read(path: Path, data: bytes) -> tuple[dict | None, list[dict], int]:
         except ValueError:
             if last or i == len(chunks) - 2 and not chunks[-1]:
                 break  # a torn last line: dropped, and cut off before appending
-            raise UsageError(
-                f"--records {path}:{i + 1}: not a JSON record; pass --restart to start over"
-            ) from None
+            raise UsageError(f"{flag} {path}:{i + 1}: not a JSON record{remedy}") from None
         if header is None:
             if record.get("type") != "header":
-                raise UsageError(
-                    f"--records {path}: its first line is no header; pass --restart to start over"
-                )
+                raise UsageError(f"{flag} {path}: its first line is no header{remedy}")
             header = record
         else:
             lines.append(record)
