@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -63,8 +64,10 @@ def test_greedy_verified_answer_is_the_top_tiers_answer(request, ladder_name, ta
 def test_a_confident_drafter_makes_the_tokens_and_the_top_tier_checks_them_in_few_passes(twin):
     for answer in _answers(twin, _verify(INF), 70):
         counts = answer.tier_counts
-        # One pass per MAX_DRAFT drafted tokens: the top tier makes one token per pass (bonus).
-        assert counts["large"] <= math.ceil(answer.generated / verify.MAX_DRAFT)
+        # The opening pass, then one per MAX_DRAFT drafted tokens: the top tier makes one token
+        # per pass (the first token, then each draft's bonus).
+        assert counts["large"] <= 1 + math.ceil((answer.generated - 1) / verify.MAX_DRAFT)
+        assert answer.tokens[0].tier == "large" and answer.tokens[0].tried == ()
         assert counts["small"] + counts["large"] == answer.generated
         assert answer.catch_up_tokens["large"] >= counts["small"]  # it read every drafted token
         for event in answer.tokens:
@@ -74,8 +77,10 @@ def test_a_confident_drafter_makes_the_tokens_and_the_top_tier_checks_them_in_fe
 def test_threshold_zero_checks_every_position_and_the_top_tier_makes_them_all(pair):
     for answer in _answers(pair, _verify(0.0), 30):
         assert answer.tier_counts == {"small": 0, "large": answer.generated}
-        # Each position was computed below first (its doubt ended the draft), then by the top tier.
-        assert all(event.tried == ("small", "large") for event in answer.tokens)
+        # The top tier opens the answer alone; every later position was computed below first
+        # (its doubt ended the draft), then by the top tier.
+        assert answer.tokens[0].tried == ()
+        assert all(event.tried == ("small", "large") for event in answer.tokens[1:])
 
 
 @pytest.mark.parametrize("budget", [1, 5, verify.MAX_DRAFT + 3])
@@ -158,3 +163,17 @@ def test_chat_with_verify_prints_the_large_models_answer(isolated_home, tiny_pai
     )
     assert alone.exit_code == verified.exit_code == 0, verified.stderr
     assert verified.stdout == alone.stdout and verified.stdout.strip()
+
+
+def test_a_verified_answers_record_has_no_initial_entropy(isolated_home, tiny_pair):
+    """The top tier opens the answer, so no tier read the prompt's last position before it."""
+    small, large = str(tiny_pair[0]), str(tiny_pair[1])
+    result = CliRunner().invoke(
+        app,
+        ["chat", "--small", small, "--large", large, "--max-tokens", "6", "--json"]
+        + ["--policy", "peek", "--window", "1", "--min-run", "1", "--tau", "2", "--verify", "-p", "hi"],
+    )
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["router"]["initial_entropy"] is None and "initial_signal" not in record["router"]
+    assert record["tokens"][0]["tier"] == "large"

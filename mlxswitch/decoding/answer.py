@@ -67,7 +67,7 @@ class AnswerSummary:
     tokens: list[TokenEvent]
     prompt_tokens: int
     prefilled_tokens: int
-    initial_entropy: float
+    initial_entropy: float | None  # None: the top tier opened the answer (verified drafting)
     tier_names: list[str]
     elapsed_s: float
     first_token_s: float | None  # None: no token was made
@@ -250,7 +250,7 @@ class AnswerBuilder:
     def finish(
         self,
         finish_reason: str,
-        initial_entropy: float,
+        initial_entropy: float | None,
         peak_memory_gb: float,
         ended_by_eos: bool = False,
         initial_signal: float | None = None,

@@ -1,7 +1,9 @@
 """Verified drafting: the bottom tier drafts while it is sure, the top tier checks the draft in one
 batched pass, and every token of the answer is one the top tier samples there (lossless).
 
-One round, from a sequence whose tokens the top tier has all checked:
+The top tier opens the answer (its first token comes after its prefill, as when it decodes alone;
+the bottom tier never reads the prompt's last position, so the answer has no initial entropy).
+Then each round, from a sequence whose tokens the top tier has all checked:
 - the bottom tier decodes position after position; a position whose routed signal exceeds up[0]
   (where peek, deciding each position on its own, would escalate) ends the draft without a
   token, as do an end-of-sequence token, MAX_DRAFT tokens, or the end of the budget;
@@ -54,8 +56,9 @@ class VerifyLoop:
         self.normalize = normalize_for_sampler or top_logprobs is not None
         self.top_logprobs = top_logprobs
         self.prompt_tokens = len(ids)
-        self.initial_entropy = math.nan
-        self.initial_signal: float | None = math.nan
+        # The top tier opens the answer: no tier reads the prompt's last position before it.
+        self.initial_entropy: float | None = None
+        self.initial_signal: float | None = None
         self.ended_by_eos = False
 
     def steps(self, budget: int) -> Iterator[Step]:
@@ -66,7 +69,10 @@ class VerifyLoop:
         fed_back: dict[str, int] = {}  # the top tier's token, fed to the bottom group next round
         while n < budget:
             length = len(self.ids)
-            draft, entropies, signals, ended_unsure = self._draft(min(MAX_DRAFT, budget - n), eos)
+            # The top tier opens the answer with a check of no draft: the first token comes after
+            # its prefill alone, as when it decodes by itself, not after a draft too.
+            room = min(MAX_DRAFT, budget - n) if n else 0
+            draft, entropies, signals, ended_unsure = self._draft(room, eos)
             rows, catch_up = self._check(draft)
             rows = self._normalized(rows)
             samples: list[int] = self.sampler(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
@@ -126,7 +132,10 @@ class VerifyLoop:
 
     def _draft(self, room: int, eos) -> tuple[list[int], list[float], list[float | None], bool]:
         """The bottom tier's draft from the end of `ids`: its ids, entropies and signals, and whether
-        it ended at a position the bottom tier was unsure of (that position's signal is last)."""
+        it ended at a position the bottom tier was unsure of (that position's signal is last).
+        No room: no draft, and the bottom tier reads nothing."""
+        if room == 0:
+            return [], [], [], False
         bottom = self.ladder.tiers[0]
         group = bottom.group
         length = len(self.ids)
@@ -146,8 +155,6 @@ class VerifyLoop:
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
             signal = uncertainty(self.signal, values)
-            if math.isnan(self.initial_entropy) and not draft and len(self.ids) == self.prompt_tokens:
-                self.initial_entropy, self.initial_signal = values[0], signal
             if not math.isfinite(signal) or signal > self.threshold:
                 signals.append(signal)
                 return draft, entropies, signals, True
