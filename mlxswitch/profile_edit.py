@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from pathlib import Path
 
 from .errors import ConfigError, OutputError
 from .files import atomic_file
 from .profiles import Profile, load_profiles, user_models_toml
-
-_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+from .toml_text import table_header
 
 
 def _value(value) -> str:
@@ -51,10 +49,9 @@ def _without_profile(text: str, name: str) -> str:
     skipping = False
     lines = text.splitlines(keepends=True)
     for line in lines:
-        header = _HEADER.match(line)
-        if header:
-            table = header.group(1).replace('"', "").replace("'", "")
-            skipping = table == f"profiles.{name}" or table.startswith(f"profiles.{name}.")
+        table = table_header(line)
+        if table is not None:
+            skipping = table[:2] == ("profiles", name)
             if skipping:
                 while out and out[-1].lstrip().startswith("#") and "mlxswitch calibrate" in out[-1]:
                     out.pop()  # our own comment above the table we replace

@@ -22,11 +22,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 
 from .cloud.budget import CloudSettings, cloud_settings
@@ -35,6 +32,7 @@ from .models.gears import plane_bits_for
 from .models.sources import model_available_offline
 from .resources import bundled_models_toml, user_dir
 from .routing.router import RouterConfig
+from .toml_text import TomlFile, read_toml
 
 MODES = ("pair", "gears", "single", "cascade")
 _PROFILE_KEYS = (
@@ -121,17 +119,17 @@ def user_models_toml() -> Path:
 
 def load_profiles() -> ProfileSet:
     """The bundled profiles with the user's file applied on top."""
-    files = [_read_toml(bundled_models_toml())]
+    files = [_read_models_toml(bundled_models_toml())]
     user = user_models_toml()
     if user.exists():
-        files.append(_read_toml(user))
+        files.append(_read_models_toml(user))
     elif os.environ.get("MLXSWITCH_MODELS"):
         raise ConfigError(f"{user}: no such file (named by MLXSWITCH_MODELS)")
 
     # Merge before building, so the user's [defaults] reach bundled profiles too.
     defaults: dict = {}
-    tables: dict[str, tuple[dict, _TomlFile]] = {}
-    default: tuple[str, _TomlFile] | None = None
+    tables: dict[str, tuple[dict, TomlFile]] = {}
+    default: tuple[str, TomlFile] | None = None
     for toml in files:
         defaults.update(_defaults(toml))
         for name, table in toml.data.get("profiles", {}).items():
@@ -155,77 +153,11 @@ def load_profiles() -> ProfileSet:
 
 # -- reading a file -----------------------------------------------------------------------------
 
-_TOML_POSITION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)")
-_HEADER = re.compile(r"^\s*\[\[?(.+?)\]\]?\s*(?:#.*)?$")
-_HEADER_PART = re.compile(r"\"((?:[^\"\\]|\\.)*)\"|'([^']*)'|([A-Za-z0-9_-]+)")
 
-
-class _TomlFile:
-    """One parsed models.toml and the line numbers of its tables and keys, for messages."""
-
-    def __init__(self, path: Path, text: str, data: dict):
-        self.path, self.lines, self.data = path, text.splitlines(), data
-        # (first line index, table path) of every [table] header; the root table starts at 0.
-        self.sections: list[tuple[int, tuple[str, ...]]] = [(0, ())]
-        for index, line in enumerate(self.lines):
-            header = _HEADER.match(line)
-            if header:
-                parts = tuple(
-                    next(p for p in m.groups() if p is not None)
-                    for m in _HEADER_PART.finditer(header.group(1))
-                )
-                self.sections.append((index, parts))
-
-    def _ranges(self, table: tuple[str, ...]):
-        bounds = self.sections + [(len(self.lines), None)]
-        for (start, parts), (end, _) in pairwise(bounds):
-            if parts == table:
-                yield start, end
-
-    def line_of(self, key: str | None, table: tuple[str, ...] = ()) -> int | None:
-        """1-based line of `key = ` inside `table` (or of its header, or its inline definition)."""
-        key_line = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=") if key else None
-        headers = []
-        for start, end in self._ranges(table):
-            headers.append(start + 1)
-            for index in range(start, end):
-                if key_line and key_line.match(self.lines[index]):
-                    return index + 1
-        if key:  # the key may be a table of its own: [profiles.NAME.cloud]
-            for start, _ in self._ranges(table + (key,)):
-                return start + 1
-        if headers and table:
-            return headers[0]
-        if len(table) > 1:  # an inline table, e.g. `NAME = { ... }` under [profiles]
-            return self.line_of(table[-1], table[:-1])
-        return None
-
-    def where(self, key: str | None, table: tuple[str, ...] = ()) -> str:
-        """'file:line' for a key (or 'file' when the line cannot be found)."""
-        line = self.line_of(key, table)
-        return f"{self.path}:{line}" if line else str(self.path)
-
-
-def _read_toml(path: Path) -> _TomlFile:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        what = _TOML_POSITION.sub("", message)
-        position = _TOML_POSITION.search(message)
-        if position and position.group(1):
-            line, column = position.group(1), position.group(2)
-        else:  # "at end of document": point just past the last character
-            lines = text.splitlines() or [""]
-            line, column = len(lines), len(lines[-1]) + 1
-        raise ConfigError(f"{path}:{line}:{column}: {what}") from None
-    toml = _TomlFile(path, text, data)
+def _read_models_toml(path: Path) -> TomlFile:
+    """A models.toml parsed, its top level checked (the profiles are checked one by one later)."""
+    toml = read_toml(path)
+    data = toml.data
     for key in data:
         if key not in _TOP_KEYS:
             raise ConfigError(
@@ -244,7 +176,7 @@ def _read_toml(path: Path) -> _TomlFile:
     return toml
 
 
-def _defaults(toml: _TomlFile) -> dict:
+def _defaults(toml: TomlFile) -> dict:
     table = toml.data.get("defaults", {})
     for key, value in table.items():
         where = toml.where(key, ("defaults",))
@@ -274,7 +206,7 @@ def _type_problem(key: str, value) -> str | None:
 # -- building a profile -------------------------------------------------------------------------
 
 
-def _profile(name: str, table: dict, defaults: dict, toml: _TomlFile) -> Profile:
+def _profile(name: str, table: dict, defaults: dict, toml: TomlFile) -> Profile:
     section = ("profiles", name)
 
     def fail(key: str | None, what: str, sub: tuple[str, ...] = ()) -> ConfigError:

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mlxswitch"
 
 # Bottom to top. A module may import its own layer or lower ones, never a higher one.
 LAYERS = [
-    ("mlxswitch", "mlxswitch.errors", "mlxswitch.resources", "mlxswitch.files"),
+    ("mlxswitch", "mlxswitch.errors", "mlxswitch.resources", "mlxswitch.files", "mlxswitch.toml_text"),
     (
         "mlxswitch.routing.router",
         "mlxswitch.routing.policies",

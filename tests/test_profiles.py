@@ -11,6 +11,7 @@ from mlxswitch.cloud import CloudSettings
 from mlxswitch.errors import ConfigError
 from mlxswitch.profiles import load_profiles, user_models_toml
 from mlxswitch.resources import bundled_models_toml
+from mlxswitch.toml_text import table_header
 
 
 def use_file(tmp_path, monkeypatch, text: str, name: str = "models.toml"):
@@ -322,3 +323,19 @@ def test_normalize_from_defaults_is_named_when_bundled_thresholds_are_in_bits(tm
     use_file(tmp_path, monkeypatch, "[defaults]\nnormalize = true\n")
     with pytest.raises(ConfigError, match=r"normalize = true comes from \[defaults\]"):
         load_profiles()
+
+
+@pytest.mark.parametrize(
+    ("line", "path"),
+    [
+        ('[profiles."qwen2.5-coder"]', ("profiles", "qwen2.5-coder")),
+        ("[profiles.qwen2.5]  # nested: three tables deep", ("profiles", "qwen2", "5")),
+        ("  [ profiles . 'a b' . cloud ]", ("profiles", "a b", "cloud")),
+        ("[[profiles.list]]", ("profiles", "list")),
+        ("up = [0.6]", None),
+        ("# [profiles.commented]", None),
+    ],
+)
+def test_a_table_header_reads_as_its_path_with_quoted_dots_kept(line, path):
+    """One reading of a header for locating keys and for replacing a written profile's table."""
+    assert table_header(line) == path
