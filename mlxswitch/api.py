@@ -17,13 +17,8 @@ from .decoding.prompt_caches import PromptCaches
 from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
 from .errors import UsageError
-from .models.gear_files import build_geared, check_writable_dir
-from .models.gears import (
-    DEFAULT_GROUP_SIZE,
-    GROUP_SIZES,
-    plane_bits_for,
-    prepare_geared,
-)
+from .models.gear_files import build_geared, check_writable_dir, prepare_geared
+from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for
 from .models.memory import check_memory
 from .models.sources import load_model
 from .models.tokenizers import check_shared_tokenizer

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from . import __version__
 from .errors import MlxSwitchError
-from .models.gears import resident_bytes
+from .models.model_bytes import resident_bytes
 from .models.packaged import CATALOGUE, parts_present
 from .models.sources import PackagedGGUFSource, model_source
 from .profiles import load_profiles, user_models_toml

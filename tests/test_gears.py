@@ -16,18 +16,16 @@ from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder
 from mlxswitch.errors import UsageError
-from mlxswitch.models.gear_files import load_geared, save_geared
+from mlxswitch.models.gear_files import gear_report, load_geared, save_geared
 from mlxswitch.models.gears import (
     GearState,
     NestedLinear,
-    bytes_per_token,
-    gear_report,
     honest_plane_bits,
     nest_model,
     plane_bits_for,
-    resident_bytes,
     source_bits,
 )
+from mlxswitch.models.model_bytes import bytes_per_token, resident_bytes
 from mlxswitch.models.sources import load_model
 from mlxswitch.resources import embedded_gguf_path
 from mlxswitch.routing.router import RouterConfig, derive_tiers

@@ -29,7 +29,7 @@ from ..decoding.answer import AnswerSummary
 from ..decoding.session import ChatSession
 from ..decoding.tiers import Ladder
 from ..json_numbers import json_float
-from ..models.gears import bytes_per_token
+from ..models.model_bytes import bytes_per_token
 from ..profiles import Profile
 from ..routing.registry import POLICY_BY_NAME
 from ..routing.router import POLICY_NAMES, RouterConfig

@@ -15,8 +15,8 @@ from mlx_lm.models.cache import (
 )
 
 from ..errors import UsageError
-from ..models.gears import bytes_per_token
 from ..models.heads import SplitModel, split_model
+from ..models.model_bytes import bytes_per_token
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
 

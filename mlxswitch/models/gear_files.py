@@ -1,9 +1,13 @@
-"""Nested-gear models on disk: save the planes losslessly, load them back without re-quantizing."""
+"""Nested-gear models: made from a loaded model, saved losslessly, loaded back without
+re-quantizing, and reported (what they hold and read per token)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import EllipsisType
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,16 +23,15 @@ from .gears import (
     GearState,
     NestedLinear,
     exact_dtype,
-    gear_report,
     honest_plane_bits,
     linear_layers,
     nest_model,
     plane_bits_for,
-    plane_group_size,
     replace_module,
     source_bits,
 )
 from .gguf import use_rope_factors
+from .model_bytes import bytes_per_token, resident_bytes
 from .weights import LoadedModel, compute_dtype, load_checked_weights, model_classes
 
 
@@ -158,3 +161,88 @@ def build_geared(
         *gear_report(loaded.model).lines(),
         f"saved {size / 1e6:.1f} MB",
     ]
+
+
+# -- in memory, and the report ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GearReport:
+    """What a nested model holds and reads, for `models`, `doctor`, the build and the telemetry."""
+
+    gears: tuple[int, ...]
+    plane_bits: tuple[int, ...]
+    group_size: int
+    source_bits: int | None
+    resident_bytes: int
+    bytes_per_token: dict[int, int]
+
+    def honesty_note(self) -> str:
+        """Which gears add precision beyond the source (never claim more than it has)."""
+        if self.source_bits is None:
+            return "built from a float source: every gear is real precision"
+        above = [g for g in self.gears if g > self.source_bits]
+        if not above:
+            return f"source is {self.source_bits}-bit: all gears are at or below it"
+        return (
+            f"source is {self.source_bits}-bit: gears {', '.join(map(str, above))} only reproduce "
+            f"the source more exactly, they add no precision beyond {self.source_bits} bits"
+        )
+
+    def lines(self) -> list[str]:
+        """Human-readable lines."""
+        out = [
+            f"gears {'/'.join(map(str, self.gears))} (planes {'+'.join(map(str, self.plane_bits))} "
+            f"bits, group {self.group_size}); resident {self.resident_bytes / 1e6:.1f} MB"
+        ]
+        out += [f"  g{g}: {b / 1e6:.1f} MB read per token" for g, b in self.bytes_per_token.items()]
+        out.append(self.honesty_note())
+        return out
+
+
+def gear_report(model: nn.Module, source: int | None | EllipsisType = ...) -> GearReport:
+    """Resident bytes and per-gear bytes read of a nested model (source bits: as recorded)."""
+    state: GearState = model.gear_state
+    source = state.source_bits if source is ... else source
+    return GearReport(
+        state.gears,
+        state.plane_bits,
+        plane_group_size(model),
+        source,
+        resident_bytes(model),
+        {g: bytes_per_token(model, g) for g in state.gears},
+    )
+
+
+def plane_group_size(model: nn.Module) -> int:
+    for _, module in model.named_modules():
+        if isinstance(module, NestedLinear):
+            return module.group_size
+    return DEFAULT_GROUP_SIZE
+
+
+def prepare_geared(loaded, gears: tuple[int, ...], progress: Callable[[str], None] | None = None):
+    """Make a loaded model geared (nesting it in memory unless it was saved nested); return it."""
+    say = progress or (lambda message: None)
+    model = loaded.model
+    if getattr(model, "gear_state", None) is None:
+        planes = plane_bits_for(tuple(gears))
+        state = nest_model(
+            model,
+            planes,
+            DEFAULT_GROUP_SIZE,
+            progress=lambda done, total: say(f"building gears {done}/{total} layers"),
+        )
+        loaded.config["mlxswitch_gears"] = {
+            "plane_bits": list(planes),
+            "group_size": DEFAULT_GROUP_SIZE,
+            "source_bits": state.source_bits,
+        }
+    missing = [g for g in gears if g not in model.gear_state.gears]
+    if missing:
+        raise UsageError(
+            f"model {loaded.source} has gears {', '.join(map(str, model.gear_state.gears))}; "
+            f"gear(s) {', '.join(map(str, missing))} are not among them"
+        )
+    loaded.precision = gear_report(model).honesty_note()
+    return loaded
