@@ -150,6 +150,8 @@ def test_figures_rederive_from_the_records(full_run):
         else:
             assert arm["seconds_per_problem"] == pytest.approx(sum(r["elapsed_s"] for r in mine) / 2)
             assert arm["side_by_side"]["seconds_per_problem"] == arm["seconds_per_problem"]  # all done
+            firsts = sorted(r["first_token_s"] for r in mine)
+            assert arm["median_first_token_s"] == pytest.approx(sum(firsts) / 2)  # two problems
             assert arm["projection"]["tok_per_s_bound"]["M1"] > 0
         assert arm["teacher_forced"]["top_share"] is not None
     # The whole summary is a function of the records file alone.
@@ -415,6 +417,7 @@ def test_speed_side_by_side_reads_only_the_problems_every_arm_answered():
             "generated": 11,
             "decode_s": elapsed / 2,
             "elapsed_s": elapsed,
+            "first_token_s": elapsed / 10,
             "mean_bytes_per_token": 1.0,
             "tier_counts": {arm.split()[0]: 11},
             "tokens": [],
@@ -449,6 +452,7 @@ def test_speed_side_by_side_reads_only_the_problems_every_arm_answered():
         "top_share": 0.0,
         "seconds_per_problem": pytest.approx(15.0),
         "decode_tok_per_s": pytest.approx(20 / 15),
+        "median_first_token_s": pytest.approx(1.5),  # the median of 1 and 2
         "retained": 0.0,
     }
     assert large["side_by_side"]["seconds_per_problem"] == pytest.approx(40.0)

@@ -141,3 +141,26 @@ def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
     assert "answers to 79 problems (the EAD" in section
     rows = [line for line in section.splitlines() if line.startswith("| 0.") and line.count("|") == 6]
     assert rows and all(line.split("|")[3].strip() == "0.50" for line in rows)
+
+
+@pytest.mark.parametrize(("verified_s", "said"), [(27.3, True), (18.4, False), (None, False)])
+def test_the_headline_says_when_a_late_first_token_flatters_the_decode_rate(verified_s, said):
+    """Decode tok/s counts from the first token: the note, with both medians, only where verified
+    drafting's first token came later than the top tier's alone."""
+    import json
+
+    headline = _headline()
+    found = headline.written(README.read_text(encoding="utf-8"))
+    assert found
+    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    top = next(a for a in record["arms"] if a["kind"] == "tier" and a["name"] == "large alone")
+    profile = next(a for a in record["arms"] if a["kind"] == "profile")
+    top["side_by_side"]["median_first_token_s"] = 18.4
+    profile["side_by_side"]["median_first_token_s"] = verified_s
+    section = headline.Headline(record).section(found[0])
+    note = (
+        "Verified drafting's first token came after 27.3 s (median), the 1.5B alone's after 18.4 s, "
+        "and its decode rate counts from there, which flatters it; seconds per problem has no such bias."
+    )
+    assert (note in section) == said
+    assert "flatters" in section if said else "flatters" not in section

@@ -153,6 +153,7 @@ def humaneval_table(record: dict) -> Table:
         "top share",
         "tg tok/s",
         "s/problem",
+        "1st tok s",
         "MB/tok",
         "M3 Max bound*",
         "TF retained",
@@ -174,6 +175,7 @@ def humaneval_table(record: dict) -> Table:
             _cell(arm["top_share"]),
             _cell((arm.get("side_by_side") or {}).get("decode_tok_per_s"), 1),
             _cell((arm.get("side_by_side") or {}).get("seconds_per_problem"), 1),
+            _cell((arm.get("side_by_side") or {}).get("median_first_token_s"), 1),
             _cell(arm.get("bytes_per_token"), 1, 1e-6),
             _cell(bound, 0),
             _cell(tf.get("retained")),
@@ -194,7 +196,7 @@ def humaneval_table(record: dict) -> Table:
         f"{promise}verified arms: top share = tokens the top tier made, every token checked by it; "
         f"{lossless}"
         f"{len(record['complete'])} problems answered by every arm ({len(record['answered'])} begun; "
-        "tg tok/s and s/problem over those), greedy, one sample each; records in "
+        "tg tok/s, s/problem and the median 1st tok s over those), greedy, one sample each; records in "
         f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
         "on the problems all three answered; "
         "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 
@@ -135,7 +136,8 @@ def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], sign
 
 def _figures(mine: list[dict], top_name: str, timed: bool) -> dict:
     """pass@1 with its interval, the top tier's share of tokens and (`timed`) decode tok/s, pooled
-    from each first token, and mean seconds per answer — over the answers `mine`."""
+    from each first token, mean seconds per answer and the median time to the first token — over
+    the answers `mine`."""
     passed, n = sum(r["passed"] for r in mine), len(mine)
     generated = sum(r["generated"] for r in mine)
     out = {
@@ -150,6 +152,8 @@ def _figures(mine: list[dict], top_name: str, timed: bool) -> dict:
         decode_s = sum(r["decode_s"] for r in mine)
         out["decode_tok_per_s"] = decoded / decode_s if decode_s > 0 else None
         out["seconds_per_problem"] = sum(r["elapsed_s"] for r in mine) / n
+        firsts = [r["first_token_s"] for r in mine if r.get("first_token_s") is not None]
+        out["median_first_token_s"] = statistics.median(firsts) if firsts else None
     return out
 
 
