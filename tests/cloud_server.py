@@ -17,10 +17,13 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+HOLD_S = 30.0  # the longest a held response waits: a test that never releases it cannot hang
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -73,6 +76,10 @@ class Behaviour:
     delay_s: float = 0.0  # before the response starts
     chunk_delay_s: float = 0.0  # between text deltas
     chunk: int = 4  # characters per text delta
+    # Held until this event is set (at most HOLD_S), after `hold_after` text deltas (0: before the
+    # response starts): a test's interrupt lands while the client waits, however loaded the machine.
+    hold: threading.Event | None = None
+    hold_after: int = 0
 
 
 def reply(
@@ -87,6 +94,8 @@ def reply(
     chunk_delay_s: float = 0.0,
     chunk: int = 4,
     model: str = "claude-haiku-4-5-20251001",
+    hold: threading.Event | None = None,
+    hold_after: int = 0,
 ) -> Behaviour:
     """A successful reply with these usage numbers (output_tokens defaults to ~1 per 4 chars)."""
     usage = {
@@ -104,6 +113,8 @@ def reply(
         chunk_delay_s=chunk_delay_s,
         chunk=chunk,
         model=model,
+        hold=hold,
+        hold_after=hold_after,
     )
 
 
@@ -184,6 +195,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if behaviour.delay_s and owner.stopping.wait(behaviour.delay_s):
                 return
+            if behaviour.hold_after == 0 and not owner.held(behaviour):
+                return
             streaming = isinstance(body, dict) and body.get("stream") is True
             self._respond(behaviour, streaming)
         except (BrokenPipeError, ConnectionResetError):
@@ -207,8 +220,10 @@ class _Handler(BaseHTTPRequestHandler):
             {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         )
         self._event("ping", {"type": "ping"})
-        for i in range(0, len(b.text), b.chunk):
+        for sent, i in enumerate(range(0, len(b.text), b.chunk)):
             if b.chunk_delay_s and self.server.owner.stopping.wait(b.chunk_delay_s):
+                return
+            if sent and sent == b.hold_after and not self.server.owner.held(b):
                 return
             self._event(
                 "content_block_delta",
@@ -311,6 +326,17 @@ class CloudServer:
         unscripted = error(400, message="loopback server: no scripted behaviour left", retry_after_ms=None)
         unscripted.headers["x-should-retry"] = "false"
         return unscripted
+
+    def held(self, behaviour: Behaviour) -> bool:
+        """Wait for the behaviour's hold to be released; False (the response is abandoned) when the
+        server stops first or HOLD_S pass."""
+        if behaviour.hold is None:
+            return True
+        deadline = time.monotonic() + HOLD_S
+        while not behaviour.hold.wait(0.05):
+            if self.stopping.is_set() or time.monotonic() > deadline:
+                return False
+        return True
 
     @property
     def url(self) -> str:

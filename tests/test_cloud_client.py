@@ -464,24 +464,30 @@ def test_ctrl_c_closes_the_stream_and_keeps_partial_text(server):
 
 
 def test_ctrl_c_while_the_sdk_reads(server):
-    server.script(reply("One. Two. Three. Four. Five. Six. Seven.", chunk=5, chunk_delay_s=0.5))
+    held = threading.Event()
+    server.script(reply("One. Two. Three. Four. Five. Six. Seven.", chunk=5, hold=held, hold_after=1))
     client = make_client(server)
-    # A SIGINT shortly after the first text, while blocked waiting for the next chunk: timed from
-    # the stream itself, so a loaded machine cannot let the stream end first.
-    timer = threading.Timer(0.05, _thread.interrupt_main)
 
-    started: list[bool] = []
+    def interrupt_then_release() -> None:
+        # A SIGINT while the SDK waits for the next chunk, which the server holds until then: the
+        # stream cannot end first, however loaded the machine.
+        time.sleep(0.05)
+        _thread.interrupt_main()
+        held.set()
+
+    interrupter = threading.Thread(target=interrupt_then_release, daemon=True)
 
     def first_text(piece: str) -> None:
-        if not started:
-            started.append(True)
-            timer.start()
+        if interrupter.ident is None:  # not started yet
+            interrupter.start()
 
     try:
         with pytest.raises(CloudInterrupted) as info:
             client.answer(None, QUESTION, first_text)
     finally:
-        timer.cancel()
+        held.set()
+        if interrupter.ident is not None:
+            interrupter.join()
     assert info.value.partial.startswith("One.") and "Seven" not in info.value.partial
     assert client.budget.session.failed_calls == 1
 

@@ -258,9 +258,8 @@ def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_p
     import _thread
     import threading
 
-    from cloud_server import slow
-
-    server.script(slow(8.0, SPAN))
+    held = threading.Event()
+    server.script(reply(SPAN, hold=held))  # the response waits until the interrupt is raised
     small, large = tiny_pair
     profile = resolve_profile(
         small=str(small),
@@ -270,19 +269,20 @@ def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_p
         tau="0,0",
         min_run=3,
         window=1,
-        cloud_options={"timeout_s": 10},
+        cloud_options={"timeout_s": 60},
     )
     session = open_chat(profile, settings=GenerationSettings(max_tokens=24))
     stop = threading.Event()
 
     def interrupt_once_the_span_is_asked() -> None:
-        # Timed from the cloud request's arrival, not a clock: on a loaded machine a fixed delay
-        # can land while the local model still decodes (a local interrupt, not this test's).
+        # Timed from the cloud request's arrival, not a clock (on a loaded machine a fixed delay
+        # can land while the local model still decodes); the server holds its reply until then.
         while not server.requests:
             if stop.wait(0.01):
                 return
         if not stop.wait(0.2):
             _thread.interrupt_main()
+        held.set()
 
     watcher = threading.Thread(target=interrupt_once_the_span_is_asked, daemon=True)
     watcher.start()
