@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -45,3 +46,16 @@ def tiny_gears_4_8(tmp_path_factory):
     loaded = load_model(str(source))
     nest_model(loaded.model, (4, 4), 32)
     return loaded
+
+
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler for the test, so `_thread.interrupt_main()` acts as a Ctrl-C.
+
+    A shell starts a background job (`cmd &`) with SIGINT ignored, and Python then installs no
+    handler: interrupt_main does nothing, and a Ctrl-C test would pass or fail by how it was run."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

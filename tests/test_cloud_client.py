@@ -463,7 +463,7 @@ def test_ctrl_c_closes_the_stream_and_keeps_partial_text(server):
     assert client.answer(None, QUESTION).text == "Paris."  # the client still works afterwards
 
 
-def test_ctrl_c_while_the_sdk_reads(server):
+def test_ctrl_c_while_the_sdk_reads(server, ctrl_c):
     held = threading.Event()
     server.script(reply("One. Two. Three. Four. Five. Six. Seven.", chunk=5, hold=held, hold_after=1))
     client = make_client(server)

@@ -254,7 +254,7 @@ def test_cloud_off_runs_a_cascade_locally_and_options_need_a_cloud(pair, monkeyp
     assert worse.exit_code == 2 and "--cloud must be off, span or answer" in worse.stderr
 
 
-def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_pair):
+def test_ctrl_c_during_a_span_cancels_it_and_keeps_the_local_text(server, tiny_pair, ctrl_c):
     import _thread
     import threading
 
