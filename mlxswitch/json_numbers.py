@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import overload
 
 
-def json_float(value: float) -> float | str:
-    """A float for a telemetry record: rounded when finite, "nan"/"inf"/"-inf" strings otherwise."""
+@overload
+def json_float(value: float) -> float | str: ...
+@overload
+def json_float(value: None) -> None: ...
+def json_float(value: float | None) -> float | str | None:
+    """A float for a telemetry record: rounded when finite, "nan"/"inf"/"-inf" strings otherwise;
+    None (no such figure) stays null."""
     # Strings keep them distinct from null (no entropy) and float() reads them back.
+    if value is None:
+        return None
     if not math.isfinite(value):
         return str(float(value))
     return round(float(value), 6)

@@ -36,7 +36,7 @@ def router_record(session: ChatSession, summary: AnswerSummary) -> dict:
         "tiers": session.tier_names,
         **settings,
         "vocab_size": config.vocab_size,
-        "initial_entropy": None if summary.initial_entropy is None else json_float(summary.initial_entropy),
+        "initial_entropy": json_float(summary.initial_entropy),
         **(
             {"initial_signal": json_float(summary.initial_signal)}
             if summary.initial_signal is not None

@@ -11,8 +11,7 @@ def _cell(value, digits: int = 2, scale: float = 1.0) -> str:
 
 
 def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
-    value = (figures.get(key) or {}).get("median")
-    return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
+    return _cell((figures.get(key) or {}).get("median"), digits, scale)
 
 
 def bench_table(record: dict) -> Table:

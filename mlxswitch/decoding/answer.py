@@ -42,8 +42,8 @@ class TokenEvent:
             "id": self.id,
             "text": self.text,
             "tier": self.tier,
-            "entropy": None if self.entropy is None else json_float(self.entropy),
-            "mean": None if self.mean is None else json_float(self.mean),
+            "entropy": json_float(self.entropy),
+            "mean": json_float(self.mean),
         }
         if self.signal is not None:
             out["signal"] = json_float(self.signal)
@@ -51,8 +51,7 @@ class TokenEvent:
             out["guard"] = True
         if len(self.tried) > 1:
             out["tried"] = [
-                [name, None if h is None else json_float(h)]
-                for name, h in zip(self.tried, self.tried_signals, strict=True)
+                [name, json_float(h)] for name, h in zip(self.tried, self.tried_signals, strict=True)
             ]
         return out
 

@@ -26,10 +26,6 @@ def new_id(kind: str) -> str:
     return f"{OBJECTS[kind][2]}-{uuid.uuid4().hex[:24]}"
 
 
-def _entropy(event: TokenEvent) -> float | str | None:
-    return None if event.entropy is None else json_float(event.entropy)
-
-
 def logprobs(kind: str, events: list[TokenEvent], decode: Decode | None, offset: int = 0) -> dict | None:
     """OpenAI's logprobs object for `events` (None when none were asked for).
 
@@ -132,7 +128,10 @@ def chunk(
         "created": created,
         "model": model,
         "choices": [_choice(kind, "".join(e.text for e in events), None, True, first, probs)],
-        "mlxswitch": {"tiers": [e.tier for e in events], "entropies": [_entropy(e) for e in events]},
+        "mlxswitch": {
+            "tiers": [e.tier for e in events],
+            "entropies": [json_float(e.entropy) for e in events],
+        },
     }
 
 
@@ -174,7 +173,7 @@ def completion(
         "usage": usage(summary),
         "mlxswitch": {
             "tiers": [e.tier for e in summary.tokens],
-            "entropies": [_entropy(e) for e in summary.tokens],
+            "entropies": [json_float(e.entropy) for e in summary.tokens],
             "texts": [e.text for e in summary.tokens],
             "usage": provenance(summary),
         },
