@@ -214,7 +214,7 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
             entry["name"], f"{names[0]} alone", f"{names[-1]} alone", finished
         )
     calibrated = derived.get("calibrated")
-    extra = {"pooled": pooled(derived, lines, others, arms)} if others else {}
+    extra = {"pooled": pooled(derived, lines, forced, others, arms)} if others else {}
     if calibrated is not None:
         live = next((a for a in arms if a["kind"] == "calibrated"), None)
         # Item 6: the share promised on calibration problems (teacher-forced) beside the live one.
@@ -242,25 +242,36 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
     }
 
 
-def pooled(derived: dict, lines: list[dict], others: list[list[dict]], arms: list[dict]) -> dict:
-    """The tiers alone and the teacher-forced figures over every problem this run or `others`
-    answered (item 4 asks for all 164; another split's run of the tiers alone supplies the rest).
+def pooled(
+    derived: dict,
+    lines: list[dict],
+    forced_here: list[simulate.Positions],
+    others: list[list[dict]],
+    arms: list[dict],
+) -> dict:
+    """The tiers alone and the teacher-forced figures over every problem this run (its records
+    `lines`, its positions already read as `forced_here`) or `others` answered (item 4 asks for all
+    164; another split's run of the tiers alone supplies the rest).
     Where two runs hold a problem, this run's records count. Every arm's routing is replayed along
     the top tier's answers to all of them (the calibrated threshold on its own calibration
     problems too: in-sample there); the random and oracle controls at the arm's live share."""
     names, tier_bytes = derived["tier_names"], derived["bytes_per_token"]
     tiers = (f"{names[0]} alone", f"{names[-1]} alone")
     answers: dict[tuple[str, str], dict] = {}
-    positions: dict[str, dict] = {}
+    here: dict[str, simulate.Positions] = {}
+    for p in forced_here:
+        here.setdefault(p.prompt_id, p)
+    positions: dict[str, dict] = {}  # the other runs' records of problems this run lacks
     for run in (lines, *others):
         for r in run:
             if r.get("type") == "result" and r["arm"] in tiers:
                 answers.setdefault((r["task_id"], r["arm"]), r)
-            elif r.get("type") == "positions":
+            elif run is not lines and r.get("type") == "positions" and r["task_id"] not in here:
                 positions.setdefault(r["task_id"], r)
     results = list(answers.values())
     both = list(dict.fromkeys(task for task, _ in answers if all((task, t) in answers for t in tiers)))
-    forced = _positions(list(positions.values()))  # in file order: the same files, the same figures
+    # In file order, this run's first: the same files, the same figures.
+    forced = [*here.values(), *_positions(list(positions.values()))]
     calibrated = next((a for a in derived["arms"] if a["kind"] == "calibrated"), None)
     # Item 6: the calibrated threshold's teacher-forced share on each half (it was chosen on a few
     # calibration problems), beside the share it promised and the live one.
