@@ -197,6 +197,33 @@ def test_the_reported_curves_and_controls_are_the_metrics_at_each_share():
     assert all(v is None for v in _summary(flat)[0]["curves"]["oracle"])  # no gap: null, not NaN
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        RouterConfig(up=(1.0,), policy="peek", window=1, min_run=1),
+        RouterConfig(up=(1.0,), policy="ead", window=4, min_run=3),
+    ],
+    ids=["peek", "ead-window-4-min-run-3"],
+)
+def test_the_threshold_for_a_share_is_the_naive_search_over_the_quantiles(config):
+    """One replay per distinct threshold, shared by every target share, picks what replaying the
+    whole search for each target picks (the first nearest on ties)."""
+    positions = _positions(5, prompts=3, n=120)
+    pooled = np.concatenate([p.entropy[0] for p in positions])
+    candidates = simulate.share_by_threshold(config, positions)
+    for target in (0.0, 0.05, 0.2, 0.37, 1.0):
+        best = (math.nan, math.nan)
+        for q in np.linspace(0.5, 0.99, 50):
+            tau = round(float(np.quantile(pooled, q)), 4)
+            tried = [simulate.route(config.with_thresholds((tau,)), p) for p in positions]
+            share = simulate.quality(positions, tried, [0, 0]).top_share
+            if math.isnan(best[1]) or abs(share - target) < abs(best[1] - target):
+                best = (tau, share)
+        assert simulate.threshold_for_share(candidates, target) == best
+    assert simulate.share_by_threshold(config, []) == []
+    assert all(math.isnan(v) for v in simulate.threshold_for_share([], 0.2))
+
+
 # ---------------------------------------------------------------- AUROC
 
 

@@ -132,23 +132,34 @@ def sweep_thresholds(
     return [round(float(v), 4) for v in np.quantile(pooled, qs)]
 
 
-def threshold_for_share(
-    config: RouterConfig, all_positions: list[Positions], target: float
-) -> tuple[float, float]:
-    """The threshold (among 50 quantiles of the routed signal) whose replayed top-tier share over
-    `all_positions` is nearest `target`, and that share; `config` gives policy and timing."""
+def share_by_threshold(config: RouterConfig, all_positions: list[Positions]) -> list[tuple[float, float]]:
+    """Each of 50 quantiles (0.5 to 0.99) of the routed signal over `all_positions` as the up
+    threshold, and the top-tier share its replay gives, in quantile order; `config` gives policy and
+    timing. Empty without a finite signal. One replay per distinct threshold: the search for many
+    target shares reads this list rather than replaying for each."""
     if not all_positions:
-        return math.nan, math.nan
+        return []
     pooled = np.concatenate([p.signal(config.signal)[0] for p in all_positions])
     pooled = pooled[np.isfinite(pooled)]
     if pooled.size == 0:
-        return math.nan, math.nan
+        return []
     tiers = len(config.up) + 1
-    best = (math.nan, math.nan)
+    shares: dict[float, float] = {}
+    out = []
     for q in np.linspace(0.5, 0.99, 50):
         tau = round(float(np.quantile(pooled, q)), 4)
-        tried = [route(config.with_thresholds((tau,) * (tiers - 1)), p) for p in all_positions]
-        share = quality(all_positions, tried, [0] * tiers).top_share
+        if tau not in shares:
+            tried = [route(config.with_thresholds((tau,) * (tiers - 1)), p) for p in all_positions]
+            shares[tau] = quality(all_positions, tried, [0] * tiers).top_share
+        out.append((tau, shares[tau]))
+    return out
+
+
+def threshold_for_share(candidates: list[tuple[float, float]], target: float) -> tuple[float, float]:
+    """Among `candidates` (share_by_threshold's), the threshold whose share is nearest `target`
+    (the first on a tie), and that share; NaNs when there is none."""
+    best = (math.nan, math.nan)
+    for tau, share in candidates:
         if math.isnan(best[1]) or abs(share - target) < abs(best[1] - target):
             best = (tau, share)
     return best

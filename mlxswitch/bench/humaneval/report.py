@@ -116,9 +116,10 @@ def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], sign
     bottom = np.concatenate([p.nll[0] for p in positions])
     top = np.concatenate([p.nll[-1] for p in positions])
     base = calibrated_config(signal, 1.0, 2)
+    candidates = simulate.share_by_threshold(base, positions)
     out = []
     for target in CURVE_SHARES:
-        tau, _ = simulate.threshold_for_share(base, positions, target)
+        tau, _ = simulate.threshold_for_share(candidates, target)
         tried = [simulate.route(base.with_thresholds((tau,)), p) for p in positions]
         quality = simulate.quality(positions, tried, tier_bytes)
         out.append(

@@ -113,7 +113,7 @@ def _thresholds(
 def _calibrated(profile: Profile, positions: list, tiers: int, target: float) -> dict:
     """The threshold whose teacher-forced share is nearest `target`, among the signal's quantiles."""
     config = arm_sets.calibrated_config(arm_sets.calibrated_signal(profile), 1.0, tiers)
-    tau, share = simulate.threshold_for_share(config, positions, target)
+    tau, share = simulate.threshold_for_share(simulate.share_by_threshold(config, positions), target)
     count = sum(int(np.isfinite(p.signal(config.signal)[0]).sum()) for p in positions)
     return {
         "tau": tau,
