@@ -179,8 +179,9 @@ class Headline:
         n = len(self.complete)
         begun = [t for t in self.record["answered"] if t not in self.complete]
         partly = (
-            f" Problems {_ids(begun)} have been begun but not answered by every arm; the same command "
-            "goes on from there."
+            f" {'Problem' if len(begun) == 1 else 'Problems'} {_ids(begun)}"
+            f" {'has' if len(begun) == 1 else 'have'} been begun but not answered by every arm;"
+            " the same command goes on from there."
             if begun
             else ""
         )
