@@ -16,11 +16,13 @@ import re
 from pathlib import Path
 
 from mlxswitch.decoding.verify import MAX_DRAFT
+from mlxswitch.routing.registry import POLICY_BY_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 REPORT = "bench/results/humaneval-pair.json"
 END = "<!-- /headline -->"
+EAD_TIMING = POLICY_BY_NAME["ead"].sweep_timing  # (window, min run) of the curve's `ead` column
 
 
 def _size(source: str, fallback: str) -> str:
@@ -125,15 +127,35 @@ class Headline:
     def curve(self) -> str:
         policy = self.calibrated["policy"] if self.calibrated else "peek"
         rows = [
-            f"| {self.large} share | τ (bits) | `{policy}` retained | random | oracle |",
-            "|---|---|---|---|---|",
+            f"| {self.large} share | τ (bits) | `{policy}` retained | random | oracle "
+            "| `ead` share | `ead` retained |",
+            "|---|---|---|---|---|---|---|",
         ]
         for point in self.forced_source()["teacher_forced_curve"]:
             rows.append(
                 f"| {_f(point['top_share'])} | {_f(point['tau'], 3)} | {_f(point['retained'])} "
-                f"| {_f(point['random_control'])} | {_f(point['oracle'])} |"
+                f"| {_f(point['random_control'])} | {_f(point['oracle'])} "
+                f"| {_f(point['ead_top_share'])} | {_f(point['ead_retained'])} |"
             )
         return "\n".join(rows)
+
+    def ead_bullet(self, target: float) -> list[str]:
+        """Entropy Adaptive Decoding's own rule at the calibrated target share, from the curve."""
+        point = next(
+            (p for p in self.forced_source()["teacher_forced_curve"] if p["target_share"] == target), None
+        )
+        if not point or point.get("ead_retained") is None:
+            return []
+        window, min_run = EAD_TIMING
+        problems = self.forced_source()["teacher_forced_problems"]
+        return [
+            f"  - Entropy Adaptive Decoding's own rule (`ead`: the mean entropy of the last {window} "
+            f"tokens, {min_run} tokens before a move), replayed the same way over {problems} problems, "
+            f"sends {_f(point['ead_top_share'])} of the tokens to the {self.large} and closes "
+            f"{_f(point['ead_retained'])} of the gap, where `peek` at {_f(point['top_share'])} closes "
+            f"{_f(point['retained'])}. `peek` decides on the position itself; `ead` decides the next "
+            "token's tier from a rolling mean.",
+        ]
 
     def forced_source(self) -> dict:
         """Where the teacher-forced table comes from: every run pooled (`--with-records`), else this one."""
@@ -264,6 +286,7 @@ class Headline:
                 f"of the {self.small} → {self.large} NLL gap; random routing at that share closes "
                 f"{_f(tf.get('random_control'))}.",
             ]
+            out += self.ead_bullet(promised["target_share"])
         separating = [t for t in self.record["separating"] if t in self.complete]
         out += [
             f"- **What pass@1 rests on.** The {self.small} and the {self.large} differ on "
@@ -314,7 +337,8 @@ class Headline:
                 f"Teacher-forced along the {self.large}'s answers to "
                 f"{self.forced_source()['teacher_forced_problems']} problems (the EAD paper's table: the "
                 f"{self.large}'s share → the share of the {self.small} → {self.large} NLL gap closed, with "
-                "random routing and the oracle at the same share):",
+                "random routing and the oracle at the same share, and `ead` as its paper runs it (window "
+                f"{EAD_TIMING[0]}, min run {EAD_TIMING[1]}) at its threshold nearest that share):",
                 self.curve(),
                 f"![HumanEval pass@1 against the {self.large}'s share of tokens and against seconds per "
                 f"problem]({Path(report).with_suffix('.png').as_posix()})\n{END}",

@@ -22,7 +22,7 @@ from mlxswitch.bench.prompts import (
     select,
 )
 from mlxswitch.bench.report import summarize_bench
-from mlxswitch.bench.runner import Arm, BenchRun, forced_config, sweep_config
+from mlxswitch.bench.runner import Arm, BenchRun, forced_config, make_arms, sweep_config
 from mlxswitch.errors import ConfigError, UsageError
 from mlxswitch.routing.router import RouterConfig
 
@@ -147,7 +147,7 @@ def _summary(positions):
     profile = SimpleNamespace(router=RouterConfig(up=(1.0,), window=1, min_run=1, policy="peek"))
     tiers = [SimpleNamespace(bytes_per_token=100), SimpleNamespace(bytes_per_token=300)]
     ladder = SimpleNamespace(tier_names=["small", "large"], tiers=tiers)
-    peek = sweep_config(profile, "peek", 1.0, 2)
+    peek = sweep_config("peek", 1.0, 2)
     arms = [
         Arm("small alone", "tier", forced_config(2, 0), tier=0),
         Arm("large alone", "tier", forced_config(2, 1), tier=1),
@@ -185,7 +185,7 @@ def test_the_reported_curves_and_controls_are_the_metrics_at_each_share():
     assert max(curves["oracle"]) > 1.0 and curves["oracle"][-1] == pytest.approx(1.0)
     for policy, points in curves["policies"].items():
         for point in points:
-            config = sweep_config(profile, policy, point["tau"], 2)
+            config = sweep_config(policy, point["tau"], 2)
             q = simulate.quality(positions, [simulate.route(config, p) for p in positions], [100, 300])
             assert point["retained"] == pytest.approx(q.retained) and point["top_share"] == q.top_share
     peek = next(a for a in summary["arms"] if a["name"] == "peek τ=1")
@@ -222,6 +222,61 @@ def test_the_threshold_for_a_share_is_the_naive_search_over_the_quantiles(config
         assert simulate.threshold_for_share(candidates, target) == best
     assert simulate.share_by_threshold(config, []) == []
     assert all(math.isnan(v) for v in simulate.threshold_for_share([], 0.2))
+
+
+def test_the_ead_sweep_runs_as_its_paper_whatever_the_profiles_timing():
+    """A profile tuned for peek (window 1, min run 1) must not turn the bench's `ead` into a lagged
+    peek: the swept `ead` arms read a 5-token mean and wait 10 tokens; the profile arm keeps its own."""
+    profile = SimpleNamespace(router=RouterConfig(up=(3.0,), window=1, min_run=1, policy="peek"))
+    ladder = SimpleNamespace(
+        tier_names=["small", "large"],
+        tiers=[SimpleNamespace(group=object()), SimpleNamespace(group=object())],
+    )
+    arms = make_arms(profile, ladder, [0.5, 1.0])
+    timing = {
+        (a.kind, a.policy, a.tau): (c.window, c.min_run, c.up)
+        for a in arms
+        if a.kind in ("sweep", "profile")
+        for c in [a.engine_config()]
+    }
+    assert timing == {
+        ("profile", "peek", None): (1, 1, (3.0,)),
+        ("sweep", "ead", 0.5): (5, 10, (0.5,)),
+        ("sweep", "ead", 1.0): (5, 10, (1.0,)),
+        ("sweep", "peek", 0.5): (1, 1, (0.5,)),
+        ("sweep", "peek", 1.0): (1, 1, (1.0,)),
+    }
+
+
+def test_the_humaneval_curves_ead_column_is_the_papers_rule_at_its_nearest_share():
+    """Each row's `ead_*`: ead with window 5 and min run 10 at the quantile threshold whose share is
+    nearest the row's target (the first on ties), replayed naively; the peek columns beside it."""
+    from mlxswitch.bench.humaneval.report import share_curve
+
+    positions = _positions(7, prompts=3, n=150)
+    pooled = np.concatenate([p.entropy[0] for p in positions])
+    curve = share_curve(positions, [100, 300], "entropy")
+    assert [row["target_share"] for row in curve] == [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+    for row in curve:
+        figures = {}
+        for name, config in (
+            ("peek", RouterConfig(up=(1.0,), policy="peek", window=1, min_run=1)),
+            ("ead", RouterConfig(up=(1.0,), policy="ead", window=5, min_run=10)),
+        ):
+            best = None
+            for q in np.linspace(0.5, 0.99, 50):
+                tau = round(float(np.quantile(pooled, q)), 4)
+                tried = [simulate.route(config.with_thresholds((tau,)), p) for p in positions]
+                quality = simulate.quality(positions, tried, [100, 300])
+                if best is None or abs(quality.top_share - row["target_share"]) < abs(
+                    best[1].top_share - row["target_share"]
+                ):
+                    best = (tau, quality)
+            figures[name] = best
+        assert (row["tau"], row["top_share"]) == (figures["peek"][0], figures["peek"][1].top_share)
+        assert row["retained"] == pytest.approx(figures["peek"][1].retained)
+        assert (row["ead_tau"], row["ead_top_share"]) == (figures["ead"][0], figures["ead"][1].top_share)
+        assert row["ead_retained"] == pytest.approx(figures["ead"][1].retained)
 
 
 # ---------------------------------------------------------------- AUROC

@@ -106,7 +106,7 @@ def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
     record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
     tiers = [a for a in record["arms"] if a["kind"] == "tier"]
     calibrated = next(a for a in record["arms"] if a["kind"] == "calibrated")
-    curve = [{**row, "retained": 0.5} for row in record["teacher_forced_curve"]]
+    curve = [{**row, "retained": 0.5, "ead_retained": 0.4} for row in record["teacher_forced_curve"]]
     record["pooled"] = {
         "problems": 80,
         "teacher_forced_problems": 79,
@@ -139,8 +139,10 @@ def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
         f"{calibrated['side_by_side']['top_share']:.2f}." in section
     )
     assert "answers to 79 problems (the EAD" in section
-    rows = [line for line in section.splitlines() if line.startswith("| 0.") and line.count("|") == 6]
+    rows = [line for line in section.splitlines() if line.startswith("| 0.") and line.count("|") == 8]
     assert rows and all(line.split("|")[3].strip() == "0.50" for line in rows)
+    assert all(line.split("|")[7].strip() == "0.40" for line in rows)
+    assert "closes 0.40 of the gap, where `peek` at" in section  # `ead` at the calibrated target
 
 
 @pytest.mark.parametrize(("verified_s", "said"), [(27.3, True), (18.4, False), (None, False)])

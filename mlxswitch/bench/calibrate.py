@@ -47,7 +47,7 @@ class Candidate:
 
 
 def _sweep(
-    profile: Profile, positions: list[simulate.Positions], tier_bytes: list[int], signals: tuple[str, ...]
+    positions: list[simulate.Positions], tier_bytes: list[int], signals: tuple[str, ...]
 ) -> list[Candidate]:
     n = len(tier_bytes)
     out = []
@@ -56,7 +56,7 @@ def _sweep(
             if SIGNAL_BY_NAME[signal].bottom_only and not POLICY_BY_NAME[policy].reads_bottom_only:
                 continue  # the probe exists at every position only when the cheap tier runs first
             for tau in sorted(set(simulate.sweep_thresholds(positions, GRID, signal, 0.02, 0.98))):
-                config = dataclasses.replace(sweep_config(profile, policy, tau, n), signal=signal)
+                config = dataclasses.replace(sweep_config(policy, tau, n), signal=signal)
                 tried = [simulate.route(config, p) for p in positions]
                 out.append(
                     Candidate(policy, signal, tau, config, simulate.quality(positions, tried, tier_bytes))
@@ -207,7 +207,7 @@ def calibrate(
     learned, cal, held = train_probe(profile, ladder, session, cal, held)
     if learned["status"] != "trained":
         signals = tuple(s for s in signals if s not in BOTTOM_ONLY_SIGNALS)
-    candidates = _sweep(profile, cal, tier_bytes, signals)
+    candidates = _sweep(cal, tier_bytes, signals)
     chosen = choose(candidates, target_share, target_retained)
     bottom, top, _ = _pooled(held, "entropy")
     held_quality, random = _heldout(chosen, held, tier_bytes, bottom, top)

@@ -135,7 +135,7 @@ def summarize_bench(run: BenchRun, profile: Profile, ladder: Ladder, device_name
         arms.append(entry)
     return {
         "arms": arms,
-        "curves": _curves(run, profile, bottom, top, signal, tier_bytes),
+        "curves": _curves(run, bottom, top, signal, tier_bytes),
         "auroc": _auroc(bottom, top, signal),
         "thresholds": run.taus,
     }
@@ -149,7 +149,7 @@ def _chip(device_name: str | None) -> str | None:
     return None
 
 
-def _curves(run: BenchRun, profile: Profile, bottom, top, signal, tier_bytes) -> dict:
+def _curves(run: BenchRun, bottom, top, signal, tier_bytes) -> dict:
     n = len(tier_bytes)
     if n < 2 or bottom.size == 0:
         return {}
@@ -161,7 +161,7 @@ def _curves(run: BenchRun, profile: Profile, bottom, top, signal, tier_bytes) ->
     for policy in POLICY_NAMES:
         points = []
         for tau in sorted(set(taus)):
-            config = sweep_config(profile, policy, tau, n)
+            config = sweep_config(policy, tau, n)
             q = simulate.quality(
                 run.positions, [simulate.route(config, p) for p in run.positions], tier_bytes
             )

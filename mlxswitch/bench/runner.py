@@ -93,14 +93,15 @@ def forced_config(num_tiers: int, rung: int) -> RouterConfig:
     return RouterConfig(up=tuple(-INF if i < rung else INF for i in range(num_tiers - 1)))
 
 
-def sweep_config(profile: Profile, policy: str, tau: float, num_tiers: int) -> RouterConfig:
+def sweep_config(policy: str, tau: float, num_tiers: int) -> RouterConfig:
     """One swept point: the same up threshold at every boundary, down = 0.6 × up.
 
-    Window and min run are the policy's sweep timing (registry.py): `ead` keeps the profile's
-    (its contract), `peek` decides each position on its own (window 1, min run 1).
+    Window and min run are the policy's sweep timing (registry.py): `ead` as its paper runs it
+    (window 5, min run 10) whatever the profile's timing — a profile tuned for `peek` (window 1,
+    min run 1) would otherwise turn `ead` into a lagged `peek`; `peek` decides each position on
+    its own (window 1, min run 1). The profile's own timing is the profile arm's.
     """
-    timing = POLICY_BY_NAME[policy].sweep_timing
-    window, min_run = timing or (profile.router.window, profile.router.min_run)
+    window, min_run = POLICY_BY_NAME[policy].sweep_timing
     return RouterConfig(up=(tau,) * (num_tiers - 1), window=window, min_run=min_run, policy=policy)
 
 
@@ -118,7 +119,7 @@ def make_arms(profile: Profile, ladder: Ladder, taus: list[float]) -> list[Arm]:
                     Arm(
                         f"{policy} τ={tau:g}",
                         "sweep",
-                        sweep_config(profile, policy, tau, n),
+                        sweep_config(policy, tau, n),
                         policy=policy,
                         tau=tau,
                     )

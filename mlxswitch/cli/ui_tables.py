@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from ..routing.registry import POLICY_BY_NAME
+
 
 def _cell(value, digits: int = 2, scale: float = 1.0) -> str:
     """A figure for a table: "–" for a missing one (None, or NaN)."""
@@ -214,7 +216,17 @@ def humaneval_curve_table(record: dict, pooled: bool = False) -> Table:
         show_edge=False,
         title_justify="left",
     )
-    for column in ("target share", "τ", "top share", "peek retained", "random", "oracle"):
+    for column in (
+        "target share",
+        "τ",
+        "top share",
+        "peek retained",
+        "random",
+        "oracle",
+        "ead τ",
+        "ead share",
+        "ead retained",
+    ):
         table.add_column(column, justify="right")
 
     for row in source["teacher_forced_curve"]:
@@ -225,10 +237,15 @@ def humaneval_curve_table(record: dict, pooled: bool = False) -> Table:
             _cell(row["retained"]),
             _cell(row["random_control"]),
             _cell(row["oracle"]),
+            _cell(row["ead_tau"], 4),
+            _cell(row["ead_top_share"]),
+            _cell(row["ead_retained"]),
         )
+    window, min_run = POLICY_BY_NAME["ead"].sweep_timing
     table.caption = (
         f"{source['teacher_forced_problems']} problems; "
-        "peek decides each position alone (window 1, min run 1)"
+        "peek decides each position alone (window 1, min run 1), random and oracle at its share; "
+        f"ead as published (entropy, window {window}, min run {min_run}) at its threshold nearest the target"
     )
     return table
 

@@ -46,13 +46,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import SettingError, UsageError
-from .registry import POLICIES, POLICY_BY_NAME, SIGNAL_BY_NAME, SIGNALS
+from .registry import DEFAULT_MIN_RUN, DEFAULT_WINDOW, POLICIES, POLICY_BY_NAME, SIGNAL_BY_NAME, SIGNALS
 
 # Matches the bundled profiles (down = 0.6 x up): a tier keeps the lead for a while after taking it.
 DEFAULT_DOWN_RATIO = 0.6
-# As in the Entropy Adaptive Decoding paper: a 5-token rolling mean, 10 tokens before a move.
-DEFAULT_WINDOW = 5
-DEFAULT_MIN_RUN = 10
 # Which tier makes a token (`ead`, `peek`: policies.py) and what it reads (entropy, varentropy,
 # margin, probe): each described once in registry.py. Thresholds are in the signal's units.
 POLICY_NAMES = tuple(p.name for p in POLICIES)

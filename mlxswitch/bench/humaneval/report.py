@@ -22,6 +22,7 @@ import numpy as np
 
 from ...routing.router import RouterConfig
 from .. import metrics, simulate
+from ..runner import sweep_config
 from .arms import calibrated_config
 from .problems import SPLITS, split_of
 
@@ -110,18 +111,25 @@ LOSSLESS = ("speculative", "speculative-ours", "speculative-fp32", "verify")
 
 def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], signal: str) -> list[dict]:
     """Share → retained along the top tier's answers: peek (each position alone) at the threshold
-    giving each share over these positions, beside random routing and the oracle at that share."""
+    giving each share over these positions, beside random routing and the oracle at that share;
+    and `ead` as its paper runs it (entropy, window 5, min run 10: the bench's sweep setting) at
+    its threshold nearest each share (`ead_*`: its own share, a little off the target)."""
     if len(tier_bytes) != 2 or not positions:
         return []
     bottom = np.concatenate([p.nll[0] for p in positions])
     top = np.concatenate([p.nll[-1] for p in positions])
-    base = calibrated_config(signal, 1.0, 2)
-    candidates = simulate.share_by_threshold(base, positions)
+    peek, ead = calibrated_config(signal, 1.0, 2), sweep_config("ead", 1.0, 2)
+    candidates = {c: simulate.share_by_threshold(c, positions) for c in (peek, ead)}
+
+    def at(config: RouterConfig, target: float) -> tuple[float, simulate.Quality]:
+        tau, _ = simulate.threshold_for_share(candidates[config], target)
+        tried = [simulate.route(config.with_thresholds((tau,)), p) for p in positions]
+        return tau, simulate.quality(positions, tried, tier_bytes)
+
     out = []
     for target in CURVE_SHARES:
-        tau, _ = simulate.threshold_for_share(candidates, target)
-        tried = [simulate.route(base.with_thresholds((tau,)), p) for p in positions]
-        quality = simulate.quality(positions, tried, tier_bytes)
+        tau, quality = at(peek, target)
+        ead_tau, ead_quality = at(ead, target)
         out.append(
             {
                 "target_share": target,
@@ -130,6 +138,9 @@ def share_curve(positions: list[simulate.Positions], tier_bytes: list[int], sign
                 "retained": _num(quality.retained),
                 "random_control": _num(metrics.random_control(bottom, top, quality.top_share).mean),
                 "oracle": _num(metrics.oracle(bottom, top, quality.top_share)),
+                "ead_tau": _num(ead_tau),
+                "ead_top_share": _num(ead_quality.top_share),
+                "ead_retained": _num(ead_quality.retained),
             }
         )
     return out
