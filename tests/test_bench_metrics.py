@@ -232,7 +232,7 @@ def test_the_ead_sweep_runs_as_its_paper_whatever_the_profiles_timing():
         tier_names=["small", "large"],
         tiers=[SimpleNamespace(group=object()), SimpleNamespace(group=object())],
     )
-    arms = make_arms(profile, ladder, [0.5, 1.0])
+    arms = make_arms(profile, ladder, {"ead": [0.5, 1.0], "peek": [0.5, 1.0]})
     timing = {
         (a.kind, a.policy, a.tau): (c.window, c.min_run, c.up)
         for a in arms
@@ -248,31 +248,60 @@ def test_the_ead_sweep_runs_as_its_paper_whatever_the_profiles_timing():
     }
 
 
+NAIVE = (
+    ("peek", RouterConfig(up=(1.0,), policy="peek", window=1, min_run=1)),
+    ("ead", RouterConfig(up=(1.0,), policy="ead", window=5, min_run=10)),
+)
+
+
+def _nearest_naive(positions, config, target):
+    """Among the 50 quantiles (0.5 to 0.99) of the bottom tier's entropy, rounded to 4 places, the
+    threshold whose replay gives the share nearest `target` (the first on ties), and its quality."""
+    pooled = np.concatenate([p.entropy[0] for p in positions])
+    best = None
+    for q in np.linspace(0.5, 0.99, 50):
+        tau = round(float(np.quantile(pooled, q)), 4)
+        tried = [simulate.route(config.with_thresholds((tau,)), p) for p in positions]
+        quality = simulate.quality(positions, tried, [100, 300])
+        if best is None or abs(quality.top_share - target) < abs(best[1].top_share - target):
+            best = (tau, quality)
+    return best
+
+
+def test_a_humaneval_sweep_runs_each_policy_at_its_own_threshold_for_each_share():
+    """`ead` and `peek` swept at the same shares, each at its own threshold (at one threshold they
+    send very different shares): per target, the naive nearest, once per distinct threshold."""
+    from mlxswitch.bench.humaneval.run import sweep_points, sweep_shares
+
+    assert sweep_shares(3) == [0.1, 0.2, 0.3] and sweep_shares(5) == [0.1, 0.15, 0.2, 0.25, 0.3]
+    assert sweep_shares(1) == [0.2]
+    positions = _positions(3, prompts=3, n=150)
+    sweep = sweep_points(positions, ["ead", "peek"], 2, 3)
+    assert list(sweep) == ["ead", "peek"]
+    for policy, config in NAIVE:
+        expected = {}
+        for target in (0.1, 0.2, 0.3):
+            tau, quality = _nearest_naive(positions, config, target)
+            expected.setdefault(tau, (target, quality.top_share))
+        assert [(p["tau"], (p["target_share"], p["promised_share"])) for p in sweep[policy]] == list(
+            expected.items()
+        )
+    assert [p["tau"] for p in sweep["ead"]] != [p["tau"] for p in sweep["peek"]]
+    # A coarse signal: two targets on one threshold run once, under the first target.
+    coarse = [simulate.Positions("c", np.array([[0.0] * 8 + [2.0] * 2] * 2), np.ones((2, 10)))]
+    assert [p["target_share"] for p in sweep_points(coarse, ["peek"], 2, 3)["peek"]] == [0.1]
+
+
 def test_the_humaneval_curves_ead_column_is_the_papers_rule_at_its_nearest_share():
     """Each row's `ead_*`: ead with window 5 and min run 10 at the quantile threshold whose share is
     nearest the row's target (the first on ties), replayed naively; the peek columns beside it."""
     from mlxswitch.bench.humaneval.report import share_curve
 
     positions = _positions(7, prompts=3, n=150)
-    pooled = np.concatenate([p.entropy[0] for p in positions])
     curve = share_curve(positions, [100, 300], "entropy")
     assert [row["target_share"] for row in curve] == [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
     for row in curve:
-        figures = {}
-        for name, config in (
-            ("peek", RouterConfig(up=(1.0,), policy="peek", window=1, min_run=1)),
-            ("ead", RouterConfig(up=(1.0,), policy="ead", window=5, min_run=10)),
-        ):
-            best = None
-            for q in np.linspace(0.5, 0.99, 50):
-                tau = round(float(np.quantile(pooled, q)), 4)
-                tried = [simulate.route(config.with_thresholds((tau,)), p) for p in positions]
-                quality = simulate.quality(positions, tried, [100, 300])
-                if best is None or abs(quality.top_share - row["target_share"]) < abs(
-                    best[1].top_share - row["target_share"]
-                ):
-                    best = (tau, quality)
-            figures[name] = best
+        figures = {name: _nearest_naive(positions, config, row["target_share"]) for name, config in NAIVE}
         assert (row["tau"], row["top_share"]) == (figures["peek"][0], figures["peek"][1].top_share)
         assert row["retained"] == pytest.approx(figures["peek"][1].retained)
         assert (row["ead_tau"], row["ead_top_share"]) == (figures["ead"][0], figures["ead"][1].top_share)

@@ -94,7 +94,12 @@ def test_every_arm_answers_every_problem(full_run):
     header = _lines(out / "r.jsonl")[0]
     assert header["type"] == "header" and header["settings"]["problems"] == ["HumanEval/34", "HumanEval/53"]
     assert header["derived"]["threshold_problems"] == ["HumanEval/34"]  # the calibration half only
-    assert len(header["derived"]["taus"]) == 3
+    # peek's swept points: at most one per target share, each at its own threshold, as its arms run.
+    points = header["derived"]["sweep"]["peek"]
+    assert points and {p["target_share"] for p in points} <= {0.1, 0.2, 0.3}
+    assert len({p["tau"] for p in points}) == len(points)
+    swept = sorted(a["tau"] for a in record["arms"] if a["kind"] == "sweep")
+    assert swept == sorted(p["tau"] for p in points) and record["sweep"] == header["derived"]["sweep"]
     # The calibrated threshold, its promised share (teacher-forced on the calibration half) and the
     # live share of its arm side by side (issue 20, item 6).
     promised = header["derived"]["calibrated"]
@@ -165,7 +170,7 @@ def test_figures_rederive_from_the_records(full_run):
             "suite",
             "arms",
             "problems",
-            "taus",
+            "sweep",
             "calibrated",
             "teacher_forced_curve",
             "teacher_forced_problems",
@@ -483,7 +488,7 @@ def test_another_runs_tiers_pool_into_the_figures_over_all_problems(full_run, ti
     assert result.exit_code == 0, result.stderr
     lines = _lines(other)
     assert {r["arm"] for r in lines if r["type"] == "result"} == {"small alone", "large alone"}
-    assert lines[0]["derived"]["taus"] == [] and lines[0]["derived"]["calibrated"] is None
+    assert lines[0]["derived"]["sweep"] == {} and lines[0]["derived"]["calibrated"] is None
 
     json_at = args.index("--json") + 1
     pooled_args = args[:json_at] + [str(tmp_path / "p.json")] + args[json_at + 1 :]

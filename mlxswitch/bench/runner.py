@@ -15,7 +15,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +105,8 @@ def sweep_config(policy: str, tau: float, num_tiers: int) -> RouterConfig:
     return RouterConfig(up=(tau,) * (num_tiers - 1), window=window, min_run=min_run, policy=policy)
 
 
-def make_arms(profile: Profile, ladder: Ladder, taus: list[float]) -> list[Arm]:
-    """Every speed arm for this ladder and these swept thresholds."""
+def make_arms(profile: Profile, ladder: Ladder, sweep: Mapping[str, Sequence[float]]) -> list[Arm]:
+    """Every speed arm for this ladder and each policy's swept thresholds (`sweep`: policy → τs)."""
     names, n = ladder.tier_names, len(ladder.tiers)
     arms = [Arm(f"{name} alone", "tier", forced_config(n, r), tier=r) for r, name in enumerate(names)]
     if n > 1:
@@ -114,7 +114,7 @@ def make_arms(profile: Profile, ladder: Ladder, taus: list[float]) -> list[Arm]:
             Arm(f"profile ({profile.router.policy})", "profile", profile.router, policy=profile.router.policy)
         )
         for policy in POLICY_NAMES:
-            for tau in taus:
+            for tau in sweep.get(policy, ()):
                 arms.append(
                     Arm(
                         f"{policy} τ={tau:g}",
@@ -332,7 +332,7 @@ def run_bench(
     )
     run = BenchRun(arms=[], positions=positions, top_answers=answers)
     run.taus = simulate.sweep_thresholds(run.positions, options.sweep_points) if n > 1 else []
-    run.arms = make_arms(profile, ladder, run.taus)
+    run.arms = make_arms(profile, ladder, dict.fromkeys(POLICY_NAMES, run.taus))
 
     total, done = options.repeats * len(speed) * len(run.arms), 0
     for repeat in range(options.repeats):

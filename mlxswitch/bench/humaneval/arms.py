@@ -81,10 +81,18 @@ def matched_arm(arm: Arm) -> str:
     return arm.name.split("@", 1)[1]
 
 
+def swept_thresholds(derived: dict) -> dict[str, list[float]]:
+    """Each swept policy's thresholds, from a records header's `derived` block. Headers written
+    before the sweep was chosen per policy keep one list (`taus`) that every policy swept."""
+    if "sweep" in derived:
+        return {policy: [point["tau"] for point in points] for policy, points in derived["sweep"].items()}
+    return dict.fromkeys(POLICY_BY_NAME, derived.get("taus", []))
+
+
 def humaneval_arms(
     profile: Profile,
     ladder: Ladder,
-    taus: list[float],
+    sweep: dict[str, list[float]],
     groups: tuple[str, ...],
     calibrated_tau: float | None = None,
 ) -> list[Arm]:
@@ -92,7 +100,7 @@ def humaneval_arms(
     n = len(ladder.tiers)
     bench = [
         arm
-        for arm in make_arms(profile, ladder, taus)
+        for arm in make_arms(profile, ladder, sweep)
         if arm.kind == "tier" and arm.tier in (0, n - 1) or _group(arm) in groups
     ]
     if n == 2 and calibrated_tau is not None:

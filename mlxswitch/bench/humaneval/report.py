@@ -235,7 +235,7 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
         "suite": "humaneval",
         "arms": arms,
         "problems": problems,
-        "taus": derived["taus"],
+        "sweep": derived.get("sweep", {}),  # each swept policy's points: target, τ, promised share
         "calibrated": calibrated,
         "teacher_forced_curve": share_curve(forced, tier_bytes, _signal(derived)),
         "teacher_forced_problems": len(forced),

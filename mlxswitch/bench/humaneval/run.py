@@ -5,12 +5,15 @@ Order, per problem (round-robin as the bench's speed arms: machine drift hits ev
 bottom alone, top alone (then the teacher-forced arrays along its answer, and where the bottom
 tier's greedy token differs, for the oracle), the profile, the swept points, the random
 controls (each after the arm it matches), the oracle, mlx-lm on each tier, speculative.
-Before the first problem, when swept arms are asked for, the thresholds are chosen as the bench
-chooses them (quantiles of the bottom tier's entropy along the top tier's greedy answers) on the
-first `threshold_problems` calibration-half problems of the run (or of all problems, when the
-run has none from that half), and kept in the header. The calibrated setting's threshold comes
-from the same answers: the one whose teacher-forced replay gives the share nearest
-`target_share` (the share calibrate would promise; the report sets the live share beside it).
+Before the first problem, when swept arms are asked for, each swept policy's thresholds are
+chosen along the top tier's greedy answers to the first `threshold_problems` calibration-half
+problems of the run (or of all problems, when the run has none from that half), and kept in the
+header: at each of `sweep_points` shares of top-tier tokens from 0.1 to 0.3 (the range of the
+EAD paper's table), the threshold whose teacher-forced replay at that policy's own timing gives
+the share nearest it. At one threshold `ead` and `peek` send very different shares, so a sweep at
+shared thresholds would compare them at different costs. The calibrated setting's threshold
+comes from the same answers: peek's, nearest `target_share` (the share calibrate would promise;
+the report sets the live share beside it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from .. import simulate
 from ..prompts import BenchPrompt
-from ..runner import Arm, engine_run, forced_config, mlx_lm_run
+from ..runner import Arm, engine_run, forced_config, mlx_lm_run, sweep_config
 from ..teacher import teacher_forced
 from . import arms as arm_sets
 from .controls import OraclePolicy, RandomPolicy, control_seed
@@ -43,6 +46,8 @@ from .problems import PROMPT_VERSION, Problem, extract_code, instruction, progra
 from .records import Records, model_identity
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total), as the bench's
+# The range of top-tier shares a sweep aims at: the EAD paper's table (its headline is at 0.25).
+SWEEP_SHARES = (0.1, 0.3)
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,10 @@ def _thresholds(
     calibration: list[Problem],
     options: HumanEvalOptions,
     say: Progress,
-) -> tuple[list[float], dict | None, dict]:
-    """Swept thresholds as the bench chooses them, on calibration problems' top-tier answers; the
-    calibrated setting (threshold, promised share); those answers too (the top-alone arm's, when the
-    problem is run: not decoded twice)."""
+) -> tuple[dict[str, list[dict]], dict | None, dict]:
+    """Each swept policy's points (sweep_points) and the calibrated setting (threshold, promised
+    share), on calibration problems' top-tier answers; those answers too (the top-alone arm's, when
+    the problem is run: not decoded twice)."""
     n = len(ladder.tiers)
     top = Arm(f"{ladder.tier_names[-1]} alone", "tier", forced_config(n, n - 1), tier=n - 1)
     positions, answers = [], {}
@@ -102,12 +107,37 @@ def _thresholds(
         ids = session.render([{"role": "user", "content": instruction(problem)}])
         positions.append(teacher_forced(ladder, problem.task_id, ids, [t["id"] for t in answer["tokens"]]))
     say("thresholds (top-tier answers)", len(calibration), len(calibration))
-    swept = set(POLICY_BY_NAME) & set(options.groups)
-    taus = simulate.sweep_thresholds(positions, options.sweep_points) if swept else []
+    swept = [policy for policy in POLICY_BY_NAME if policy in options.groups]
+    sweep = sweep_points(positions, swept, n, options.sweep_points)
     calibrated = None
     if {"calibrated", "verify"} & set(options.groups):
         calibrated = _calibrated(profile, positions, len(ladder.tiers), options.target_share)
-    return taus, calibrated, answers
+    return sweep, calibrated, answers
+
+
+def sweep_shares(points: int) -> list[float]:
+    """The shares of top-tier tokens a sweep of `points` aims at, spread over SWEEP_SHARES."""
+    low, high = SWEEP_SHARES
+    spread = np.linspace(low, high, points) if points > 1 else [(low + high) / 2]
+    return [round(float(share), 4) for share in spread]
+
+
+def sweep_points(
+    positions: list[simulate.Positions], policies: list[str], tiers: int, points: int
+) -> dict[str, list[dict]]:
+    """Per policy, at each of sweep_shares(points): the threshold whose replay over `positions` at
+    the policy's sweep timing gives the share nearest it, and that share (one entry per distinct
+    threshold: two targets a coarse signal cannot tell apart run once)."""
+    out: dict[str, list[dict]] = {}
+    for policy in policies:
+        candidates = simulate.share_by_threshold(sweep_config(policy, 1.0, tiers), positions)
+        chosen: dict[float, dict] = {}
+        for target in sweep_shares(points):
+            tau, share = simulate.threshold_for_share(candidates, target)
+            if np.isfinite(tau):
+                chosen.setdefault(tau, {"target_share": target, "tau": tau, "promised_share": share})
+        out[policy] = list(chosen.values())
+    return out
 
 
 def _calibrated(profile: Profile, positions: list, tiers: int, target: float) -> dict:
@@ -176,6 +206,18 @@ def _positions_record(
     }
 
 
+def _arms(profile: Profile, ladder: Ladder, derived: dict, options: HumanEvalOptions) -> list[Arm]:
+    """The run's arms from the thresholds its header keeps (`derived`)."""
+    calibrated = derived.get("calibrated")
+    return arm_sets.humaneval_arms(
+        profile,
+        ladder,
+        arm_sets.swept_thresholds(derived),
+        options.groups,
+        calibrated["tau"] if calibrated else None,
+    )
+
+
 def run_humaneval(
     profile: Profile,
     ladder: Ladder,
@@ -199,18 +241,15 @@ def run_humaneval(
     if records.header is None:
         needs = set(POLICY_BY_NAME) | {"calibrated", "verify"}
         swept = n > 1 and needs & set(options.groups)
-        taus, calibrated, early = (
-            _thresholds(session, ladder, profile, calibration, options, say) if swept else ([], None, {})
+        sweep, calibrated, early = (
+            _thresholds(session, ladder, profile, calibration, options, say) if swept else ({}, None, {})
         )
-        arms = arm_sets.humaneval_arms(
-            profile, ladder, taus, options.groups, calibrated["tau"] if calibrated else None
-        )
+        chosen = {"sweep": sweep, "calibrated": calibrated}
         records.start(
             wanted,
             {
-                "taus": taus,
-                "calibrated": calibrated,
-                "arms": [a.to_dict() for a in arms],
+                **chosen,
+                "arms": [a.to_dict() for a in _arms(profile, ladder, chosen, options)],
                 "tier_names": ladder.tier_names,
                 "bytes_per_token": [t.bytes_per_token for t in ladder.tiers],
                 "threshold_problems": [p.task_id for p in calibration] if swept else [],
@@ -218,11 +257,7 @@ def run_humaneval(
             },
         )
     assert records.header is not None  # started above, or read from the file
-    derived = records.header["derived"]
-    calibrated = derived.get("calibrated")
-    arms = arm_sets.humaneval_arms(
-        profile, ladder, derived["taus"], options.groups, calibrated["tau"] if calibrated else None
-    )
+    arms = _arms(profile, ladder, records.header["derived"], options)
     done, positions = records.results(), records.positions()
     mine = problems[shard[0] - 1 :: shard[1]]
     ids = {p.task_id for p in mine}
