@@ -301,6 +301,22 @@ def test_other_settings_on_the_same_records_are_one_error_line(full_run):
     assert "--restart" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_run_under_another_mlx_blas_is_refused_and_the_header_names_it(full_run, monkeypatch):
+    # A BLAS preloaded into MLX changes every MLX matmul's speed: a resumed run must keep it.
+    _, out, args = full_run
+    assert "mlx_blas" not in _lines(out / "r.jsonl")[0]["settings"]  # none here: old headers resume
+    blas = {"path": "/usr/lib/libopenblas.so.0", "threads": 1}
+    monkeypatch.setattr("mlxswitch.bench.humaneval.run.preloaded_mlx_blas", lambda: blas)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --records ") and "mlx_blas null → {" in result.stderr
+    fresh = out / "blas.jsonl"
+    records = [a if a != str(out / "r.jsonl") else str(fresh) for a in args]
+    result = runner.invoke(app, [*records[: records.index("--json")], "--problems", "0", "--arms", "none"])
+    assert result.exit_code == 0, result.stderr
+    assert _lines(fresh)[0]["settings"]["mlx_blas"] == blas
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

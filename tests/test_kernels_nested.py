@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -739,3 +741,23 @@ def test_metal_source_emulation_catches_planted_bugs(bug, emulator):
         truth = nested.fp32_truth(x, planes, BUG_CONFIG[0], 64, 3, bias)
         worst = max(worst, _err(got, truth))
     assert worst > 100 * TOL[F32], f"{bug} went unnoticed (max err {worst:.1e})"
+
+
+def _preloaded_blas_seen(preload: str | None) -> object:
+    # A fresh interpreter: the dynamic linker reads LD_PRELOAD only at process start.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if preload is not None:
+        env["LD_PRELOAD"] = preload
+    code = "import json, mlxswitch.kernels as k; print(json.dumps(k.preloaded_mlx_blas()))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD and the mlx[cpu] wheel: Linux")
+def test_a_blas_preloaded_into_mlx_is_named_and_the_bundled_one_is_not():
+    bundled = sorted((Path(mx.__file__).parent.parent / "mlx_cpu.libs").glob("libblas*.so*"))
+    if not bundled:
+        pytest.skip("this MLX wheel bundles no reference BLAS")
+    assert _preloaded_blas_seen(None) is None
+    # The bundled library itself, preloaded: found in the global scope, so MLX's calls bind to it.
+    assert _preloaded_blas_seen(str(bundled[0])) == {"path": os.path.realpath(bundled[0]), "threads": None}

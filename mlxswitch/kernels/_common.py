@@ -78,6 +78,38 @@ def _openblas_threads():
     return None
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def preloaded_mlx_blas() -> dict | None:
+    """The BLAS that MLX's CPU matmul calls when one preloaded into the process (LD_PRELOAD)
+    overrides the reference BLAS the `mlx[cpu]` wheel bundles: its path and OpenBLAS thread count.
+    None when MLX uses its own (or off Linux)."""
+    # Python loads extension modules with RTLD_LOCAL, so the bundled libblas is not in the global
+    # scope: a cblas_sgemm found there was preloaded, and the dynamic linker binds MLX's calls to it.
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        process = ctypes.CDLL(None)
+        sgemm = getattr(process, "cblas_sgemm", None)
+        if sgemm is None:
+            return None
+        info = _DlInfo()
+        if not process.dladdr(ctypes.cast(sgemm, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+            return None
+        get = getattr(process, "openblas_get_num_threads", None)
+        threads = int(get()) if get is not None else None
+    except (OSError, AttributeError):
+        return None
+    return {"path": os.path.realpath(info.dli_fname.decode()), "threads": threads}
+
+
 @contextmanager
 def single_threaded_blas():
     """Run NumPy's OpenBLAS on one thread inside the block, then restore its setting."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from ...decoding.session import ChatSession, GenerationSettings
 from ...decoding.tiers import Ladder
+from ...kernels import preloaded_mlx_blas
 from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from .. import simulate
@@ -79,6 +80,11 @@ def settings(profile: Profile, problems: list[Problem], options: HumanEvalOption
         **dataclasses.asdict(options),
         "groups": list(options.groups),
     }
+    # A BLAS preloaded into MLX changes every MLX matmul's speed (the fp32 arm's above all); keyed
+    # only when present, so runs made without one still resume.
+    blas = preloaded_mlx_blas()
+    if blas is not None:
+        out["mlx_blas"] = blas
     return json.loads(json.dumps(out))  # as the header reads back: lists, not tuples
 
 
