@@ -310,6 +310,8 @@ def test_a_run_under_another_mlx_blas_is_refused_and_the_header_names_it(full_ru
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert result.stderr.startswith("error: --records ") and "mlx_blas null → {" in result.stderr
+    report = runner.invoke(app, [*args[: args.index("--json")], "--report"])  # loads no model: any BLAS
+    assert report.exit_code == 0, report.stderr
     fresh = out / "blas.jsonl"
     records = [a if a != str(out / "r.jsonl") else str(fresh) for a in args]
     result = runner.invoke(app, [*records[: records.index("--json")], "--problems", "0", "--arms", "none"])

@@ -38,6 +38,9 @@ POOLED_SETTINGS = (
     "timeout_s",
     "memory_mb",
 )
+# How this process computes, not what it answers: a run resumes only under the same, but a report
+# (which loads no model) reads the records under any.
+PROCESS_SETTINGS = ("mlx_blas",)
 _FINGERPRINT_BYTES = 1 << 20  # hash the head and tail of big files: a changed model shows there
 
 
@@ -65,8 +68,9 @@ def model_identity(source: str) -> dict:
     return {"source": name, "path": str(where.resolve()), "bytes": total, "fingerprint": digest.hexdigest()}
 
 
-def _check(path: Path, header: dict | None, settings: dict) -> None:
-    """Refuse a records file of another version, or made with other settings."""
+def _check(path: Path, header: dict | None, settings: dict, read_only: bool = False) -> None:
+    """Refuse a records file of another version, or made with other settings (but for
+    PROCESS_SETTINGS, when it is only read)."""
     if header is None:
         return
     if header.get("format") != FORMAT:
@@ -74,7 +78,11 @@ def _check(path: Path, header: dict | None, settings: dict) -> None:
             f"--records {path} is not a records file of this version; "
             "pass --restart to start over, or another --records file"
         )
-    changed = _differences(header["settings"], settings)
+    made = header["settings"]
+    if read_only:
+        made = {key: value for key, value in made.items() if key not in PROCESS_SETTINGS}
+        settings = {key: value for key, value in settings.items() if key not in PROCESS_SETTINGS}
+    changed = _differences(made, settings)
     if changed:
         raise UsageError(
             f"--records {path} was made with other settings ({_listed(changed)}): "
@@ -129,7 +137,7 @@ class Records:
             return cls(path, None, [])
         if read_only:
             header, lines, _ = _read(path, path.read_bytes())
-            _check(path, header, settings)
+            _check(path, header, settings, read_only=True)
             return cls(path, header, lines)
         with open(path, "r+b") as handle, _locked(handle):
             # Under the lock, another shard's line is whole or not begun.
