@@ -21,6 +21,8 @@ from mlxswitch.routing.registry import POLICY_BY_NAME
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 REPORT = "bench/results/humaneval-pair.json"
+# humaneval-pair-bar.json: the issue's bar (mlx-lm speculative on fp32 weights), a run of its own
+BAR_SUFFIX = "-bar"
 END = "<!-- /headline -->"
 EAD_TIMING = POLICY_BY_NAME["ead"].sweep_timing  # (window, min run) of the curve's `ead` column
 
@@ -42,8 +44,10 @@ def _ids(tasks: list[str]) -> str:
 class Headline:
     """The report's figures under the names the README uses."""
 
-    def __init__(self, record: dict):
+    def __init__(self, record: dict, bar: dict | None = None, bar_path: str = ""):
         self.record = record
+        self.bar = Headline(bar) if bar is not None else None  # the bar run's report (bar_report)
+        self.bar_path = bar_path
         tiers = record["profile"]["tiers"]
         self.small, self.large = (
             _size(model, tier) for model, tier in zip(record["profile"]["models"], tiers, strict=True)
@@ -56,6 +60,7 @@ class Headline:
         self.calibrated = next(iter(by_kind.get("calibrated", [])), None)
         self.random = next(iter(by_kind.get("random", [])), None)
         self.speculative = next(iter(by_kind.get("speculative-ours", [])), None)
+        self.speculative_fp32 = next(iter(by_kind.get("speculative-fp32", [])), None)
         self.complete = record["complete"]
 
     def label(self, arm: dict) -> str:
@@ -113,12 +118,9 @@ class Headline:
         for arm in self.record["arms"]:
             figures = arm["side_by_side"]
             low, high = figures["pass@1_95"]
-            same = (
-                f"{figures['reproduces_top']}/{figures['problems']}" if "reproduces_top" in figures else "–"
-            )
             rows.append(
                 f"| {self.label(arm)} | {figures['passed']}/{figures['problems']} | {_f(low)}–{_f(high)} "
-                f"| {_f(figures['retained'])} | {_f(figures['top_share'])} | {same} "
+                f"| {_f(figures['retained'])} | {_f(figures['top_share'])} | {self.same(arm)} "
                 f"| {_f(figures.get('decode_tok_per_s'))} | {_f(figures.get('seconds_per_problem'), 0)} "
                 f"| {_f(figures.get('median_first_token_s'), 1)} |"
             )
@@ -197,6 +199,51 @@ class Headline:
             )
         return out
 
+    def bar_bullet(self) -> list[str]:
+        """The issue's bar as it measured it (mlx-lm's speculative decoding on fp32 weights and MLX's
+        kernels), from the bar run's report when there is one."""
+        b = self.bar
+        if b is None or b.speculative_fp32 is None or b.profile is None:
+            return [
+                "  - The issue measured its bar on fp32 weights and MLX's own kernels. That configuration "
+                "(`speculative-fp32`) gives no figure here yet: on MLX's bundled reference BLAS it takes "
+                'minutes over one prompt ("HumanEval" below says why).'
+            ]
+        blas = b.record["settings"].get("mlx_blas")
+        threads = blas.get("threads") if blas else None
+        on = (
+            f"OpenBLAS ({threads} thread{'s' if threads != 1 else ''}) preloaded into MLX in place of the "
+            "reference BLAS its wheel bundles"
+            if blas
+            else "MLX's bundled reference BLAS"
+        )
+        fp32, mine, top = b.speculative_fp32, b.profile, b.top
+        return [
+            "  - **The issue's own bar**: mlx-lm's speculative decoding on fp32 weights and MLX's kernels, "
+            f"with {on}. It ran in a second run (`{self.bar_path}`) on {len(b.complete)} "
+            f"{b.half()}problem{'s' if len(b.complete) != 1 else ''} ({_ids(b.complete)}), every arm interleaved as above and nothing else on "
+            "the machine, so its times are lower than the first run's, whose process shared the two cores "
+            "with another run.",
+            f"  - Per problem: verified drafting {_f(b.seconds(mine), 0)} s, the {b.large} alone "
+            f"{_f(b.seconds(top), 0)} s, mlx-lm's speculative decoding on fp32 weights "
+            f"{_f(b.seconds(fp32), 0)} s ({_f(b.ratio(fp32, mine))}× verified drafting's time)"
+            + (
+                f" and on our kernels {_f(b.seconds(b.speculative), 0)} s"
+                if b.speculative is not None
+                else ""
+            )
+            + f". Decode tok/s: {_f(mine['side_by_side'].get('decode_tok_per_s'))}, "
+            f"{_f(top['side_by_side'].get('decode_tok_per_s'))} and "
+            f"{_f(fp32['side_by_side'].get('decode_tok_per_s'))}. Answers identical to the {b.large}'s: "
+            f"{self.same(mine)} by verified drafting, {self.same(fp32)} by speculative decoding.",
+        ]
+
+    @staticmethod
+    def same(arm: dict) -> str:
+        """How many of an arm's answers were the top tier's own, over the problems every arm answered."""
+        figures = arm["side_by_side"]
+        return f"{figures['reproduces_top']}/{figures['problems']}" if "reproduces_top" in figures else "–"
+
     def lead(self) -> str:
         n = len(self.complete)
         begun = [t for t in self.record["answered"] if t not in self.complete]
@@ -263,10 +310,8 @@ class Headline:
                 f"  - Per problem: verified drafting {_f(self.seconds(p), 0)} s, mlx-lm's speculative "
                 f"decoding {_f(self.seconds(spec), 0)} s, the {self.large} alone {_f(self.seconds(top), 0)}"
                 " s.",
-                "  - The issue measured its bar on fp32 weights and MLX's own kernels. That configuration "
-                "(`speculative-fp32`) gives no figure here: MLX's bundled reference BLAS takes minutes "
-                'over one prompt ("HumanEval" below says why).',
             ]
+            out += self.bar_bullet()
         c, r = self.calibrated, self.random
         promised = self.record.get("calibrated")
         if c and promised:
@@ -346,9 +391,22 @@ class Headline:
         )
 
 
+def bar_report(report: str) -> str:
+    """Where the bar run's report sits beside `report` (it may not exist)."""
+    path = Path(report)
+    return path.with_name(f"{path.stem}{BAR_SUFFIX}{path.suffix}").as_posix()
+
+
 def render(report: str = REPORT) -> str:
-    """The headline section for the report at `report` (a path from the repository root)."""
-    return Headline(json.loads((ROOT / report).read_text(encoding="utf-8"))).section(report)
+    """The headline section for the report at `report` (a path from the repository root), with the
+    bar run's figures when its report is there too."""
+    bar_path = bar_report(report)
+    bar = ROOT / bar_path
+    return Headline(
+        json.loads((ROOT / report).read_text(encoding="utf-8")),
+        json.loads(bar.read_text(encoding="utf-8")) if bar.is_file() else None,
+        bar_path,
+    ).section(report)
 
 
 def written(readme: str) -> tuple[str, str] | None:

@@ -166,3 +166,44 @@ def test_the_headline_says_when_a_late_first_token_flatters_the_decode_rate(veri
     )
     assert (note in section) == said
     assert "flatters" in section if said else "flatters" not in section
+
+
+@pytest.mark.parametrize("blas", [{"path": "/usr/lib/libopenblas.so.0", "threads": 1}, None])
+def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
+    """With the bar run's report (mlx-lm speculative on fp32 weights) the headline gives its seconds
+    per problem beside verified drafting's, and names the BLAS MLX ran on; without it, says so."""
+    import copy
+    import json
+
+    headline = _headline()
+    found = headline.written(README.read_text(encoding="utf-8"))
+    assert found
+    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    assert "gives no figure here yet" in headline.Headline(record).section(found[0])
+    bar = copy.deepcopy(record)
+    bar["complete"] = ["HumanEval/1", "HumanEval/3"]
+    bar["settings"].pop("mlx_blas", None)
+    if blas:
+        bar["settings"]["mlx_blas"] = blas
+    fp32 = copy.deepcopy(next(a for a in bar["arms"] if a["kind"] == "speculative-ours"))
+    fp32["kind"] = "speculative-fp32"
+    bar["arms"].append(fp32)
+    seconds = {"profile": 30.0, "speculative-fp32": 75.0, "speculative-ours": 70.0}
+    for arm in bar["arms"]:
+        if arm["kind"] in seconds:
+            arm["side_by_side"]["seconds_per_problem"] = seconds[arm["kind"]]
+    top = next(a for a in bar["arms"] if a["kind"] == "tier" and a["name"] == "large alone")
+    top["side_by_side"]["seconds_per_problem"] = 45.0
+    section = headline.Headline(record, bar, "bench/results/x-bar.json").section(found[0])
+    assert "gives no figure here yet" not in section
+    on = (
+        "OpenBLAS (1 thread) preloaded into MLX in place of the reference BLAS its wheel bundles"
+        if blas
+        else "MLX's bundled reference BLAS"
+    )
+    assert f"fp32 weights and MLX's kernels, with {on}. It ran in a second run" in section
+    assert "(`bench/results/x-bar.json`) on 2 held-out problems (1, 3)" in section
+    assert (
+        "  - Per problem: verified drafting 30 s, the 1.5B alone 45 s, mlx-lm's speculative decoding on "
+        "fp32 weights 75 s (2.50× verified drafting's time) and on our kernels 70 s." in section
+    )
