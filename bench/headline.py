@@ -221,9 +221,9 @@ class Headline:
         return [
             "  - **The issue's own bar**: mlx-lm's speculative decoding on fp32 weights and MLX's kernels, "
             f"with {on}. It ran in a second run (`{self.bar_path}`) on {len(b.complete)} "
-            f"{b.half()}problem{'s' if len(b.complete) != 1 else ''} ({_ids(b.complete)}), every arm interleaved as above and nothing else on "
-            "the machine, so its times are lower than the first run's, whose process shared the two cores "
-            "with another run.",
+            f"{b.half()}problem{'s' if len(b.complete) != 1 else ''} ({_ids(b.complete)}), every arm "
+            "interleaved as above and nothing else on the machine, so its times are lower than the "
+            "first run's, whose process shared the two cores with another run.",
             f"  - Per problem: verified drafting {_f(b.seconds(mine), 0)} s, the {b.large} alone "
             f"{_f(b.seconds(top), 0)} s, mlx-lm's speculative decoding on fp32 weights "
             f"{_f(b.seconds(fp32), 0)} s ({_f(b.ratio(fp32, mine))}× verified drafting's time)"
