@@ -21,8 +21,9 @@ from mlxswitch.routing.registry import POLICY_BY_NAME
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 REPORT = "bench/results/humaneval-pair.json"
-# humaneval-pair-bar.json: the issue's bar (mlx-lm speculative on fp32 weights), a run of its own
-BAR_SUFFIX = "-bar"
+# Runs of their own beside the main report: humaneval-pair-bar.json, the issue's bar (mlx-lm
+# speculative on fp32 weights); humaneval-pair-sweep.json, `ead` and `peek` swept live.
+BAR_SUFFIX, SWEEP_SUFFIX = "-bar", "-sweep"
 END = "<!-- /headline -->"
 EAD_TIMING = POLICY_BY_NAME["ead"].sweep_timing  # (window, min run) of the curve's `ead` column
 
@@ -44,10 +45,19 @@ def _ids(tasks: list[str]) -> str:
 class Headline:
     """The report's figures under the names the README uses."""
 
-    def __init__(self, record: dict, bar: dict | None = None, bar_path: str = ""):
+    def __init__(
+        self,
+        record: dict,
+        bar: dict | None = None,
+        bar_path: str = "",
+        sweep: dict | None = None,
+        sweep_path: str = "",
+    ):
         self.record = record
-        self.bar = Headline(bar) if bar is not None else None  # the bar run's report (bar_report)
+        self.bar = Headline(bar) if bar is not None else None  # the bar run's report (beside())
         self.bar_path = bar_path
+        self.sweep = Headline(sweep) if sweep is not None else None  # the live sweep's report
+        self.sweep_path = sweep_path
         tiers = record["profile"]["tiers"]
         self.small, self.large = (
             _size(model, tier) for model, tier in zip(record["profile"]["models"], tiers, strict=True)
@@ -244,6 +254,45 @@ class Headline:
         figures = arm["side_by_side"]
         return f"{figures['reproduces_top']}/{figures['problems']}" if "reproduces_top" in figures else "–"
 
+    def sweep_section(self) -> list[str]:
+        """The live sweep (every swept point decoded, pass@1 read) as a table, when its report is there."""
+        w = self.sweep
+        points = [a for a in w.record["arms"] if a["kind"] == "sweep"] if w else []
+        if w is None or not points or not w.complete:
+            return []
+        promised = {
+            (policy, point["tau"]): point for policy, chosen in w.record["sweep"].items() for point in chosen
+        }
+        rows = [
+            f"| arm | target {w.large} share | τ (bits) | promised | live {w.large} share "
+            "| pass@1 | retained |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for arm in [w.bottom, w.top, *points]:
+            figures = arm["side_by_side"]
+            point = promised.get((arm["policy"], arm["tau"]), {})
+            name = w.label(arm) if arm["kind"] == "tier" else f"`{arm['policy']}`"
+            rows.append(
+                f"| {name} | {_f(point.get('target_share'))} | {_f(arm['tau'], 3)} "
+                f"| {_f(point.get('promised_share'))} | {_f(figures['top_share'])} "
+                f"| {figures['passed']}/{figures['problems']} | {_f(figures['retained'])} |"
+            )
+        window, min_run = EAD_TIMING
+        separating = [t for t in w.record["separating"] if t in w.complete]
+        lead = (
+            f"Live sweeps (`{self.sweep_path}`, a run of its own): `ead` as its paper runs it (window "
+            f"{window}, min run {min_run}) and `peek` (each position on its own), each at the threshold "
+            f"whose teacher-forced share of {w.large} tokens on calibration problems "
+            f"{_ids(w.record['derived']['threshold_problems'])} is nearest the target, decoded on "
+            f"{len(w.complete)} held-out problems ({_ids(w.complete)}) chosen after the first run because "
+            f"the {w.small} and the {w.large} differed there, so pass@1 is over those problems, not over "
+            f"the half; in this run the tiers differ on {len(separating)} of them."
+        )
+        planned = len(w.record["problems"])
+        if len(w.complete) < planned:
+            lead += f" {planned} are planned and the same command goes on."
+        return [lead, "\n".join(rows)]
+
     def lead(self) -> str:
         n = len(self.complete)
         begun = [t for t in self.record["answered"] if t not in self.complete]
@@ -385,27 +434,28 @@ class Headline:
                 "random routing and the oracle at the same share, and `ead` as its paper runs it (window "
                 f"{EAD_TIMING[0]}, min run {EAD_TIMING[1]}) at its threshold nearest that share):",
                 self.curve(),
+                *self.sweep_section(),
                 f"![HumanEval pass@1 against the {self.large}'s share of tokens and against seconds per "
                 f"problem]({Path(report).with_suffix('.png').as_posix()})\n{END}",
             ]
         )
 
 
-def bar_report(report: str) -> str:
-    """Where the bar run's report sits beside `report` (it may not exist)."""
+def beside(report: str, suffix: str) -> tuple[dict | None, str]:
+    """The report of a run of its own beside `report` (its name + suffix), if there, and its path."""
     path = Path(report)
-    return path.with_name(f"{path.stem}{BAR_SUFFIX}{path.suffix}").as_posix()
+    other = path.with_name(f"{path.stem}{suffix}{path.suffix}").as_posix()
+    found = ROOT / other
+    return (json.loads(found.read_text(encoding="utf-8")) if found.is_file() else None), other
 
 
 def render(report: str = REPORT) -> str:
     """The headline section for the report at `report` (a path from the repository root), with the
-    bar run's figures when its report is there too."""
-    bar_path = bar_report(report)
-    bar = ROOT / bar_path
+    bar run's and the live sweep's figures when their reports are there too."""
     return Headline(
         json.loads((ROOT / report).read_text(encoding="utf-8")),
-        json.loads(bar.read_text(encoding="utf-8")) if bar.is_file() else None,
-        bar_path,
+        *beside(report, BAR_SUFFIX),
+        *beside(report, SWEEP_SUFFIX),
     ).section(report)
 
 

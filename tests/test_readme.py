@@ -207,3 +207,41 @@ def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
         "  - Per problem: verified drafting 30 s, the 1.5B alone 45 s, mlx-lm's speculative decoding on "
         "fp32 weights 75 s (2.50× verified drafting's time) and on our kernels 70 s." in section
     )
+
+
+def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
+    """With the sweep run's report, the headline gives each swept point's target, threshold,
+    promised and live share, pass@1 and retained, beside the tiers, over the problems it answered."""
+    import copy
+    import json
+
+    headline = _headline()
+    found = headline.written(README.read_text(encoding="utf-8"))
+    assert found
+    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    assert "Live sweeps" not in headline.Headline(record).section(found[0])
+    sweep = copy.deepcopy(record)
+    tiers = [a for a in sweep["arms"] if a["kind"] == "tier"]
+    point = copy.deepcopy(tiers[0])
+    point.update(kind="sweep", policy="ead", tau=0.25, name="ead τ=0.25")
+    point["side_by_side"].update(top_share=0.12, passed=3, problems=4, retained=0.5)
+    sweep["arms"] = [*tiers, point]
+    sweep["sweep"] = {"ead": [{"target_share": 0.1, "tau": 0.25, "promised_share": 0.11}]}
+    sweep["derived"]["threshold_problems"] = ["HumanEval/0", "HumanEval/2"]
+    sweep["complete"] = ["HumanEval/9", "HumanEval/17", "HumanEval/59", "HumanEval/63"]
+    sweep["problems"] = [*sweep["complete"], "HumanEval/67"]
+    sweep["separating"] = ["HumanEval/9", "HumanEval/17", "HumanEval/67"]
+    section = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(found[0])
+    assert (
+        "Live sweeps (`s.json`, a run of its own): `ead` as its paper runs it (window 5, min run 10) and "
+        "`peek` (each position on its own), each at the threshold whose teacher-forced share of 1.5B "
+        "tokens on calibration problems 0, 2 is nearest the target, decoded on 4 held-out problems "
+        "(9, 17, 59, 63) chosen after the first run because the 0.5B and the 1.5B differed there, so "
+        "pass@1 is over those problems, not over the half; in this run the tiers differ on 2 of them. "
+        "5 are planned and the same command goes on." in section
+    )
+    assert "| `ead` | 0.10 | 0.250 | 0.11 | 0.12 | 3/4 | 0.50 |" in section
+    assert section.count("| 0.5B alone | – | – | – |") == 1
+    sweep["problems"] = sweep["complete"]
+    done = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(found[0])
+    assert "differ on 2 of them.\n" in done and "planned" not in done
