@@ -761,3 +761,16 @@ def test_a_blas_preloaded_into_mlx_is_named_and_the_bundled_one_is_not():
     assert _preloaded_blas_seen(None) is None
     # The bundled library itself, preloaded: found in the global scope, so MLX's calls bind to it.
     assert _preloaded_blas_seen(str(bundled[0])) == {"path": os.path.realpath(bundled[0]), "threads": None}
+
+
+@pytest.mark.parametrize("rows", [1, 2, nested_cpu.GEMV_MAX_ROWS, nested_cpu.GEMV_MAX_ROWS + 1, 7])
+def test_the_resident_route_equals_a_float64_product_at_every_row_count(rows):
+    # 2..GEMV_MAX_ROWS rows take one sgemv a row, the others one sgemm: both are x · Wᵀ (+ bias).
+    rng = np.random.default_rng(rows)
+    weight = rng.standard_normal((24, 40), dtype=np.float32)
+    x = rng.standard_normal((1, rows, 40), dtype=np.float32)
+    bias = rng.standard_normal(24, dtype=np.float32)
+    got = nested_cpu.resident_dense_matmul(mx.array(x), weight, mx.array(bias))
+    want = x.astype(np.float64) @ weight.T.astype(np.float64) + bias
+    assert got is not None and got.shape == (1, rows, 24) and got.dtype == mx.float32
+    assert np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)

@@ -23,6 +23,10 @@ from ._common import force_reference, numpy_routes_allowed, single_threaded_blas
 # MLX's dense matmul costs as much a row as one plane of quantized_matmul: without NumPy, dense
 # pays only with ≥ 2 planes (from 8 rows with 2, from 4 with 3).
 BLAS_MIN_ROWS = 4
+# OpenBLAS's sgemm is slow for 2-3 rows: a 2-row product took 2.7-5.5× a 1-row one over the
+# Qwen2.5-1.5B's layer shapes, one sgemv a row 0.34-0.87× the sgemm, and sgemm wins from 4 rows
+# (bench/results/small-rows-qwen1.5b.txt). Verification of a short draft and catch-up feed such rows.
+GEMV_MAX_ROWS = 3
 MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry
 DEQUANT_BLOCK = 1 << 20  # weights dequantized at a time by the dense routes
 _SCRATCH = threading.local()
@@ -232,6 +236,16 @@ def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None
     if xs is None:
         return None
     with single_threaded_blas():
-        y = _from_rows(xs @ weight.T, x)
+        y = _from_rows(_rows_times(xs, weight), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
+
+
+def _rows_times(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """xs · Wᵀ by NumPy's BLAS: one sgemv a row for 2..GEMV_MAX_ROWS rows, else one product."""
+    if not 1 < xs.shape[0] <= GEMV_MAX_ROWS:
+        return xs @ weight.T
+    out = np.empty((xs.shape[0], weight.shape[0]), dtype=np.result_type(xs, weight))
+    for i, row in enumerate(xs):
+        np.matmul(weight, row, out=out[i])
+    return out
