@@ -196,6 +196,10 @@ def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
     top["side_by_side"]["seconds_per_problem"] = 45.0
     section = headline.Headline(record, bar, "bench/results/x-bar.json").section(found[0])
     assert "gives no figure here yet" not in section
+    assert (
+        "** (in a run of its own, 2.50× as fast as mlx-lm's speculative decoding on fp32 weights and "
+        "MLX's kernels: the issue's bar). Those are seconds" in section
+    )
     on = (
         "OpenBLAS (1 thread) preloaded into MLX in place of the reference BLAS its wheel bundles"
         if blas
