@@ -365,8 +365,9 @@ class Headline:
                 "same run.",
                 f"  - It decodes {_f(spec['side_by_side']['decode_tok_per_s'])} tok/s on our CPU routes, "
                 f"against {_f(top['side_by_side']['decode_tok_per_s'])} for the {self.large} alone: "
-                "checking 2 drafted tokens costs nearly a 3-row pass, and our single-threaded BLAS is "
-                "compute-bound here.",
+                "its check of 2 drafted tokens is a 3-row pass, and OpenBLAS's sgemm made a 3-row "
+                "product cost 3.5–8× a 1-row one (`bench/results/small-rows-qwen1.5b.txt`; since "
+                "commit `12e769e` 2–3 rows take one mat-vec a row, after these records were made).",
                 f"  - Per problem: verified drafting {_f(self.seconds(p), 0)} s, mlx-lm's speculative "
                 f"decoding {_f(self.seconds(spec), 0)} s, the {self.large} alone {_f(self.seconds(top), 0)}"
                 " s.",
