@@ -213,6 +213,7 @@ def test_report_reads_the_records_without_loading_a_model(full_run, monkeypatch,
     again = args[:json_at] + [str(tmp_path / "again.json")] + args[json_at + 1 :] + ["--report"]
     result = runner.invoke(app, again)
     assert result.exit_code == 0, result.stderr
+    assert "(reading: " in result.stderr and "resuming" not in result.stderr  # it resumes nothing
     first, second = (json.loads(p.read_text()) for p in (out / "r.json", tmp_path / "again.json"))
     assert second["arms"] == first["arms"] and second["profile"] == first["profile"]
     fresh = runner.invoke(app, again[:-1] + ["--records", str(tmp_path / "none.jsonl"), "--report"])

@@ -69,8 +69,8 @@ def bench_humaneval(
     )
     done = len(chosen.records.results())
     err = ui.make_console(stderr=True)
-    resuming = f" (resuming: {done} answers kept)" if done else ""
-    ui.print_dim(err, f"records: {chosen.records.path}{resuming}")
+    held = f" ({'reading' if report_only else 'resuming'}: {done} answers kept)" if done else ""
+    ui.print_dim(err, f"records: {chosen.records.path}{held}")
     if report_only:
         record = report(chosen)
     else:
