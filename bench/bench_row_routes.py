@@ -24,7 +24,8 @@ import numpy as np
 from mlxswitch.models.sources import load_model
 
 
-def _timed(call, repeats: int) -> float:
+def timed_ms(call, repeats: int) -> float:
+    """Mean ms per call over `repeats` calls, after one warm-up call."""
     call()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> None:
         times: dict[str, list[float]] = {route: [] for route in routes}
         for _ in range(args.rounds):  # interleaved, so drift hits every route alike
             for route, call in routes.items():
-                times[route].append(_timed(call, args.repeats))
+                times[route].append(timed_ms(call, args.repeats))
         quantized_bytes = layer.weight.nbytes + layer.scales.nbytes + layer.biases.nbytes
         for route, samples in times.items():
             ms = statistics.median(samples)

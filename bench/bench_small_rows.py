@@ -13,21 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
+from bench_row_routes import timed_ms  # this folder is on sys.path when run as a script
 
 from mlxswitch.kernels._common import single_threaded_blas
 
 QWEN_1_5B = "256x1536,1536x1536,8960x1536,1536x8960"  # k/v, q/o, gate/up, down of Qwen2.5-1.5B
-
-
-def _timed(call, repeats: int) -> float:
-    call()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 def _per_row(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -57,8 +49,8 @@ def main() -> None:
                 assert np.allclose(x @ weight.T, _per_row(x, weight), rtol=1e-4, atol=1e-3)
                 gemm, gemv = [], []
                 for _ in range(args.rounds):
-                    gemm.append(_timed(lambda x=x, w=weight: x @ w.T, args.repeats))
-                    gemv.append(_timed(lambda x=x, w=weight: _per_row(x, w), args.repeats))
+                    gemm.append(timed_ms(lambda x=x, w=weight: x @ w.T, args.repeats))
+                    gemv.append(timed_ms(lambda x=x, w=weight: _per_row(x, w), args.repeats))
                 a, b = statistics.median(gemm), statistics.median(gemv)
                 print(f"{out_dims}×{in_dims} | {rows} | {a:.3f} | {b:.3f} | {b / a:.2f}", flush=True)
 
