@@ -184,7 +184,13 @@ def humaneval_table(record: dict) -> Table:
             _cell(tf.get("oracle")),
         )
     same = [f"{a['name']} {a['reproduces_top']}/{a['problems']}" for a in record["arms"] if a.get("verified")]
-    lossless = f"answers identical to the top tier's: {', '.join(same)}; " if same else ""
+    lossless = (
+        "verified arms: top share = tokens the top tier made, every token checked by it; "
+        f"answers identical to the top tier's: {', '.join(same)}; "
+        if same
+        else ""
+    )
+    complete = len(record["complete"])
     calibrated = record.get("calibrated")
     promise = (
         f"calibrated τ {calibrated['tau']:g}: share promised {_cell(calibrated['promised_share'])} "
@@ -194,9 +200,9 @@ def humaneval_table(record: dict) -> Table:
         else ""
     )
     table.caption = (
-        f"{promise}verified arms: top share = tokens the top tier made, every token checked by it; "
-        f"{lossless}"
-        f"{len(record['complete'])} problems answered by every arm ({len(record['answered'])} begun; "
+        f"{promise}{lossless}"
+        f"{complete} problem{'' if complete == 1 else 's'} answered by every arm "
+        f"({len(record['answered'])} begun; "
         "tg tok/s, s/problem and the median 1st tok s over those), greedy, one sample each; records in "
         f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
         "on the problems all three answered; "
