@@ -38,6 +38,11 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _count(n: int, word: str) -> str:
+    """ "1 problem", "2 problems"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _ids(tasks: list[str]) -> str:
     return ", ".join(t.split("/")[-1] for t in tasks)
 
@@ -230,8 +235,8 @@ class Headline:
         fp32, mine, top = b.speculative_fp32, b.profile, b.top
         return [
             "  - **The issue's own bar**: mlx-lm's speculative decoding on fp32 weights and MLX's kernels, "
-            f"with {on}. It ran in a second run (`{self.bar_path}`) on {len(b.complete)} "
-            f"{b.half()}problem{'s' if len(b.complete) != 1 else ''} ({_ids(b.complete)}), every arm "
+            f"with {on}. It ran in a second run (`{self.bar_path}`) on "
+            f"{_count(len(b.complete), b.half() + 'problem')} ({_ids(b.complete)}), every arm "
             "interleaved as above and no other run beside it, so its times are lower than the first "
             "run's, whose process shared the two cores with another run.",
             f"  - Per problem: verified drafting {_f(b.seconds(mine), 0)} s, the {b.large} alone "
@@ -284,7 +289,8 @@ class Headline:
             f"{window}, min run {min_run}) and `peek` (each position on its own), each at the threshold "
             f"whose teacher-forced share of {w.large} tokens on calibration problems "
             f"{_ids(w.record['derived']['threshold_problems'])} is nearest the target, decoded on "
-            f"{len(w.complete)} held-out problems ({_ids(w.complete)}) chosen after the first run because "
+            f"{_count(len(w.complete), 'held-out problem')} ({_ids(w.complete)}) chosen after the first "
+            "run because "
             f"the {w.small} and the {w.large} differed there, so pass@1 is over those problems, not over "
             f"the half; in this run the tiers differ on {len(separating)} of them."
         )
@@ -446,9 +452,10 @@ class Headline:
                 "random routing and the oracle at the same share, and `ead` as its paper runs it (window "
                 f"{EAD_TIMING[0]}, min run {EAD_TIMING[1]}) at its threshold nearest that share):",
                 self.curve(),
-                *self.sweep_section(),
                 f"![HumanEval pass@1 against the {self.large}'s share of tokens and against seconds per "
-                f"problem]({Path(report).with_suffix('.png').as_posix()})\n{END}",
+                f"problem]({Path(report).with_suffix('.png').as_posix()})",
+                *self.sweep_section(),
+                END,
             ]
         )
 
