@@ -18,15 +18,9 @@ import numpy as np
 from bench_row_routes import timed_ms  # this folder is on sys.path when run as a script
 
 from mlxswitch.kernels._common import single_threaded_blas
+from mlxswitch.kernels.nested_cpu import row_by_row
 
 QWEN_1_5B = "256x1536,1536x1536,8960x1536,1536x8960"  # k/v, q/o, gate/up, down of Qwen2.5-1.5B
-
-
-def _per_row(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
-    for i in range(x.shape[0]):
-        np.matmul(weight, x[i], out=out[i])
-    return out
 
 
 def main() -> None:
@@ -46,11 +40,11 @@ def main() -> None:
             weight = rng.standard_normal((out_dims, in_dims), dtype=np.float32)
             for rows in (int(r) for r in args.rows.split(",")):
                 x = rng.standard_normal((rows, in_dims), dtype=np.float32)
-                assert np.allclose(x @ weight.T, _per_row(x, weight), rtol=1e-4, atol=1e-3)
+                assert np.allclose(x @ weight.T, row_by_row(x, weight), rtol=1e-4, atol=1e-3)
                 gemm, gemv = [], []
                 for _ in range(args.rounds):
                     gemm.append(timed_ms(lambda x=x, w=weight: x @ w.T, args.repeats))
-                    gemv.append(timed_ms(lambda x=x, w=weight: _per_row(x, w), args.repeats))
+                    gemv.append(timed_ms(lambda x=x, w=weight: row_by_row(x, w), args.repeats))
                 a, b = statistics.median(gemm), statistics.median(gemv)
                 print(f"{out_dims}×{in_dims} | {rows} | {a:.3f} | {b:.3f} | {b / a:.2f}", flush=True)
 

@@ -217,8 +217,8 @@ class Headline:
     def bar_bullet(self) -> list[str]:
         """The issue's bar as it measured it (mlx-lm's speculative decoding on fp32 weights and MLX's
         kernels), from the bar run's report when there is one."""
-        b = self.bar
-        if b is None or b.speculative_fp32 is None or b.profile is None:
+        b = self.bar_measured()
+        if b is None:
             return [
                 "  - The issue measured its bar on fp32 weights and MLX's own kernels. That configuration "
                 "(`speculative-fp32`) gives no figure here yet: on MLX's bundled reference BLAS it takes "
@@ -333,10 +333,15 @@ class Headline:
             f"{n} {self.half()}HumanEval problems (task numbers {_ids(self.complete)}).{partly}"
         )
 
+    def bar_measured(self) -> Headline | None:
+        """The bar run, when its report holds both the fp32 speculative arm and the profile."""
+        b = self.bar
+        return b if b is not None and b.speculative_fp32 is not None and b.profile is not None else None
+
     def bar_lead(self) -> str:
         """The issue's own bar in the lead, from the bar run, when there is one."""
-        b = self.bar
-        if b is None or b.speculative_fp32 is None or b.profile is None:
+        b = self.bar_measured()
+        if b is None:
             return ""
         return (
             f" (in a run of its own, {_f(b.ratio(b.speculative_fp32, b.profile))}× as fast as mlx-lm's "

@@ -243,8 +243,11 @@ def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None
 
 def _rows_times(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """xs · Wᵀ by NumPy's BLAS: one sgemv a row for 2..GEMV_MAX_ROWS rows, else one product."""
-    if not 1 < xs.shape[0] <= GEMV_MAX_ROWS:
-        return xs @ weight.T
+    return row_by_row(xs, weight) if 1 < xs.shape[0] <= GEMV_MAX_ROWS else xs @ weight.T
+
+
+def row_by_row(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """xs · Wᵀ as one sgemv a row (what the resident route does for a few rows)."""
     out = np.empty((xs.shape[0], weight.shape[0]), dtype=np.result_type(xs, weight))
     for i, row in enumerate(xs):
         np.matmul(weight, row, out=out[i])
