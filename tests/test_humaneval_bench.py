@@ -26,7 +26,8 @@ FLAGS = [
     "--timeout",
     "2",
     "--arms",
-    "profile,calibrated,verify,peek,random,oracle,mlx-lm,speculative,speculative-ours,speculative-fp32",
+    "profile,calibrated,verify,peek,random,oracle,mlx-lm,mlx-lm-fp32,speculative,speculative-ours,"
+    "speculative-fp32",
 ]
 
 
@@ -82,6 +83,7 @@ def test_every_arm_answers_every_problem(full_run):
         "random",
         "oracle",
         "mlx-lm",
+        "mlx-lm-fp32",
         "speculative",
         "speculative-ours",
         "speculative-fp32",
@@ -128,6 +130,11 @@ def test_verified_drafting_and_speculative_decoding_answer_as_the_top_tier(full_
         assert verified == top
         assert answers[(task, "mlx-lm speculative (our kernels)")] == top
         assert answers[(task, "mlx-lm speculative (fp32 weights)")] == top
+        # mlx-lm on each model alone, as shipped and dequantized to fp32: that model's own answer.
+        for tier in ("small", "large"):
+            own = answers[(task, f"{tier} alone")]
+            assert answers[(task, f"mlx-lm {tier}")] == own
+            assert answers[(task, f"mlx-lm {tier} (fp32 weights)")] == own
     record = json.loads((out / "r.json").read_text())
     lossless = {a["name"]: a for a in record["arms"] if a.get("verified")}
     assert {a["kind"] for a in lossless.values()} == {

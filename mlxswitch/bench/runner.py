@@ -58,9 +58,9 @@ class Arm:
     """One way of decoding: an engine configuration, or mlx-lm on one tier."""
 
     name: str
-    kind: str  # "tier", "profile", "sweep", "mlx-lm", "speculative"
+    kind: str  # "tier", "profile", "sweep", "mlx-lm", "speculative" (HumanEval: more, arms.py)
     config: RouterConfig | None = None
-    tier: int | None = None  # for "tier" and "mlx-lm"
+    tier: int | None = None  # for "tier" and MLX_LM_TIER_KINDS
     policy: str | None = None
     tau: float | None = None
 
@@ -82,7 +82,7 @@ class Arm:
         return self.config
 
     def rung(self) -> int:
-        """The tier index of a "tier" or "mlx-lm" arm."""
+        """The tier index of a "tier" or MLX_LM_TIER_KINDS arm."""
         if self.tier is None:
             raise ValueError(f"arm {self.name} ({self.kind}) names no tier")
         return self.tier
@@ -145,6 +145,10 @@ def _stock_kernels():
 
 
 SPECULATIVE_KINDS = ("speculative", "speculative-ours", "speculative-fp32")
+# mlx-lm's stream_generate on one tier: as shipped, or with that model dequantized to fp32.
+MLX_LM_TIER_KINDS = ("mlx-lm", "mlx-lm-fp32")
+# Run on MLX's kernels with the weights dequantized to fp32 (as issue 20 measured mlx-lm).
+FP32_KINDS = ("mlx-lm-fp32", "speculative-fp32")
 
 
 def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
@@ -214,20 +218,19 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
         tier = ladder.tiers[arm.rung()]
         tier.activate()
         model = tier.model.model
-    # "speculative-ours": mlx-lm's generator on our CPU routes (its algorithm, our kernels);
-    # "speculative-fp32": on MLX's kernels with both models dequantized to fp32 (as issue 20 measured).
+    # "speculative-ours": mlx-lm's generator on our CPU routes (its algorithm, our kernels); the
+    # others on MLX's own kernels, FP32_KINDS with the models dequantized to fp32.
     kernels: contextlib.AbstractContextManager = (
         contextlib.nullcontext() if arm.kind == "speculative-ours" else _stock_kernels()
     )
+    fp32 = arm.kind in FP32_KINDS
     weights: contextlib.AbstractContextManager = (
-        _dequantized_fp32([model, kwargs["draft_model"]])
-        if arm.kind == "speculative-fp32"
-        else contextlib.nullcontext()
+        _dequantized_fp32([model, *kwargs.values()]) if fp32 else contextlib.nullcontext()
     )
     start, stamps, ids, drafted, peak = 0.0, [], [], 0, 0.0
     read = ladder.tiers[-1 if speculative else arm.rung()].bytes_per_token
     with kernels, weights:
-        if arm.kind == "speculative-fp32":
+        if fp32:
             read = bytes_per_token(model)  # the fp32 weights this arm reads
         start = time.perf_counter()
         mx.reset_peak_memory()

@@ -8,6 +8,9 @@ setting, each swept point).
   top tier's tokens teacher-forced on calibration problems (run.py): the setting calibrate would
   promise, decoded live on the held-out problems.
 - `verify`: verified drafting (decoding/verify.py) at that threshold: lossless.
+- `mlx-lm`: mlx-lm's stream_generate on each tier as shipped (on x86, MLX's quantized mat-vec is a
+  scalar loop); `mlx-lm-fp32`: the same with that tier's model dequantized to fp32 while it runs,
+  on MLX's own kernels (how issue 20 measured each model alone; separate models only).
 - `speculative`: mlx-lm's speculative decoding as shipped; `speculative-ours`: the same generator
   on our CPU routes (mlx-lm's algorithm, our kernels), so that the comparison with `verify`
   isolates the drafting rule; `speculative-fp32`: mlx-lm's speculative decoding on MLX's own
@@ -21,7 +24,7 @@ from ...errors import UsageError
 from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from ...routing.router import RouterConfig
-from ..runner import SPECULATIVE_KINDS, Arm, forced_config, make_arms
+from ..runner import MLX_LM_TIER_KINDS, SPECULATIVE_KINDS, Arm, forced_config, make_arms
 
 GROUPS = (
     "profile",
@@ -31,6 +34,7 @@ GROUPS = (
     "random",
     "oracle",
     "mlx-lm",
+    "mlx-lm-fp32",
     "speculative",
     "speculative-ours",
     "speculative-fp32",
@@ -38,7 +42,7 @@ GROUPS = (
 QUICK_GROUPS = ("profile", "peek", "random", "oracle")
 ROUTED_KINDS = ("profile", "calibrated", "sweep")
 CONTROL_KINDS = ("random", "oracle")
-STOCK_KINDS = ("mlx-lm", *SPECULATIVE_KINDS)  # mlx-lm's generator decodes them
+STOCK_KINDS = (*MLX_LM_TIER_KINDS, *SPECULATIVE_KINDS)  # mlx-lm's generator decodes them
 
 
 def calibrated_signal(profile: Profile) -> str:
@@ -110,7 +114,13 @@ def humaneval_arms(
                 name = f"{kind} (peek τ={tau:g})"
                 config = calibrated_config(calibrated_signal(profile), tau, n, verify)
                 bench.append(Arm(name, kind, config, policy="peek", tau=tau))
-    two_models = n == 2 and ladder.tiers[0].group is not ladder.tiers[1].group
+    separate_models = len({id(tier.group) for tier in ladder.tiers}) == n
+    if "mlx-lm-fp32" in groups and separate_models:
+        bench += [
+            Arm(f"mlx-lm {name} (fp32 weights)", "mlx-lm-fp32", tier=r)
+            for r, name in enumerate(ladder.tier_names)
+        ]
+    two_models = n == 2 and separate_models
     if "speculative-ours" in groups and two_models:
         bench.append(Arm("mlx-lm speculative (our kernels)", "speculative-ours"))
     if "speculative-fp32" in groups and two_models:

@@ -13,6 +13,7 @@ POINT_KINDS = (
     "calibrated",
     "verify",
     "mlx-lm",
+    "mlx-lm-fp32",
     "speculative",
     "speculative-ours",
     "speculative-fp32",

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...routing.router import RouterConfig
 from .. import metrics, simulate
-from ..runner import sweep_config
+from ..runner import MLX_LM_TIER_KINDS, sweep_config
 from .arms import calibrated_config
 from .problems import SPLITS, split_of
 
@@ -88,7 +88,7 @@ def _teacher_forced(
             else metrics.oracle(bottom, top, live_share)
         )
         return {"top_share": live_share, "retained": _num(value)}
-    if arm["kind"] in ("tier", "mlx-lm"):
+    if arm["kind"] in ("tier", *MLX_LM_TIER_KINDS):
         tried = simulate.forced(positions, arm["tier"])
     elif _lossless(arm):  # the large model's tokens
         tried = simulate.forced(positions, n - 1)
