@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 REPORT = "bench/results/humaneval-pair.json"
 # Runs of their own beside the main report: humaneval-pair-bar.json, the issue's bar (mlx-lm
-# speculative on fp32 weights); humaneval-pair-sweep.json, `ead` and `peek` swept live.
-BAR_SUFFIX, SWEEP_SUFFIX = "-bar", "-sweep"
+# speculative on fp32 weights); humaneval-pair-sweep.json, `ead` and `peek` swept live;
+# humaneval-pair-stock.json, mlx-lm on each model alone (fp32 weights).
+BAR_SUFFIX, SWEEP_SUFFIX, STOCK_SUFFIX = "-bar", "-sweep", "-stock"
 END = "<!-- /headline -->"
 EAD_TIMING = POLICY_BY_NAME["ead"].sweep_timing  # (window, min run) of the curve's `ead` column
 
@@ -57,12 +58,16 @@ class Headline:
         bar_path: str = "",
         sweep: dict | None = None,
         sweep_path: str = "",
+        stock: dict | None = None,
+        stock_path: str = "",
     ):
         self.record = record
         self.bar = Headline(bar) if bar is not None else None  # the bar run's report (beside())
         self.bar_path = bar_path
         self.sweep = Headline(sweep) if sweep is not None else None  # the live sweep's report
         self.sweep_path = sweep_path
+        self.stock = Headline(stock) if stock is not None else None  # mlx-lm on each model alone
+        self.stock_path = stock_path
         tiers = record["profile"]["tiers"]
         self.small, self.large = (
             _size(model, tier) for model, tier in zip(record["profile"]["models"], tiers, strict=True)
@@ -76,6 +81,7 @@ class Headline:
         self.random = next(iter(by_kind.get("random", [])), None)
         self.speculative = next(iter(by_kind.get("speculative-ours", [])), None)
         self.speculative_fp32 = next(iter(by_kind.get("speculative-fp32", [])), None)
+        self.mlx_lm_fp32 = by_kind.get("mlx-lm-fp32", [])  # bottom first, as the run lists them
         self.complete = record["complete"]
 
     def label(self, arm: dict) -> str:
@@ -224,18 +230,10 @@ class Headline:
                 "(`speculative-fp32`) gives no figure here yet: on MLX's bundled reference BLAS it takes "
                 'minutes over one prompt ("HumanEval" below says why).'
             ]
-        blas = b.record["settings"].get("mlx_blas")
-        threads = blas.get("threads") if blas else None
-        on = (
-            f"OpenBLAS ({threads} thread{'s' if threads != 1 else ''}) preloaded into MLX in place of the "
-            "reference BLAS its wheel bundles"
-            if blas
-            else "MLX's bundled reference BLAS"
-        )
         fp32, mine, top = b.speculative_fp32, b.profile, b.top
         return [
             "  - **The issue's own bar**: mlx-lm's speculative decoding on fp32 weights and MLX's kernels, "
-            f"with {on}. It ran in a second run (`{self.bar_path}`) on "
+            f"with {b.blas()}. It ran in a second run (`{self.bar_path}`) on "
             f"{_count(len(b.complete), b.half() + 'problem')} ({_ids(b.complete)}), every arm "
             "interleaved as above and no other run beside it, so its times are lower than the first "
             "run's, whose process shared the two cores with another run.",
@@ -251,6 +249,47 @@ class Headline:
             f"{_f(top['side_by_side'].get('decode_tok_per_s'))} and "
             f"{_f(fp32['side_by_side'].get('decode_tok_per_s'))}. Answers identical to the {b.large}'s: "
             f"{self.same(mine)} by verified drafting, {self.same(fp32)} by speculative decoding.",
+        ]
+
+    def blas(self) -> str:
+        """The BLAS this run's MLX did its fp32 products in."""
+        blas = self.record["settings"].get("mlx_blas")
+        if not blas:
+            return "MLX's bundled reference BLAS"
+        threads = blas.get("threads")
+        return (
+            f"OpenBLAS ({threads} thread{'s' if threads != 1 else ''}) preloaded into MLX in place of the "
+            "reference BLAS its wheel bundles"
+        )
+
+    def stock_bullet(self) -> list[str]:
+        """mlx-lm's stream_generate on each model alone, dequantized to fp32 (how the issue measured
+        its orientation table), from the stock run's report when it holds both models and the profile."""
+        s = self.stock
+        if s is None or len(s.mlx_lm_fp32) != 2 or s.profile is None or not s.complete:
+            return []
+        (small, large), (ours_small, ours_large) = s.mlx_lm_fp32, (s.bottom, s.top)
+
+        def rate(arm: dict) -> str:
+            return _f(arm["side_by_side"].get("decode_tok_per_s"))
+
+        def own(arm: dict) -> str:
+            figures = arm["side_by_side"]
+            return f"{figures.get('reproduces_tier', 0)}/{figures['problems']}"
+
+        return [
+            "- **mlx-lm on each model alone**, as the issue measured its orientation table: "
+            f"`stream_generate` with the model dequantized to fp32 on MLX's kernels, with {s.blas()}. "
+            f"A third run (`{self.stock_path}`) on {_count(len(s.complete), s.half() + 'problem')} "
+            f"({_ids(s.complete)}), every arm interleaved and no other run beside it.",
+            f"  - Per problem: the {s.small} {_f(s.seconds(small), 0)} s by mlx-lm against "
+            f"{_f(s.seconds(ours_small), 0)} s by our engine on the same weights, the {s.large} "
+            f"{_f(s.seconds(large), 0)} s against {_f(s.seconds(ours_large), 0)} s; verified drafting "
+            f"{_f(s.seconds(s.profile), 0)} s ({_f(s.ratio(large, s.profile))}× as fast as mlx-lm's "
+            f"{s.large}). Decode tok/s: mlx-lm {rate(small)} and {rate(large)}, ours {rate(ours_small)} "
+            f"and {rate(ours_large)}.",
+            f"  - mlx-lm's answers were token for token our engine's on the same model on {own(small)} "
+            f"({s.small}) and {own(large)} ({s.large}) problems.",
         ]
 
     @staticmethod
@@ -384,6 +423,7 @@ class Headline:
                 " s.",
             ]
             out += self.bar_bullet()
+        out += self.stock_bullet()
         c, r = self.calibrated, self.random
         promised = self.record.get("calibrated")
         if c and promised:
@@ -475,11 +515,12 @@ def beside(report: str, suffix: str) -> tuple[dict | None, str]:
 
 def render(report: str = REPORT) -> str:
     """The headline section for the report at `report` (a path from the repository root), with the
-    bar run's and the live sweep's figures when their reports are there too."""
+    bar run's, the live sweep's and the stock run's figures when their reports are there too."""
     return Headline(
         json.loads((ROOT / report).read_text(encoding="utf-8")),
         *beside(report, BAR_SUFFIX),
         *beside(report, SWEEP_SUFFIX),
+        *beside(report, STOCK_SUFFIX),
     ).section(report)
 
 

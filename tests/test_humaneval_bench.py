@@ -110,6 +110,9 @@ def test_every_arm_answers_every_problem(full_run):
     live = next(a for a in record["arms"] if a["kind"] == "calibrated")
     assert record["calibrated"]["live_share"] == live["top_share"]
     assert "calibrated τ" in result.stdout and "random@calibrated" in result.stdout
+    assert "mlx-lm's answers identical to ours on the same model: mlx-lm small 2/2" in " ".join(
+        result.stdout.split()
+    )
     # EAD's table, teacher-forced: share → retained, with the controls at each share.
     curve = record["teacher_forced_curve"]
     assert [row["target_share"] for row in curve] == [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
@@ -144,6 +147,10 @@ def test_verified_drafting_and_speculative_decoding_answer_as_the_top_tier(full_
         "speculative-fp32",
     }
     assert all(a["reproduces_top"] == 2 and a["teacher_forced"]["retained"] == 1 for a in lossless.values())
+    stock = {a["name"]: a["reproduces_tier"] for a in record["arms"] if "reproduces_tier" in a}
+    assert stock == dict.fromkeys(
+        ["mlx-lm small", "mlx-lm large", "mlx-lm small (fp32 weights)", "mlx-lm large (fp32 weights)"], 2
+    )
 
 
 def test_figures_rederive_from_the_records(full_run):

@@ -249,3 +249,53 @@ def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
     sweep["problems"] = sweep["complete"]
     done = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(found[0])
     assert "differ on 2 of them.\n" in done and "planned" not in done
+
+
+def test_the_stock_runs_figures_give_mlx_lm_on_each_model_beside_ours():
+    """With the stock run's report (mlx-lm's stream_generate on each model, fp32 weights) the
+    headline gives each model's seconds per problem by mlx-lm and by our engine, verified drafting's
+    beside them, and how many of mlx-lm's answers were ours; without it, nothing."""
+    import copy
+    import json
+
+    headline = _headline()
+    found = headline.written(README.read_text(encoding="utf-8"))
+    assert found
+    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    assert "mlx-lm on each model alone" not in headline.Headline(record).section(found[0])
+    stock = copy.deepcopy(record)
+    stock["complete"] = ["HumanEval/1", "HumanEval/3"]
+    stock["settings"]["mlx_blas"] = {"path": "/usr/lib/libopenblas.so.0", "threads": 1}
+    figures = {"small": (20.0, 10.0, 2), "large": (80.0, 4.0, 1)}  # s/problem, tok/s, same as ours
+    for tier, (seconds, rate, same) in figures.items():
+        stock["arms"].append(
+            {
+                "name": f"mlx-lm {tier} (fp32 weights)",
+                "kind": "mlx-lm-fp32",
+                "side_by_side": {
+                    "seconds_per_problem": seconds,
+                    "decode_tok_per_s": rate,
+                    "reproduces_tier": same,
+                    "problems": 2,
+                },
+            }
+        )
+    for arm, seconds in (("small alone", 15.0), ("large alone", 40.0)):
+        next(a for a in stock["arms"] if a["name"] == arm)["side_by_side"]["seconds_per_problem"] = seconds
+    next(a for a in stock["arms"] if a["kind"] == "profile")["side_by_side"]["seconds_per_problem"] = 32.0
+    section = headline.Headline(record, stock=stock, stock_path="s.json").section(found[0])
+    assert (
+        "- **mlx-lm on each model alone**, as the issue measured its orientation table: `stream_generate` "
+        "with the model dequantized to fp32 on MLX's kernels, with OpenBLAS (1 thread) preloaded into "
+        "MLX in place of the reference BLAS its wheel bundles. A third run (`s.json`) on 2 held-out "
+        "problems (1, 3), every arm interleaved and no other run beside it." in section
+    )
+    assert (
+        "  - Per problem: the 0.5B 20 s by mlx-lm against 15 s by our engine on the same weights, the "
+        "1.5B 80 s against 40 s; verified drafting 32 s (2.50× as fast as mlx-lm's 1.5B). Decode tok/s: "
+        "mlx-lm 10.00 and 4.00, ours" in section
+    )
+    assert (
+        "  - mlx-lm's answers were token for token our engine's on the same model on 2/2 (0.5B) and "
+        "1/2 (1.5B) problems." in section
+    )

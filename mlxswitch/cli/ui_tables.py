@@ -190,6 +190,12 @@ def humaneval_table(record: dict) -> Table:
         if same
         else ""
     )
+    ours = [
+        f"{a['name']} {a['reproduces_tier']}/{a['problems']}"
+        for a in record["arms"]
+        if "reproduces_tier" in a
+    ]
+    lossless += f"mlx-lm's answers identical to ours on the same model: {', '.join(ours)}; " if ours else ""
     complete = len(record["complete"])
     calibrated = record.get("calibrated")
     promise = (

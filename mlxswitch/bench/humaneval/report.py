@@ -202,7 +202,13 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
             entry["bytes_per_token"] = bpt
             entry["projection"] = {"note": PROJECTION_NOTE, "tok_per_s_bound": metrics.apple_bound_tok_s(bpt)}
         same: dict[str, bool] | None = None  # per problem: is the answer the top tier's own?
-        if arm["kind"] == "oracle":
+        if arm["kind"] in MLX_LM_TIER_KINDS:
+            # mlx-lm on one model: is its answer our engine's on that model, token for token?
+            ours = {r["task_id"]: r for r in results if r["arm"] == f"{names[arm['tier']]} alone"}
+            own = {r["task_id"]: _ids(r) == _ids(ours[r["task_id"]]) for r in mine if r["task_id"] in ours}
+            entry["reproduces_tier"] = sum(own.values())
+            entry["side_by_side"]["reproduces_tier"] = sum(own[task] for task in complete if task in own)
+        elif arm["kind"] == "oracle":
             same = {r["task_id"]: r.get("reproduces_top", False) for r in mine}
         elif _lossless(arm):
             # Lossless up to the rounding of batched passes: how many answers are the top tier's own.
