@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 from pathlib import Path
 
@@ -87,6 +89,14 @@ def _headline():
     return headline
 
 
+def _written_report():
+    """bench/headline.py, the report path the README's headline names, and that report."""
+    headline = _headline()
+    found = headline.written(README.read_text(encoding="utf-8"))
+    assert found
+    return headline, found[0], json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+
+
 def test_the_headline_is_what_bench_headline_writes_from_its_report():
     headline = _headline()
     found = headline.written(README.read_text(encoding="utf-8"))
@@ -98,12 +108,8 @@ def test_the_headline_is_what_bench_headline_writes_from_its_report():
 def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
     """With --with-records the headline says the tiers over every problem and the teacher-forced
     table is the pooled one."""
-    import json
 
-    headline = _headline()
-    found = headline.written(README.read_text(encoding="utf-8"))
-    assert found
-    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    headline, report, record = _written_report()
     tiers = [a for a in record["arms"] if a["kind"] == "tier"]
     calibrated = next(a for a in record["arms"] if a["kind"] == "calibrated")
     curve = [{**row, "retained": 0.5, "ead_retained": 0.4} for row in record["teacher_forced_curve"]]
@@ -122,7 +128,7 @@ def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
             "heldout": {"problems": 38, "top_share": 0.19},
         },
     }
-    section = headline.Headline(record).section(found[0])
+    section = headline.Headline(record).section(report)
     assert (
         "- **Over 80 problems** (this run with `--with-records`: the tiers alone on the problems it did "
         "not run). The 0.5B passes 50/80 and the 1.5B 60/80; they differ on 12." in section
@@ -149,17 +155,13 @@ def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():
 def test_the_headline_says_when_a_late_first_token_flatters_the_decode_rate(verified_s, said):
     """Decode tok/s counts from the first token: the note, with both medians, only where verified
     drafting's first token came later than the top tier's alone."""
-    import json
 
-    headline = _headline()
-    found = headline.written(README.read_text(encoding="utf-8"))
-    assert found
-    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    headline, report, record = _written_report()
     top = next(a for a in record["arms"] if a["kind"] == "tier" and a["name"] == "large alone")
     profile = next(a for a in record["arms"] if a["kind"] == "profile")
     top["side_by_side"]["median_first_token_s"] = 18.4
     profile["side_by_side"]["median_first_token_s"] = verified_s
-    section = headline.Headline(record).section(found[0])
+    section = headline.Headline(record).section(report)
     note = (
         "Verified drafting's first token came after 27.3 s (median), the 1.5B alone's after 18.4 s, "
         "and its decode rate counts from there, which flatters it; seconds per problem has no such bias."
@@ -172,14 +174,9 @@ def test_the_headline_says_when_a_late_first_token_flatters_the_decode_rate(veri
 def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
     """With the bar run's report (mlx-lm speculative on fp32 weights) the headline gives its seconds
     per problem beside verified drafting's, and names the BLAS MLX ran on; without it, says so."""
-    import copy
-    import json
 
-    headline = _headline()
-    found = headline.written(README.read_text(encoding="utf-8"))
-    assert found
-    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
-    assert "gives no figure here yet" in headline.Headline(record).section(found[0])
+    headline, report, record = _written_report()
+    assert "gives no figure here yet" in headline.Headline(record).section(report)
     bar = copy.deepcopy(record)
     bar["complete"] = ["HumanEval/1", "HumanEval/3"]
     bar["settings"].pop("mlx_blas", None)
@@ -194,7 +191,7 @@ def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
             arm["side_by_side"]["seconds_per_problem"] = seconds[arm["kind"]]
     top = next(a for a in bar["arms"] if a["kind"] == "tier" and a["name"] == "large alone")
     top["side_by_side"]["seconds_per_problem"] = 45.0
-    section = headline.Headline(record, bar, "bench/results/x-bar.json").section(found[0])
+    section = headline.Headline(record, bar, "bench/results/x-bar.json").section(report)
     assert "gives no figure here yet" not in section
     assert (
         "** (in a run of its own, 2.50× as fast as mlx-lm's speculative decoding on fp32 weights and "
@@ -216,14 +213,9 @@ def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
 def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
     """With the sweep run's report, the headline gives each swept point's target, threshold,
     promised and live share, pass@1 and retained, beside the tiers, over the problems it answered."""
-    import copy
-    import json
 
-    headline = _headline()
-    found = headline.written(README.read_text(encoding="utf-8"))
-    assert found
-    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
-    assert "Live sweeps" not in headline.Headline(record).section(found[0])
+    headline, report, record = _written_report()
+    assert "Live sweeps" not in headline.Headline(record).section(report)
     sweep = copy.deepcopy(record)
     tiers = [a for a in sweep["arms"] if a["kind"] == "tier"]
     point = copy.deepcopy(tiers[0])
@@ -235,7 +227,7 @@ def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
     sweep["complete"] = ["HumanEval/9", "HumanEval/17", "HumanEval/59", "HumanEval/63"]
     sweep["problems"] = [*sweep["complete"], "HumanEval/67"]
     sweep["separating"] = ["HumanEval/9", "HumanEval/17", "HumanEval/67"]
-    section = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(found[0])
+    section = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(report)
     assert (
         "Live sweeps (`s.json`, a run of its own): `ead` as its paper runs it (window 5, min run 10) and "
         "`peek` (each position on its own), each at the threshold whose teacher-forced share of 1.5B "
@@ -247,7 +239,7 @@ def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
     assert "| `ead` | 0.10 | 0.250 | 0.11 | 0.12 | 3/4 | 0.50 |" in section
     assert section.count("| 0.5B alone | – | – | – |") == 1
     sweep["problems"] = sweep["complete"]
-    done = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(found[0])
+    done = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(report)
     assert "differ on 2 of them.\n" in done and "planned" not in done
 
 
@@ -255,14 +247,9 @@ def test_the_stock_runs_figures_give_mlx_lm_on_each_model_beside_ours():
     """With the stock run's report (mlx-lm's stream_generate on each model, fp32 weights) the
     headline gives each model's seconds per problem by mlx-lm and by our engine, verified drafting's
     beside them, and how many of mlx-lm's answers were ours; without it, nothing."""
-    import copy
-    import json
 
-    headline = _headline()
-    found = headline.written(README.read_text(encoding="utf-8"))
-    assert found
-    record = json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
-    assert "mlx-lm on each model alone" not in headline.Headline(record).section(found[0])
+    headline, report, record = _written_report()
+    assert "mlx-lm on each model alone" not in headline.Headline(record).section(report)
     stock = copy.deepcopy(record)
     stock["complete"] = ["HumanEval/1", "HumanEval/3"]
     stock["settings"]["mlx_blas"] = {"path": "/usr/lib/libopenblas.so.0", "threads": 1}
@@ -283,7 +270,7 @@ def test_the_stock_runs_figures_give_mlx_lm_on_each_model_beside_ours():
     for arm, seconds in (("small alone", 15.0), ("large alone", 40.0)):
         next(a for a in stock["arms"] if a["name"] == arm)["side_by_side"]["seconds_per_problem"] = seconds
     next(a for a in stock["arms"] if a["kind"] == "profile")["side_by_side"]["seconds_per_problem"] = 32.0
-    section = headline.Headline(record, stock=stock, stock_path="s.json").section(found[0])
+    section = headline.Headline(record, stock=stock, stock_path="s.json").section(report)
     assert (
         "- **mlx-lm on each model alone**, as the issue measured its orientation table: `stream_generate` "
         "with the model dequantized to fp32 on MLX's kernels, with OpenBLAS (1 thread) preloaded into "
