@@ -334,6 +334,41 @@ def test_a_run_under_another_mlx_blas_is_refused_and_the_header_names_it(full_ru
     assert _lines(fresh)[0]["settings"]["mlx_blas"] == blas
 
 
+def test_the_arms_help_names_every_group():
+    import typer.main
+
+    from mlxswitch.bench.humaneval.arms import GROUPS
+
+    bench = typer.main.get_command(app).commands["bench"]  # type: ignore[attr-defined]
+    help_text = next(p.help for p in bench.params if p.name == "arms")
+    assert help_text.split("among ")[1].split(" (")[0].split(", ") == list(GROUPS)
+
+
+@pytest.mark.parametrize(
+    "arms, message",
+    [
+        (
+            "peek,speculative",
+            "error: --arms speculative: needs a pair of models, a draft and a target; "
+            "profile 'embedded' has tiers g4, g8",
+        ),
+        (
+            "mlx-lm-fp32",
+            "error: --arms mlx-lm-fp32: runs each model of its own; profile 'embedded' has "
+            "gears g4, g8 of one model",
+        ),
+    ],
+)
+def test_an_asked_arm_the_ladder_cannot_run_is_one_error_line(arms, message, tmp_path):
+    """Gears of one model have no draft model for speculative decoding and no model of their own
+    for mlx-lm on fp32 weights: asked for, that is an error before loading, not a run without it."""
+    args = ["bench", "--suite", "humaneval", "--profile", "embedded", "--problems", "34", "--arms", arms]
+    result = runner.invoke(app, [*args, "--records", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 2
+    assert result.stderr == message + "\n"
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

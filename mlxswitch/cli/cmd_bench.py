@@ -58,7 +58,8 @@ def bench(
     arms: Annotated[
         str | None,
         typer.Option(
-            help="humaneval: arm groups among profile,ead,peek,random,oracle,mlx-lm,speculative"
+            help="humaneval: arm groups among profile, calibrated, verify, ead, peek, random, oracle,"
+            " mlx-lm, mlx-lm-fp32, speculative, speculative-ours, speculative-fp32"
             " (bottom and top always run; none: only they)."
         ),
     ] = None,

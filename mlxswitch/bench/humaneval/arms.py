@@ -74,6 +74,22 @@ def parse_groups(text: str | None, quick: bool = False) -> tuple[str, ...]:
     return tuple(group for group in GROUPS if group in asked)
 
 
+def refuse_unrunnable(groups: tuple[str, ...], profile: Profile) -> None:
+    """A UsageError for an asked group this profile's ladder has no arm for (rather than a run
+    without it): the speculative ones need a pair of models, `mlx-lm-fp32` models of their own."""
+    for group in groups:
+        if group in SPECULATIVE_KINDS and (profile.gears or len(profile.models) != 2):
+            raise UsageError(
+                f"--arms {group}: needs a pair of models, a draft and a target; profile "
+                f"'{profile.name}' has tiers {', '.join(profile.tier_names())}"
+            )
+        if group == "mlx-lm-fp32" and profile.gears:
+            raise UsageError(
+                f"--arms {group}: runs each model of its own; profile '{profile.name}' has gears "
+                f"{', '.join(profile.tier_names())} of one model"
+            )
+
+
 def _group(arm: Arm) -> str | None:
     if arm.kind == "sweep":
         return arm.policy

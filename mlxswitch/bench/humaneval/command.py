@@ -78,6 +78,8 @@ def plan(
     if timeout_s is not None and not timeout_s > 0:
         raise UsageError(f"--timeout must be a positive number of seconds (got {timeout_s:g})")
     groups = arm_sets.parse_groups(arms, quick)
+    if arms is not None:  # all, or --quick: the groups this ladder has arms for
+        arm_sets.refuse_unrunnable(groups, profile)
     every = load_problems()
     chosen = select_problems(every, problems, split, limit)
     options = HumanEvalOptions(
