@@ -195,7 +195,7 @@ def humaneval_table(record: dict) -> Table:
         for a in record["arms"]
         if "reproduces_tier" in a
     ]
-    lossless += f"mlx-lm's answers identical to ours on the same model: {', '.join(ours)}; " if ours else ""
+    agreement = f"mlx-lm's answers identical to ours on the same model: {', '.join(ours)}; " if ours else ""
     complete = len(record["complete"])
     calibrated = record.get("calibrated")
     promise = (
@@ -206,7 +206,7 @@ def humaneval_table(record: dict) -> Table:
         else ""
     )
     table.caption = (
-        f"{promise}{lossless}"
+        f"{promise}{lossless}{agreement}"
         f"{complete} problem{'' if complete == 1 else 's'} answered by every arm "
         f"({len(record['answered'])} begun; "
         "tg tok/s, s/problem and the median 1st tok s over those), greedy, one sample each; records in "

@@ -201,13 +201,14 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
             bpt = sum(r["mean_bytes_per_token"] * r["generated"] for r in mine) / generated
             entry["bytes_per_token"] = bpt
             entry["projection"] = {"note": PROJECTION_NOTE, "tok_per_s_bound": metrics.apple_bound_tok_s(bpt)}
-        same: dict[str, bool] | None = None  # per problem: is the answer the top tier's own?
+        # Per problem: is the answer the top tier's own (`reproduces_top`), or for mlx-lm on one
+        # model, our engine's on that model (`reproduces_tier`), token for token?
+        same: dict[str, bool] | None = None
+        key = "reproduces_top"
         if arm["kind"] in MLX_LM_TIER_KINDS:
-            # mlx-lm on one model: is its answer our engine's on that model, token for token?
+            key = "reproduces_tier"
             ours = {r["task_id"]: r for r in results if r["arm"] == f"{names[arm['tier']]} alone"}
-            own = {r["task_id"]: _ids(r) == _ids(ours[r["task_id"]]) for r in mine if r["task_id"] in ours}
-            entry["reproduces_tier"] = sum(own.values())
-            entry["side_by_side"]["reproduces_tier"] = sum(own[task] for task in complete if task in own)
+            same = {r["task_id"]: _ids(r) == _ids(ours[r["task_id"]]) for r in mine if r["task_id"] in ours}
         elif arm["kind"] == "oracle":
             same = {r["task_id"]: r.get("reproduces_top", False) for r in mine}
         elif _lossless(arm):
@@ -219,8 +220,8 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
                 if r["task_id"] in top_answers
             }
         if same is not None:
-            entry["reproduces_top"] = sum(same.values())
-            entry["side_by_side"]["reproduces_top"] = sum(same[task] for task in complete if task in same)
+            entry[key] = sum(same.values())
+            entry["side_by_side"][key] = sum(same[task] for task in complete if task in same)
         entry["teacher_forced"] = _teacher_forced(arm, forced, tier_bytes, share)
         arms.append(entry)
     finished = [r for r in results if r["task_id"] in complete]
