@@ -74,11 +74,16 @@ def parse_groups(text: str | None, quick: bool = False) -> tuple[str, ...]:
     return tuple(group for group in GROUPS if group in asked)
 
 
+def _pair_of_models(profile: Profile) -> bool:
+    """Two models of their own (a ladder's local tiers are the profile's gears, else its models)."""
+    return not profile.gears and len(profile.models) == 2
+
+
 def refuse_unrunnable(groups: tuple[str, ...], profile: Profile) -> None:
     """A UsageError for an asked group this profile's ladder has no arm for (rather than a run
     without it): the speculative ones need a pair of models, `mlx-lm-fp32` models of their own."""
     for group in groups:
-        if group in SPECULATIVE_KINDS and (profile.gears or len(profile.models) != 2):
+        if group in SPECULATIVE_KINDS and not _pair_of_models(profile):
             raise UsageError(
                 f"--arms {group}: needs a pair of models, a draft and a target; profile "
                 f"'{profile.name}' has tiers {', '.join(profile.tier_names())}"
@@ -130,13 +135,12 @@ def humaneval_arms(
                 name = f"{kind} (peek τ={tau:g})"
                 config = calibrated_config(calibrated_signal(profile), tau, n, verify)
                 bench.append(Arm(name, kind, config, policy="peek", tau=tau))
-    separate_models = len({id(tier.group) for tier in ladder.tiers}) == n
-    if "mlx-lm-fp32" in groups and separate_models:
+    if "mlx-lm-fp32" in groups and not profile.gears:
         bench += [
             Arm(f"mlx-lm {name} (fp32 weights)", "mlx-lm-fp32", tier=r)
             for r, name in enumerate(ladder.tier_names)
         ]
-    two_models = n == 2 and separate_models
+    two_models = _pair_of_models(profile)
     if "speculative-ours" in groups and two_models:
         bench.append(Arm("mlx-lm speculative (our kernels)", "speculative-ours"))
     if "speculative-fp32" in groups and two_models:
