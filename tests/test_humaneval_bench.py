@@ -279,6 +279,47 @@ def test_an_interrupted_run_resumes_to_the_same_records(full_run, tiny_pair, tmp
     assert _outcomes(tmp_path / "r.jsonl") == _outcomes(out / "r.jsonl")
 
 
+def test_a_resumed_run_asking_for_more_arm_groups_adds_their_arms(full_run, tiny_pair, tmp_path):
+    from mlxswitch.bench.humaneval.command import bench_humaneval, plan
+
+    _, out, args = full_run
+    profile, options, ladder, _ = _api_run(tiny_pair, tmp_path)
+    fewer = "profile,calibrated,verify,peek"  # every threshold the full run's arms need
+    bench_humaneval(plan(profile, **{**options, "arms": fewer}), ladder)
+    begun = (tmp_path / "r.jsonl").read_bytes()
+    record = bench_humaneval(plan(profile, **options), ladder)
+    # The answers kept stay as they were; the added arms' answers are those of one run with them all.
+    assert (tmp_path / "r.jsonl").read_bytes().startswith(begun)
+    assert _outcomes(tmp_path / "r.jsonl") == _outcomes(out / "r.jsonl")
+    added = [line for line in _lines(tmp_path / "r.jsonl") if line["type"] == "groups added"]
+    assert len(added) == 1 and added[0]["groups"] == _lines(out / "r.jsonl")[0]["settings"]["groups"]
+    full = json.loads((out / "r.json").read_text())
+    assert [a["name"] for a in record["arms"]] == [a["name"] for a in full["arms"]]
+    assert record["complete"] == ["HumanEval/34", "HumanEval/53"]
+    # A report reads the groups the file has now; the ones it began with are other settings.
+    report = _pair_flags(tiny_pair) + FLAGS + ["--records", str(tmp_path / "r.jsonl"), "--report"]
+    assert runner.invoke(app, report).exit_code == 0
+    old = runner.invoke(app, [fewer if a == FLAGS[-1] else a for a in report])
+    assert old.exit_code == 2 and old.stderr.startswith("error: --records ") and "groups [" in old.stderr
+
+
+def test_a_group_whose_thresholds_the_records_did_not_choose_is_refused(tiny_pair, tmp_path):
+    from mlxswitch.bench.humaneval.command import bench_humaneval, plan
+
+    profile, options, ladder, _ = _api_run(tiny_pair, tmp_path)
+    bench_humaneval(plan(profile, **{**options, "arms": "random"}), ladder)  # no threshold chosen
+    before = (tmp_path / "r.jsonl").read_bytes()
+    base = _pair_flags(tiny_pair) + ["--records", str(tmp_path / "r.jsonl"), *FLAGS[:-1]]
+    for group in ("peek", "calibrated"):
+        result = runner.invoke(app, [*base, f"random,{group}"])
+        assert result.exit_code == 2
+        assert result.stderr == (
+            f"error: --arms {group}: {tmp_path / 'r.jsonl'} began without it, and thresholds are "
+            "chosen when records begin; pass --restart to start over, or another --records file\n"
+        )
+    assert (tmp_path / "r.jsonl").read_bytes() == before
+
+
 def test_shards_on_one_records_file_give_the_records_of_one_run(full_run, tiny_pair, tmp_path):
     from mlxswitch.bench.humaneval.command import bench_humaneval, plan
 

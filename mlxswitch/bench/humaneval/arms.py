@@ -114,6 +114,21 @@ def swept_thresholds(derived: dict) -> dict[str, list[float]]:
     return dict.fromkeys(POLICY_BY_NAME, derived.get("taus", []))
 
 
+def refuse_unaddable(groups: tuple[str, ...], header: dict, path) -> None:
+    """A UsageError for a group a resumed run adds (`header`: its records') whose arms need a
+    threshold the records did not choose when they began: a swept policy, the calibrated setting."""
+    derived = header["derived"]
+    for group in groups:
+        if group in header["settings"]["groups"]:
+            continue
+        swept = group in POLICY_BY_NAME and not swept_thresholds(derived).get(group)
+        if swept or group in ("calibrated", "verify") and derived.get("calibrated") is None:
+            raise UsageError(
+                f"--arms {group}: {path} began without it, and thresholds are chosen when records "
+                "begin; pass --restart to start over, or another --records file"
+            )
+
+
 def humaneval_arms(
     profile: Profile,
     ladder: Ladder,

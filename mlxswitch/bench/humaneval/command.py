@@ -97,6 +97,8 @@ def plan(
         path.parent.mkdir(parents=True, exist_ok=True)
     wanted = settings(profile, chosen, options)
     records = Records.open(path, wanted, restart, read_only)
+    if records.header is not None:
+        arm_sets.refuse_unaddable(groups, records.header, path)
     if index > 1 and records.header is None:
         raise UsageError(
             f"--shard {index}/{count}: {path} is not started yet; start shard 1/{count} first, "

@@ -5,7 +5,9 @@ everything that decides the results (models' identities, tiers, router, arms ask
 ids, token budget, sandbox limits, seed, prompt version); `derived` is what the run worked out
 from them before the first problem (swept thresholds, arm names). Then one record per line:
 {"type": "result", "task_id", "arm", …} per problem and arm, and {"type": "positions", "task_id",
-…} per problem (the teacher-forced arrays along the top tier's answer). Each line is one write
+…} per problem (the teacher-forced arrays along the top tier's answer), and {"type": "groups
+added", "groups", "arms"} where a resumed run asked for more arm groups (read as the header's
+`settings.groups` and `derived.arms` from there on). Each line is one write
 under an exclusive lock, fsynced before the next, so shards of a run (several processes on
 disjoint problems) can append to one file; a torn last line (a crash mid-write) is dropped on
 resume.
@@ -26,6 +28,7 @@ from ...models.sources import EmbeddedSource, model_source
 from ..command import finite
 
 FORMAT = 1
+GROUPS_ADDED = "groups added"
 # What two runs share for their tiers' answers to be pooled: the same models answering the same
 # prompt within the same budget and sandbox. Problems, arms and the router may differ.
 POOLED_SETTINGS = (
@@ -70,7 +73,8 @@ def model_identity(source: str) -> dict:
 
 def _check(path: Path, header: dict | None, settings: dict, read_only: bool = False) -> None:
     """Refuse a records file of another version, or made with other settings (but for
-    PROCESS_SETTINGS, when it is only read)."""
+    PROCESS_SETTINGS, when it is only read). A run may ask for more arm groups than the file
+    has: it adds their arms (a report reads the groups as they are)."""
     if header is None:
         return
     if header.get("format") != FORMAT:
@@ -82,6 +86,8 @@ def _check(path: Path, header: dict | None, settings: dict, read_only: bool = Fa
     if read_only:
         made = {key: value for key, value in made.items() if key not in PROCESS_SETTINGS}
         settings = {key: value for key, value in settings.items() if key not in PROCESS_SETTINGS}
+    if not read_only and set(settings.get("groups", [])) > set(made.get("groups", [])):
+        made = {**made, "groups": settings["groups"]}  # more arm groups: the run adds their arms
     changed = _differences(made, settings)
     if changed:
         raise UsageError(
@@ -174,6 +180,14 @@ class Records:
             raise OutputError(f"--records {self.path}: {exc.strerror}") from None
         self._write(self.header)
 
+    def add_groups(self, groups: list[str], arms: list[dict]) -> None:
+        """Record that the run now asks for `groups`, whose arms are `arms` (every arm, old ones
+        included): the header reads so from here on, and the arms already answered keep their
+        records."""
+        assert self.header is not None
+        self._write({"type": GROUPS_ADDED, "groups": groups, "arms": arms})
+        _merge_groups(self.header, groups, arms)
+
     def append(self, record: dict) -> None:
         """Add one record, on disk (flushed and fsynced) before this returns."""
         self._write(record)
@@ -242,7 +256,14 @@ def _read(path: Path, data: bytes, flag: str = "--records") -> tuple[dict | None
             if record.get("type") != "header":
                 raise UsageError(f"{flag} {path}: its first line is no header{remedy}")
             header = record
+        elif record.get("type") == GROUPS_ADDED:
+            _merge_groups(header, record["groups"], record["arms"])
         else:
             lines.append(record)
         good += len(chunk) + 1
     return header, lines, good
+
+
+def _merge_groups(header: dict, groups: list[str], arms: list[dict]) -> None:
+    header["settings"]["groups"] = groups
+    header["derived"]["arms"] = arms
