@@ -457,12 +457,18 @@ class Headline:
         per_problem = self.record["run_seconds_per_problem"]
         if per_problem:
             total = len(self.record["problems"])
+            hours = f"{per_problem * total / 3600:.0f} hours"
+            minutes = f"{per_problem / 60:.0f} minutes"
+            measured = (
+                f"{hours} of decoding for the run's {total} problems, {minutes} a problem (the sum "
+                "over its records)"
+                if len(self.complete) == total
+                else f"{minutes} of decoding per problem here, the mean over the problems so far: "
+                f"about {hours} for the run's {total} problems, a projection"
+            )
             out += [
-                f"- **How long a run takes.** All arms together took {per_problem / 60:.0f} minutes of "
-                "decoding per problem here, the mean over the problems so far: about "
-                f"{per_problem * total / 3600:.0f} hours for the run's {total} problems, a projection. "
-                "The same command resumes a stopped run, and "
-                "`--shard I/N` splits it over processes.",
+                f"- **How long a run takes.** All arms together took {measured}. The same command "
+                "resumes a stopped run, and `--shard I/N` splits it over processes.",
             ]
         if p and p.get("verified") and p.get("projection"):
             bound = p["projection"]["tok_per_s_bound"]["M3 Max"]

@@ -170,6 +170,25 @@ def test_the_headline_says_when_a_late_first_token_flatters_the_decode_rate(veri
     assert "flatters" in section if said else "flatters" not in section
 
 
+@pytest.mark.parametrize("done", [2, 1])
+def test_how_long_a_run_takes_is_a_projection_only_until_every_problem_is_answered(done):
+    """The run's decoding time: summed over the records once every problem is answered, projected
+    from the mean per problem before."""
+
+    headline, report, record = _written_report()
+    record["problems"] = ["HumanEval/1", "HumanEval/3"]
+    record["complete"] = record["problems"][:done]
+    record["run_seconds_per_problem"] = 5400.0
+    section = headline.Headline(record).section(report)
+    said = (
+        "took 3 hours of decoding for the run's 2 problems, 90 minutes a problem (the sum over its records)."
+        if done == 2
+        else "took 90 minutes of decoding per problem here, the mean over the problems so far: about 3 "
+        "hours for the run's 2 problems, a projection."
+    )
+    assert f"- **How long a run takes.** All arms together {said} The same command resumes" in section
+
+
 @pytest.mark.parametrize("blas", [{"path": "/usr/lib/libopenblas.so.0", "threads": 1}, None])
 def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
     """With the bar run's report (mlx-lm speculative on fp32 weights) the headline gives its seconds
