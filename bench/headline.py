@@ -23,8 +23,10 @@ README = ROOT / "README.md"
 REPORT = "bench/results/humaneval-pair.json"
 # Runs of their own beside the main report: humaneval-pair-bar.json, the issue's bar (mlx-lm
 # speculative on fp32 weights); humaneval-pair-sweep.json, `ead` and `peek` swept live;
-# humaneval-pair-stock.json, mlx-lm on each model alone (fp32 weights).
+# humaneval-pair-stock.json, mlx-lm on each model alone (fp32 weights);
+# humaneval-pair-sweep-controls.json, the live sweep with its random controls and the oracle added.
 BAR_SUFFIX, SWEEP_SUFFIX, STOCK_SUFFIX = "-bar", "-sweep", "-stock"
+CONTROLS_SUFFIX = "-sweep-controls"
 END = "<!-- /headline -->"
 EAD_TIMING = POLICY_BY_NAME["ead"].sweep_timing  # (window, min run) of the curve's `ead` column
 
@@ -307,20 +309,35 @@ class Headline:
         promised = {
             (policy, point["tau"]): point for policy, chosen in w.record["sweep"].items() for point in chosen
         }
+        # The live controls, where the run has them: a random control per swept point, at that
+        # point's own share on each problem, and the oracle.
+        by_name = {a["name"]: a for a in w.record["arms"]}
+        randoms = {a["name"]: by_name.get(f"random@{a['name']}") for a in points}
+        oracle = [a for a in w.record["arms"] if a["kind"] == "oracle"]
+        controlled = any(randoms.values())
         rows = [
             f"| arm | target {w.large} share | τ (bits) | promised | live {w.large} share "
-            "| pass@1 | retained |",
-            "|---|---|---|---|---|---|---|",
+            "| pass@1 | retained |" + (" random at its share: pass@1 | retained |" if controlled else ""),
+            "|---|---|---|---|---|---|---|" + ("---|---|" if controlled else ""),
         ]
-        for arm in [w.bottom, w.top, *points]:
+        for arm in [w.bottom, w.top, *points, *oracle]:
             figures = arm["side_by_side"]
             point = promised.get((arm["policy"], arm["tau"]), {})
-            name = w.label(arm) if arm["kind"] == "tier" else f"`{arm['policy']}`"
-            rows.append(
+            name = w.label(arm) if arm["kind"] != "sweep" else f"`{arm['policy']}`"
+            row = (
                 f"| {name} | {_f(point.get('target_share'))} | {_f(arm['tau'], 3)} "
                 f"| {_f(point.get('promised_share'))} | {_f(figures['top_share'])} "
                 f"| {figures['passed']}/{figures['problems']} | {_f(figures['retained'])} |"
             )
+            if controlled:
+                random = randoms.get(arm["name"])
+                control = random["side_by_side"] if random else None
+                row += (
+                    f" {control['passed']}/{control['problems']} | {_f(control['retained'])} |"
+                    if control
+                    else " – | – |"
+                )
+            rows.append(row)
         window, min_run = EAD_TIMING
         separating = [t for t in w.record["separating"] if t in w.complete]
         lead = (
@@ -519,13 +536,22 @@ def beside(report: str, suffix: str) -> tuple[dict | None, str]:
     return (json.loads(found.read_text(encoding="utf-8")) if found.is_file() else None), other
 
 
+def live_sweep(report: str) -> tuple[dict | None, str]:
+    """The live sweep's report: the one with its controls added once every arm has answered every
+    problem, else the sweep's own."""
+    controls, path = beside(report, CONTROLS_SUFFIX)
+    if controls is not None and set(controls["complete"]) == set(controls["problems"]):
+        return controls, path
+    return beside(report, SWEEP_SUFFIX)
+
+
 def render(report: str = REPORT) -> str:
     """The headline section for the report at `report` (a path from the repository root), with the
     bar run's, the live sweep's and the stock run's figures when their reports are there too."""
     return Headline(
         json.loads((ROOT / report).read_text(encoding="utf-8")),
         *beside(report, BAR_SUFFIX),
-        *beside(report, SWEEP_SUFFIX),
+        *live_sweep(report),
         *beside(report, STOCK_SUFFIX),
     ).section(report)
 

@@ -260,6 +260,32 @@ def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
     sweep["problems"] = sweep["complete"]
     done = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(report)
     assert "differ on 2 of them.\n" in done and "planned" not in done
+    assert "random at its share" not in done  # a sweep without its controls: no such column
+    # With the live controls: each point's random control beside it, and the oracle as a row.
+    random = copy.deepcopy(point)
+    random.update(kind="random", policy=None, tau=None, name="random@ead τ=0.25")
+    random["side_by_side"].update(passed=1, retained=0.0)
+    oracle = copy.deepcopy(random)
+    oracle.update(kind="oracle", name="oracle")
+    oracle["side_by_side"].update(top_share=0.02, passed=4, retained=1.0)
+    sweep["arms"] += [random, oracle]
+    controlled = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(report)
+    assert "| pass@1 | retained | random at its share: pass@1 | retained |" in controlled
+    assert "| `ead` | 0.10 | 0.250 | 0.11 | 0.12 | 3/4 | 0.50 | 1/4 | 0.00 |" in controlled
+    assert "| oracle (control) | – | – | – | 0.02 | 4/4 | 1.00 | – | – |" in controlled
+    assert "| 0.5B alone | – | – | – | 0.00 |" in controlled and "random@" not in controlled
+
+
+def test_the_sweep_with_its_controls_replaces_the_sweep_once_every_problem_is_answered(monkeypatch, tmp_path):
+    headline = _headline()
+    monkeypatch.setattr(headline, "ROOT", tmp_path)
+    for name, complete in (("r-sweep.json", ["a", "b"]), ("r-sweep-controls.json", ["a"])):
+        (tmp_path / name).write_text(json.dumps({"problems": ["a", "b"], "complete": complete}))
+    assert headline.live_sweep("r.json")[1] == "r-sweep.json"  # the controls run is part-way
+    (tmp_path / "r-sweep-controls.json").write_text(
+        json.dumps({"problems": ["a", "b"], "complete": ["b", "a"]})
+    )
+    assert headline.live_sweep("r.json")[1] == "r-sweep-controls.json"
 
 
 def test_the_stock_runs_figures_give_mlx_lm_on_each_model_beside_ours():
