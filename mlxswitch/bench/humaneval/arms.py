@@ -19,6 +19,8 @@ setting, each swept point).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ...decoding.tiers import Ladder
 from ...errors import UsageError
 from ...profiles import Profile
@@ -114,7 +116,7 @@ def swept_thresholds(derived: dict) -> dict[str, list[float]]:
     return dict.fromkeys(POLICY_BY_NAME, derived.get("taus", []))
 
 
-def refuse_unaddable(groups: tuple[str, ...], header: dict, path) -> None:
+def refuse_unaddable(groups: tuple[str, ...], header: dict, path: Path) -> None:
     """A UsageError for a group a resumed run adds (`header`: its records') whose arms need a
     threshold the records did not choose when they began: a swept policy, the calibrated setting."""
     derived = header["derived"]

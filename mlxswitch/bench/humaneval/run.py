@@ -264,7 +264,9 @@ def run_humaneval(
         )
     assert records.header is not None  # started above, or read from the file
     arms = _arms(profile, ladder, records.header["derived"], options)
-    if records.header["settings"]["groups"] != wanted["groups"]:  # more groups asked (Records.open)
+    # More groups asked (Records.open lets them through): shards started together may each write
+    # this line, the same line.
+    if records.header["settings"]["groups"] != wanted["groups"]:
         records.add_groups(wanted["groups"], [a.to_dict() for a in arms])
     done, positions = records.results(), records.positions()
     mine = problems[shard[0] - 1 :: shard[1]]
