@@ -44,6 +44,9 @@ GROUPS = (
 QUICK_GROUPS = ("profile", "peek", "random", "oracle")
 ROUTED_KINDS = ("profile", "calibrated", "sweep")
 CONTROL_KINDS = ("random", "oracle")
+CALIBRATED_GROUPS = ("calibrated", "verify")  # their arms run at the calibrated threshold
+# Groups whose thresholds a run chooses from calibration answers before its first problem.
+THRESHOLD_GROUPS = (*POLICY_BY_NAME, *CALIBRATED_GROUPS)
 STOCK_KINDS = (*MLX_LM_TIER_KINDS, *SPECULATIVE_KINDS)  # mlx-lm's generator decodes them
 
 
@@ -124,7 +127,7 @@ def refuse_unaddable(groups: tuple[str, ...], header: dict, path: Path) -> None:
         if group in header["settings"]["groups"]:
             continue
         swept = group in POLICY_BY_NAME and not swept_thresholds(derived).get(group)
-        if swept or group in ("calibrated", "verify") and derived.get("calibrated") is None:
+        if swept or group in CALIBRATED_GROUPS and derived.get("calibrated") is None:
             raise UsageError(
                 f"--arms {group}: {path} began without it, and thresholds are chosen when records "
                 "begin; pass --restart to start over, or another --records file"

@@ -116,7 +116,7 @@ def _thresholds(
     swept = [policy for policy in POLICY_BY_NAME if policy in options.groups]
     sweep = sweep_points(positions, swept, n, options.sweep_points)
     calibrated = None
-    if {"calibrated", "verify"} & set(options.groups):
+    if set(arm_sets.CALIBRATED_GROUPS) & set(options.groups):
         calibrated = _calibrated(profile, positions, len(ladder.tiers), options.target_share)
     return sweep, calibrated, answers
 
@@ -245,8 +245,7 @@ def run_humaneval(
     session = ChatSession(ladder, forced_config(n, n - 1), GenerationSettings(max_tokens=options.max_tokens))
     wanted = settings(profile, problems, options)
     if records.header is None:
-        needs = set(POLICY_BY_NAME) | {"calibrated", "verify"}
-        swept = n > 1 and needs & set(options.groups)
+        swept = n > 1 and set(arm_sets.THRESHOLD_GROUPS) & set(options.groups)
         sweep, calibrated, early = (
             _thresholds(session, ladder, profile, calibration, options, say) if swept else ({}, None, {})
         )
