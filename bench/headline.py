@@ -353,7 +353,15 @@ class Headline:
         planned = len(w.record["problems"])
         if len(w.complete) < planned:
             lead += f" {planned} are planned and the same command goes on."
-        return [lead, "\n".join(rows)]
+        picture = Path(self.sweep_path).with_suffix(".png").as_posix()
+        if not controlled or not (ROOT / picture).is_file():
+            return [lead, "\n".join(rows)]
+        return [
+            lead,
+            "\n".join(rows),
+            f"![The live sweep: pass@1 against the {w.large}'s share of tokens and against seconds per "
+            f"problem, each policy's random controls as a dashed line]({picture})",
+        ]
 
     def lead(self) -> str:
         n = len(self.complete)

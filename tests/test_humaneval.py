@@ -191,6 +191,27 @@ def test_oracle_policy_hands_up_exactly_the_listed_positions():
 SETTINGS = {"suite": "humaneval", "max_tokens": 8, "problems": ["HumanEval/1"], "models": [{"source": "a"}]}
 
 
+def test_plot_draws_each_swept_policys_random_controls_as_its_own_line():
+    """A random control joins the line of the policy whose swept point it matches, in that
+    policy's colour; controls of other routed arms (the calibrated one) share one grey line."""
+    from mlxswitch.bench.humaneval.plot import _random_lines
+
+    arms = [
+        {"name": "ead τ=0.5", "kind": "sweep", "policy": "ead"},
+        {"name": "peek τ=0.2", "kind": "sweep", "policy": "peek"},
+        {"name": "calibrated (peek τ=0.2)", "kind": "calibrated", "policy": "peek"},
+        {"name": "random@peek τ=0.2", "kind": "random", "policy": None},
+        {"name": "random@ead τ=0.5", "kind": "random", "policy": None},
+        {"name": "random@calibrated (peek τ=0.2)", "kind": "random", "policy": None},
+    ]
+    lines = {policy: (colour, [a["name"] for a in group]) for policy, colour, group in _random_lines(arms)}
+    assert lines == {
+        "peek": ("tab:green", ["random@peek τ=0.2"]),
+        "ead": ("tab:orange", ["random@ead τ=0.5"]),
+        None: ("grey", ["random@calibrated (peek τ=0.2)"]),
+    }
+
+
 def test_records_resume_drops_a_torn_line_and_checks_settings(tmp_path):
     path = tmp_path / "r.jsonl"
     records = Records.open(path, SETTINGS)

@@ -229,9 +229,10 @@ def test_the_bar_runs_figures_replace_the_no_figure_line(blas):
     )
 
 
-def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
+def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point(monkeypatch, tmp_path):
     """With the sweep run's report, the headline gives each swept point's target, threshold,
-    promised and live share, pass@1 and retained, beside the tiers, over the problems it answered."""
+    promised and live share, pass@1 and retained, beside the tiers, over the problems it answered;
+    with its controls, their picture where the report's PNG is there."""
 
     headline, report, record = _written_report()
     assert "Live sweeps" not in headline.Headline(record).section(report)
@@ -268,12 +269,22 @@ def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point():
     oracle = copy.deepcopy(random)
     oracle.update(kind="oracle", name="oracle")
     oracle["side_by_side"].update(top_share=0.02, passed=4, retained=1.0)
+    sweep_without = copy.deepcopy(sweep)
     sweep["arms"] += [random, oracle]
     controlled = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(report)
     assert "| pass@1 | retained | random at its share: pass@1 | retained |" in controlled
     assert "| `ead` | 0.10 | 0.250 | 0.11 | 0.12 | 3/4 | 0.50 | 1/4 | 0.00 |" in controlled
     assert "| oracle (control) | – | – | – | 0.02 | 4/4 | 1.00 | – | – |" in controlled
     assert "| 0.5B alone | – | – | – | 0.00 |" in controlled and "random@" not in controlled
+    assert "s.png" not in done and "s.png" not in controlled  # no picture written: none named
+    monkeypatch.setattr(headline, "ROOT", tmp_path)
+    (tmp_path / "s.png").write_bytes(b"")
+    pictured = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(report)
+    assert (
+        "![The live sweep: pass@1 against the 1.5B's share of tokens and against seconds per problem, "
+        "each policy's random controls as a dashed line](s.png)\n" in pictured
+    )
+    assert "s.png" not in headline.Headline(record, sweep=sweep_without, sweep_path="s.json").section(report)
 
 
 def test_the_sweep_with_its_controls_replaces_the_sweep_once_every_problem_is_answered(monkeypatch, tmp_path):

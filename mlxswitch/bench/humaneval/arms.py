@@ -106,9 +106,9 @@ def _group(arm: Arm) -> str | None:
     return None if arm.kind == "tier" else arm.kind
 
 
-def matched_arm(arm: Arm) -> str:
-    """The routed arm whose per-problem share a random control spends."""
-    return arm.name.split("@", 1)[1]
+def matched_arm(control_name: str) -> str:
+    """The name of the routed arm whose per-problem share the random control `control_name` spends."""
+    return control_name.split("@", 1)[1]
 
 
 def swept_thresholds(derived: dict) -> dict[str, list[float]]:

@@ -180,7 +180,7 @@ def _decode(
         return mlx_lm_run(ladder, arm, prompt_ids, options.max_tokens)
     extra: dict = {}
     if arm.kind == "random":
-        share = _share(done[(problem.task_id, arm_sets.matched_arm(arm))], top_name)
+        share = _share(done[(problem.task_id, arm_sets.matched_arm(arm.name))], top_name)
         seed = control_seed(options.seed, problem.task_id, arm.name)
         session.policy_factory = lambda config, tiers: RandomPolicy(share, tiers - 1, seed)
         extra = {"probability": share, "seed": seed}
