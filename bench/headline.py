@@ -46,6 +46,12 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def _span(values: list, digits: int | None = None) -> str:
+    """ "9" where every value is 9, else "lowest–highest" ("0.12–0.31" with `digits`)."""
+    low, high = (v if digits is None else f"{v:.{digits}f}" for v in (min(values), max(values)))
+    return f"{low}" if low == high else f"{low}–{high}"
+
+
 def _ids(tasks: list[str]) -> str:
     return ", ".join(t.split("/")[-1] for t in tasks)
 
@@ -353,15 +359,41 @@ class Headline:
         planned = len(w.record["problems"])
         if len(w.complete) < planned:
             lead += f" {planned} are planned and the same command goes on."
-        picture = Path(self.sweep_path).with_suffix(".png").as_posix()
-        if not controlled or not (ROOT / picture).is_file():
+        if not controlled:
             return [lead, "\n".join(rows)]
-        return [
-            lead,
-            "\n".join(rows),
-            f"![The live sweep: pass@1 against the {w.large}'s share of tokens and against seconds per "
-            f"problem, each policy's random controls as a dashed line]({picture})",
-        ]
+        found = [self.controls_sentence(points, randoms, oracle)]
+        picture = Path(self.sweep_path).with_suffix(".png").as_posix()
+        if (ROOT / picture).is_file():
+            found.append(
+                f"![The live sweep: pass@1 against the {w.large}'s share of tokens and against seconds "
+                f"per problem, each policy's random controls as a dashed line]({picture})"
+            )
+        return [lead, "\n".join(rows), *found]
+
+    def controls_sentence(self, points: list[dict], randoms: dict, oracle: list[dict]) -> str:
+        """Each swept policy's pass@1 over its points beside its random controls', and the oracle's."""
+        assert self.sweep is not None
+        large, said = self.sweep.large, []
+        for policy in dict.fromkeys(a["policy"] for a in points):
+            mine = [a for a in points if a["policy"] == policy]
+            figures = [a["side_by_side"] for a in mine]
+            controls = [randoms[a["name"]]["side_by_side"] for a in mine if randoms[a["name"]]]
+            shares = _span([f["top_share"] for f in figures], 2)
+            clause = (
+                f"`{policy}` at its {_count(len(mine), 'threshold')} ({shares} of the tokens from the "
+                f"{large}) passed {_span([f['passed'] for f in figures])} of {figures[0]['problems']}"
+            )
+            if controls:
+                clause += f", and random routing at the same shares {_span([c['passed'] for c in controls])}"
+            said.append(clause)
+        sentence = "Live, " + "; ".join(said) + "."
+        for arm in oracle:
+            figures = arm["side_by_side"]
+            sentence += (
+                f" The oracle passed {figures['passed']} of {figures['problems']} with "
+                f"{_f(figures['top_share'])} of the tokens from the {large}."
+            )
+        return sentence
 
     def lead(self) -> str:
         n = len(self.complete)

@@ -276,6 +276,12 @@ def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point(monkeypatch, tmp
     assert "| `ead` | 0.10 | 0.250 | 0.11 | 0.12 | 3/4 | 0.50 | 1/4 | 0.00 |" in controlled
     assert "| oracle (control) | – | – | – | 0.02 | 4/4 | 1.00 | – | – |" in controlled
     assert "| 0.5B alone | – | – | – | 0.00 |" in controlled and "random@" not in controlled
+    assert (
+        "\n\nLive, `ead` at its 1 threshold (0.12 of the tokens from the 1.5B) passed 3 of 4, and random "
+        "routing at the same shares 1. The oracle passed 4 of 4 with 0.02 of the tokens from the 1.5B.\n"
+        in controlled
+    )
+    assert "Live, `" not in done  # no controls, no such sentence
     assert "s.png" not in done and "s.png" not in controlled  # no picture written: none named
     monkeypatch.setattr(headline, "ROOT", tmp_path)
     (tmp_path / "s.png").write_bytes(b"")
