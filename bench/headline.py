@@ -15,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+from mlxswitch.bench.humaneval.arms import random_control
 from mlxswitch.decoding.verify import MAX_DRAFT
 from mlxswitch.routing.registry import POLICY_BY_NAME
 
@@ -318,7 +319,7 @@ class Headline:
         # The live controls, where the run has them: a random control per swept point, at that
         # point's own share on each problem, and the oracle.
         by_name = {a["name"]: a for a in w.record["arms"]}
-        randoms = {a["name"]: by_name.get(f"random@{a['name']}") for a in points}
+        randoms = {a["name"]: by_name.get(random_control(a["name"])) for a in points}
         oracle = [a for a in w.record["arms"] if a["kind"] == "oracle"]
         controlled = any(randoms.values())
         rows = [

@@ -106,6 +106,11 @@ def _group(arm: Arm) -> str | None:
     return None if arm.kind == "tier" else arm.kind
 
 
+def random_control(arm_name: str) -> str:
+    """The name of the random control that spends the routed arm `arm_name`'s share."""
+    return f"random@{arm_name}"
+
+
 def matched_arm(control_name: str) -> str:
     """The name of the routed arm whose per-problem share the random control `control_name` spends."""
     return control_name.split("@", 1)[1]
@@ -170,7 +175,7 @@ def humaneval_arms(
     controls = []
     if n > 1 and "random" in groups:
         controls += [
-            Arm(f"random@{arm.name}", "random", forced_config(n, 0))
+            Arm(random_control(arm.name), "random", forced_config(n, 0))
             for arm in own
             if arm.kind in ROUTED_KINDS and not arm.engine_config().verify  # verified: lossless
         ]

@@ -67,7 +67,8 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
         for policy, colour, controls in _random_lines(arms):
             xs, ys, _ = _xy(controls, x)
             matched = f"{policy}'s shares" if policy else "matched share"
-            axis.plot(xs, ys, ls="--", color=colour, marker=".", label=f"random routing ({matched})")
+            if xs:
+                axis.plot(xs, ys, ls="--", color=colour, marker=".", label=f"random routing ({matched})")
         oracle = next((a for a in arms if a["kind"] == "oracle" and a["pass@1"] is not None), None)
         if oracle is not None:
             axis.axhline(oracle["pass@1"], color="black", lw=1, ls=":", label="oracle (control)")
