@@ -20,7 +20,12 @@ POINT_KINDS = (
     "speculative-fp32",
 )
 MARKERS = {"profile": "*", "calibrated": "*", "verify": "D"}
-POINT_COLOURS = ("blue", "red", "purple", "brown", "pink", "olive", "cyan", "orange", "green")
+# Points take colours no policy line uses, so a point never reads as part of a line.
+POINT_COLOURS = tuple(
+    colour
+    for colour in ("tab:blue", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+    if colour not in {policy.colour for policy in POLICIES}
+)
 
 
 def _xy(arms: list[dict], x: str) -> tuple[list, list, list]:
@@ -66,16 +71,15 @@ def save_humaneval_plot(summary: dict, title: str, path: Path) -> None:
                 axis.plot(xs, ys, marker=".", color=spec.colour, label=f"{spec.name} (threshold sweep)")
         for policy, colour, controls in _random_lines(arms):
             xs, ys, _ = _xy(controls, x)
-            matched = f"{policy}'s shares" if policy else "matched share"
             if xs:
+                matched = f"{policy}'s shares" if policy else "matched share"
                 axis.plot(xs, ys, ls="--", color=colour, marker=".", label=f"random routing ({matched})")
         oracle = next((a for a in arms if a["kind"] == "oracle" and a["pass@1"] is not None), None)
         if oracle is not None:
             axis.axhline(oracle["pass@1"], color="black", lw=1, ls=":", label="oracle (control)")
             if x == "top_share" and oracle["top_share"] is not None:
                 axis.scatter([oracle["top_share"]], [oracle["pass@1"]], color="black", marker="x", zorder=5)
-        # Points take colours no policy line uses, so a point never reads as part of a line.
-        colours = iter(f"tab:{c}" for c in POINT_COLOURS if f"tab:{c}" not in {p.colour for p in POLICIES})
+        colours = iter(POINT_COLOURS)
         for arm in arms:
             if arm["kind"] in POINT_KINDS and arm.get(x) is not None and arm["pass@1"] is not None:
                 low, high = arm["pass@1_95"]
