@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
-from ..errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, MlxSwitchError
+from ..errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, MlxSwitchError, one_line
 from . import cmd_bench, cmd_chat, cmd_models, ui
 from .streams import silence_stdout, write_crash_log
 
@@ -29,7 +30,57 @@ def _usage_problem(exc: Exception) -> bool:
     return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)
 
 
-class _OneLineErrors(TyperGroup):
+def _no_value(ctx) -> None:
+    return None
+
+
+class _FlagsTakeNoValue:
+    """Help that shows no value after a flag: Typer's Rich help gives `--version <bool>`, as if
+    the flag took one (its plain help already leaves flags bare)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)  # the click Command beside this mixin
+        for param in params:
+            if getattr(param, "is_flag", False) or getattr(param, "count", False):
+                param.display_type_rich = _no_value
+        return params
+
+
+class _Command(_FlagsTakeNoValue, TyperCommand):
+    """A command whose help shows its flags bare."""
+
+
+class _Group(_FlagsTakeNoValue, TyperGroup):
+    """A group (`gears`) whose help shows its flags bare."""
+
+
+def _mlx_import_problem(exc: BaseException) -> str | None:
+    """What to do when MLX itself cannot be imported (None: `exc` is something else).
+
+    `uv sync --all-extras` installs mlx[cuda]; without an NVIDIA driver importing mlx.core fails
+    with `libcuda.so.1: cannot open shared object file`, in whichever command first needs MLX.
+    """
+    if not isinstance(exc, ImportError):
+        return None
+    text = str(exc)
+    # A shared library that fails to load names no module; its path is mlx's extension module.
+    from_mlx = (exc.name or "").split(".")[0] == "mlx" or "mlx" in Path(exc.path or "").parts
+    if any(lib in text for lib in ("libcuda", "libcudart", "libcublas", "libcudnn", "libnvrtc")):
+        return (
+            f"MLX's CUDA backend cannot load ({one_line(text, 120)}): the cuda extra needs an "
+            "NVIDIA GPU and its driver; without them reinstall without that extra: uv sync "
+            "(not --all-extras; --extra NAME for the others you want), "
+            "or pip uninstall mlx-cuda-12 && pip install 'mlx[cpu]'"
+        )
+    if from_mlx or "libmlx" in text:
+        return (
+            f"MLX cannot be imported ({one_line(text, 120)}): reinstall it: uv sync --reinstall-package "
+            "mlx (or pip install --force-reinstall 'mlx[cpu]' on Linux, 'mlx' on macOS)"
+        )
+    return None
+
+
+class _OneLineErrors(_FlagsTakeNoValue, TyperGroup):
     """Runs a command and turns whatever escapes it into one `error:` line and an exit code."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
@@ -50,6 +101,9 @@ class _OneLineErrors(TyperGroup):
                 where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
                 ui.print_error(exc.format_message() + where)
                 code = exc.exit_code
+            elif (problem := _mlx_import_problem(exc)) is not None:
+                ui.print_error(problem)
+                code = MlxSwitchError.exit_code
             else:  # the last resort: one line, the traceback in a log
                 ui.print_error(
                     f"internal error: {type(exc).__name__}: {exc} (traceback in {write_crash_log(exc)})"
@@ -76,7 +130,7 @@ app = typer.Typer(
     help="Entropy-routed decoding on MLX: a cheap tier by default, a stronger one where it is unsure.",
 )
 gears_app = typer.Typer(
-    no_args_is_help=True, help="Build nested-gear models (one footprint, every precision)."
+    cls=_Group, no_args_is_help=True, help="Build nested-gear models (one footprint, every precision)."
 )
 app.add_typer(gears_app, name="gears")
 
@@ -103,10 +157,10 @@ def _root(
 
 
 # The commands live in cmd_*.py; registered here, in the order `--help` lists them.
-app.command()(cmd_chat.chat)
-app.command()(cmd_chat.serve)
-app.command()(cmd_models.models)
-app.command()(cmd_models.doctor)
-gears_app.command("build")(cmd_models.gears_build)
-app.command()(cmd_bench.bench)
-app.command()(cmd_bench.calibrate)
+app.command(cls=_Command)(cmd_chat.chat)
+app.command(cls=_Command)(cmd_chat.serve)
+app.command(cls=_Command)(cmd_models.models)
+app.command(cls=_Command)(cmd_models.doctor)
+gears_app.command("build", cls=_Command)(cmd_models.gears_build)
+app.command(cls=_Command)(cmd_bench.bench)
+app.command(cls=_Command)(cmd_bench.calibrate)

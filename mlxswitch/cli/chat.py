@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
 from ..decoding.session import ChatSession
@@ -61,6 +62,21 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
         "router": router_record(session, summary),
         **({"handoff": summary.handoff} if summary.handoff is not None else {}),
     }
+
+
+def history_problem(path: Path) -> str | None:
+    """Why the interactive chat's history cannot be kept in `path` (None: it can).
+
+    The line editor drops a history it cannot write without a word; this asks the file system
+    first (making the directory and the file if they are missing), so the user hears it once.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return f"the chat history will not be kept: cannot write {path} ({exc.strerror or exc})"
+    return None
 
 
 class ChatRunner:
@@ -162,7 +178,11 @@ class ChatRunner:
         painter = ui.TokenPainter(console, self.session.tier_names, self.shade, self._max_entropy())
         self._interactive = True
         ui.print_banner(console, self.session.ladder.description, painter.legend(), self.session.ladder.note)
-        with ui.line_editing(user_dir() / "history"):
+        history = user_dir() / "history"
+        problem = history_problem(history)
+        if problem:  # said once, here; the chat goes on without it
+            ui.print_warning(problem)
+        with ui.line_editing(history):
             while True:
                 try:
                     line = console.input("[bold]› [/bold]")

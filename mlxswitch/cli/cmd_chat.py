@@ -66,6 +66,11 @@ def chat(
     from .streams import TelemetryFile, peek_prompts
 
     # Every flag is checked before anything is read or loaded: a flag error wins.
+    if prompt is not None and not prompt.strip():
+        from ..errors import UsageError
+
+        # Not a cue to chat instead: a script passing an empty variable gets an error, not a banner.
+        raise UsageError("--prompt is empty: give it the text to answer (or leave it out to read stdin)")
     chosen, settings = _routing_and_sampling(**{k: v for k, v in locals().items() if k in _SHARED})
     sink = TelemetryFile.open(telemetry)  # refuses an unwritable path now, not after loading
     with sink:

@@ -8,13 +8,15 @@ from typing import Annotated
 import typer
 
 from . import ui
+from .ui_tables import literal
 
 
 def models() -> None:
     """List the profiles of models.toml and whether their models are on this machine."""
     from ..checks import profile_rows
 
-    ui.make_console().print(ui.profiles_table(profile_rows()))
+    rows = [{key: literal(value) for key, value in row.items()} for row in profile_rows()]
+    ui.make_console().print(ui.profiles_table(rows))
 
 
 def doctor() -> None:
@@ -24,9 +26,9 @@ def doctor() -> None:
     report = doctor_report()
     console = ui.make_console()
     for title, rows in report.sections:
-        console.print(ui.key_value_table(title, rows))
+        console.print(ui.key_value_table(literal(title), literal(rows)))
         console.print()
-    console.print(report.verdict(), soft_wrap=True)
+    console.print(literal(report.verdict()), soft_wrap=True)
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -44,4 +46,4 @@ def gears_build(
 
     console = ui.make_console()
     for line in build_gears(source, out, planes=planes, group_size=group_size, force=force):
-        console.print(line)
+        console.print(literal(line))

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from ..routing.registry import POLICY_BY_NAME
+
+
+def literal(value):
+    """`value` (a string, or lists and tuples of them) escaped so Rich prints it as written: a
+    table cell or title is markup, and `pip install 'mlxswitch[qwen-coder]'` would lose `[qwen-coder]`."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(literal(item) for item in value)
+    return value
 
 
 def _cell(value, digits: int = 2, scale: float = 1.0) -> str:
@@ -19,7 +30,7 @@ def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str
 def bench_table(record: dict) -> Table:
     """The bench's table: one row per arm, speed and quality side by side."""
     table = Table(
-        title=f"mlxswitch bench · {record['profile']['name']} · {record['machine']['backend']}",
+        title=literal(f"mlxswitch bench · {record['profile']['name']} · {record['machine']['backend']}"),
         show_edge=False,
         title_justify="left",
     )
@@ -77,7 +88,7 @@ def calibration_report(name: str, result: dict) -> Table:
     """What calibrate chose, and how it does on text it never saw."""
     pick, held = result["chosen"], result["heldout"]
     table = Table(
-        title=f"mlxswitch calibrate · {name} · {' → '.join(result['tiers'])}",
+        title=literal(f"mlxswitch calibrate · {name} · {' → '.join(result['tiers'])}"),
         show_header=False,
         show_edge=False,
         title_justify="left",
@@ -116,7 +127,7 @@ def calibration_report(name: str, result: dict) -> Table:
                 f"(random {num(best['random_retained'])})",
             )
         else:
-            table.add_row(f"best on {signal}", best.get("status", ""))
+            table.add_row(f"best on {signal}", literal(best.get("status", "")))
     for split in ("heldout", "calibration"):
         aurocs = result[f"auroc_{split}"]
         table.add_row(f"AUROC {split}", " · ".join(f"{signal} {num(v)}" for signal, v in aurocs.items()))
@@ -130,18 +141,20 @@ def calibration_report(name: str, result: dict) -> Table:
             f"{num(learned['auroc_calibration_out_of_fold'])} · "
             f"{learned['cost_s_per_token'] * 1e6:.0f} µs a token "
             f"({100 * learned['cost_share_of_cheap_step']:.2f}% of a cheap step) · "
-            f"saved {learned['path']} (--signal probe --policy peek)",
+            f"saved {literal(str(learned['path']))} (--signal probe --policy peek)",
         )
     elif learned:
-        table.add_row("probe", learned.get("status", ""))
+        table.add_row("probe", literal(learned.get("status", "")))
     return table
 
 
 def humaneval_table(record: dict) -> Table:
     """HumanEval pass@1 per arm, with its interval, share, speed and the teacher-forced fidelity."""
     table = Table(
-        title=f"mlxswitch bench --suite humaneval · {record['profile']['name']} · "
-        f"{record['machine']['backend']}",
+        title=literal(
+            f"mlxswitch bench --suite humaneval · {record['profile']['name']} · "
+            f"{record['machine']['backend']}"
+        ),
         show_edge=False,
         title_justify="left",
     )
@@ -210,7 +223,7 @@ def humaneval_table(record: dict) -> Table:
         f"{complete} problem{'' if complete == 1 else 's'} answered by every arm "
         f"({len(record['answered'])} begun; "
         "tg tok/s, s/problem and the median 1st tok s over those), greedy, one sample each; records in "
-        f"{record['records']}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
+        f"{literal(str(record['records']))}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
         "on the problems all three answered; "
         "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "
         "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token"
@@ -266,7 +279,7 @@ def humaneval_pooled_table(record: dict) -> Table:
     """The tiers' pass@1 and every arm's teacher-forced figures over all runs' problems pooled."""
     pooled = record["pooled"]
     table = Table(
-        title=f"pooled with {', '.join(record['with_records'])}: the tiers over "
+        title=f"pooled with {literal(', '.join(record['with_records']))}: the tiers over "
         f"{pooled['problems']} problems, teacher-forced over {pooled['teacher_forced_problems']}",
         show_edge=False,
         title_justify="left",
