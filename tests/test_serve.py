@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,52 +34,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_pair, tmp_path_factory):
+def _spawn(tiny_pair, home, *extra: str) -> tuple[str, subprocess.Popen, object]:
+    """`mlxswitch serve` on the tiny pair in a subprocess, once /health answers: (base, process, log)."""
     small, large = tiny_pair
     port = _free_port()
-    home = tmp_path_factory.mktemp("serve-home")
     env = {**os.environ, "MLXSWITCH_HOME": str(home), "HF_HUB_OFFLINE": "1", "MLXSWITCH_API_KEY": KEY}
     env["ANTHROPIC_API_KEY"] = "sk-ant-never-shown"  # set, and never in a response or the log
     env.pop("MLXSWITCH_MODELS", None)
     log = home / "server.log"
+    args = ["serve", "--small", str(small), "--large", str(large), *ROUTING, "--port", str(port), *extra]
     with open(log, "wb") as sink:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mlxswitch",
-                "serve",
-                "--small",
-                str(small),
-                "--large",
-                str(large),
-                *ROUTING,
-                "--port",
-                str(port),
-                "--queue-size",
-                str(QUEUE),
-                "--max-body-bytes",
-                "20000",
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "mlxswitch", *args], env=env, stdout=sink, stderr=subprocess.STDOUT
         )
     base = f"http://127.0.0.1:{port}"
+    for _ in range(240):  # up to 60 s to import MLX and load the pair
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {log.read_text()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.25)
+    else:
+        proc.terminate()
+        proc.wait(timeout=20)
+        pytest.fail(f"server did not start: {log.read_text()}")
+    return base, proc, log
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, tmp_path_factory):
+    home = tmp_path_factory.mktemp("serve-home")
+    extra = ["--queue-size", str(QUEUE), "--max-body-bytes", "20000", "--log-level", "warning"]
+    base, proc, log = _spawn(tiny_pair, home, *extra)
     try:
-        for _ in range(240):  # up to 60 s to import MLX and load the pair
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {log.read_text()}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.25)
-        else:
-            pytest.fail(f"server did not start: {log.read_text()}")
         yield base, proc, log
     finally:
         proc.terminate()
@@ -227,11 +217,23 @@ def test_logprobs_chat_and_completions(client):
 
 def test_models_and_health(server, client):
     models = client.models.list()
-    ids = [m.id for m in models.data]
-    assert ids[0] == "ad-hoc pair" and "embedded" in ids
+    assert [m.id for m in models.data] == ["ad-hoc pair"]  # only what this server answers for
     assert models.data[0].model_extra["mlxswitch"]["served"] is True
+    for listed in models.data:  # every listed model answers
+        answer = client.chat.completions.create(model=listed.id, messages=HI, max_tokens=1)
+        assert answer.model == listed.id
     health = httpx.get(f"{server[0]}/health").json()
     assert health["status"] == "ok" and health["model"] == "ad-hoc pair"
+
+
+def test_retrieve_a_model_with_the_openai_client(client):
+    model = client.models.retrieve("ad-hoc pair")
+    assert (model.id, model.object, model.owned_by) == ("ad-hoc pair", "model", "mlxswitch")
+    for unknown in ("embedded", "no-such-model", "a/b/../c"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.models.retrieve(unknown)
+        error = caught.value.body
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == "model_not_found"
 
 
 CHAT = "/v1/chat/completions"
@@ -244,6 +246,10 @@ LONG = [{"role": "user", "content": "Tell me a long story"}]  # the tiny pair ru
     [
         (CHAT, b"{not json", 400, None, "invalid_json"),
         (CHAT, b"[1, 2]", 400, None, None),
+        (CHAT, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "messages", "invalid_unicode"),
+        (CHAT, b"[" * 19_000, 400, None, "invalid_json"),  # under the body limit, too deep for json
+        ("/v1/completions", b'{"prompt": "\\udfff"}', 400, "prompt", "invalid_unicode"),
+        (CHAT, {"messages": HI, "model": "embedded"}, 404, "model", "model_not_found"),
         (CHAT, {"messages": "hi"}, 400, "messages", None),
         (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0]", None),
         (CHAT, {"messages": HI, "max_tokens": "5"}, 400, "max_tokens", None),
@@ -278,6 +284,20 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, path, bod
     assert "Traceback" not in response.text
     ok = httpx.post(base + CHAT, json={"messages": HI, "max_tokens": 2}, headers=_headers(), timeout=30)
     assert ok.status_code == 200
+
+
+def test_idle_sockets_do_not_deny_service(server):
+    base = server[0]
+    port = int(base.rsplit(":", 1)[1])
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(60)]
+    try:
+        health = httpx.get(base + "/health", timeout=5)
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        ok = httpx.post(base + CHAT, json={"messages": HI, "max_tokens": 2}, headers=_headers(), timeout=30)
+        assert ok.status_code == 200
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def test_max_tokens_is_clamped_and_unknown_fields_ignored(server):
@@ -357,6 +377,31 @@ def test_concurrent_clients_are_queued_and_overflow_gets_429(server):
     assert all(after == "2" for status, after, _ in results if status == 429) and 429 in statuses
     assert all(tokens > 0 for status, _, tokens in results if status == 200)
     _wait_idle(base)
+
+
+def test_sigint_ends_streams_in_flight_and_stops_the_server(tiny_pair, tmp_path):
+    base, proc, log = _spawn(tiny_pair, tmp_path, "--log-level", "warning", "--max-tokens", "2000")
+    try:
+        body = {"messages": LONG, "max_tokens": 2000, "stream": True, "temperature": 0}
+        with httpx.stream("POST", base + CHAT, headers=_headers(), timeout=30, json=body) as response:
+            lines = response.iter_lines()
+            got = [line for line, _ in zip(lines, range(8), strict=False) if line.startswith("data:")]
+            assert len(got) >= 3
+            proc.send_signal(signal.SIGINT)
+            started = time.perf_counter()
+            rest = [line for line in lines if line.startswith("data:")]
+            took = time.perf_counter() - started
+        assert rest[-1] == "data: [DONE]" and took < 5, (took, rest[-3:])
+        finish = json.loads(rest[-2][5:])
+        assert finish["choices"][0]["finish_reason"] == "stop"
+        assert finish["mlxswitch"]["usage"]["finish_reason"] == "interrupted"
+        proc.wait(timeout=10)
+        with pytest.raises(httpx.ConnectError):  # no longer accepting
+            httpx.get(base + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=20)
 
 
 def test_loopback_only_unless_asked(monkeypatch, tiny_pair):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import TYPE_CHECKING
 
 from .app import ServeConfig, build_app
 from .requests import ServerLimits
 from .worker import Worker
 
-__all__ = ["ServeConfig", "ServerLimits", "Worker", "build_app", "is_loopback", "run"]
+if TYPE_CHECKING:
+    import uvicorn
+
+__all__ = ["ServeConfig", "ServerLimits", "Worker", "build_app", "is_loopback", "make_server", "run"]
 
 
 def is_loopback(host: str) -> bool:
@@ -21,20 +25,44 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def run(config: ServeConfig, worker: Worker, host: str, port: int, log_level: str = "info") -> None:
-    """Serve until interrupted (uvicorn: HTTP/1.1, streaming, disconnects, keep-alive timeouts)."""
+def make_server(
+    config: ServeConfig, worker: Worker, host: str, port: int, log_level: str = "info"
+) -> uvicorn.Server:
+    """The uvicorn server for `build_app(config, worker)`, with the connection guard.
+
+    No `limit_concurrency`: it counts idle sockets and then answers everything 503; the guard
+    (guard.py) sheds idle and slow connections instead, and the worker's queue bounds the work.
+    At shutdown the worker stops generating, so answers in flight end within a token or two.
+    """
     import uvicorn
 
-    app = build_app(config, worker)
+    from .guard import guarded_protocol
+
+    limits = config.limits
+    uconfig = uvicorn.Config(
+        build_app(config, worker),
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=guarded_protocol(limits.timeouts()),
+        timeout_keep_alive=max(1, round(limits.idle_timeout_s)),
+        timeout_graceful_shutdown=max(1, round(limits.shutdown_timeout_s)),
+        lifespan="off",
+        ws="none",  # no WebSocket routes: an upgrade would leave the guarded protocol
+    )
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            worker.stop_generating()  # before uvicorn waits for the answers in flight
+            await super().shutdown(sockets)
+
+    return Server(uconfig)
+
+
+def run(config: ServeConfig, worker: Worker, host: str, port: int, log_level: str = "info") -> None:
+    """Serve until interrupted (SIGINT/SIGTERM: stop accepting, end answers in flight, exit)."""
+    server = make_server(config, worker, host, port, log_level)
     try:
-        uvicorn.run(
-            app,
-            host=host,
-            port=port,
-            log_level=log_level,
-            timeout_keep_alive=5,
-            # one request generates, the queue waits: more connections than that are refused
-            limit_concurrency=config.limits.queue_size + 32,
-        )
+        server.run()
     finally:
         worker.close()

@@ -49,7 +49,7 @@ def error_response(error: RequestError) -> JSONResponse:
 
 
 def build_app(config: ServeConfig, worker: Worker) -> Starlette:
-    """The Starlette app: /v1/chat/completions, /v1/completions, /v1/models and /health."""
+    """The Starlette app: /v1/chat/completions, /v1/completions, /v1/models[/{id}] and /health."""
 
     def authorize(request: HttpRequest) -> None:
         if config.api_key is None:
@@ -88,21 +88,35 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
     def check_model(name: str | None) -> str:
         if name is None or name == config.model:
             return config.model
+        shown = name if len(name) <= 80 else name[:80] + "…"
         if any(row["name"] == name for row in config.profiles):
             raise RequestError(
-                f"model '{name}' is not loaded here: this server serves '{config.model}' "
+                f"model '{shown}' is not loaded here: this server serves '{config.model}' "
                 f"(start another with `mlxswitch serve --profile {name}`)",
                 status=404,
                 param="model",
                 code="model_not_found",
             )
         raise RequestError(
-            f"model '{name}' does not exist: this server serves '{config.model}' "
-            "(GET /v1/models lists the profiles)",
+            f"model '{shown}' does not exist: this server serves '{config.model}' (GET /v1/models)",
             status=404,
             param="model",
             code="model_not_found",
         )
+
+    def model_object() -> dict:
+        """OpenAI's model object for the served model (the only one this server answers for)."""
+        row = next((row for row in config.profiles if row["name"] == config.model), None)
+        extension: dict = {"served": True, "available": True}
+        if row is not None:
+            extension.update(mode=row["mode"], tiers=row["tiers"], description=row["notes"])
+        return {
+            "id": config.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "mlxswitch",
+            "mlxswitch": extension,
+        }
 
     def starter(req: Request):
         if req.kind == "text":
@@ -156,34 +170,12 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
 
     async def models(request: HttpRequest) -> Response:
         authorize(request)
-        data = [
-            {
-                "id": row["name"],
-                "object": "model",
-                "created": 0,
-                "owned_by": "mlxswitch",
-                "mlxswitch": {
-                    "served": row["name"] == config.model,
-                    "available": all(row["offline"]),
-                    "mode": row["mode"],
-                    "tiers": row["tiers"],
-                    "description": row["notes"],
-                },
-            }
-            for row in config.profiles
-        ]
-        if not any(row["name"] == config.model for row in config.profiles):  # an ad-hoc ladder
-            data.insert(
-                0,
-                {
-                    "id": config.model,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "mlxswitch",
-                    "mlxswitch": {"served": True, "available": True},
-                },
-            )
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [model_object()]})
+
+    async def model(request: HttpRequest) -> Response:
+        authorize(request)
+        check_model(request.path_params["model"])
+        return JSONResponse(model_object())
 
     async def health(request: HttpRequest) -> Response:
         last = worker.last_summary
@@ -222,6 +214,7 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
     # Specific classes are answered where raised; Exception goes through the last-resort middleware.

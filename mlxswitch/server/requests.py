@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from ..decoding.session import MAX_TOP_LOGPROBS, GenerationSettings
 from ..errors import RequestError, UsageError
+from .guard import Timeouts
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
+MAX_DEPTH = 64  # deeper JSON is refused (OpenAI's own bodies nest a handful of levels)
 
 
 @dataclass(frozen=True)
@@ -23,12 +25,33 @@ class ServerLimits:
 
     max_body_bytes: int = 1_000_000  # larger bodies are refused before they are parsed
     queue_size: int = 8  # requests waiting behind the one generating; more get 429
+    # Connections (guard.py): seconds a socket may sit idle, send its headers, send its body;
+    # how many may be open (more: the idle and slow ones are closed); the grace at shutdown.
+    idle_timeout_s: float = 5.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 100
+    shutdown_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise UsageError(f"--max-body-bytes must be at least 1024 (got {self.max_body_bytes})")
         if self.queue_size < 0:
             raise UsageError(f"--queue-size must be ≥ 0 (got {self.queue_size})")
+        if self.max_connections < self.queue_size + 2:
+            raise UsageError(f"max_connections must be ≥ queue size + 2 (got {self.max_connections})")
+        for name in ("idle_timeout_s", "header_timeout_s", "body_timeout_s", "shutdown_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"{name} must be > 0 (got {getattr(self, name)})")
+
+    def timeouts(self) -> Timeouts:
+        """The connection guard's settings."""
+        return Timeouts(
+            idle_s=self.idle_timeout_s,
+            header_s=self.header_timeout_s,
+            body_s=self.body_timeout_s,
+            max_connections=self.max_connections,
+        )
 
 
 @dataclass(frozen=True)
@@ -50,10 +73,7 @@ def parse_body(raw: bytes, kind: str, defaults: GenerationSettings) -> Request:
     `defaults` are the server's settings (its --temp, --max-tokens, …); the body's fields override
     them, and max_tokens is clamped to the server's.
     """
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    body = _load(raw)
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     model = _optional(body, "model", str)
@@ -102,6 +122,58 @@ def parse_body(raw: bytes, kind: str, defaults: GenerationSettings) -> Request:
     )
 
 
+def _load(raw: bytes):
+    """The body's JSON: UTF-8 (a BOM allowed), nested at most MAX_DEPTH deep, valid Unicode."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the body is not UTF-8 (byte {exc.start} is not)", code="invalid_json") from None
+    try:
+        body = json.loads(text)
+    except RecursionError:  # json's C parser recurses per level; the stack ran out first
+        raise RequestError(_too_deep(), code="invalid_json") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    # Checked without recursion: nothing later recurses over what a client nested.
+    stack: list[tuple[object, int, str | None]] = [(body, 0, None)]
+    while stack:
+        value, depth, top = stack.pop()
+        if depth > MAX_DEPTH:
+            raise RequestError(_too_deep(), param=top, code="invalid_json")
+        if isinstance(value, str):
+            _unicode(value, top)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _unicode(key, top)
+                stack.append((item, depth + 1, key if top is None else top))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, top) for item in value)
+    return body
+
+
+def _too_deep() -> str:
+    return f"the body's JSON nests deeper than this server accepts ({MAX_DEPTH} levels)"
+
+
+def _unicode(text: str, param: str | None) -> None:
+    # json turns a "\\ud800" escape with no pair into a lone surrogate, which no UTF-8 text holds.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(
+            f"a string holds a lone UTF-16 surrogate (\\u{ord(text[exc.start]):04x}): not valid Unicode",
+            param=param,
+            code="invalid_unicode",
+        ) from None
+
+
+def _show(value) -> str:
+    """A short picture of a client's value for an error message (containers only by their kind)."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "a list"
+    return json.dumps(value)[:40]
+
+
 def _optional(body: dict, key: str, kind: type):
     value = body.get(key)
     if value is None:
@@ -110,7 +182,7 @@ def _optional(body: dict, key: str, kind: type):
     if isinstance(value, bool) if kind is bool else isinstance(value, kind) and not isinstance(value, bool):
         return value
     names = {str: "a string", int: "an integer", bool: "a boolean"}
-    raise RequestError(f"{key} must be {names[kind]} (got {json.dumps(value)[:40]})", param=key)
+    raise RequestError(f"{key} must be {names[kind]} (got {_show(value)})", param=key)
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -133,7 +205,7 @@ def _number(body: dict, key: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{key} must be a number (got {json.dumps(value)[:40]})", param=key)
+        raise RequestError(f"{key} must be a number (got {_show(value)})", param=key)
     return float(value)
 
 

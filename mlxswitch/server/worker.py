@@ -46,10 +46,23 @@ class Worker:
             raise RuntimeError("the worker's session is not open yet")
         return self._session
 
+    def stop_generating(self) -> None:
+        """Shutdown begins: the running generation ends at its next token, queued ones get 503."""
+        self.closing.set()
+
     def close(self) -> None:
         """End the running generation at its next token and let the thread go."""
         self.closing.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _refuse_if_closing(self) -> None:
+        if self.closing.is_set():
+            raise RequestError(
+                "the server is shutting down; retry on another",
+                status=503,
+                type="server_error",
+                code="shutting_down",
+            )
 
     @property
     def waiting(self) -> int:
@@ -61,6 +74,7 @@ class Worker:
 
         The prompt is checked (too long?) before this returns, so a refusal is still a 4xx.
         """
+        self._refuse_if_closing()
         if self._admitted > self.queue_size:
             raise RequestError(
                 f"the server is busy: {self.queue_size} request(s) are already waiting; retry shortly",
@@ -76,6 +90,7 @@ class Worker:
             raise
         job = Job(self)
         try:
+            self._refuse_if_closing()  # shutdown began while this one waited
             await job.begin(start)
         except BaseException:
             job.release()
@@ -120,6 +135,8 @@ class Job:
             stream.close()  # an interrupted answer is kept in the conversation
             if self.summary is None:
                 self.summary = self.worker.session.last_summary
+                if self.summary is not None:  # the answer ends with its (interrupted) summary
+                    loop.call_soon_threadsafe(put, self.summary)
             self.worker.last_summary = self.summary
             loop.call_soon_threadsafe(put, _DONE)
 
