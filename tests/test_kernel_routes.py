@@ -7,6 +7,7 @@ import pytest
 
 from mlxswitch.api import open_chat, resolve_profile
 from mlxswitch.decoding.session import GenerationSettings
+from mlxswitch.kernels.route import resolve_route
 from mlxswitch.models.rows import RowsQuantizedLinear
 
 PROMPTS = ["What is the capital of France?", "Count: one two three"]
@@ -14,6 +15,7 @@ PROMPTS = ["What is the capital of France?", "Count: one two three"]
 
 def _answers(profile, monkeypatch, setting: str, max_tokens: int, prompts=PROMPTS) -> list[list[int]]:
     monkeypatch.setenv("MLXSWITCH_KERNELS", setting)
+    resolve_route()  # the variable is read when the route is resolved (conftest restores it)
     session = open_chat(profile, settings=GenerationSettings(max_tokens=max_tokens))
     out = []
     for prompt in prompts:

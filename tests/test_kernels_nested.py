@@ -27,6 +27,7 @@ import pytest
 
 from mlxswitch.kernels import kernel_self_check, nested, nested_cpu
 from mlxswitch.kernels._common import KERNELS_ENV, force_reference, relative_max_error
+from mlxswitch.kernels.route import resolve_route
 
 F32, F16, BF16 = mx.float32, mx.float16, mx.bfloat16
 # Max |got − truth| / max |truth| against the fp32 truth: fp32 is summation order, halves one
@@ -188,17 +189,16 @@ def test_blas_route_falls_back_to_mlx_under_transforms():
 def test_env_override_forces_every_reference_path(monkeypatch):
     x, planes, b = _case((4, 4, 8), out_dims=24, rows=200)
     monkeypatch.setenv(KERNELS_ENV, "reference")
+    resolve_route(backend="metal")  # as if Metal were there and in use (the route reads the variable)
     assert force_reference()
     calls = []
     monkeypatch.setattr(nested_cpu, "dense_weight", lambda *a: calls.append(a))
-    monkeypatch.setattr(nested, "_KERNELS", {})  # as if Metal were there …
-    monkeypatch.setattr(nested, "on_gpu", lambda: True)  # … and in use
     monkeypatch.setattr(nested, "metal_nested_matmul", lambda *a: calls.append(a))
     for rows in (1, 4, 200):
         got = nested.nested_matmul(x[:rows], planes, (4, 4, 8), 64, 3, b)
         want = nested.reference_nested_matmul(x[:rows], planes, (4, 4, 8), 64, 3, b)
         assert np.array_equal(np.array(got), np.array(want))
-    monkeypatch.setattr(nested, "on_gpu", lambda: False)
+    resolve_route(backend="cpu")
     assert nested_cpu.cpu_route(200, 3) == "reference"
     assert "reference" in nested_cpu.describe_cpu_rule()
     got = nested.quantized_matmul_rows(
@@ -207,6 +207,7 @@ def test_env_override_forces_every_reference_path(monkeypatch):
     assert calls == []
     # "mx": no NumPy, MLX's dense matmul only where it pays (2 planes from 8 rows, 3 from 4)
     monkeypatch.setenv(KERNELS_ENV, "mx")
+    resolve_route()
     assert [nested_cpu.cpu_route(r, a) for r, a in ((200, 1), (7, 2), (8, 2), (4, 3), (9, 5))] == [
         "reference",
         "reference",
@@ -216,7 +217,7 @@ def test_env_override_forces_every_reference_path(monkeypatch):
     ]
     monkeypatch.setenv(KERNELS_ENV, "fast-please")
     with pytest.raises(ValueError, match=KERNELS_ENV):
-        nested.nested_matmul(x, planes, (4, 4, 8), 64, 3, b)
+        resolve_route()
 
 
 @pytest.mark.parametrize("rows", [1, 37])
@@ -256,8 +257,7 @@ def _fake_metal(mode: str, calls: list):
 @pytest.mark.parametrize("mode", ["right", "wrong", "raise"])
 def test_dispatcher_checks_the_kernel_once_per_class_then_keeps_or_drops_it(monkeypatch, mode):
     calls = []
-    monkeypatch.setattr(nested, "_KERNELS", {})
-    monkeypatch.setattr(nested, "on_gpu", lambda: True)
+    resolve_route(backend="metal")  # a Mac's route: the stand-in kernel below takes the place of Metal
     monkeypatch.setattr(nested, "_CHECKED", {})
     monkeypatch.setattr(nested, "metal_nested_matmul", _fake_metal(mode, calls))
     x, planes, b = _case((4, 4, 8), out_dims=24, rows=8)
@@ -285,8 +285,7 @@ def test_dispatcher_checks_the_kernel_once_per_class_then_keeps_or_drops_it(monk
 def test_first_use_check_runs_under_compile(monkeypatch):
     # The check builds its own case, never the caller's tracers: it can run inside mx.compile.
     calls = []
-    monkeypatch.setattr(nested, "_KERNELS", {})
-    monkeypatch.setattr(nested, "on_gpu", lambda: True)
+    resolve_route(backend="metal")  # a Mac's route: the stand-in kernel below takes the place of Metal
     monkeypatch.setattr(nested, "_CHECKED", {})
     monkeypatch.setattr(nested, "metal_nested_matmul", _fake_metal("right", calls))
     x, planes, b = _case((4, 4), out_dims=24, rows=1)
@@ -590,7 +589,7 @@ def _generated_source(config, folder) -> str:
 
     match = re.search(r"```\n(.*)```", _stdout_of(export), re.S)
     if match is None:
-        pytest.skip("this MLX does not print the generated kernel source without Metal")
+        pytest.fail(_NO_SOURCE.format(version=mx.__version__))
     return match.group(1)
 
 
@@ -698,14 +697,27 @@ class Emulator:
         return (out if dtype == F32 else out.view(dtype)).reshape(shape)
 
 
+# Where Metal exists the real kernel is tested instead; the emulation targets Linux's g++. Where
+# it should run it never skips: missing g++ or source fails, so the kernels cannot go untested.
 needs_gxx = pytest.mark.skipif(
-    sys.platform != "linux" or shutil.which("g++") is None,
-    reason="emulation needs Linux and g++ 12+ (C++20, _Float16)",
+    mx.metal.is_available() or sys.platform != "linux",
+    reason="Metal runs the real kernel tests; the emulation targets Linux",
+)
+_NO_SOURCE = (
+    "MLX {version} printed no generated Metal source while export tracing a metal_kernel launch "
+    "with verbose=True: the emulation cannot run, and without Metal the kernels would have no "
+    "test at all. Find how this MLX exposes the source (or pin MLX); never skip."
+)
+_NO_GXX = (
+    "the Metal kernels' emulation needs g++ 12+ (C++20, _Float16) on Linux: without it the kernels "
+    "have no test here. Install g++ (e.g. apt-get install g++)."
 )
 
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.fail(_NO_GXX)
     return Emulator(tmp_path_factory.mktemp("nested_metal_emulation"))
 
 
@@ -774,3 +786,10 @@ def test_the_resident_route_equals_a_float64_product_at_every_row_count(rows):
     want = x.astype(np.float64) @ weight.T.astype(np.float64) + bias
     assert got is not None and got.shape == (1, rows, 24) and got.dtype == mx.float32
     assert np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
+
+
+def test_an_mlx_that_prints_no_source_fails_the_emulation_instead_of_skipping(monkeypatch, tmp_path):
+    # Without the printed source the kernel has no test off a Mac: that must fail, never skip.
+    monkeypatch.setattr(mx, "export_function", lambda *a, **k: None)
+    with pytest.raises(pytest.fail.Exception, match="printed no generated Metal source"):
+        _generated_source(CONFIGS[0], tmp_path)

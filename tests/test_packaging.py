@@ -38,11 +38,16 @@ def test_wheel_ships_and_finds_its_data(tmp_path):
         check=True,
     ).stdout.split()
     installed = site / "mlxswitch"
+    from mlxswitch.models.packaged import CATALOGUE, parts_present
+
+    # The bundled default: the Qwen pair where its parts are installed (no conversion is cached in
+    # the fresh home), else the embedded model.
+    pair_here = all(parts_present(entry) for entry in CATALOGUE.values())
     assert out == [
         str(installed / "__init__.py"),
         str(installed / "metal"),
         str(installed / "models.toml"),
         "True",
-        "embedded-plain",
+        "qwen2.5-coder-0.5b-1.5b" if pair_here else "embedded-plain",
         str(installed / "bench_prompts" / "suite.jsonl"),
     ]

@@ -93,3 +93,86 @@ def test_the_same_conversation_going_on_keeps_no_copy(pair):
 def test_a_negative_size_is_a_usage_error():
     with pytest.raises(UsageError, match="--prompt-cache-size must be ≥ 0"):
         PromptCaches(-1)
+
+
+# Four clients, each opening with a different long question (the template's head is all they share).
+CLIENTS = {
+    name: [{"role": "user", "content": text * 4}]
+    for name, text in {
+        "A": "Tell me about the river, the bridge and the old mill by the water. ",
+        "B": "List some colours of the sky at dusk, and of the sea at dawn, please. ",
+        "C": "Which birds sing in the morning near the forest and the quiet lake? ",
+        "D": "Describe a small town market on a sunny Saturday with fruit stalls. ",
+    }.items()
+}
+
+
+@pytest.fixture(scope="module")
+def routed(tiny_pair):
+    small, large = tiny_pair
+    profile = resolve_profile(small=str(small), large=str(large), **ROUTED)
+    return profile, build_ladder(profile)
+
+
+def _started(routed, caches: PromptCaches) -> ChatSession:
+    """A session with new (empty) caches, so every run of a scenario keeps arrays of equal sizes."""
+    profile, ladder = routed
+    for group in ladder.groups:
+        group.reset()
+    session = ChatSession(ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=caches)
+    session.reset()
+    return session
+
+
+def _who(session: ChatSession) -> list[str]:
+    """The clients whose conversations are kept, least recently used first."""
+    assert session.prompt_caches is not None
+    prompts = {name: tuple(session.render(messages)) for name, messages in CLIENTS.items()}
+    return [
+        next(name for name, ids in prompts.items() if kept[: len(ids)] == ids)
+        for kept in session.prompt_caches.kept
+    ]
+
+
+def test_the_count_bound_evicts_the_least_recently_used_not_the_first_kept(routed):
+    session = _started(routed, PromptCaches(2))
+    answers = {name: _answer(session, CLIENTS[name]) for name in "ABC"}
+    assert _who(session) == ["A", "B"]  # C is the one in use
+    back = _answer(session, _next_turn(CLIENTS["A"], answers["A"]))  # A comes back: taken, C kept
+    assert back.prefilled_tokens < back.prompt_tokens - len(session.render(CLIENTS["A"])) + 8
+    assert _who(session) == ["B", "C"]
+    _answer(session, CLIENTS["D"])  # keeping A (used after B) is one too many: B goes, not A
+    assert _who(session) == ["C", "A"] and len(session.prompt_caches) == 2
+
+
+def test_the_byte_bound_evicts_the_least_recently_used(routed):
+    unbounded = _started(routed, PromptCaches(10))
+    sizes = []
+    for name in "ABCD":
+        _answer(unbounded, CLIENTS[name])
+        sizes.append(unbounded.prompt_caches.nbytes - sum(sizes))
+    assert _who(unbounded) == ["A", "B", "C"] and all(size > 0 for size in sizes[1:])
+    a, b, c = sizes[1:]  # what keeping A, then B, then C added
+
+    session = _started(routed, PromptCaches(10, max_bytes=b + c))
+    for name in "ABCD":
+        _answer(session, CLIENTS[name])
+    assert _who(session) == ["B", "C"]  # A out for the bytes; the count allowed ten
+    assert session.prompt_caches.nbytes == b + c <= session.prompt_caches.max_bytes
+    assert a > 0
+
+
+def test_a_conversation_larger_than_the_byte_bound_is_not_kept(routed):
+    session = _started(routed, PromptCaches(10, max_bytes=1024))
+    for name in "AB":
+        _answer(session, CLIENTS[name])
+    assert len(session.prompt_caches) == 0 and session.prompt_caches.nbytes == 0
+    nothing = _started(routed, PromptCaches(10, max_bytes=0))
+    for name in "AB":
+        _answer(nothing, CLIENTS[name])
+    assert len(nothing.prompt_caches) == 0
+
+
+def test_a_negative_byte_bound_is_a_usage_error():
+    with pytest.raises(UsageError, match="--prompt-cache-bytes must be ≥ 0"):
+        PromptCaches(2, max_bytes=-1)

@@ -1,10 +1,13 @@
-"""The README's option tables against the CLI's own options, so neither can drift from the other."""
+"""The README and docs/ against the CLI: every option table against `--help`, every command line
+shown against Click's parser, the README's shape, its results against the generated headline,
+and every relative link; and bench/headline.py's section in docs/benchmarks.md."""
 
 from __future__ import annotations
 
 import copy
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -12,8 +15,18 @@ import typer
 
 from mlxswitch.cli.app import app
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-# Commands whose options the README documents in a table; a command with options but no table
+try:  # Typer vendors its own Click; its commands raise that Click's exceptions
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - a Typer that uses Click itself
+    from click.exceptions import ClickException
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CLI_DOC = DOCS / "cli.md"
+BENCHMARKS = DOCS / "benchmarks.md"  # where bench/headline.py writes the headline
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+# Commands whose options docs/cli.md documents in a table; a command with options but no table
 # fails below, so a new command gets one.
 DOCUMENTED = ("chat", "serve", "bench", "calibrate", "gears build")
 _NAME = re.compile(r"(?<![\w-])--?[a-zA-Z][\w-]*")
@@ -31,17 +44,18 @@ def _commands(group=None, prefix: str = "") -> dict:
 
 
 def _accepted(command) -> tuple[set[str], set[str]]:
-    """(names that must be documented, every name the command accepts) of its options."""
+    """(names that must be documented, every name the command accepts) of its options: both are
+    every name, the `--no-…` forms included, except --help."""
     options = [p for p in command.params if p.param_type_name == "option"]
-    primary = {name for p in options for name in p.opts}
-    return primary, primary | {name for p in options for name in p.secondary_opts}
+    names = {name for p in options for name in (*p.opts, *p.secondary_opts)}
+    return names, names
 
 
 def _table(name: str) -> list[str]:
-    """The first cells of the rows of `### Options of `mlxswitch NAME``."""
-    text = README.read_text(encoding="utf-8")
-    heading = re.search(rf"^### Options of `mlxswitch {name}`\n", text, re.MULTILINE)
-    assert heading, f"README.md has no '### Options of `mlxswitch {name}`' table"
+    """The first cells of the rows of `## Options of `mlxswitch NAME`` in docs/cli.md."""
+    text = CLI_DOC.read_text(encoding="utf-8")
+    heading = re.search(rf"^#+ Options of `mlxswitch {name}`\n", text, re.MULTILINE)
+    assert heading, f"docs/cli.md has no 'Options of `mlxswitch {name}`' table"
     cells = []
     for line in text[heading.end() :].splitlines():
         if line.startswith("#"):
@@ -57,17 +71,17 @@ def _documented(name: str) -> set[str]:
 
 
 @pytest.mark.parametrize("name", DOCUMENTED)
-def test_every_option_is_in_the_readme_table(name):
+def test_every_option_is_in_the_cli_table(name):
     needed, _ = _accepted(_commands()[name])
     missing = sorted(needed - _documented(name))
-    assert not missing, f"mlxswitch {name}: options missing from README.md's table: {missing}"
+    assert not missing, f"mlxswitch {name}: options missing from docs/cli.md's table: {missing}"
 
 
 @pytest.mark.parametrize("name", DOCUMENTED)
-def test_every_option_in_the_readme_table_exists(name):
+def test_every_option_in_the_cli_table_exists(name):
     _, accepted = _accepted(_commands()[name])
     unknown = sorted(_documented(name) - accepted)
-    assert not unknown, f"README.md's table of mlxswitch {name} names options it lacks: {unknown}"
+    assert not unknown, f"docs/cli.md's table of mlxswitch {name} names options it lacks: {unknown}"
 
 
 def test_every_command_with_options_has_a_table():
@@ -79,10 +93,141 @@ def test_every_command_with_options_has_a_table():
     assert with_options <= set(DOCUMENTED), sorted(with_options - set(DOCUMENTED))
 
 
+# -- every command line shown parses ------------------------------------------------------------
+
+_BLOCK = re.compile(r"^```(?:bash|sh)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+def _mlxswitch_args(words: list[str]) -> list[str] | None:
+    """The arguments after `mlxswitch` in one shell command (`mlxswitch …`, `uv run [--extra X]…
+    mlxswitch …`, with leading VAR=value assignments), or None when it runs something else."""
+    while words and _ENV.match(words[0]):
+        words = words[1:]
+    if words[:2] == ["uv", "run"]:
+        words = words[2:]
+        while words and words[0] == "--extra":
+            words = words[2:]
+    return words[1:] if words[:1] == ["mlxswitch"] else None
+
+
+def _command_lines() -> list[tuple[str, list[str]]]:
+    """(page:line, arguments) of every mlxswitch command in a ```bash or ```sh block of the pages."""
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for block in _BLOCK.finditer(text):
+            number = text[: block.start(1)].count("\n")
+            pending, start = "", 0
+            for line in block[1].splitlines():
+                number += 1
+                start = start if pending else number
+                if line.endswith("\\"):  # a continuation line
+                    pending += line[:-1] + " "
+                    continue
+                words, pending = shlex.split(pending + line, comments=True), ""
+                # Each command of a pipeline or list (`echo … | mlxswitch chat`, `… &`).
+                command: list[str] = []
+                for word in [*words, "|"]:
+                    if word in ("|", "&&", ";", "&", "||"):
+                        args = _mlxswitch_args(command)
+                        if args is not None:
+                            found.append((f"{page.relative_to(ROOT)}:{start}", args))
+                        command = []
+                    else:
+                        command.append(word)
+    return found
+
+
+def _parse(args: list[str]) -> None:
+    """Parse `mlxswitch ARGS` with Click down to the last subcommand, running nothing."""
+    command = typer.main.get_command(app)
+    ctx = command.make_context("mlxswitch", list(args))
+    while hasattr(command, "resolve_command"):  # a group: on to its subcommand
+        rest = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
+        if not rest:
+            return
+        name, command, rest = command.resolve_command(ctx, rest)
+        assert command is not None, name
+        ctx = command.make_context(name, rest, parent=ctx)
+
+
+def test_the_pages_show_commands():
+    lines = _command_lines()
+    assert len(lines) > 30
+    pages = {where.split(":")[0] for where, _ in lines}
+    assert {"README.md", "docs/cli.md", "docs/serving.md", "docs/benchmarks.md"} <= pages
+
+
+@pytest.mark.parametrize(("where", "args"), _command_lines(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_command_line_shown_parses(where, args):
+    try:
+        _parse(args)
+    except typer.Exit:
+        pass  # --help, --version
+    except ClickException as exc:
+        pytest.fail(f"{where}: mlxswitch {shlex.join(args)}: {exc.format_message()}")
+
+
+# -- the README's shape -------------------------------------------------------------------------
+
+
+def test_the_readme_is_a_landing_page():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 160
+
+
+def test_the_readme_sets_up_in_exactly_two_commands():
+    text = README.read_text(encoding="utf-8")
+    section = re.search(r"^## Set up.*?(?=^## )", text, re.MULTILINE | re.DOTALL)
+    assert section, "README.md has no '## Set up' section"
+    blocks = _BLOCK.findall(section[0])
+    assert len(blocks) == 1
+    assert [line for line in blocks[0].splitlines() if line.strip()] == [
+        "python3 -m pip install uv && uv run --extra qwen-coder mlxswitch chat",
+        "python3 -m pip install uv && uv run pytest",
+    ]
+
+
+def test_the_readme_results_are_rows_of_the_generated_headline():
+    """The README's five rows are the headline's own (docs/benchmarks.md), figures as they are."""
+    readme = README.read_text(encoding="utf-8")
+    section = re.search(r"^## Results.*?(?=^## )", readme, re.MULTILINE | re.DOTALL)
+    assert section and "`bench/results/humaneval-pair.json`" in section[0]
+    rows = [line for line in section[0].splitlines() if line.startswith("|")]
+    headline = _headline().written(BENCHMARKS.read_text(encoding="utf-8"))
+    assert headline and headline[0] == "bench/results/humaneval-pair.json"
+    table = [line for line in headline[1].splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + 5 and rows[:2] == table[:2]
+    assert all(row in table for row in rows)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_and_anchor_exists(page):
+    text = page.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        found = (page.parent / path).resolve() if path else page
+        assert found.exists(), f"{page.name}: link to a missing file: {target}"
+        if anchor and found.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", found.read_text(encoding="utf-8"), re.MULTILINE)
+            assert anchor in {_slug(h) for h in headings}, f"{page.name}: no heading for {target}"
+
+
+# -- the headline (bench/headline.py writes it into docs/benchmarks.md) -------------------------
+
+
 def _headline():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("headline", README.parent / "bench" / "headline.py")
+    spec = importlib.util.spec_from_file_location("headline", ROOT / "bench" / "headline.py")
     assert spec is not None and spec.loader is not None
     headline = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(headline)
@@ -90,17 +235,17 @@ def _headline():
 
 
 def _written_report():
-    """bench/headline.py, the report path the README's headline names, and that report."""
+    """bench/headline.py, the report path the headline names, and that report."""
     headline = _headline()
-    found = headline.written(README.read_text(encoding="utf-8"))
+    found = headline.written(BENCHMARKS.read_text(encoding="utf-8"))
     assert found
-    return headline, found[0], json.loads((README.parent / found[0]).read_text(encoding="utf-8"))
+    return headline, found[0], json.loads((ROOT / found[0]).read_text(encoding="utf-8"))
 
 
 def test_the_headline_is_what_bench_headline_writes_from_its_report():
     headline = _headline()
-    found = headline.written(README.read_text(encoding="utf-8"))
-    assert found, "README.md has no <!-- headline: REPORT --> … <!-- /headline --> section"
+    found = headline.written(BENCHMARKS.read_text(encoding="utf-8"))
+    assert found, "docs/benchmarks.md has no <!-- headline: REPORT --> … <!-- /headline --> section"
     report, section = found
     assert section == headline.render(report), "run: uv run python bench/headline.py --write"
 
@@ -288,7 +433,7 @@ def test_the_live_sweep_is_a_table_of_pass_at_1_per_swept_point(monkeypatch, tmp
     pictured = headline.Headline(record, sweep=sweep, sweep_path="s.json").section(report)
     assert (
         "![The live sweep: pass@1 against the 1.5B's share of tokens and against seconds per problem, "
-        "each policy's random controls as a dashed line](s.png)\n" in pictured
+        "each policy's random controls as a dashed line](../s.png)\n" in pictured
     )
     assert "s.png" not in headline.Headline(record, sweep=sweep_without, sweep_path="s.json").section(report)
 
@@ -348,3 +493,11 @@ def test_the_stock_runs_figures_give_mlx_lm_on_each_model_beside_ours():
         "  - mlx-lm's answers were token for token our engine's on the same model on 2/2 (0.5B) and "
         "1/2 (1.5B) problems." in section
     )
+
+
+@pytest.mark.parametrize(
+    "args", [["chat", "--no-such-flag"], ["chat", "--max-tokens", "many"], ["gears", "build"], ["nope"]]
+)
+def test_the_parse_check_can_fail(args):
+    with pytest.raises(ClickException):
+        _parse(args)

@@ -179,6 +179,40 @@ def test_alternating_clients_each_reuse_their_own_history(client):
     assert reused >= one.usage.prompt_tokens  # the other client's turn did not cost it its history
 
 
+def test_cached_tokens_count_the_prompt_a_repeated_prefix_did_not_prefill(client):
+    first = [{"role": "user", "content": "Name three rivers, three bridges and three mills, please. " * 3}]
+    one = client.chat.completions.create(model="ad-hoc pair", messages=first, max_tokens=4, temperature=0)
+    assert one.usage.prompt_tokens_details.cached_tokens < one.usage.prompt_tokens - 20  # new text
+    second = first + [
+        {"role": "assistant", "content": one.choices[0].message.content},
+        {"role": "user", "content": "And the longest?"},
+    ]
+    chunks = list(
+        client.chat.completions.create(
+            model="ad-hoc pair",
+            messages=second,
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.prompt_tokens > one.usage.prompt_tokens
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert one.usage.prompt_tokens <= cached < usage.prompt_tokens  # the first turn was not prefilled
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason][0]
+    assert finish.model_extra["mlxswitch"]["usage"]["prompt_tokens_reused"] == cached
+
+    text = "The river ran past the bridge and the old mill, and then it ran on to the sea"
+    whole = client.completions.create(model="ad-hoc pair", prompt=text, max_tokens=3, temperature=0)
+    again = client.completions.create(model="ad-hoc pair", prompt=text, max_tokens=3, temperature=0)
+    assert again.usage.prompt_tokens == whole.usage.prompt_tokens
+    # The same prompt again: all of it held, but its last position is computed again.
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert whole.usage.prompt_tokens_details.cached_tokens < whole.usage.prompt_tokens - 5
+
+
 def test_completions_stream_and_not(client):
     whole = client.completions.create(
         model="ad-hoc pair", prompt="The quick brown", max_tokens=5, temperature=0

@@ -23,6 +23,7 @@ import pytest
 
 from mlxswitch.kernels import entropy as entropy_kernel
 from mlxswitch.kernels import float64_token_signals, kernel_self_check
+from mlxswitch.kernels.route import resolve_route
 from mlxswitch.routing.router import max_entropy_bits
 from mlxswitch.routing.signals import token_signals, token_signals_numpy
 
@@ -188,7 +189,7 @@ def _fake_kernel(max_threads: int, wrong: bool = False):
 )
 def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(monkeypatch, max_threads, wrong, expected):
     monkeypatch.setattr(entropy_kernel, "_KERNEL", _fake_kernel(max_threads, wrong))
-    monkeypatch.setattr(entropy_kernel, "on_gpu", lambda: True)
+    resolve_route(backend="metal")  # a Mac's route, the stand-in kernel in Metal's place
     monkeypatch.setattr(entropy_kernel, "_CHECKED", {})
     launched = []
     real_launch = entropy_kernel._launch
@@ -214,9 +215,9 @@ def test_dispatcher_checks_the_kernel_once_then_keeps_or_drops_it(monkeypatch, m
 
 def test_reference_setting_bypasses_the_kernel(monkeypatch):
     monkeypatch.setattr(entropy_kernel, "_KERNEL", _fake_kernel(1024, False))
-    monkeypatch.setattr(entropy_kernel, "on_gpu", lambda: True)
     monkeypatch.setattr(entropy_kernel, "_CHECKED", {})
     monkeypatch.setenv("MLXSWITCH_KERNELS", "reference")
+    assert resolve_route(backend="metal").signals == "mx-ops"
     launched = []
     monkeypatch.setattr(entropy_kernel, "_launch", lambda *a, **k: launched.append(1))
     x = mx.array(_logits(2000))
@@ -392,7 +393,7 @@ def _generated_source(dtype, capfd, folder) -> str:
     printed = capfd.readouterr().out
     match = re.search(r"```\n(.*)```", printed, re.S)
     if match is None:
-        pytest.skip("this MLX does not print the generated kernel source without Metal")
+        pytest.fail(_NO_SOURCE.format(version=mx.__version__))
     return match.group(1)
 
 
@@ -436,14 +437,27 @@ def _emulated(dtype, x: np.ndarray, threads: int, build, capfd) -> np.ndarray:
     return np.array([float(v) for v in run.stdout.split()])
 
 
-# Where Metal exists the real kernel is tested instead; the emulation targets Linux's g++.
+# Where Metal exists the real kernel is tested instead; the emulation targets Linux's g++. Where
+# it should run it never skips: missing g++ or source fails, so the kernels cannot go untested.
 needs_gxx = pytest.mark.skipif(
-    sys.platform != "linux" or shutil.which("g++") is None, reason="emulation needs Linux and g++ (C++20)"
+    mx.metal.is_available() or sys.platform != "linux",
+    reason="Metal runs the real kernel tests; the emulation targets Linux",
+)
+_NO_SOURCE = (
+    "MLX {version} printed no generated Metal source while export tracing a metal_kernel launch "
+    "with verbose=True: the emulation cannot run, and without Metal the kernels would have no "
+    "test at all. Find how this MLX exposes the source (or pin MLX); never skip."
+)
+_NO_GXX = (
+    "the Metal kernels' emulation needs g++ 12+ (C++20, _Float16) on Linux: without it the kernels "
+    "have no test here. Install g++ (e.g. apt-get install g++)."
 )
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.fail(_NO_GXX)
     return {"dir": tmp_path_factory.mktemp("metal_emulation")}
 
 
@@ -483,3 +497,10 @@ def test_the_float64_truth_equals_a_naive_log_softmax():
         top = np.sort(p)[-2:]
         want = [entropy, (p * bits * bits).sum() - entropy**2, top[1] - top[0]]
         assert np.allclose(float64_token_signals(x), want, rtol=1e-9, atol=1e-12)
+
+
+def test_an_mlx_that_prints_no_source_fails_the_emulation_instead_of_skipping(monkeypatch, capfd, tmp_path):
+    # Without the printed source the kernel has no test off a Mac: that must fail, never skip.
+    monkeypatch.setattr(mx, "export_function", lambda *a, **k: None)
+    with pytest.raises(pytest.fail.Exception, match="printed no generated Metal source"):
+        _generated_source(mx.float32, capfd, tmp_path)

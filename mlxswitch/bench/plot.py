@@ -32,8 +32,12 @@ def save_figure(plt, fig, title: str, path: Path) -> None:
 
 
 def save_plot(summary: dict, title: str, path: Path) -> None:
-    """Write a two-panel PNG readable without the table; atomically (temporary name, rename)."""
+    """Write a two-panel PNG readable without the table; atomically (temporary name, rename).
+    One tier has no routing to draw: its speed and where its seconds went instead."""
     plt = _pyplot()
+    if len(summary["profile"]["tiers"]) < 2:
+        _save_single_tier(plt, summary, title, path)
+        return
     curves = summary.get("curves") or {}
     fig, (by_share, by_bytes) = plt.subplots(1, 2, figsize=(12, 5), dpi=110)
     if curves:
@@ -74,3 +78,63 @@ def save_plot(summary: dict, title: str, path: Path) -> None:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7, loc="lower right")
     save_figure(plt, fig, title, path)
+
+
+def _save_single_tier(plt, summary: dict, title: str, path: Path) -> None:
+    """One tier: each arm's decode and prompt tok/s (median, min–max over repeats), and its seconds
+    split into prefill, decode passes and the rest (one bar of total time where it has no ledger)."""
+    arms = summary["arms"]
+    names = [arm["name"] for arm in arms]
+    fig, (speed, seconds) = plt.subplots(1, 2, figsize=(12, 5), dpi=110)
+    width = 0.38
+    for offset, key, label in (
+        (-width / 2, "decode_tok_per_s", "decode"),
+        (width / 2, "prompt_tok_per_s", "prompt"),
+    ):
+        figures = [arm["speed"].get(key) or {} for arm in arms]
+        median = [_num(f.get("median")) for f in figures]
+        low = [max(0.0, m - _num(f.get("min"), m)) for m, f in zip(median, figures, strict=True)]
+        high = [max(0.0, _num(f.get("max"), m) - m) for m, f in zip(median, figures, strict=True)]
+        xs = [i + offset for i in range(len(arms))]
+        speed.bar(xs, median, width, yerr=[low, high], capsize=3, label=f"{label} tok/s (median, min–max)")
+    speed.set_ylabel("tokens per second")
+    bottom = [0.0] * len(arms)
+    parts = (
+        ("prefill_s", "prefill passes"),
+        ("decode_s", "decode passes"),
+        ("rest_s", "rest (sampling, Python)"),
+    )
+    for key, label in parts:
+        values = []
+        for arm in arms:
+            w = arm.get("seconds") or {}
+            if key == "decode_s":
+                values.append(sum((w.get("top_s") or {}).values()) + _num(w.get("bottom_s"), 0.0))
+            else:
+                values.append(_num(w.get(key), 0.0))
+        seconds.bar(range(len(arms)), values, 0.6, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    untimed = [
+        (i, _num((arm.get("seconds") or {}).get("total_s"), 0.0))
+        for i, arm in enumerate(arms)
+        if (arm.get("seconds") or {}).get("passes") is None
+    ]
+    if untimed:
+        seconds.bar(
+            [i for i, _ in untimed],
+            [t for _, t in untimed],
+            0.6,
+            color="lightgrey",
+            hatch="//",
+            label="total (no pass ledger)",
+        )
+    seconds.set_ylabel("seconds, summed over the arm's answers")
+    for axis in (speed, seconds):
+        axis.set_xticks(range(len(arms)), names, rotation=15, ha="right", fontsize=8)
+        axis.grid(alpha=0.3, axis="y")
+        axis.legend(fontsize=7, loc="upper right")
+    save_figure(plt, fig, title, path)
+
+
+def _num(value, default: float = 0.0) -> float:
+    return default if value is None or value != value else float(value)

@@ -12,7 +12,7 @@ from ..decoding.tiers import Ladder
 from ..json_numbers import finite
 from ..profiles import Profile
 from ..routing.router import POLICY_NAMES
-from . import metrics, simulate
+from . import metrics, seconds, simulate
 from .runner import Arm, BenchRun, sweep_config
 
 GAIN_NATS = 0.1  # a position "needs" the top tier when it lowers the NLL by more than this
@@ -133,8 +133,12 @@ def summarize_bench(run: BenchRun, profile: Profile, ladder: Ladder, device_name
                     chip: tg / entry["projection"]["tok_per_s_bound"][chip]
                 }
         arms.append(entry)
+    where = seconds.where_seconds([a.name for a in run.arms], run.runs, names, tier_bytes)
+    for entry in arms:
+        entry["seconds"] = where["arms"][entry["name"]]
     return {
         "arms": arms,
+        "where_seconds": {"models": where["models"], "floor_rates": where["floor_rates"]},
         "curves": _curves(run, bottom, top, signal, tier_bytes),
         "auroc": _auroc(bottom, top, signal),
         "thresholds": run.taus,

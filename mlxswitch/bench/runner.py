@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from ..decoding.answer import AnswerSummary
 from ..decoding.session import ChatSession
 from ..decoding.tiers import Ladder
 from ..json_numbers import json_float
+from ..kernels.route import kernels_override
 from ..models.model_bytes import bytes_per_token
 from ..profiles import Profile
 from ..routing.registry import POLICY_BY_NAME
@@ -133,15 +133,8 @@ def make_arms(profile: Profile, ladder: Ladder, sweep: Mapping[str, Sequence[flo
 @contextlib.contextmanager
 def _stock_kernels():
     # mlx-lm as shipped: our multi-row routes off while it runs (they would speed it up too).
-    before = os.environ.get("MLXSWITCH_KERNELS")
-    os.environ["MLXSWITCH_KERNELS"] = "reference"
-    try:
+    with kernels_override("reference"):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("MLXSWITCH_KERNELS", None)
-        else:
-            os.environ["MLXSWITCH_KERNELS"] = before
 
 
 SPECULATIVE_KINDS = ("speculative", "speculative-ours", "speculative-fp32")
@@ -168,6 +161,10 @@ def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens:
         "tier_counts": summary.tier_counts,
         "mean_bytes_per_token": summary.mean_bytes_per_token,
         "initial_entropy": summary.initial_entropy,
+        # Where the seconds went (decoding/ledger.py; None where the loop does not time its passes)
+        # and the tokens drafted from something other than a tier (e.g. "lookup").
+        "passes": summary.passes,
+        "sources": summary.source_counts,
         "text": summary.text,
         "tokens": [
             {

@@ -17,7 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from ..errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, MlxSwitchError, one_line
-from . import cmd_bench, cmd_chat, cmd_models, ui
+from . import cmd_bench, cmd_chat, cmd_models, cmd_serve, ui
 from .streams import silence_stdout, write_crash_log
 
 # transformers warns on stderr about long prompts; our own checks say what matters, in one line.
@@ -158,7 +158,7 @@ def _root(
 
 # The commands live in cmd_*.py; registered here, in the order `--help` lists them.
 app.command(cls=_Command)(cmd_chat.chat)
-app.command(cls=_Command)(cmd_chat.serve)
+app.command(cls=_Command)(cmd_serve.serve)
 app.command(cls=_Command)(cmd_models.models)
 app.command(cls=_Command)(cmd_models.doctor)
 gears_app.command("build", cls=_Command)(cmd_models.gears_build)

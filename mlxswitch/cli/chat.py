@@ -15,6 +15,7 @@ from pathlib import Path
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
 from ..decoding.session import ChatSession
 from ..errors import EXIT_INTERRUPTED, MlxSwitchError, UsageError
+from ..kernels.route import current_route
 from ..resources import user_dir
 from ..routing.router import max_entropy_bits, parse_thresholds
 from . import ui
@@ -46,6 +47,22 @@ def router_record(session: ChatSession, summary: AnswerSummary) -> dict:
     }
 
 
+def route_record(session: ChatSession) -> dict:
+    """What computes the tokens: the route (kernels/route.py) and each model's linears' route."""
+    return {
+        **current_route().record(),
+        "models": {group.name: group.model.linears for group in session.ladder.groups},
+    }
+
+
+def route_line(session: ChatSession) -> str:
+    """The route in one line, said once under the chat's banner."""
+    route = current_route()
+    models = ", ".join(f"{g.name} {g.model.linears or '?'}" for g in session.ladder.groups)
+    threads = f" · BLAS threads {route.blas_threads} (multi-row)" if route.backend == "cpu" else ""
+    return f"route: {route.backend} · linears: {models} · signals {route.signals}{threads}"
+
+
 def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
     """The JSON object printed for one answer with --json."""
     return {
@@ -60,6 +77,7 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
         "tokens": [event.record() for event in summary.tokens],
         "stats": summary.stats(),
         "router": router_record(session, summary),
+        "route": route_record(session),
         **({"handoff": summary.handoff} if summary.handoff is not None else {}),
     }
 
@@ -178,6 +196,7 @@ class ChatRunner:
         painter = ui.TokenPainter(console, self.session.tier_names, self.shade, self._max_entropy())
         self._interactive = True
         ui.print_banner(console, self.session.ladder.description, painter.legend(), self.session.ladder.note)
+        ui.print_dim(console, route_line(self.session))
         history = user_dir() / "history"
         problem = history_problem(history)
         if problem:  # said once, here; the chat goes on without it
@@ -277,7 +296,7 @@ class ChatRunner:
                 if not self.json_output and item.text and not hold:
                     if painter is not None:
                         self._write("")
-                        painter.paint(item.text, item.tier, item.entropy)
+                        painter.paint(item.text, item.tier, item.entropy, item.source)
                     else:
                         self._write(item.text)
             if summary is not None and cloud is not None and not cloud.spans_on:

@@ -19,7 +19,8 @@ def bench(
     gears: o.GearsOpt = None,
     prompts: o.PromptsOpt = None,
     quick: Annotated[
-        bool, typer.Option(help="One prompt per category, short answers, 3 sweep points: about 2 minutes.")
+        bool,
+        typer.Option(help="One prompt per category, one speed prompt, 3 sweep points: about 2 minutes."),
     ] = False,
     repeats: Annotated[int, typer.Option(help="Repeats of every speed arm (figures: median, min–max).")] = 1,
     max_tokens: o.OptionalMaxTokensOpt = None,
@@ -90,7 +91,7 @@ def bench(
 ) -> None:
     """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
     from ..api import build_ladder, resolve_profile
-    from ..bench.command import QUICK, check_output_path, choose_prompts, write_json
+    from ..bench.command import QUICK, check_output_path, choose_prompts, one_tier_note, write_json
     from ..bench.command import bench as run
     from ..bench.runner import BenchOptions
     from ..errors import UsageError
@@ -170,10 +171,16 @@ def bench(
         save_plot(
             record,
             f"mlxswitch bench · {chosen.name} ({' → '.join(ladder.tier_names)}) · "
-            f"{record['machine']['backend']} · {len(items)} prompts",
+            f"{record['machine']['backend']} · {ui_tables.bench_counts(record)}",
             plot,
         )
-    ui.make_console().print(ui_tables.bench_table(record))
+    console = ui.make_console()
+    if len(ladder.tiers) < 2:
+        console.print(one_tier_note(chosen.name), markup=False, highlight=False, soft_wrap=True)
+    console.print(ui_tables.bench_table(record))
+    seconds = ui_tables.seconds_table(record, "each arm's answers to the speed prompts, every repeat")
+    if seconds is not None:
+        console.print(seconds)
 
 
 def calibrate(

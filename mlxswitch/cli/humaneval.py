@@ -91,6 +91,14 @@ def bench_humaneval(
         save_humaneval_plot(record, title, plot)
     console = ui.make_console()
     console.print(ui_tables.humaneval_table(record))
+    over = (
+        f"the {len(record['complete'])} problem(s) every arm answered"
+        if record["where_seconds"]["problems"] == "complete"
+        else "each arm's answers (no problem is answered by every arm yet)"
+    )
+    seconds = ui_tables.seconds_table(record, over)
+    if seconds is not None:
+        console.print(seconds)
     if record.get("teacher_forced_curve"):
         console.print(ui_tables.humaneval_curve_table(record))
     if record.get("pooled"):

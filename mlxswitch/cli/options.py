@@ -69,6 +69,39 @@ VerifyOpt = Annotated[
         "decoding); a draft ends where peek would escalate. Needs --policy peek --window 1 --min-run 1.",
     ),
 ]
+DraftRuleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--draft",
+        help="With --verify: adaptive (draft as far as drafts are kept and checks are cheap here; the "
+        "large tier alone where drafting does not pay) or fixed (up to 32 tokens while the small "
+        "tier is sure). Default: the profile's (adaptive).",
+    ),
+]
+LookupOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--lookup/--no-lookup",
+        help="With --verify --draft adaptive: drafts may also come free from the text itself (the "
+        "tokens that followed the answer's last words earlier in the prompt or answer).",
+    ),
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        help="CPU route: BLAS threads for multi-row passes (prefill, checks, catch-ups); one-row "
+        "steps keep one. Default: every core.",
+    ),
+]
+RequireResidentOpt = Annotated[
+    bool,
+    typer.Option(
+        "--require-resident",
+        help="CPU route: refuse to run a model without its resident fp32 copy (it is skipped when "
+        "it does not fit half of the free memory, and the model then decodes about 2× slower).",
+    ),
+]
 SignalOpt = Annotated[
     str | None,
     typer.Option(

@@ -85,9 +85,9 @@ class TokenPainter:
             text.append(("  " if i else "") + f"■ {name}", style=colour)
         return text
 
-    def paint(self, piece: str, tier: str, entropy: float | None) -> None:
-        """Write one token's text without a newline."""
-        style = self.colours.get(tier, "default")
+    def paint(self, piece: str, tier: str, entropy: float | None, source: str | None = None) -> None:
+        """Write one token's text without a newline (underlined: drafted from the text itself)."""
+        style = self.colours.get(tier, "default") + (" underline" if source == "lookup" else "")
         if self.shade and entropy is not None and entropy == entropy:
             # Uncertain tokens bold, confident ones dim: the router's view at a glance.
             share = entropy / self.max_entropy
@@ -119,6 +119,8 @@ def status_line(summary, colours: dict[str, str] | None = None) -> Text:
     for name, count in summary.tier_counts.items():
         colour = (colours or {}).get(name, "default")
         text.append(f"{name} {100 * count / summary.generated:.0f}% ", style=colour)
+    for source, count in summary.source_counts.items():  # e.g. verified drafting's lookup drafts
+        text.append(f"({source} {100 * count / summary.generated:.0f}%) ")
     text.append(f"· {summary.switches} switch{'es' if summary.switches != 1 else ''}")
     prompt_speed = summary.prompt_tok_per_s
     text.append(

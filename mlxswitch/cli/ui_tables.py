@@ -27,59 +27,138 @@ def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str
     return _cell((figures.get(key) or {}).get("median"), digits, scale)
 
 
+def bench_counts(record: dict) -> str:
+    """What the bench's figures rest on, said the same way in the table's caption and the plot's
+    title: the speed prompts and repeats, and (with two tiers or more) the teacher-forced prompts."""
+    speed = len(record["speed_prompts"])
+    out = f"speed: {record['options']['repeats']} repeat(s) of {speed} prompt(s)"
+    if len(record["profile"]["tiers"]) > 1:
+        out += (
+            f"; retained: teacher-forced along the top tier's answers to {len(record['positions'])} prompt(s)"
+        )
+    return out
+
+
+def _checked(record: dict) -> bool:
+    """Whether any arm scored an answer (the speed prompts include a checkable one)."""
+    return any(_figure(arm["speed"], "accuracy") is not None for arm in record["arms"])
+
+
+def _figure(figures: dict, key: str):
+    value = (figures.get(key) or {}).get("median")
+    return None if value is None or value != value else value
+
+
 def bench_table(record: dict) -> Table:
-    """The bench's table: one row per arm, speed and quality side by side."""
+    """The bench's table: one row per arm, speed and quality side by side. One tier has nothing to
+    route: no share, fidelity, controls, switches or overhead; no `acc` where no answer is checkable."""
+    switching = len(record["profile"]["tiers"]) > 1
+    checked = _checked(record)
     table = Table(
         title=literal(f"mlxswitch bench · {record['profile']['name']} · {record['machine']['backend']}"),
         show_edge=False,
         title_justify="left",
     )
-    for column in (
-        "arm",
-        "top share",
-        "retained",
-        "random@share",
-        "oracle@share",
-        "agree",
-        "acc",
-        "pp tok/s",
-        "tg tok/s",
-        "TTFT s",
-        "peak GB",
-        "sw/100",
-        "MB/tok",
-        "overhead",
-        "M3 Max bound*",
-    ):
+    columns = {
+        "arm": lambda arm, q, s, bound: arm["name"],
+        "top share": lambda arm, q, s, bound: _cell(q["top_share"]),
+        "retained": lambda arm, q, s, bound: _cell(q["retained"]),
+        "random@share": lambda arm, q, s, bound: _cell((arm.get("random_control") or {}).get("mean")),
+        "oracle@share": lambda arm, q, s, bound: _cell(arm.get("oracle")),
+        "agree": lambda arm, q, s, bound: _median(s, "agreement", digits=2),
+        "acc": lambda arm, q, s, bound: _median(s, "accuracy", digits=2),
+        "pp tok/s": lambda arm, q, s, bound: _median(s, "prompt_tok_per_s"),
+        "tg tok/s": lambda arm, q, s, bound: _median(s, "decode_tok_per_s"),
+        "TTFT s": lambda arm, q, s, bound: _median(s, "first_token_s", digits=2),
+        "peak GB": lambda arm, q, s, bound: _median(s, "peak_memory_gb", digits=2),
+        "sw/100": lambda arm, q, s, bound: _median(s, "switches_per_100"),
+        "MB/tok": lambda arm, q, s, bound: _median(s, "bytes_per_token", 1e-6),
+        "overhead": lambda arm, q, s, bound: _median(s, "overhead", digits=2),
+        "M3 Max bound*": lambda arm, q, s, bound: _cell(bound, 0),
+    }
+    routing = ("top share", "retained", "random@share", "oracle@share", "sw/100", "overhead")
+    shown = [name for name in columns if (switching or name not in routing) and (checked or name != "acc")]
+    for column in shown:
         table.add_column(column, justify="left" if column == "arm" else "right")
 
     for arm in record["arms"]:
         q, s = arm["quality"], arm["speed"]
         bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
-        table.add_row(
-            arm["name"],
-            _cell(q["top_share"]),
-            _cell(q["retained"]),
-            _cell((arm.get("random_control") or {}).get("mean")),
-            _cell(arm.get("oracle")),
-            _median(s, "agreement", digits=2),
-            _median(s, "accuracy", digits=2),
-            _median(s, "prompt_tok_per_s"),
-            _median(s, "decode_tok_per_s"),
-            _median(s, "first_token_s", digits=2),
-            _median(s, "peak_memory_gb", digits=2),
-            _median(s, "switches_per_100"),
-            _median(s, "bytes_per_token", 1e-6),
-            _median(s, "overhead", digits=2),
-            _cell(bound, 0),
-        )
+        table.add_row(*(columns[name](arm, q, s, bound) for name in shown))
     auroc = record.get("auroc") or {}
-    table.caption = (
-        f"retained: teacher-forced along the top tier's greedy answers "
-        f"({len(record['positions'])} prompts); speed: median over "
-        f"{record['options']['repeats']} repeat(s) of {len(record['speed_prompts'])} prompt(s); "
+    checkable = (
+        f"acc: share right of the answers to the {record.get('checkable_speed_prompts', 0)} checkable "
+        "speed prompt(s); "
+        if checked
+        else ""
+    )
+    routed = (
         f"AUROC of bottom entropy for '{auroc.get('label', '')}': {_cell(auroc.get('entropy'))}; "
+        if switching
+        else ""
+    )
+    table.caption = (
+        f"{bench_counts(record)}; speed figures: median over repeats; {checkable}{routed}"
         "* projection, not a measurement: M3 Max peak bandwidth ÷ weight bytes per token"
+    )
+    return table
+
+
+def seconds_table(record: dict, over: str) -> Table | None:
+    """Where the seconds went: per arm, summed over its answers (`over` says which), the bottom
+    model's passes, the top model's by rows, prefill, the rest, the total and the floor; None
+    where no arm has a figure."""
+    arms = [a for a in record["arms"] if a.get("seconds") and a["seconds"]["answers"]]
+    if not arms:
+        return None
+    from ..bench.seconds import BUCKETS
+
+    models = record["where_seconds"]["models"]
+    bottom, top = models["bottom"], models["top"]
+    two = bottom != top
+    buckets = ["1"] + [b for b in BUCKETS[1:] if any((a["seconds"]["top_s"] or {}).get(b) for a in arms)]
+    lookup = any(a["seconds"]["sources"] for a in arms)
+    table = Table(title="where the seconds went", show_edge=False, title_justify="left")
+    header = ["arm", *([f"{bottom} s"] if two else [])]
+    header += [f"{top} {'1-row' if b == '1' else b + ' rows'} s" for b in buckets]
+    header += [
+        "prefill s",
+        "rest s",
+        "total s",
+        "floor s",
+        "×floor",
+        *(["drafted"] if lookup else []),
+        "M3 Max s*",
+    ]
+    for column in header:
+        table.add_column(literal(column), justify="left" if column == "arm" else "right")
+    for arm in arms:
+        w = arm["seconds"]
+        top_s = w["top_s"] or {}
+        projected = (w.get("projection") or {}).get("seconds", {}).get("M3 Max")
+        row = [arm["name"], *([_cell(w["bottom_s"])] if two else [])]
+        row += [_cell(top_s.get(b)) if w["top_s"] is not None else "–" for b in buckets]
+        row += [
+            _cell(w["prefill_s"]),
+            _cell(w["rest_s"]),
+            _cell(w["total_s"]),
+            _cell(w["floor_s"]),
+            _cell(w["over_floor"]),
+        ]
+        if lookup:
+            row.append(", ".join(f"{n} {k}" for k, n in sorted(w["sources"].items())) or "–")
+        row.append("–" if projected is None else f"{projected:.3g}")
+        table.add_row(*map(literal, row))
+    floor = (
+        f"floor: every token at {record['profile']['tiers'][0]} alone's seconds per token, with its "
+        f"prompt pass{f' and the {top} prefill (it must read the prompt)' if two else ''}; "
+        "×floor = total ÷ floor; "
+    )
+    table.caption = (
+        f"summed over {over}; passes timed to the moment their result was read, rest = sampling, "
+        f"signals, Python (what no pass claimed); – = no pass ledger (mlx-lm, or an older record); {floor}"
+        "* projection, not a measurement: passes × the model's weight bytes ÷ M3 Max peak bandwidth "
+        "(each pass reads the weights once)"
     )
     return table
 

@@ -35,6 +35,7 @@ class TokenEvent:
     signal: float | None = None  # the routed signal, when routing reads one other than entropy
     logprob: float | None = None  # natural log, of the distribution before temperature; when asked for
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (id, logprob) of the likeliest, when asked for
+    source: str | None = None  # "lookup": drafted from the sequence itself and kept by the tier's check
 
     def record(self) -> dict:
         """The JSON record of this token (the same in --json and --telemetry)."""
@@ -49,6 +50,8 @@ class TokenEvent:
             out["signal"] = json_float(self.signal)
         if self.guard:
             out["guard"] = True
+        if self.source is not None:
+            out["source"] = self.source
         if len(self.tried) > 1:
             out["tried"] = [
                 [name, json_float(h)] for name, h in zip(self.tried, self.tried_signals, strict=True)
@@ -78,6 +81,7 @@ class AnswerSummary:
     cloud: dict | None = None  # costs (this answer, the session) and spans, with a cloud tier
     handoff: dict | None = None  # the hand-off's score, decision and both answers
     refed_tokens: int = 0  # earlier tokens prefilled again: a rotating cache that could not rewind
+    passes: dict | None = None  # where the seconds went (ledger.py's record), when the loop times them
 
     @property
     def mean_bytes_per_token(self) -> float:
@@ -99,6 +103,15 @@ class AnswerSummary:
         counts = {name: 0 for name in self.tier_names}
         for event in self.tokens:
             counts[event.tier] += 1
+        return counts
+
+    @property
+    def source_counts(self) -> dict[str, int]:
+        """Tokens proposed by something other than a tier (e.g. "lookup"), by source."""
+        counts: dict[str, int] = {}
+        for event in self.tokens:
+            if event.source is not None:
+                counts[event.source] = counts.get(event.source, 0) + 1
         return counts
 
     @property
@@ -138,6 +151,10 @@ class AnswerSummary:
             "bytes_per_token": self.tier_bytes,
             "mean_bytes_per_token": round(self.mean_bytes_per_token),
         }
+        if self.source_counts:
+            out["sources"] = self.source_counts
+        if self.passes is not None:
+            out["passes"] = self.passes
         if self.refed_tokens:
             out["refed_tokens"] = self.refed_tokens
         if self.cloud is not None:
@@ -241,6 +258,7 @@ class AnswerBuilder:
                 step.signal if self.signal != "entropy" else None,
                 step.logprob,
                 step.top_logprobs,
+                step.source,
             ),
         )
         self.events.append(self._held)

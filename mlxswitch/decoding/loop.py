@@ -27,8 +27,10 @@ import numpy as np
 from ..routing.policies import Policy
 from ..routing.probe import Probe
 from ..routing.registry import SIGNAL_BY_NAME, uncertainty
+from ..routing.router import Decision
 from ..routing.signals import LazySignals, read_time_signals
 from ..routing.walk import Walk
+from .ledger import PassLedger
 from .tiers import CacheGroup, Ladder
 
 Sampler = Callable[[mx.array], mx.array]
@@ -51,6 +53,7 @@ class Step:
     catch_up: dict[str, int] = field(default_factory=dict)  # ids fed per cache group to catch up
     logprob: float | None = None  # the token's log-probability (natural log), when asked for
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the likeliest ids and theirs, when asked for
+    source: str | None = None  # what proposed a checked token other than a tier ("lookup"), if any
 
     @property
     def signal(self) -> float | None:
@@ -161,8 +164,12 @@ class TokenLoop:
         signal: str = "entropy",
         normalize_for_sampler: bool = True,
         top_logprobs: int | None = None,
+        pins_top: bool = False,
     ):
         self.ladder = ladder
+        # The top tier makes every token (RouterConfig.pins_top): the bottom tier never reads the
+        # prompt, so "the large model alone" pays for the large model only.
+        self.pins_top = pins_top and len(ladder.tiers) > 1
         self.top_logprobs = top_logprobs  # None: no log-probabilities; k: the token's and the top k
         # mlx-lm's greedy, temperature, min-p and top-k samplers are all unchanged by a shift of
         # every logit; only top-p reads probabilities. Otherwise the log-sum-exp pass is skipped.
@@ -177,19 +184,31 @@ class TokenLoop:
         self.sampler = sampler
         self.prefill_step = prefill_step
         self.prompt_tokens = len(ids)
-        self.initial_entropy = math.nan
+        self.initial_entropy: float | None = math.nan  # None: the top tier opened (pins_top)
         self.initial_signal: float | None = math.nan
         self.ended_by_eos = False
+        # Seconds per model: a position computed on two rungs (a review) is booked to the one
+        # whose token was taken, with the rows it was fed; no sync is added to split it.
+        self.ledger = PassLedger()
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
         eos = self.ladder.tokenizer.eos_token_ids
         walk = Walk(self.policy)
-        # The bottom tier's signal at the end of the prompt seeds the policy.
-        first = self._produce(0)
-        self.initial_entropy = first.entropy()
-        self.initial_signal = first.signal(self.signal)
-        decision = walk.start(self.initial_signal)
+        self.ledger.restart()
+        first: _Pending | None = None
+        if self.pins_top:
+            self.initial_entropy = self.initial_signal = None
+            walk.start(0.0)  # the policy's state; whatever it measured, the top tier opens
+            decision = Decision(rung=self.top_local, moved=0, guard=False, mean=math.nan)
+        else:
+            # The bottom tier's signal at the end of the prompt seeds the policy.
+            bottom_new = len(self.ids) - self._group(0).seen
+            first = self._produce(0)
+            self.initial_entropy = first.entropy()
+            self.ledger.add(self._group(0).name, bottom_new, self.ledger.lap(), prefill=True)
+            self.initial_signal = first.signal(self.signal)
+            decision = walk.start(self.initial_signal)
         guard = decision.guard
         n = 0  # steps made, cloud ones included
         if decision.rung > self.top_local:  # unsure from the start: the cloud opens the answer
@@ -197,12 +216,17 @@ class TokenLoop:
                 n += 1
                 yield step
             decision = walk.resume(self.top_local)
-        pending = first if decision.rung == 0 else self._produce(decision.rung)
+        opening_new = len(self.ids) - self._group(decision.rung).seen
+        pending = first if first is not None and decision.rung == 0 else self._produce(decision.rung)
         mx.async_eval(*pending.arrays)
         while n < budget:
             position = _LivePosition(self, pending, queue_next=n + 1 < budget)
             settled = walk.step(pending.rung, position)
             pending, speculative, decision = position.pending, position.speculative, settled.decision
+            group = self._group(pending.rung)
+            opening = n == 0 and pending.rung != 0  # the top tier's prefill opened the answer
+            rows = opening_new if opening else 1 + position.catch_up.get(group.name, 0)
+            self.ledger.add(group.name, rows, self.ledger.lap(), prefill=opening)
             self.ids.append(position.token)
             if position.token in eos:
                 self.ended_by_eos = True
@@ -225,6 +249,7 @@ class TokenLoop:
                 logprob,
                 top,
             )
+            self.ledger.restart()  # the consumer's time between steps is not this loop's
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             n += 1

@@ -1,18 +1,21 @@
 """Several conversations' KV caches kept at once, so a server that alternates between clients
-does not prefill each one's history again: mlx-lm's LRUPromptCache (a token trie, least recently
-used out first), holding every cache group of the ladder as one entry.
+does not prefill each one's history again: every cache group of the ladder kept as one entry,
+bounded by a count and by the bytes their K/V arrays hold, least recently used out first.
 
-mlx-lm keys one model's cache by the tokens it holds; a ladder's groups can hold different
-counts (the top model lags behind the tokens the cheap one made), so an entry is trimmed to the
-tokens every group holds, and all its caches are then trimmed alike when it is reused.
+A ladder's groups can hold different counts (the top model lags behind the tokens the cheap one
+made), so an entry is trimmed to the tokens every group holds, and all its caches are then
+trimmed alike when it is reused. An entry a conversation continues is taken out, not copied: it
+is the conversation in use then, and it is kept again (as the most recently used) when it is left.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from mlx_lm.models.cache import LRUPromptCache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import UsageError
@@ -21,25 +24,59 @@ from .tiers import CacheGroup
 # A new prompt that drops fewer of the held tokens than this continues the same conversation (a
 # chat template re-renders the last answer's ending): not worth a copy of every cache.
 KEEP_MIN_DROPPED = 32
-_KEY = "ladder"  # one ladder per session: the trie needs a model key, and there is only one
+DEFAULT_SIZE = 4
+DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB of kept K/V
+
+
+def check_bounds(size: int, max_bytes: int) -> None:
+    """Refuse a negative count or byte bound (a UsageError naming serve's options)."""
+    if size < 0:
+        raise UsageError(f"--prompt-cache-size must be ≥ 0 (got {size})")
+    if max_bytes < 0:
+        raise UsageError(f"--prompt-cache-bytes must be ≥ 0 (got {max_bytes})")
+
+
+def cache_nbytes(caches: Sequence) -> int:
+    """Bytes the arrays of mlx-lm cache objects hold (their `nbytes`, else their state's)."""
+    total = 0
+    for cache in caches:
+        try:
+            total += int(cache.nbytes)
+        except (AttributeError, NotImplementedError):
+            state = cache.state
+            total += sum(int(a.nbytes) for a in (state if isinstance(state, list | tuple) else [state]))
+    return total
+
+
+@dataclass
+class _Entry:
+    caches: list  # every group's caches, in the ladder's order
+    nbytes: int
 
 
 class PromptCaches:
-    """Up to `size` conversations' caches besides the one in use (0: none kept)."""
+    """Up to `size` conversations' caches besides the one in use, holding at most `max_bytes`
+    (0 for either: none kept); the least recently used is evicted first."""
 
-    def __init__(self, size: int):
-        if size < 0:
-            raise UsageError(f"--prompt-cache-size must be ≥ 0 (got {size})")
+    def __init__(self, size: int = DEFAULT_SIZE, max_bytes: int = DEFAULT_MAX_BYTES):
+        check_bounds(size, max_bytes)
         self.size = size
-        self._lru = LRUPromptCache(max_size=max(size, 1))  # never filled when size is 0
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()  # least recent first
+        self._nbytes = 0
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self._entries)
 
     @property
     def nbytes(self) -> int:
         """Bytes the kept caches hold."""
-        return self._lru.nbytes
+        return self._nbytes
+
+    @property
+    def kept(self) -> list[tuple[int, ...]]:
+        """The kept conversations' token ids, least recently used first."""
+        return list(self._entries)
 
     def switch(self, groups: Sequence[CacheGroup], held_ids: list[int], prompt_ids: list[int]) -> int | None:
         """Before answering `prompt_ids` with the caches holding `held_ids`: keep a copy of the
@@ -48,23 +85,45 @@ class PromptCaches:
         None when they still hold the same conversation."""
         held = min([len(held_ids)] + [g.seen for g in groups])
         shared = common_prefix_len(held_ids[:held], prompt_ids)
-        if self.size == 0 or not all(g.trimmable for g in groups):
+        if self.size == 0 or self.max_bytes == 0 or not all(g.trimmable for g in groups):
             return None
+        best, reused = None, shared
+        for ids in reversed(self._entries):  # the most recent wins a tie
+            common = common_prefix_len(list(ids), prompt_ids)
+            if common > reused:
+                best, reused = ids, common
+        taken = self._pop(best) if best is not None else None
         if held - shared >= KEEP_MIN_DROPPED:
             self._keep(groups, held_ids[:held])
-        cache, rest = self._lru.fetch_nearest_cache(_KEY, prompt_ids)
-        reused = len(prompt_ids) - len(rest)
-        if cache is None or reused <= shared:
+        if taken is None:
             return None
+        caches = taken.caches
         for group in groups:  # the entry is every group's caches, in the ladder's order
-            group.restore(cache[: len(group.cache)], reused)
-            cache = cache[len(group.cache) :]
+            mine, caches = caches[: len(group.cache)], caches[len(group.cache) :]
+            trim_prompt_cache(mine, len(best or ()) - reused)
+            group.restore(mine, reused)
         return reused
 
+    def _pop(self, ids: tuple[int, ...]) -> _Entry:
+        entry = self._entries.pop(ids)
+        self._nbytes -= entry.nbytes
+        return entry
+
     def _keep(self, groups: Sequence[CacheGroup], ids: list[int]) -> None:
+        # The copy would hold what the live caches' arrays hold: too large alone, it is not made.
+        if sum(cache_nbytes(g.cache) for g in groups) > self.max_bytes:
+            return
         caches = []
         for group in groups:
             mine = copy.deepcopy(group.cache)
             trim_prompt_cache(mine, group.seen - len(ids))  # to the tokens every group holds
             caches += mine
-        self._lru.insert_cache(_KEY, list(ids), caches)  # evicts the least recently used past `size`
+        key = tuple(ids)
+        # A kept prefix of this conversation (or the same one) is redundant: this one trims to it.
+        for old in [k for k in self._entries if key[: len(k)] == k]:
+            self._pop(old)
+        entry = _Entry(caches, cache_nbytes(caches))
+        self._entries[key] = entry
+        self._nbytes += entry.nbytes
+        while len(self._entries) > self.size or self._nbytes > self.max_bytes:
+            self._pop(next(iter(self._entries)))  # the least recently used

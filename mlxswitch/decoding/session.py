@@ -16,14 +16,16 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import PromptTooLongError, UsageError
+from ..models.machine import process_peak_bytes
 from ..routing.policies import Policy, make_policy
 from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
+from .drafting import DraftPlanner
 from .loop import TokenLoop
 from .prompt_caches import PromptCaches
 from .tiers import Ladder
-from .verify import VerifyLoop
+from .verify import MAX_DRAFT, VerifyLoop
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
@@ -250,6 +252,8 @@ class ChatSession:
                 signal=config.signal,
                 normalize_for_sampler=0 < settings.top_p < 1,
                 top_logprobs=settings.top_logprobs,
+                planner=DraftPlanner(MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory),
+                lookup=config.lookup,
             )
         else:
             loop = TokenLoop(
@@ -262,6 +266,7 @@ class ChatSession:
                 signal=config.signal,
                 normalize_for_sampler=0 < settings.top_p < 1,
                 top_logprobs=settings.top_logprobs,
+                pins_top=config.pins_top() and self.policy_factory is None,
             )
         mx.reset_peak_memory()
         reason = "interrupted"
@@ -283,11 +288,14 @@ class ChatSession:
             last, self.last_summary = builder.finish(
                 reason,
                 loop.initial_entropy,
-                mx.get_peak_memory() / 1e9,
+                # MLX's own count misses NumPy copies (the CPU route's fp32 weights); the process's
+                # resident peak misses Metal buffers that are not mapped: the larger of the two.
+                max(mx.get_peak_memory(), process_peak_bytes()) / 1e9,
                 loop.ended_by_eos,
                 loop.initial_signal,
             )
             self.last_summary.refed_tokens = refed
+            self.last_summary.passes = loop.ledger.record(self.last_summary.elapsed_s)
             if cloud is not None:
                 self.last_summary.cloud = cloud.answer_record()
             if messages is not None:

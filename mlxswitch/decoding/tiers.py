@@ -19,6 +19,7 @@ from ..models.heads import SplitModel, split_model
 from ..models.model_bytes import bytes_per_token
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
+from .drafting import DraftMemory
 
 
 @dataclass(eq=False)
@@ -167,6 +168,8 @@ class Ladder:
     description: str = ""
     note: str = ""  # the profile's own words about it, shown under the chat's title
     probe: Probe | None = None  # the learned signal (attach_probe)
+    # What verified drafting learned here (pass costs, kept shares), kept across answers.
+    draft_memory: DraftMemory = field(default_factory=DraftMemory)
     _bottom_split: SplitModel | None = field(default=None, repr=False)
 
     def bottom_split(self) -> SplitModel:

@@ -1,23 +1,27 @@
-"""Verified drafting: the bottom tier drafts while it is sure, the top tier checks the draft in one
-batched pass, and every token of the answer is one the top tier samples there (lossless).
+"""Verified drafting: cheap drafts, checked by the top tier in one batched pass, and every token of
+the answer one the top tier samples there (lossless).
 
 The top tier opens the answer (its first token comes after its prefill, as when it decodes alone;
 the bottom tier never reads the prompt's last position, so the answer has no initial entropy).
 Then each round, from a sequence whose tokens the top tier has all checked:
-- the bottom tier decodes position after position; a position whose routed signal exceeds up[0]
+- the planner (drafting.py) picks the draft: its length, from the measured cost of each pass and
+  how much of recent drafts was kept, and its source — the bottom tier, or the tokens that
+  followed an earlier occurrence of the answer's tail (prompt lookup, free to draft); length 0
+  is the top tier alone, where no draft is expected to pay;
+- the bottom tier drafts position after position; a position whose routed signal exceeds up[0]
   (where peek, deciding each position on its own, would escalate) ends the draft without a
-  token, as do an end-of-sequence token, MAX_DRAFT tokens, or the end of the budget;
+  token, as do an end-of-sequence token and the planned length;
 - the top tier is fed what it has not seen, the draft included, and samples every drafted
   position and the one after the draft from its own logits (one pass of len(draft) + 1 rows);
 - the draft is kept up to the first token the top tier samples differently; there (or after the
   whole draft) the top tier's token is taken. Both caches are trimmed to the kept ids.
 So each token is the top tier's sample given the same prefix: with greedy sampling the answer is
 the top tier's greedy answer (up to the rounding of a batched pass), with a sampler each token is
-drawn from the top tier's distribution, as in speculative decoding.
+drawn from the top tier's distribution, whatever proposed the draft.
 
-Why our own loop: mlx-lm's speculative decoding drafts a fixed number of tokens. Here a draft runs
-while the small model is sure, so one check covers many tokens where the pair agrees and few where
-it does not; mlx-lm's generator has no place for that rule.
+Why our own loop: mlx-lm's speculative decoding drafts a fixed number of tokens from one model.
+Here the length follows what is kept and what a check costs on this machine, the draft may come
+from the sequence itself, and the top tier decodes alone where drafting does not pay.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import numpy as np
 
 from ..routing.registry import uncertainty
 from ..routing.signals import read_time_signals, token_signals_numpy
+from .drafting import DraftPlanner, Plan, lookup_draft
+from .ledger import PassLedger
 from .loop import Sampler, Step, token_and_top
 from .tiers import Ladder
 
@@ -50,12 +56,18 @@ class VerifyLoop:
         signal: str = "entropy",
         normalize_for_sampler: bool = True,
         top_logprobs: int | None = None,
+        planner: DraftPlanner | None = None,
+        lookup: bool = True,
     ):
         self.ladder, self.ids, self.threshold, self.sampler = ladder, ids, threshold, sampler
         self.prefill_step, self.signal = prefill_step, signal
         self.normalize = normalize_for_sampler or top_logprobs is not None
         self.top_logprobs = top_logprobs
         self.prompt_tokens = len(ids)
+        self.planner = planner or DraftPlanner(MAX_DRAFT)
+        self.lookup = lookup
+        self.ledger = PassLedger()
+        self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
         # The top tier opens the answer: no tier reads the prompt's last position before it.
         self.initial_entropy: float | None = None
         self.initial_signal: float | None = None
@@ -64,42 +76,54 @@ class VerifyLoop:
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
         eos = self.ladder.tokenizer.eos_token_ids
-        bottom, top_rung = self.ladder.tiers[0], len(self.ladder.tiers) - 1
+        top_rung = len(self.ladder.tiers) - 1
         n = 0
-        fed_back: dict[str, int] = {}  # the top tier's token, fed to the bottom group next round
+        self.ledger.restart()
         while n < budget:
             length = len(self.ids)
             # The top tier opens the answer with a check of no draft: the first token comes after
             # its prefill alone, as when it decodes by itself, not after a draft too.
-            room = min(MAX_DRAFT, budget - n) if n else 0
-            draft, entropies, signals, ended_unsure = self._draft(room, eos)
-            rows, catch_up = self._check(draft)
+            plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
+            catch_up: dict[str, int] = {}
+            entropies: list[float] = []
+            signals: list[float | None] = []
+            ended_unsure = False
+            if plan.source == "lookup":
+                draft = offered[: plan.length]
+            else:
+                draft, entropies, signals, ended_unsure = self._draft(plan.length, eos, catch_up)
+            rows = self._check(draft, catch_up)
             rows = self._normalized(rows)
             samples: list[int] = self.sampler(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
-            kept = 0
-            while kept < len(draft) and samples[kept] == draft[kept]:
-                kept += 1
+            self._timed(self.ladder.tiers[-1].group.name, self._check_rows, self._check_prefill, check=True)
+            kept = self._kept(draft, samples)
+            self.planner.record_round(plan.source, len(draft), kept)
             keep = length + kept
             for group in self.ladder.groups:
                 group.rewind(min(group.seen, keep))
-            for name, count in fed_back.items():
-                catch_up[name] = catch_up.get(name, 0) + count
             logprobs = self._logprobs(rows)
+            from_lookup = plan.source == "lookup"
             for j in range(kept):
                 self.ids.append(draft[j])
                 if draft[j] in eos:
                     self.ended_by_eos = True
                     return
+                if from_lookup:  # the top tier's own token, checked in a batch: its distribution
+                    values = [float(v) for v in token_signals_numpy(rows[j])]
+                    step_rung, entropy, signal = top_rung, values[0], uncertainty(self.signal, values)
+                else:
+                    step_rung, entropy, signal = 0, entropies[j], signals[j]
                 yield Step(
                     draft[j],
-                    0,
-                    entropies[j],
+                    step_rung,
+                    entropy,
                     math.nan,
                     False,
-                    (0,),
-                    (signals[j],),
+                    (step_rung,),
+                    (signal,),
                     catch_up,
                     *self._token_logprobs(logprobs, j, draft[j]),
+                    source="lookup" if from_lookup else None,
                 )
                 catch_up = {}
                 n += 1
@@ -114,8 +138,8 @@ class VerifyLoop:
             top_signal = uncertainty(self.signal, top_values)
             # The bottom tier computed this position too: a token it drafted differently, or the
             # position whose doubt ended the draft.
-            bottom_signal = signals[kept] if kept < len(draft) else (signals[-1] if ended_unsure else None)
-            computed_below = kept < len(draft) or ended_unsure
+            computed_below = not from_lookup and (kept < len(draft) or ended_unsure)
+            bottom_signal = signals[kept] if kept < len(signals) else None
             yield Step(
                 token,
                 top_rung,
@@ -128,24 +152,55 @@ class VerifyLoop:
                 *self._token_logprobs(logprobs, kept, token),
             )
             n += 1
-            fed_back = {bottom.group.name: 1}
+            self.ledger.restart()  # the consumer's time between steps is not this loop's
 
-    def _draft(self, room: int, eos) -> tuple[list[int], list[float], list[float | None], bool]:
+    @staticmethod
+    def _kept(draft: list[int], samples: list[int]) -> int:
+        """How much of the draft stands: up to the first position where the top tier's own sample
+        differs. Each kept token is then that sample, so the answer is drawn as the top tier alone
+        draws it (the test of this plants a bias here and must see it)."""
+        kept = 0
+        while kept < len(draft) and samples[kept] == draft[kept]:
+            kept += 1
+        return kept
+
+    def _plan(self, room: int) -> tuple[Plan, list[int]]:
+        """This round's draft plan, and the prompt lookup's offer it was chosen against."""
+        offered = lookup_draft(self.ids, 0, min(room, self.planner.max_draft)) if self.lookup else []
+        return self.planner.plan(room, len(offered)), offered
+
+    def _timed(self, model: str, rows: int, prefill: bool, check: bool = False) -> None:
+        """Book the seconds since the last sync to one pass of `model` (and teach the planner)."""
+        seconds = self.ledger.lap()
+        self.ledger.add(model, rows, seconds, prefill=prefill)
+        if prefill:  # a prompt's pass says nothing about a round's cost
+            return
+        (self.planner.check if check else self.planner.draft).record(rows, seconds)
+
+    def _draft(
+        self, room: int, eos, catch_up: dict[str, int]
+    ) -> tuple[list[int], list[float], list[float | None], bool]:
         """The bottom tier's draft from the end of `ids`: its ids, entropies and signals, and whether
         it ended at a position the bottom tier was unsure of (that position's signal is last).
-        No room: no draft, and the bottom tier reads nothing."""
+        No room: no draft, and the bottom tier reads nothing. Generated ids it is fed that it did
+        not compute (the top tier's tokens, kept lookup drafts) are counted into `catch_up`."""
         if room == 0:
             return [], [], [], False
         bottom = self.ladder.tiers[0]
         group = bottom.group
         length = len(self.ids)
+        behind = length - max(group.seen, self.prompt_tokens)
+        if behind > 0:
+            catch_up[group.name] = behind
         if group.seen >= length:  # it holds every id: the last one is fed again to predict the next
             group.rewind(length - 1)
+        fed, prefill = length - group.seen, group.seen < self.prompt_tokens
         logits, _ = group.feed(mx.array(self.ids[group.seen :]), bottom.gear, self.prefill_step)
         draft: list[int] = []
         entropies: list[float] = []
         signals: list[float | None] = []
         current = self._lazy(logits)
+        rows = fed
         while True:
             token, lazy = current
             # Queued before this position is read (mlx-lm's pipelining): a wasted step when the draft
@@ -154,6 +209,8 @@ class VerifyLoop:
                 current = self._lazy(group.feed(token, bottom.gear, self.prefill_step)[0])
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
+            self._timed(group.name, rows, prefill)
+            rows, prefill = 1, False
             signal = uncertainty(self.signal, values)
             if not math.isfinite(signal) or signal > self.threshold:
                 signals.append(signal)
@@ -172,9 +229,9 @@ class VerifyLoop:
         mlx-lm's samplers other than top-p do not mind a shift)."""
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.normalize else logits
 
-    def _check(self, draft: list[int]) -> tuple[mx.array, dict[str, int]]:
-        """The top tier's logits at every drafted position and the one after (rows, V), and the
-        generated ids it was fed that it had not computed (its catch-up)."""
+    def _check(self, draft: list[int], catch_up: dict[str, int]) -> mx.array:
+        """The top tier's logits at every drafted position and the one after (rows, V); the
+        generated ids it was fed that it had not computed (its catch-up) go into `catch_up`."""
         top = self.ladder.tiers[-1]
         group = top.group
         length = len(self.ids)
@@ -182,9 +239,12 @@ class VerifyLoop:
             group.rewind(length - 1)
         start = group.seen
         inputs = self.ids[start:] + draft
+        self._check_rows, self._check_prefill = len(inputs), start < self.prompt_tokens
         rows = group.score(mx.array(inputs), len(draft) + 1, top.gear, self.prefill_step)
         fed = length + len(draft) - max(start, self.prompt_tokens)
-        return rows.astype(mx.float32), ({group.name: fed} if fed > 0 else {})
+        if fed > 0:
+            catch_up[group.name] = catch_up.get(group.name, 0) + fed
+        return rows.astype(mx.float32)
 
     def _logprobs(self, rows: mx.array) -> np.ndarray | None:
         """The rows as NumPy log-probabilities (already normalized: asking for them turns it on)."""

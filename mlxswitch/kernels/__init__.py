@@ -1,7 +1,18 @@
-"""Custom kernels: each family keeps a plain-mx reference, a kernel built once, and a dispatcher."""
+"""Custom kernels: each family keeps a plain-mx reference, a kernel built once, and a dispatcher;
+the route (route.py) decides once which of them runs here."""
 
 from ._common import KernelCheck, preloaded_mlx_blas
 from .checks import kernel_self_check
 from .entropy import float64_token_signals
+from .route import Route, current_route, kernels_override, resolve_route
 
-__all__ = ["KernelCheck", "float64_token_signals", "kernel_self_check", "preloaded_mlx_blas"]
+__all__ = [
+    "KernelCheck",
+    "Route",
+    "current_route",
+    "float64_token_signals",
+    "kernel_self_check",
+    "kernels_override",
+    "preloaded_mlx_blas",
+    "resolve_route",
+]

@@ -1,4 +1,4 @@
-"""Helpers shared by kernel modules: the environment switch, device test, error measure, BLAS."""
+"""Helpers shared by kernel modules: readers of the route, error measure, BLAS."""
 
 from __future__ import annotations
 
@@ -11,35 +11,30 @@ from functools import lru_cache
 
 import mlx.core as mx
 
-# The one place the environment is read. Values:
-#   "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
-#   "reference": every dispatcher returns its plain-mx reference (to rule the kernels out of a bug);
-#   "mx": only MLX computes (no NumPy BLAS route), results stay lazy and traceable.
-KERNELS_ENV = "MLXSWITCH_KERNELS"
-_SETTINGS = ("auto", "reference", "mx")
+from .route import KERNELS_ENV as KERNELS_ENV  # re-exported: tests and scripts name it here
+from .route import current_route, set_route_threads
+
+# The route (kernels/route.py) is decided once; these read it. MLXSWITCH_KERNELS is read there only.
 
 
 def kernels_setting() -> str:
-    """The MLXSWITCH_KERNELS setting, read at every call so a test or a user can flip it."""
-    value = os.environ.get(KERNELS_ENV, "").strip().lower() or "auto"
-    if value not in _SETTINGS:
-        raise ValueError(f"{KERNELS_ENV}={value!r}: expected one of {', '.join(_SETTINGS)}")
-    return value
+    """The MLXSWITCH_KERNELS setting the current route was resolved with."""
+    return current_route().kernels
 
 
 def force_reference() -> bool:
     """Whether MLXSWITCH_KERNELS=reference forces every dispatcher onto its reference."""
-    return kernels_setting() == "reference"
+    return current_route().force_reference
 
 
 def numpy_routes_allowed() -> bool:
     """Whether a dispatcher may hand work to NumPy (it evaluates its inputs eagerly there)."""
-    return kernels_setting() == "auto"
+    return current_route().numpy_allowed
 
 
 def on_gpu() -> bool:
-    """Whether the default device is a GPU (custom GPU kernels run on GPU streams only)."""
-    return mx.default_device().type == mx.DeviceType.gpu
+    """Whether the route's backend is a GPU (custom GPU kernels run on GPU streams only)."""
+    return current_route().on_gpu
 
 
 def relative_max_error(got: mx.array, want: mx.array) -> float:
@@ -110,22 +105,56 @@ def preloaded_mlx_blas() -> dict | None:
     return {"path": os.path.realpath(info.dli_fname.decode()), "threads": threads}
 
 
+# The fewest rows a product needs before more than one BLAS thread may take it: a mat-vec is
+# memory-bound and OpenBLAS's spinning workers cost more than they give there (measured on the
+# 1.5B's layers: bench/results/threads-qwen1.5b.txt); a prefill, a check or a catch-up is compute-bound.
+THREADED_MIN_ROWS = 4
+# The threads a multi-row product may use are the route's blas_threads (1 until set_blas_threads).
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def set_blas_threads(threads: int | None) -> int:
+    """Let multi-row NumPy products use `threads` BLAS threads (None: every available core);
+    returns the count in force. One-row products always run on one thread."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1 (got {threads})")
+    return set_route_threads(available_cores() if threads is None else threads).blas_threads
+
+
+def blas_threads_setting() -> int:
+    """The threads a multi-row product may use (set_blas_threads; 1 until it is called)."""
+    return current_route().blas_threads
+
+
 @contextmanager
-def single_threaded_blas():
-    """Run NumPy's OpenBLAS on one thread inside the block, then restore its setting."""
+def blas_threads(rows: int):
+    """Run NumPy's OpenBLAS inside the block on the threads a product of `rows` rows may use
+    (one below THREADED_MIN_ROWS), then restore its setting."""
     # On shared cores OpenBLAS's spinning worker threads can make a small product orders of
-    # magnitude slower; uncontended, one thread loses little next to dequantizing the planes.
+    # magnitude slower: a mat-vec keeps one thread whatever the setting.
     threads = _openblas_threads()
     if threads is None:
         yield
         return
     get, set_ = threads
     before = get()
-    set_(1)
+    set_(current_route().blas_threads if rows >= THREADED_MIN_ROWS else 1)
     try:
         yield
     finally:
         set_(before)
+
+
+def single_threaded_blas():
+    """Run NumPy's OpenBLAS on one thread inside the block, then restore its setting."""
+    return blas_threads(1)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..resources import metal_source
-from ._common import KernelCheck, force_reference, on_gpu
+from ._common import KernelCheck
+from .route import current_route
 
 # Bump the suffix whenever metal/entropy.metal changes: MLX caches compiled libraries by name.
 KERNEL_NAME = "mlxswitch_token_signals_onegroup_v2"
@@ -135,8 +136,6 @@ def _make_kernel():
 
 
 def _build_kernel():
-    if not mx.metal.is_available():
-        return None
     try:
         return _make_kernel()
     except Exception:  # an MLX without this API: the reference still works
@@ -156,21 +155,30 @@ def _launch(kernel, flat: mx.array, threads: int, verbose: bool = False) -> mx.a
     )[0]
 
 
-_KERNEL = _build_kernel()
+_KERNEL = None  # built on first need where the route found Metal (_get_kernel)
+_BUILT = False  # whether the build was tried (it fails only on an MLX without metal_kernel)
 # dtype → the threadgroup size that passed the first-use check, or None when the kernel failed.
 _CHECKED: dict[mx.Dtype, int | None] = {}
 
 
+def _get_kernel():
+    global _KERNEL, _BUILT
+    if _KERNEL is None and not _BUILT and current_route().metal:
+        _KERNEL, _BUILT = _build_kernel(), True
+    return _KERNEL
+
+
 def kernel_available() -> bool:
     """Whether the fused Metal kernel was built on this machine."""
-    return _KERNEL is not None
+    return _get_kernel() is not None
 
 
 def metal_token_signals(logits: mx.array, threads: int = THREADGROUP_SIZES[0]) -> mx.array:
     """Lazy fp32 signals from the fused Metal kernel, one threadgroup of `threads` (Metal only)."""
-    if _KERNEL is None:
+    kernel = _get_kernel()
+    if kernel is None:
         raise RuntimeError("the fused token-signals kernel needs the Metal backend")
-    return _launch(_KERNEL, _flat(logits), threads)
+    return _launch(kernel, _flat(logits), threads)
 
 
 def signals_error(got, want) -> float:
@@ -211,10 +219,14 @@ def _first_use_check(dtype: mx.Dtype) -> int | None:
 
 
 def fused_token_signals(logits: mx.array) -> mx.array:
-    """Lazy signals: the fused Metal kernel where it runs and passed its check, else the reference
-    (always with MLXSWITCH_KERNELS=reference)."""
-    # metal_kernel runs on GPU streams only; a user may have made the CPU the default device.
-    if _KERNEL is not None and on_gpu() and not force_reference() and logits.dtype in _FLOAT_DTYPES:
+    """Lazy signals: the fused Metal kernel where the route takes it and it passed its check, else
+    the reference (always with MLXSWITCH_KERNELS=reference)."""
+    # The route's "metal-kernel" means a Metal default device: metal_kernel runs on GPU streams only.
+    if (
+        current_route().signals == "metal-kernel"
+        and logits.dtype in _FLOAT_DTYPES
+        and _get_kernel() is not None
+    ):
         if logits.dtype not in _CHECKED:
             _CHECKED[logits.dtype] = _first_use_check(logits.dtype)
         threads = _CHECKED[logits.dtype]

@@ -11,8 +11,10 @@ import warnings
 import mlx.core as mx
 
 from ..resources import metal_source
-from ._common import KernelCheck, force_reference, on_gpu, relative_max_error
+from ._common import KernelCheck, relative_max_error
+from ._common import on_gpu as on_gpu  # re-exported: bench/bench_kernels.py reads it here
 from .nested_cpu import _active, _promoted, cpu_route, dense_nested_matmul, describe_cpu_rule, result_dtype
+from .route import current_route
 
 # Bump whenever metal/nested_qmv.metal or the launch changes: MLX caches compiled libraries by name.
 KERNEL_VERSION = "v1"
@@ -112,16 +114,16 @@ def launch(kernel, x, planes, plane_bits, group_size, bias=None, verbose=False) 
     return y.reshape(*x.shape[:-1], out_dims)
 
 
-_KERNELS: dict | None = {} if mx.metal.is_available() else None
+_KERNELS: dict = {}  # (planes, bias?) → the built variant
 
 
 def kernel_available() -> bool:
-    """Whether the fused Metal kernel can run on this machine."""
-    return _KERNELS is not None
+    """Whether the fused Metal kernel can run on this machine (the route found Metal)."""
+    return current_route().metal
 
 
 def _kernel(n_planes: int, has_bias: bool):
-    if _KERNELS is None:
+    if not kernel_available():
         raise RuntimeError("the fused nested-gear kernel needs the Metal backend")
     key = (n_planes, has_bias)
     if key not in _KERNELS:
@@ -131,7 +133,7 @@ def _kernel(n_planes: int, has_bias: bool):
 
 def metal_nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
     """The fused Metal mat-vec over the first `active` planes (Metal only)."""
-    if _KERNELS is None:
+    if not kernel_available():
         raise RuntimeError("the fused nested-gear kernel needs the Metal backend")
     used, bits = _active(planes, plane_bits, active)
     return launch(_kernel(len(used), bias is not None), x, used, bits, group_size, bias)
@@ -260,26 +262,28 @@ def _kernel_fits(x, planes, bits, group_size, bias, rows) -> bool:
 
 def nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.array:
     """x · (Σ first `active` planes)ᵀ (+ bias) by the fastest route that is right on this device."""
-    # GPU: the fused mat-vec for 2+ planes and ≤ METAL_MAX_ROWS rows once it passed its check,
-    # else the reference. CPU: cpu_route's rule; its NumPy route evaluates x (a sync point) and
-    # passes no gradient, so MLXSWITCH_KERNELS=mx keeps a model lazy and differentiable.
-    if force_reference():
+    # The route decides (kernels/route.py). GPU: the fused mat-vec for 2+ planes and
+    # ≤ METAL_MAX_ROWS rows once it passed its check, else the reference. CPU: cpu_route's rule;
+    # its NumPy route evaluates x (a sync point) and passes no gradient, so MLXSWITCH_KERNELS=mx
+    # keeps a model lazy and differentiable.
+    route = current_route()
+    if route.force_reference:
         return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
     rows = x.size // x.shape[-1]
-    if on_gpu():
+    if route.on_gpu:
         # One plane is MLX's own quantized mat-vec already: nothing to fuse.
         used, bits = _active(planes, plane_bits, active)
-        if _KERNELS is not None and _kernel_fits(x, used, bits, group_size, bias, rows):
+        if route.nested == "metal-kernel" and _kernel_fits(x, used, bits, group_size, bias, rows):
             key = _check_key(x, used, bits, group_size, bias)
             if key not in _CHECKED:
                 _CHECKED[key] = _first_use_check(key)
             if _CHECKED[key]:
                 return metal_nested_matmul(x, planes, plane_bits, group_size, active, bias)
         return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
-    route = cpu_route(rows, active)
-    if route == "reference":
+    cpu = cpu_route(rows, active)
+    if cpu == "reference":
         return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
-    return dense_nested_matmul(x, planes, plane_bits, group_size, active, bias, use_numpy=route == "blas")
+    return dense_nested_matmul(x, planes, plane_bits, group_size, active, bias, use_numpy=cpu == "blas")
 
 
 def quantized_matmul_rows(

@@ -14,7 +14,8 @@ from functools import cache
 import mlx.core as mx
 import numpy as np
 
-from ._common import force_reference, numpy_routes_allowed, single_threaded_blas
+from ._common import blas_threads
+from .route import current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
 # kernels-smollm2.txt): dequantizing a plane costs about as much as a few rows of MLX's scalar
@@ -176,7 +177,7 @@ def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.ar
             dense = dense_weight(rows, plane_bits, group_size, len(planes))
             mx.eval(dense)
             weight = np.asarray(dense)
-        with single_threaded_blas():
+        with blas_threads(xs.shape[0]):
             out[:, r0:r1] = xs @ weight.T
     return _from_rows(out, x32)
 
@@ -206,20 +207,25 @@ def _mx_dense_floor(active: int) -> int | None:
 
 
 def cpu_route(rows: int, active: int) -> str:
-    """Which CPU route the rule picks: "blas", "dense" (MLX matmul) or "reference"."""
-    if force_reference():
+    """Which CPU route the rule picks under the route's multi_row: "blas", "dense" (MLX matmul)
+    or "reference"."""
+    multi_row = current_route().multi_row
+    if multi_row == "reference":
         return "reference"
-    if numpy_routes_allowed() and rows >= BLAS_MIN_ROWS:
+    if multi_row == "numpy-blas" and rows >= BLAS_MIN_ROWS:
         return "blas"
     floor = _mx_dense_floor(active)
     return "dense" if floor is not None and rows >= floor else "reference"
 
 
 def describe_cpu_rule() -> str:
-    """The CPU rule in words, as the current MLXSWITCH_KERNELS setting applies it."""
-    if force_reference():
+    """The CPU rule in words, as the current MLXSWITCH_KERNELS setting applies it (on a GPU: as a
+    CPU would)."""
+    route = current_route()
+    multi_row = route.multi_row if route.backend == "cpu" else route_for("cpu", route.kernels).multi_row
+    if multi_row == "reference":
         return "reference at every row count (MLXSWITCH_KERNELS=reference)"
-    if numpy_routes_allowed():
+    if multi_row == "numpy-blas":
         return f"dense fp32 + NumPy BLAS from {BLAS_MIN_ROWS} rows, any plane count"
     top = max(MX_DENSE_MIN_ROWS)
     floors = ", ".join(
@@ -235,7 +241,7 @@ def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None
     xs = _numpy_rows(x)
     if xs is None:
         return None
-    with single_threaded_blas():
+    with blas_threads(xs.shape[0]):
         y = _from_rows(_rows_times(xs, weight), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias

@@ -22,9 +22,15 @@ def load_gguf_file(source: str, path: Path, name: str, progress: Progress | None
     if needs_conversion(path):
         return load_mlx_dir(source, convert_gguf(path, progress), name)
     model, tokenizer, config = load_gguf(path, compute_dtype())
-    use_fast_rows(model)
+    linears = use_fast_rows(model)
     return LoadedModel(
-        source, name, model, tokenizer, config, precision=str(config.get("quantization_label", "gguf"))
+        source,
+        name,
+        model,
+        tokenizer,
+        config,
+        precision=str(config.get("quantization_label", "gguf")),
+        linears=linears,
     )
 
 
@@ -47,8 +53,10 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     if config.get("rope_freqs"):  # a converted llama 3.x GGUF: mlx-lm does not know the factors
         use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
     cast_floats(model, compute_dtype())
-    use_fast_rows(model)
-    return LoadedModel(source, name, model, tokenizer, config, precision=_precision_label(config))
+    linears = use_fast_rows(model)
+    return LoadedModel(
+        source, name, model, tokenizer, config, precision=_precision_label(config), linears=linears
+    )
 
 
 def _precision_label(config: dict) -> str:

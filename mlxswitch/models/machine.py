@@ -37,3 +37,12 @@ def available_memory_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def process_peak_bytes() -> int:
+    """The process's peak resident memory so far (NumPy copies, Python and MLX's buffers alike)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS counts bytes, Linux KiB

@@ -1,8 +1,10 @@
 """Plain quantized linears on the CPU routes: prefill, catch-up and decode at BLAS speed.
 
-Where NumPy routes are allowed on a CPU (MLXSWITCH_KERNELS=auto), each plain quantized linear
-keeps a resident fp32 copy of its weight (4 bytes a parameter beside the ~0.6 of its planes) and
-every product goes through NumPy's BLAS; elsewhere the planes are used as they are.
+The route (kernels/route.py, its `plain_linears`) decides. On a CPU with NumPy routes
+(MLXSWITCH_KERNELS=auto) each plain quantized linear keeps a resident fp32 copy of its weight
+(4 bytes a parameter beside the ~0.6 of its planes) where the copies fit, and every product goes
+through NumPy's BLAS; on other CPU settings the planes are used as they are. On a GPU plain
+quantized linears stay MLX's own nn.QuantizedLinear modules (only nested gears get ours).
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..kernels._common import numpy_routes_allowed
 from ..kernels.nested import quantized_matmul_rows
 from ..kernels.nested_cpu import resident_dense_matmul
+from ..kernels.route import current_route
 from .machine import available_memory_bytes
 
 
@@ -25,7 +27,7 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): on the resident fp32 weight, else many rows through one dequantized
         product and few through MLX's quantized matmul (kernels/nested.py, kernels/nested_cpu.py)."""
-        if self.dense is not None and numpy_routes_allowed():
+        if self.dense is not None and current_route().plain_linears == "resident-fp32":
             y = resident_dense_matmul(x, self.dense, self.get("bias"))
             if y is not None:
                 return y
@@ -58,26 +60,29 @@ DENSE_SHARE = 0.5  # of the available memory, what one model's fp32 copies may t
 
 
 def keeps_dense_weights(params: int) -> bool:
-    """Whether a model's plain quantized linears (`params` weights) get resident fp32 copies: on a
-    CPU with NumPy routes, when the copies fit (a 7B would need 28 GB: it keeps its planes only)."""
+    """Whether a model's plain quantized linears (`params` weights) get resident fp32 copies: where
+    the route says so (a CPU with NumPy routes), when the copies fit (a 7B would need 28 GB: it
+    keeps its planes only)."""
     return (
-        mx.default_device() == mx.cpu
-        and numpy_routes_allowed()
+        current_route().plain_linears == "resident-fp32"
         and 4 * params <= DENSE_SHARE * available_memory_bytes()
     )
 
 
-def use_fast_rows(model: nn.Module) -> int:
-    """Give every plain nn.QuantizedLinear the CPU routes; the count of layers changed."""
-    changed = 0
+def use_fast_rows(model: nn.Module) -> str:
+    """Give every plain nn.QuantizedLinear the CPU routes; which route its linears took:
+    "mlx-module" (the route keeps MLX's own: a GPU), "resident-fp32" (fp32 copies kept),
+    "rows" (the planes only: no NumPy route, or the copies do not fit) or "none" (no plain layer)."""
+    if current_route().plain_linears == "mlx-module":
+        return "mlx-module"
     plain = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
+    if not plain:
+        return "none"
     dense = keeps_dense_weights(sum(m.weight.size * 32 // m.bits for m in plain))
-    for _, module in model.named_modules():
+    for module in plain:
         # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
         # Changing the class leaves the parameters, and so loading and saving, untouched.
-        if type(module) is nn.QuantizedLinear:
-            module.__class__ = RowsQuantizedLinear
-            if dense:
-                module.keep_dense()
-            changed += 1
-    return changed
+        module.__class__ = RowsQuantizedLinear
+        if dense:
+            module.keep_dense()
+    return "resident-fp32" if dense else "rows"

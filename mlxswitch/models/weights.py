@@ -13,6 +13,7 @@ import mlx.nn as nn
 from mlx_lm.utils import MODEL_REMAPPING
 
 from ..errors import ModelFormatError
+from ..kernels.route import current_route
 from .arrays import flat_parameters
 
 
@@ -26,6 +27,7 @@ class LoadedModel:
     tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
     config: dict = field(default_factory=dict)
     precision: str = ""
+    linears: str = ""  # the route its plain quantized linears took (rows.use_fast_rows), "" unknown
 
     @property
     def context_length(self) -> int:
@@ -42,10 +44,8 @@ class LoadedModel:
 
 
 def compute_dtype() -> mx.Dtype | None:
-    """The float dtype to compute in: float32 on CPU, None (keep the checkpoint's) on a GPU."""
-    # On MLX's CPU backend bf16 is slower with wrong reductions, and fp16 quantization scales
-    # make quantized_matmul many times slower; fp32 is the fast, correct choice there.
-    return mx.float32 if mx.default_device() == mx.cpu else None
+    """The float dtype to compute in: the route's (float32 on CPU, None: the checkpoint's on a GPU)."""
+    return current_route().mx_compute_dtype()
 
 
 def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:

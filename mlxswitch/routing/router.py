@@ -59,6 +59,9 @@ SIGNAL_NAMES = tuple(s.name for s in SIGNALS)
 BOTTOM_ONLY_SIGNALS = tuple(s.name for s in SIGNALS if s.bottom_only)
 
 
+DRAFT_RULES = ("adaptive", "fixed")
+
+
 def max_entropy_bits(vocab_size: int) -> float:
     """Entropy of the uniform distribution over the vocabulary: log2 V (the normalisation unit)."""
     return math.log2(vocab_size)
@@ -86,6 +89,11 @@ class RouterConfig:
     signal: str = "entropy"
     # The top tier checks every token the bottom one drafts (decoding/verify.py): lossless.
     verify: bool = False
+    # With verify: how long each draft is ("adaptive": what pays, from measured pass costs and the
+    # kept share, decoding/drafting.py; "fixed": up to the longest draft, while the drafter is
+    # sure) and whether drafts may come from the sequence itself (prompt lookup).
+    draft: str = "adaptive"
+    lookup: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -146,6 +154,10 @@ class RouterConfig:
                 "verify checks the drafts where peek escalates, deciding each position on its own: "
                 "it needs --policy peek --window 1 --min-run 1",
             )
+        if self.draft not in DRAFT_RULES:
+            raise SettingError(
+                "draft", f"the draft rule must be one of {', '.join(DRAFT_RULES)} (got {self.draft!r})"
+            )
         if self.verify and spec.bottom_only:
             raise SettingError("verify", f"verify routes on a signal of the logits, not the {self.signal}")
         if self.min_run < 1:
@@ -183,6 +195,11 @@ class RouterConfig:
                 f"the top local tier must be between 0 and {num_tiers - 1} (got {self.top_local})"
             )
 
+    def pins_top(self) -> bool:
+        """Whether every token is the top local tier's whatever it measures: each up threshold is
+        −inf (a forced arm, "the large model alone") and no cloud rung sits above."""
+        return bool(self.up) and self.top_local is None and all(u == -math.inf for u in self.up)
+
     def with_vocab(self, vocab_size: int) -> RouterConfig:
         """The same settings for a ladder whose distributions have `vocab_size` entries."""
         return dataclasses.replace(self, vocab_size=vocab_size)
@@ -206,6 +223,7 @@ class RouterConfig:
             "min_run": self.min_run,
             "normalize": self.normalize,
             "verify": self.verify,
+            **({"draft": self.draft, "lookup": self.lookup} if self.verify else {}),
         }
 
     def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> RouterConfig:

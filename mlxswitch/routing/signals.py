@@ -14,8 +14,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..kernels._common import numpy_routes_allowed, on_gpu
 from ..kernels.entropy import fused_token_signals, numpy_token_signals
+from ..kernels.route import current_route
 
 
 def read_time_signals(logits: mx.array) -> LazySignals:
@@ -25,8 +25,9 @@ def read_time_signals(logits: mx.array) -> LazySignals:
     graph carries only the logits and NumPy reduces them when the loop reads them — after the
     next step is already queued, so the pipeline stays full — several times faster than MLX's
     ops there (bench/bench_signals.py). MLXSWITCH_KERNELS=reference|mx keep the mx reference.
+    The route (kernels/route.py, its `signals`) decides.
     """
-    if on_gpu() or not numpy_routes_allowed():
+    if current_route().signals != "numpy":
         return LazySignals(token_signals(logits), None)
     return LazySignals(None, logits)
 

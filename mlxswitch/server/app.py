@@ -179,12 +179,14 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
 
     async def health(request: HttpRequest) -> Response:
         last = worker.last_summary
+        kept = worker.session.prompt_caches if worker.ready else None
         return JSONResponse(
             {
                 "status": "ok",
                 "model": config.model,
                 "generating": worker.busy,
                 "waiting": worker.waiting,
+                "prompt_cache": None if kept is None else {"conversations": len(kept), "bytes": kept.nbytes},
                 "last_answer": None
                 if last is None
                 else {"finish_reason": last.finish_reason, "tokens": last.generated},

@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..decoding.prompt_caches import DEFAULT_MAX_BYTES, DEFAULT_SIZE, PromptCaches, check_bounds
 from ..decoding.session import MAX_TOP_LOGPROBS, GenerationSettings
 from ..errors import RequestError, UsageError
 from .guard import Timeouts
@@ -32,8 +33,13 @@ class ServerLimits:
     body_timeout_s: float = 30.0
     max_connections: int = 100
     shutdown_timeout_s: float = 5.0
+    # Conversations whose KV caches are kept besides the one answering, and the bytes their K/V
+    # arrays may hold together; past either, the least recently used is dropped (0: none kept).
+    prompt_cache_size: int = DEFAULT_SIZE
+    prompt_cache_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
+        check_bounds(self.prompt_cache_size, self.prompt_cache_bytes)
         if self.max_body_bytes < 1024:
             raise UsageError(f"--max-body-bytes must be at least 1024 (got {self.max_body_bytes})")
         if self.queue_size < 0:
@@ -52,6 +58,10 @@ class ServerLimits:
             body_s=self.body_timeout_s,
             max_connections=self.max_connections,
         )
+
+    def prompt_caches(self) -> PromptCaches:
+        """An empty store of kept conversations with these bounds (for the session to open with)."""
+        return PromptCaches(self.prompt_cache_size, self.prompt_cache_bytes)
 
 
 @dataclass(frozen=True)

@@ -84,12 +84,23 @@ def _choice(
     }
 
 
+def cached_tokens(summary: AnswerSummary) -> int:
+    """Prompt tokens served from the KV caches, not prefilled (OpenAI's `cached_tokens`).
+
+    A prompt the caches hold whole still has its last position computed again (its logits make
+    the first token), so at most all but one are counted.
+    """
+    reused = summary.prompt_tokens - summary.prefilled_tokens
+    return max(0, min(reused, summary.prompt_tokens - 1))
+
+
 def usage(summary: AnswerSummary) -> dict:
-    """OpenAI's usage object."""
+    """OpenAI's usage object, with the prompt tokens the caches served."""
     return {
         "prompt_tokens": summary.prompt_tokens,
         "completion_tokens": summary.generated,
         "total_tokens": summary.prompt_tokens + summary.generated,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(summary)},
     }
 
 

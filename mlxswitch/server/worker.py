@@ -40,6 +40,11 @@ class Worker:
         return self._session
 
     @property
+    def ready(self) -> bool:
+        """Whether the session is open."""
+        return self._session is not None
+
+    @property
     def session(self) -> ChatSession:
         """The session generations run on (opened by `open`)."""
         if self._session is None:

@@ -21,7 +21,7 @@ import statistics
 import numpy as np
 
 from ...routing.router import RouterConfig
-from .. import metrics, simulate
+from .. import metrics, seconds, simulate
 from ..runner import MLX_LM_TIER_KINDS, sweep_config
 from .arms import calibrated_config
 from .problems import SPLITS, split_of
@@ -232,6 +232,12 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
         entry["side_by_side"]["retained"], _ = _retained(
             entry["name"], f"{names[0]} alone", f"{names[-1]} alone", finished
         )
+    # Where the seconds went, over the problems every arm answered (each arm's own answers while
+    # none is complete): records from before the pass ledger report "–".
+    counted = finished if complete else results
+    where = seconds.where_seconds([a["name"] for a in derived["arms"]], counted, names, tier_bytes)
+    for entry in arms:
+        entry["seconds"] = where["arms"][entry["name"]]
     calibrated = derived.get("calibrated")
     extra = {"pooled": pooled(derived, lines, forced, others, arms)} if others else {}
     if calibrated is not None:
@@ -248,6 +254,11 @@ def summarize(header: dict, lines: list[dict], others: list[list[dict]] | None =
         "teacher_forced_problems": len(forced),
         "answered": sorted({r["task_id"] for r in results}, key=problems.index),
         "complete": complete,
+        "where_seconds": {
+            "models": where["models"],
+            "floor_rates": where["floor_rates"],
+            "problems": "complete" if complete else "answered",
+        },
         # Decoding time of one problem, every arm (the oracle too), on the complete ones: how
         # long a run takes here (execution and teacher forcing add a few seconds).
         "run_seconds_per_problem": (

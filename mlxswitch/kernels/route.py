@@ -1,0 +1,234 @@
+"""The route: which code computes each part of a token on this machine, decided once.
+
+`current_route()` resolves it on first use from the default device, the MLXSWITCH_KERNELS
+setting (the one place the environment is read) and the BLAS threads setting, then every
+dispatcher reads the same frozen `Route` instead of testing the device or the environment
+itself. `resolve_route()` decides it again (after changing the default device, or in a test
+that flips the setting); `kernels_override()` runs a block on another setting.
+
+MLXSWITCH_KERNELS values:
+  "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
+  "reference": every dispatcher returns its plain-mx reference (to rule the kernels out of a bug);
+  "mx": only MLX computes (no NumPy route), results stay lazy and traceable: on a CPU, the
+        route a Mac takes, minus its Metal kernels (docs/platforms.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+
+import mlx.core as mx
+
+KERNELS_ENV = "MLXSWITCH_KERNELS"
+SETTINGS = ("auto", "reference", "mx")
+BACKENDS = ("metal", "cuda", "cpu")
+
+
+def parse_kernels_setting(value: str | None) -> str:
+    """A MLXSWITCH_KERNELS value as one of SETTINGS (unset or empty: "auto"); ValueError otherwise."""
+    setting = (value or "").strip().lower() or "auto"
+    if setting not in SETTINGS:
+        raise ValueError(f"{KERNELS_ENV}={setting!r}: expected one of {', '.join(SETTINGS)}")
+    return setting
+
+
+# The device tests, one function each so that a test can fake a machine it does not have.
+def _default_is_gpu() -> bool:
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def _metal_available() -> bool:
+    return bool(mx.metal.is_available())
+
+
+def _cuda_available() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
+
+
+def detect_backend() -> str:
+    """The backend the default device computes on: "metal", "cuda" or "cpu"."""
+    if not _default_is_gpu():
+        return "cpu"
+    # MLX has two GPU backends; a GPU that is not Metal is CUDA's.
+    return "metal" if _metal_available() else "cuda"
+
+
+# What `describe` says for each field's values.
+_WORDS = {
+    "backend": {"metal": "metal (Apple GPU)", "cuda": "cuda (MLX's CUDA backend)", "cpu": "cpu"},
+    "signals": {
+        "metal-kernel": "fused Metal kernel (checked on first use; mx ops on a mismatch)",
+        "numpy": "NumPy, read from the logits",
+        "mx-ops": "mx ops (the reference)",
+    },
+    "plain_linears": {
+        "mlx-module": "MLX's own nn.QuantizedLinear",
+        "resident-fp32": "resident fp32 NumPy copy + BLAS where it fits, else the rows route",
+        "rows": "rows route (MLX's quantized matmul below the multi-row floor)",
+    },
+    "nested": {
+        "metal-kernel": "fused Metal mat-vec for 2+ planes, ≤ 4 rows (checked on first use); "
+        "else quantized_matmul a plane",
+        "reference": "quantized_matmul a plane (many rows on a CPU: multi_row)",
+    },
+    "multi_row": {
+        "numpy-blas": "dequantized fp32 + NumPy BLAS",
+        "mx-dense": "dequantized fp32 + MLX matmul where it pays",
+        "reference": "quantized_matmul (no dense route)",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which code computes each part of a token here. Read by the dispatchers, never re-decided.
+
+    backend: "metal" | "cuda" | "cpu" — the default device's backend.
+    metal: whether Metal is present (its kernels can run on a GPU stream, whatever the default).
+    kernels: the MLXSWITCH_KERNELS setting ("auto" | "reference" | "mx").
+    signals: per-token entropy/varentropy/margin — "metal-kernel" (checked on first use, the mx
+        reference on a mismatch), "numpy" (eager, from the logits) or "mx-ops" (the reference).
+    plain_linears: a plain quantized linear — "mlx-module" (MLX's own nn.QuantizedLinear),
+        "resident-fp32" (a resident fp32 NumPy copy through BLAS where it fits in memory, else
+        "rows") or "rows" (our module: the multi-row route, MLX's quantized matmul otherwise).
+    nested: a nested-gear product of few rows — "metal-kernel" (the fused mat-vec for 2+ planes,
+        checked on first use) or "reference" (one quantized_matmul a plane).
+    multi_row: a product of many rows — "numpy-blas" (dequantized fp32 + NumPy's BLAS),
+        "mx-dense" (dequantized fp32 + MLX's matmul where it pays) or "reference".
+    blas_threads: the BLAS threads a NumPy product of THREADED_MIN_ROWS+ rows may use.
+    compute_dtype: "float32" (every float cast on load) or None (the checkpoint's own).
+    """
+
+    backend: str
+    metal: bool
+    kernels: str
+    signals: str
+    plain_linears: str
+    nested: str
+    multi_row: str
+    blas_threads: int
+    compute_dtype: str | None
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the default device is a GPU."""
+        return self.backend != "cpu"
+
+    @property
+    def force_reference(self) -> bool:
+        """Whether MLXSWITCH_KERNELS=reference puts every dispatcher on its reference."""
+        return self.kernels == "reference"
+
+    @property
+    def numpy_allowed(self) -> bool:
+        """Whether a dispatcher may hand work to NumPy (a CPU with MLXSWITCH_KERNELS=auto)."""
+        return self.backend == "cpu" and self.kernels == "auto"
+
+    def mx_compute_dtype(self) -> mx.Dtype | None:
+        """compute_dtype as an mx dtype (None: keep the checkpoint's)."""
+        return None if self.compute_dtype is None else getattr(mx, self.compute_dtype)
+
+    def record(self) -> dict:
+        """The route as a JSON-ready dict (one key per field)."""
+        return asdict(self)
+
+    def describe(self) -> list[tuple[str, str]]:
+        """One (field, value in words) line per field, as `mlxswitch doctor` prints them."""
+        lines = []
+        for key, value in self.record().items():
+            if key == "compute_dtype":
+                text = value or "the checkpoint's"
+            elif key == "kernels":
+                text = f"{value} ({KERNELS_ENV})"
+            elif key == "metal":
+                text = "available" if value else "not available"
+            else:
+                text = _WORDS.get(key, {}).get(value, str(value))
+            lines.append((key, text))
+        return lines
+
+
+def route_for(
+    backend: str, kernels: str = "auto", *, metal: bool | None = None, blas_threads: int = 1
+) -> Route:
+    """The route a machine with `backend` takes under a kernels setting (pure: reads no device)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    kernels = parse_kernels_setting(kernels)
+    metal = backend == "metal" if metal is None else metal
+    reference = kernels == "reference"
+    numpy = backend == "cpu" and kernels == "auto"
+    if backend == "cpu":
+        signals = "numpy" if numpy else "mx-ops"
+        # Our module on every plain linear (the same arrays): its multi-row route is the CPU's win.
+        plain = "resident-fp32" if numpy else "rows"
+        multi_row = "reference" if reference else "numpy-blas" if numpy else "mx-dense"
+    else:
+        # A GPU: MLX's own modules and ops; only the Metal kernels are ours.
+        signals = "metal-kernel" if backend == "metal" and metal and not reference else "mx-ops"
+        plain, multi_row = "mlx-module", "reference"
+    nested = "metal-kernel" if backend == "metal" and metal and not reference else "reference"
+    return Route(
+        backend=backend,
+        metal=metal,
+        kernels=kernels,
+        signals=signals,
+        plain_linears=plain,
+        nested=nested,
+        multi_row=multi_row,
+        blas_threads=blas_threads,
+        # On MLX's CPU backend bf16 is slower with wrong reductions, and fp16 quantization scales
+        # make quantized_matmul many times slower; fp32 is the fast, correct choice there.
+        compute_dtype="float32" if backend == "cpu" else None,
+    )
+
+
+_ROUTE: Route | None = None
+
+
+def resolve_route(
+    kernels: str | None = None, backend: str | None = None, *, blas_threads: int | None = None
+) -> Route:
+    """Decide the route again and make it current: `kernels` (default: MLXSWITCH_KERNELS, read
+    here), `backend` (default: the default device's); the BLAS threads setting carries over."""
+    setting = parse_kernels_setting(os.environ.get(KERNELS_ENV) if kernels is None else kernels)
+    if blas_threads is None:
+        blas_threads = _ROUTE.blas_threads if _ROUTE is not None else 1
+    if backend is None:
+        route = route_for(detect_backend(), setting, metal=_metal_available(), blas_threads=blas_threads)
+    else:
+        route = route_for(backend, setting, blas_threads=blas_threads)
+    use_route(route)
+    return route
+
+
+def current_route() -> Route:
+    """The route in force (resolved on first use)."""
+    return _ROUTE if _ROUTE is not None else resolve_route()
+
+
+def use_route(route: Route | None) -> None:
+    """Make `route` current (None: resolve again on next use)."""
+    global _ROUTE
+    _ROUTE = route
+
+
+def set_route_threads(threads: int) -> Route:
+    """The current route with `threads` BLAS threads, made current."""
+    route = replace(current_route(), blas_threads=threads)
+    use_route(route)
+    return route
+
+
+@contextmanager
+def kernels_override(kernels: str) -> Iterator[Route]:
+    """Run the block on the route of another MLXSWITCH_KERNELS setting, then restore the route."""
+    before = _ROUTE
+    try:
+        yield resolve_route(kernels)
+    finally:
+        use_route(before)
