@@ -30,6 +30,8 @@ from pathlib import Path
 from mlxswitch.api import build_ladder, resolve_profile
 from mlxswitch.decoding.drafting import DraftMemory
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.kernels._common import set_blas_threads
+from mlxswitch.kernels.route import current_route
 from mlxswitch.routing.router import RouterConfig
 
 ROOT = Path(__file__).resolve().parent
@@ -70,12 +72,16 @@ def run(args: argparse.Namespace) -> None:
         prompts = [p for p in prompts if p["category"] in args.categories.split(",")]
     records_path = Path(args.records)
     done = {(r["prompt"], r["arm"]) for r in load_records(records_path)}
+    set_blas_threads(args.threads)  # as the CLI does: --threads, default every core
     profile = resolve_profile(args.profile)
     ladder = build_ladder(profile, progress=lambda m: print(m, file=sys.stderr))
     settings = GenerationSettings(max_tokens=args.max_tokens, temperature=0.0)
     arms = args.arms.split(",")
     todo = sum((p["id"], a) not in done for p in prompts for a in arms)
-    print(f"{todo} answers to make ({len(done)} in the records)", file=sys.stderr)
+    print(
+        f"{todo} answers to make ({len(done)} in the records); route {current_route().record()}",
+        file=sys.stderr,
+    )
     made = 0
     # Each arm learns on its own (pass costs, kept shares), across its answers, as a chat would.
     memories = {arm: DraftMemory() for arm in arms}
@@ -215,6 +221,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--categories", default="")
+    parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: every core)")
     parser.add_argument("--report", action="store_true")
     args = parser.parse_args()
     if args.report:

@@ -16,6 +16,7 @@ from .cloud.budget import CLOUD_MODES, cloud_settings
 from .decoding.prompt_caches import PromptCaches
 from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
+from .draft_store import load_draft_costs
 from .errors import UsageError
 from .kernels.route import current_route
 from .models.gear_files import build_geared, check_writable_dir, prepare_geared
@@ -237,6 +238,8 @@ def open_chat(
     ladder = build_ladder(
         chosen, progress=progress, force_memory=force_memory, require_resident=require_resident
     )
+    if chosen.router.verify:
+        load_draft_costs(ladder)  # what an earlier run timed here: no first answer spent learning
     ladder.description = f"{chosen.name}: {ladder.description}"
     ladder.note = chosen.description
     if chosen.cloud is not None:

@@ -25,7 +25,7 @@ LAYERS = [
     ("mlxswitch.routing.signals", "mlxswitch.routing.probe", "mlxswitch.models"),
     ("mlxswitch.profiles", "mlxswitch.profile_edit"),
     ("mlxswitch.decoding",),
-    ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench"),
+    ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench", "mlxswitch.draft_store"),
     ("mlxswitch.server",),  # the HTTP server: just below the CLI, which starts it
     ("mlxswitch.cli", "mlxswitch.__main__"),
 ]

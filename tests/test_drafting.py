@@ -8,7 +8,11 @@ import random
 import pytest
 
 from mlxswitch.decoding.drafting import (
+    MAX_PROBE_GAP,
+    PROBE_GAP,
+    PROBE_LENGTH,
     Acceptance,
+    DraftMemory,
     DraftPlanner,
     PassCosts,
     expected_tokens,
@@ -39,12 +43,14 @@ def test_expected_tokens_matches_a_simulation_of_the_check():
     assert expected_tokens(1.0, 5) == 6
 
 
-def test_costs_interpolate_between_timed_row_counts_and_extend_the_line_beyond():
+def test_costs_take_the_next_timed_row_count_and_extend_a_line_beyond():
     costs = PassCosts()
     costs.record(1, 1.0)
     costs.record(9, 3.0)
-    assert costs.estimate(5) == pytest.approx(2.0)
+    assert costs.estimate(5) == pytest.approx(3.0)  # no cheaper than the next timed count
     assert costs.estimate(17) == pytest.approx(5.0)  # 0.25 s a row, fitted
+    costs.record(12, 2.5)  # a CPU's matrix product can cost less at more rows
+    assert costs.estimate(30) >= 3.0
     only = PassCosts()
     only.record(1, 2.0)
     assert only.estimate(11) > 2.0  # one timing: the prior prices extra rows above zero
@@ -81,20 +87,46 @@ def test_a_drafter_as_costly_as_the_checker_never_drafts():
     assert planner.plan(room=100).length == 0
 
 
-def test_rejections_shorten_drafts_and_idle_rounds_bring_a_probe_back():
-    planner = _planner({1: 1.0, 2: 1.6, 33: 4.0}, draft_s=0.15)
+def test_rejections_shorten_drafts_and_a_probe_comes_back_less_often_while_it_does_not_pay():
+    # A drafter at 0.4 of the checker: drafting pays only where nearly every token is kept.
+    planner = _planner({1: 1.0, 2: 1.6, 33: 4.0}, draft_s=0.4)
+    assert planner.plan(room=100).length == 0  # at the prior's kept share, it does not
+    for _ in range(6):
+        planner.record_round("model", 16, 16)
     before = planner.plan(room=100).length
     assert before > 1
     for _ in range(8):
         planner.record_round("model", 8, 0)
     assert planner.plan(room=100).length < before
     assert planner.plan(room=100).length == 0
-    rounds = 0
-    while planner.plan(room=100).length == 0:
-        planner.record_round("none", 0, 0)
-        rounds += 1
-        assert rounds < 200, "the planner never tried drafting again"
-    assert rounds > 3  # not at once: the rejections are remembered a while
+
+    def rounds_until_a_probe() -> int:
+        rounds = 0
+        while (plan := planner.plan(room=100)).length == 0:
+            planner.record_round("none", 0, 0)
+            planner.observe_top(0.1)  # the top tier is sure of its own tokens
+            rounds += 1
+            assert rounds <= MAX_PROBE_GAP, "the planner never tried drafting again"
+        assert plan.source == "model" and plan.length == PROBE_LENGTH
+        return rounds
+
+    first = rounds_until_a_probe()
+    assert first == PROBE_GAP
+    planner.record_round("model", PROBE_LENGTH, 0)  # a probe that did not pay
+    assert rounds_until_a_probe() == 2 * PROBE_GAP
+    for _ in range(6):
+        planner.record_round("model", PROBE_LENGTH, PROBE_LENGTH)  # the text changed: kept whole
+    assert planner.plan(room=100).length > 0
+    assert planner.memory.probe_gap == PROBE_GAP
+
+
+def test_costs_and_acceptance_carry_across_answers_through_the_memory():
+    memory = DraftMemory()
+    first = DraftPlanner(32, memory=memory)
+    first.check.record(1, 1.0)
+    first.record_round("model", 10, 10)
+    second = DraftPlanner(32, memory=memory)
+    assert second.check.estimate(1) == 1.0 and second.model.p > Acceptance().p
 
 
 def test_free_lookup_drafts_win_where_the_drafter_does_not_pay():
@@ -142,3 +174,15 @@ def test_lookup_respects_its_bounds():
     assert lookup_draft(ids, 0, max_tokens=2) == [4, 5]
     assert lookup_draft(ids, 0, max_tokens=0) == []
     assert lookup_draft(ids, 2, max_tokens=4) == []  # the only matches start before `start`
+
+
+def test_a_probe_waits_until_the_top_tier_is_sure_of_its_own_tokens():
+    planner = _planner({1: 1.0, 2: 1.6, 33: 4.0}, draft_s=0.4)
+    for _ in range(3 * PROBE_GAP):
+        planner.record_round("none", 0, 0)
+        planner.observe_top(2.0)  # prose: the top tier is unsure, the small one would disagree
+    assert planner.plan(room=100).length == 0
+    for _ in range(8):
+        planner.observe_top(0.05)
+    plan = planner.plan(room=100)
+    assert plan.source == "model" and plan.length == PROBE_LENGTH

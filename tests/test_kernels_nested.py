@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from emulation import NO_GXX, NO_SOURCE, needs_gxx
 
 from mlxswitch.kernels import kernel_self_check, nested, nested_cpu
 from mlxswitch.kernels._common import KERNELS_ENV, force_reference, relative_max_error
@@ -589,7 +590,7 @@ def _generated_source(config, folder) -> str:
 
     match = re.search(r"```\n(.*)```", _stdout_of(export), re.S)
     if match is None:
-        pytest.fail(_NO_SOURCE.format(version=mx.__version__))
+        pytest.fail(NO_SOURCE.format(version=mx.__version__))
     return match.group(1)
 
 
@@ -697,27 +698,10 @@ class Emulator:
         return (out if dtype == F32 else out.view(dtype)).reshape(shape)
 
 
-# Where Metal exists the real kernel is tested instead; the emulation targets Linux's g++. Where
-# it should run it never skips: missing g++ or source fails, so the kernels cannot go untested.
-needs_gxx = pytest.mark.skipif(
-    mx.metal.is_available() or sys.platform != "linux",
-    reason="Metal runs the real kernel tests; the emulation targets Linux",
-)
-_NO_SOURCE = (
-    "MLX {version} printed no generated Metal source while export tracing a metal_kernel launch "
-    "with verbose=True: the emulation cannot run, and without Metal the kernels would have no "
-    "test at all. Find how this MLX exposes the source (or pin MLX); never skip."
-)
-_NO_GXX = (
-    "the Metal kernels' emulation needs g++ 12+ (C++20, _Float16) on Linux: without it the kernels "
-    "have no test here. Install g++ (e.g. apt-get install g++)."
-)
-
-
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
     if shutil.which("g++") is None:
-        pytest.fail(_NO_GXX)
+        pytest.fail(NO_GXX)
     return Emulator(tmp_path_factory.mktemp("nested_metal_emulation"))
 
 

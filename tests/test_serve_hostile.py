@@ -11,46 +11,24 @@ import contextlib
 import json
 import select
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from loopback import running_server
 
 from mlxswitch.decoding.session import GenerationSettings
 from mlxswitch.errors import UsageError
-from mlxswitch.server import ServeConfig, ServerLimits, Worker, make_server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mlxswitch.server import ServeConfig, ServerLimits, Worker
 
 
 @contextlib.contextmanager
 def serving(**limits) -> Iterator[tuple[str, int]]:
     """An in-process server with these ServerLimits; yields its base URL and port."""
     config = ServeConfig(model="m", settings=GenerationSettings(), limits=ServerLimits(**limits))
-    worker = Worker(config.limits.queue_size)
-    port = _free_port()
-    server = make_server(config, worker, "127.0.0.1", port, log_level="warning")
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(100):
-            if server.started:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the server did not start")
+    with running_server(config, Worker(config.limits.queue_size)) as port:
         yield f"http://127.0.0.1:{port}", port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        worker.close()
-        assert not thread.is_alive()
 
 
 def _connect(port: int) -> socket.socket:

@@ -8,19 +8,17 @@ by the test.
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+from loopback import running_server
 
 from mlxswitch.api import build_ladder, resolve_profile
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.errors import UsageError
-from mlxswitch.server import ServeConfig, ServerLimits, Worker, make_server
+from mlxswitch.server import ServeConfig, ServerLimits, Worker
 
 ROUTED = dict(tau="1.5", tau_down="1.0", window=2, min_run=2)
 CLIENTS = {
@@ -28,12 +26,6 @@ CLIENTS = {
     "B": "List some colours of the sky at dusk, and of the sea at dawn, please. " * 4,
     "C": "Which birds sing in the morning near the forest and the quiet lake? " * 4,
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -46,23 +38,8 @@ def serving(tiny_pair, limits: ServerLimits) -> Iterator[str]:
     config = ServeConfig(model="pair", settings=settings, limits=limits)
     worker = Worker(limits.queue_size)
     worker.open(lambda: ChatSession(ladder, profile.router, settings, prompt_caches=limits.prompt_caches()))
-    port = _free_port()
-    server = make_server(config, worker, "127.0.0.1", port, log_level="warning")
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(100):
-            if server.started:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the server did not start")
+    with running_server(config, worker) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        worker.close()
-        assert not thread.is_alive()
 
 
 def test_one_kept_conversation_the_least_recently_used_goes_and_cached_tokens_say_so(tiny_pair):

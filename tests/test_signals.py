@@ -13,13 +13,13 @@ import math
 import re
 import shutil
 import subprocess
-import sys
 import time
 import warnings
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from emulation import NO_GXX, NO_SOURCE, needs_gxx
 
 from mlxswitch.kernels import entropy as entropy_kernel
 from mlxswitch.kernels import float64_token_signals, kernel_self_check
@@ -393,7 +393,7 @@ def _generated_source(dtype, capfd, folder) -> str:
     printed = capfd.readouterr().out
     match = re.search(r"```\n(.*)```", printed, re.S)
     if match is None:
-        pytest.fail(_NO_SOURCE.format(version=mx.__version__))
+        pytest.fail(NO_SOURCE.format(version=mx.__version__))
     return match.group(1)
 
 
@@ -437,27 +437,10 @@ def _emulated(dtype, x: np.ndarray, threads: int, build, capfd) -> np.ndarray:
     return np.array([float(v) for v in run.stdout.split()])
 
 
-# Where Metal exists the real kernel is tested instead; the emulation targets Linux's g++. Where
-# it should run it never skips: missing g++ or source fails, so the kernels cannot go untested.
-needs_gxx = pytest.mark.skipif(
-    mx.metal.is_available() or sys.platform != "linux",
-    reason="Metal runs the real kernel tests; the emulation targets Linux",
-)
-_NO_SOURCE = (
-    "MLX {version} printed no generated Metal source while export tracing a metal_kernel launch "
-    "with verbose=True: the emulation cannot run, and without Metal the kernels would have no "
-    "test at all. Find how this MLX exposes the source (or pin MLX); never skip."
-)
-_NO_GXX = (
-    "the Metal kernels' emulation needs g++ 12+ (C++20, _Float16) on Linux: without it the kernels "
-    "have no test here. Install g++ (e.g. apt-get install g++)."
-)
-
-
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     if shutil.which("g++") is None:
-        pytest.fail(_NO_GXX)
+        pytest.fail(NO_GXX)
     return {"dir": tmp_path_factory.mktemp("metal_emulation")}
 
 

@@ -36,6 +36,7 @@ def chat(
 ) -> None:
     """Chat on a terminal, answer prompts piped through stdin, or answer one --prompt."""
     from ..api import default_note, open_chat
+    from ..draft_store import save_draft_costs
     from .chat import ChatRunner
     from .streams import TelemetryFile, peek_prompts
 
@@ -74,5 +75,8 @@ def chat(
                 require_resident=engine.require_resident,
             )
         runner = ChatRunner(session, json_output=json_output, color=color, shade=shade, telemetry=sink)
-        code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
+        try:
+            code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
+        finally:
+            save_draft_costs(session.ladder)  # the pass costs timed here, for the next run
     raise typer.Exit(code)

@@ -64,6 +64,7 @@ def serve(
     """Serve the profile over an OpenAI-compatible HTTP API; every token says which tier made it."""
     from ..api import open_chat
     from ..checks import profile_rows
+    from ..draft_store import save_draft_costs
     from ..errors import UsageError
     from ..server import ServeConfig, ServerLimits, Worker, is_loopback, run
 
@@ -106,4 +107,8 @@ def serve(
         profiles=profile_rows(),
     )
     ui.print_dim(ui.make_console(stderr=True), f"serving '{chosen.name}' on http://{host}:{port}/v1")
-    run(config, worker, host, port, log_level=log_level)
+    try:
+        run(config, worker, host, port, log_level=log_level)
+    finally:
+        if worker.ready:
+            save_draft_costs(worker.session.ladder)  # the pass costs timed here, for the next run

@@ -90,8 +90,8 @@ ThreadsOpt = Annotated[
     int | None,
     typer.Option(
         "--threads",
-        help="CPU route: BLAS threads for multi-row passes (prefill, checks, catch-ups); one-row "
-        "steps keep one. Default: every core.",
+        help="CPU route: BLAS threads for NumPy's products (steps, prefill, checks, catch-ups). "
+        "Default: every core; on cores another busy process shares, 1 can be faster.",
     ),
 ]
 RequireResidentOpt = Annotated[

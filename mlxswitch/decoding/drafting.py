@@ -13,9 +13,12 @@ planned slower than the large model decoding by itself.
 Both sides are measured as the answers go (DraftMemory, kept on the ladder): the seconds of each
 pass by row count (so a CPU, where a 16-row pass costs 4× one row, and a Mac, where it costs
 about one, each get their own plan), and the acceptance as decayed counts of kept and rejected
-drafted tokens. The planner plans with p plus one standard error, so that little evidence leaves
-room to try a draft and much evidence decides; while the top tier decodes alone nothing is
-observed, the counts decay, the error grows, and a draft is tried again in time.
+drafted tokens. While the top tier decodes alone nothing is learnt about the drafter, so after
+PROBE_GAP such rounds, once the top tier's own last tokens were sure (mean entropy ≤ 0.5 bits),
+a short probe draft measures the kept share again; a probe that did not pay doubles the gap (up
+to MAX_PROBE_GAP), one that did resets it. On a CPU where a 25-row check
+costs six one-row passes and the 0.5B 0.43 of the 1.5B, drafting pays only where nearly every
+drafted token is kept; the probes are what it costs to find out.
 
 Drafts from the prompt lookup (an n-gram of the answer's tail found earlier in the sequence)
 cost nothing to draft; they keep acceptance counts of their own.
@@ -24,6 +27,7 @@ cost nothing to draft; they keep acceptance counts of their own.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 # Row counts whose check seconds are kept separately; above the last, linear in the rows.
@@ -35,6 +39,10 @@ IDLE_DECAY = 0.93  # per round without a draft: what was seen fades, and the pri
 # one-row check: between a Mac (≈ 0) and one CPU core (≈ 0.2 a row measured here), optimistic.
 PRIOR_ROW_SHARE = 0.1
 PRIOR_DRAFT_SHARE = 0.25  # an untimed drafter's step, as a share of the top tier's one-row pass
+MIN_GAIN = 1.05  # the least expected speed-up over the top tier alone that a draft must promise
+PROBE_LENGTH = 8  # tokens a probe drafts
+PROBE_GAP, MAX_PROBE_GAP = 8, 256  # rounds without the drafter before a probe: first, at most
+PROBE_WINDOW, PROBE_MAX_ENTROPY = 8, 0.5  # a probe waits for the top tier's last 8 tokens ≤ 0.5 bits
 
 
 @dataclass
@@ -56,19 +64,21 @@ class PassCosts:
         return bool(self.seconds)
 
     def estimate(self, rows: int) -> float:
-        """Seconds for a pass of `rows` rows: the timed average, else interpolated between the
-        nearest timed row counts, else a line from the one-row cost (nan before any timing)."""
+        """Seconds for a pass of `rows` rows: the timed average; else that of the next timed row
+        count above; else a line through the timings, never below the largest (nan before any).
+
+        Not interpolated: on a CPU the cost is far from linear in the rows (one mat-vec a row up
+        to 3, then a matrix product that costs as much at 8 rows as at 5: bench/results/
+        threads-qwen.txt), and a line from one row to ten priced 5 rows at 2/3 of their cost."""
         if rows in self.seconds:
             return self.seconds[rows]
         if not self.seconds:
             return math.nan
-        below = [n for n in self.seconds if n < rows]
         above = [n for n in self.seconds if n > rows]
-        if below and above:
-            lo, hi = max(below), min(above)
-            t = (rows - lo) / (hi - lo)
-            return (1 - t) * self.seconds[lo] + t * self.seconds[hi]
-        return max(0.0, self._base() + self._slope() * (rows - 1))
+        if above:
+            return self.seconds[min(above)]
+        largest = max(self.seconds)
+        return max(self.seconds[largest], self._base() + self._slope() * (rows - 1))
 
     def _base(self) -> float:
         smallest = min(self.seconds)
@@ -108,14 +118,6 @@ class Acceptance:
         self.kept *= IDLE_DECAY
         self.rejected *= IDLE_DECAY
 
-    @property
-    def optimistic_p(self) -> float:
-        """p plus one standard error of its evidence (at most 0.99): what the planner plans with,
-        so that a little evidence leaves room to try, and much evidence decides."""
-        n = self.kept + self.rejected + PRIOR_KEPT + PRIOR_REJECTED
-        p = self.p
-        return min(0.99, p + math.sqrt(p * (1 - p) / (n + 1)))
-
 
 @dataclass
 class DraftMemory:
@@ -126,6 +128,12 @@ class DraftMemory:
     draft: PassCosts = field(default_factory=PassCosts)  # the bottom tier's passes
     model: Acceptance = field(default_factory=Acceptance)
     lookup: Acceptance = field(default_factory=Acceptance)
+    # Rounds since the drafter last drafted, and how many may pass before a probe draft measures
+    # the kept share again (doubled after each probe that did not pay, reset by one that did).
+    rounds_without_model: int = 0
+    probe_gap: int = PROBE_GAP
+    # The top tier's entropy (bits) on its latest own tokens: a probe waits until it is sure.
+    top_entropies: deque[float] = field(default_factory=lambda: deque(maxlen=PROBE_WINDOW))
 
 
 def expected_tokens(p: float, k: int) -> float:
@@ -164,20 +172,26 @@ class DraftPlanner:
         if 1 not in self.check.seconds:
             # First time the top tier alone (one row): every other plan is priced against it.
             return Plan(0, "none", math.nan)
-        best = Plan(0, "none", self._rate(0, 0.0, 0.0))
+        alone = Plan(0, "none", self._rate(0, 0.0, 0.0))
+        # A draft must promise MIN_GAIN over the top tier alone: what the model leaves out (the
+        # drafter's catch-up rows, timing noise) is paid by drafts that barely pay on paper.
+        best = Plan(0, "none", alone.tokens_per_s * MIN_GAIN)
         # Until the drafter has been timed, it is priced optimistically, so that it is tried once.
         step_s = self.draft.estimate(1) if self.draft.known else PRIOR_DRAFT_SHARE * self.check.estimate(1)
-        p_model = self.model.optimistic_p
+        p_model = self.model.p
         for k in range(1, room + 1):
             rate = self._rate(k, p_model, step_s)
             if rate > best.tokens_per_s:
                 best = Plan(k, "model", rate)
-        p_lookup = self.lookup.optimistic_p
+        p_lookup = self.lookup.p
         for k in range(1, min(room, lookup_available) + 1):
             rate = self._rate(k, p_lookup, 0.0)
             if rate > best.tokens_per_s:
                 best = Plan(k, "lookup", rate)
-        return best
+        if best.source != "model" and self._probe_due():
+            # Nothing is learnt about a drafter that never drafts: a short probe, now and then.
+            return Plan(min(room, PROBE_LENGTH), "model", math.nan)
+        return best if best.length else alone
 
     def _rate(self, k: int, p: float, step_s: float) -> float:
         cost = k * step_s + self.check.estimate(k + 1)
@@ -185,11 +199,40 @@ class DraftPlanner:
 
     def record_round(self, source: str, drafted: int, kept: int) -> None:
         """What the check kept of a round's draft (source "none": no draft was made)."""
-        for kind, counts in (("model", self.model), ("lookup", self.lookup)):
+        memory = self.memory
+        for kind, counts in (("model", memory.model), ("lookup", memory.lookup)):
             if source == kind and drafted > 0:
                 counts.record(drafted, kept)
             else:
                 counts.idle()
+        if source != "model" or drafted == 0:
+            memory.rounds_without_model += 1
+            return
+        if memory.rounds_without_model >= memory.probe_gap:  # this round was a probe
+            pays = self.adaptive and self.check.known and self._drafting_pays()
+            memory.probe_gap = PROBE_GAP if pays else min(2 * memory.probe_gap, MAX_PROBE_GAP)
+        else:  # a draft the plan chose: drafting pays again
+            memory.probe_gap = PROBE_GAP
+        memory.rounds_without_model = 0
+
+    def observe_top(self, entropy: float) -> None:
+        """The top tier made a token of its own, sampled from a distribution of this entropy."""
+        if math.isfinite(entropy):
+            self.memory.top_entropies.append(entropy)
+
+    def _probe_due(self) -> bool:
+        # A probe costs the drafter's catch-up and a check; it is made where the top tier has
+        # lately been sure, since there the small tier most often agrees (where it is unsure,
+        # as in prose, a probe mostly measures what is already known).
+        memory = self.memory
+        recent = memory.top_entropies
+        sure = len(recent) == recent.maxlen and sum(recent) / len(recent) <= PROBE_MAX_ENTROPY
+        return memory.rounds_without_model >= memory.probe_gap and sure
+
+    def _drafting_pays(self) -> bool:
+        step_s = self.draft.estimate(1) if self.draft.known else self.check.estimate(1)
+        alone = self._rate(0, 0.0, 0.0) * MIN_GAIN
+        return any(self._rate(k, self.model.p, step_s) > alone for k in range(1, self.max_draft + 1))
 
 
 def lookup_draft(

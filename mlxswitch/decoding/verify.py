@@ -136,6 +136,7 @@ class VerifyLoop:
                 return
             top_values = [float(v) for v in token_signals_numpy(rows[kept])]
             top_signal = uncertainty(self.signal, top_values)
+            self.planner.observe_top(top_values[0])
             # The bottom tier computed this position too: a token it drafted differently, or the
             # position whose doubt ended the draft.
             computed_below = not from_lookup and (kept < len(draft) or ended_unsure)

@@ -105,10 +105,11 @@ def preloaded_mlx_blas() -> dict | None:
     return {"path": os.path.realpath(info.dli_fname.decode()), "threads": threads}
 
 
-# The fewest rows a product needs before more than one BLAS thread may take it: a mat-vec is
-# memory-bound and OpenBLAS's spinning workers cost more than they give there (measured on the
-# 1.5B's layers: bench/results/threads-qwen1.5b.txt); a prefill, a check or a catch-up is compute-bound.
-THREADED_MIN_ROWS = 4
+# The fewest rows a product needs before more than one BLAS thread may take it. On a quiet
+# machine two threads made every row count 1.3-1.9x faster on the Qwen pair's layers, the one-row
+# mat-vec included: one core does not saturate the memory bandwidth (bench/results/threads-qwen.txt).
+# On cores shared with another process the spinning workers can cost more than they give: --threads 1.
+THREADED_MIN_ROWS = 1
 # The threads a multi-row product may use are the route's blas_threads (1 until set_blas_threads).
 
 
@@ -122,7 +123,7 @@ def available_cores() -> int:
 
 def set_blas_threads(threads: int | None) -> int:
     """Let multi-row NumPy products use `threads` BLAS threads (None: every available core);
-    returns the count in force. One-row products always run on one thread."""
+    returns the count in force. Products below THREADED_MIN_ROWS rows run on one thread."""
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1 (got {threads})")
     return set_route_threads(available_cores() if threads is None else threads).blas_threads
@@ -137,8 +138,7 @@ def blas_threads_setting() -> int:
 def blas_threads(rows: int):
     """Run NumPy's OpenBLAS inside the block on the threads a product of `rows` rows may use
     (one below THREADED_MIN_ROWS), then restore its setting."""
-    # On shared cores OpenBLAS's spinning worker threads can make a small product orders of
-    # magnitude slower: a mat-vec keeps one thread whatever the setting.
+    # Below THREADED_MIN_ROWS (none today: see its comment) a product keeps one thread.
     threads = _openblas_threads()
     if threads is None:
         yield

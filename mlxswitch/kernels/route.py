@@ -99,7 +99,7 @@ class Route:
         checked on first use) or "reference" (one quantized_matmul a plane).
     multi_row: a product of many rows — "numpy-blas" (dequantized fp32 + NumPy's BLAS),
         "mx-dense" (dequantized fp32 + MLX's matmul where it pays) or "reference".
-    blas_threads: the BLAS threads a NumPy product of THREADED_MIN_ROWS+ rows may use.
+    blas_threads: the BLAS threads a NumPy product of THREADED_MIN_ROWS+ rows may use (--threads).
     compute_dtype: "float32" (every float cast on load) or None (the checkpoint's own).
     """
 

@@ -1,0 +1,54 @@
+"""Pass costs learned by verified drafting are kept for the next run (mlxswitch/draft_store.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxswitch.decoding.tiers import pair_ladder
+from mlxswitch.draft_store import load_draft_costs, save_draft_costs, store_path
+from mlxswitch.kernels._common import set_blas_threads
+from mlxswitch.models.sources import load_model
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    small, large = tiny_pair
+    return load_model(str(small)), load_model(str(large))
+
+
+def test_costs_timed_in_one_run_are_there_in_the_next(models):
+    first = pair_ladder(*models)
+    first.draft_memory.check.record(1, 0.3)
+    first.draft_memory.check.record(9, 1.1)
+    first.draft_memory.draft.record(1, 0.12)
+    first.draft_memory.model.record(10, 10)
+    save_draft_costs(first)
+    later = pair_ladder(*models)
+    assert load_draft_costs(later)
+    assert later.draft_memory.check.seconds == {1: 0.3, 9: 1.1}
+    assert later.draft_memory.draft.seconds == {1: 0.12}
+    # The kept share belongs to the text, not the machine: it starts from the prior again.
+    assert later.draft_memory.model.kept == 0
+
+
+def test_another_thread_count_is_another_machine(models):
+    ladder = pair_ladder(*models)
+    ladder.draft_memory.check.record(1, 0.3)
+    set_blas_threads(1)
+    save_draft_costs(ladder)
+    set_blas_threads(2)
+    assert not load_draft_costs(pair_ladder(*models))
+
+
+def test_an_unreadable_store_is_timed_again_and_an_unwritable_one_skipped(models, tmp_path, monkeypatch):
+    ladder = pair_ladder(*models)
+    path = store_path(ladder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    assert not load_draft_costs(ladder)
+    assert not ladder.draft_memory.check.known
+    ladder.draft_memory.check.record(1, 0.3)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("MLXSWITCH_HOME", str(blocked / "home"))  # a path through a file
+    save_draft_costs(ladder)  # no error: learning is never a reason to fail
