@@ -207,7 +207,7 @@ def report(args: argparse.Namespace) -> None:
                 wall = sum(by[(p, a)]["wall_s"] for p in prompts)
                 print(
                     f"  {a}: {wall:.1f} s = {wall / (small + prefill):.2f}× the floor, "
-                    f"{large / wall:.2f}× the large"
+                    f"{wall / large:.2f}× the large alone's time"
                 )
     firsts = {a: statistics.median(by[(p, a)]["stats"]["first_token_s"] or 0 for p in prompts) for a in arms}
     print()
