@@ -99,7 +99,7 @@ def test_kernels_override_restores_the_route(monkeypatch):
 
 def test_blas_threads_live_in_the_route_and_survive_a_new_resolution(monkeypatch):
     monkeypatch.setattr(route, "_ROUTE", None)
-    assert _common.blas_threads_setting() == 1
+    assert _common.blas_threads_setting() == _common.available_cores()  # every core by default
     assert _common.set_blas_threads(3) == 3
     assert current_route().blas_threads == 3 and _common.blas_threads_setting() == 3
     assert resolve_route("mx").blas_threads == 3

@@ -231,3 +231,19 @@ def test_where_the_seconds_went_adds_up(pair):
         assert booked + passes["rest_s"] == pytest.approx(answer.elapsed_s, abs=0.02)
         assert "large prefill" in passes  # the top tier opens the answer
         assert sum(v["passes"] for k, v in passes.items() if k.startswith("large")) >= 1
+
+
+def test_threads_change_no_answer(pair):
+    """Greedy tokens are the same at one BLAS thread and at every core (the pair's verified and
+    single-tier answers alike): threads change the rounding of a sum, not the answer."""
+    from mlxswitch.kernels._common import set_blas_threads
+
+    answers = {}
+    for threads in (1, 2):
+        set_blas_threads(threads)
+        answers[threads] = [
+            [e.id for e in a.tokens]
+            for config in (RouterConfig(up=(-INF,)), _verify(2.0, "adaptive", lookup=True))
+            for a in _answers(pair, config, 40)
+        ]
+    assert answers[1] == answers[2]

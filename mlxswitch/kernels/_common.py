@@ -12,6 +12,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from .route import KERNELS_ENV as KERNELS_ENV  # re-exported: tests and scripts name it here
+from .route import available_cores as available_cores  # re-exported: the CLI and tests name it here
 from .route import current_route, set_route_threads
 
 # The route (kernels/route.py) is decided once; these read it. MLXSWITCH_KERNELS is read there only.
@@ -110,15 +111,7 @@ def preloaded_mlx_blas() -> dict | None:
 # mat-vec included: one core does not saturate the memory bandwidth (bench/results/threads-qwen.txt).
 # On cores shared with another process the spinning workers can cost more than they give: --threads 1.
 THREADED_MIN_ROWS = 1
-# The threads a multi-row product may use are the route's blas_threads (1 until set_blas_threads).
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+# The threads a product may use are the route's blas_threads (every core until set_blas_threads).
 
 
 def set_blas_threads(threads: int | None) -> int:
@@ -130,22 +123,26 @@ def set_blas_threads(threads: int | None) -> int:
 
 
 def blas_threads_setting() -> int:
-    """The threads a multi-row product may use (set_blas_threads; 1 until it is called)."""
+    """The threads a product may use (set_blas_threads; every core until it is called)."""
     return current_route().blas_threads
 
 
-@contextmanager
 def blas_threads(rows: int):
     """Run NumPy's OpenBLAS inside the block on the threads a product of `rows` rows may use
     (one below THREADED_MIN_ROWS), then restore its setting."""
     # Below THREADED_MIN_ROWS (none today: see its comment) a product keeps one thread.
+    return _openblas_on(current_route().blas_threads if rows >= THREADED_MIN_ROWS else 1)
+
+
+@contextmanager
+def _openblas_on(count: int):
     threads = _openblas_threads()
     if threads is None:
         yield
         return
     get, set_ = threads
     before = get()
-    set_(current_route().blas_threads if rows >= THREADED_MIN_ROWS else 1)
+    set_(count)
     try:
         yield
     finally:
@@ -154,7 +151,7 @@ def blas_threads(rows: int):
 
 def single_threaded_blas():
     """Run NumPy's OpenBLAS on one thread inside the block, then restore its setting."""
-    return blas_threads(1)
+    return _openblas_on(1)
 
 
 @dataclass(frozen=True)

@@ -197,13 +197,23 @@ def resolve_route(
     here), `backend` (default: the default device's); the BLAS threads setting carries over."""
     setting = parse_kernels_setting(os.environ.get(KERNELS_ENV) if kernels is None else kernels)
     if blas_threads is None:
-        blas_threads = _ROUTE.blas_threads if _ROUTE is not None else 1
+        # Every core by default: two threads were faster at every row count on a quiet machine
+        # (bench/results/threads-qwen.txt); --threads (set_blas_threads) overrides it.
+        blas_threads = _ROUTE.blas_threads if _ROUTE is not None else available_cores()
     if backend is None:
         route = route_for(detect_backend(), setting, metal=_metal_available(), blas_threads=blas_threads)
     else:
         route = route_for(backend, setting, blas_threads=blas_threads)
     use_route(route)
     return route
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def current_route() -> Route:
