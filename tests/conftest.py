@@ -78,3 +78,19 @@ def ctrl_c():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(scope="module")
+def pair_args(tiny_pair):
+    """--small/--large naming the tiny pair (the CLI tests' ad-hoc pair)."""
+    small, large = tiny_pair
+    return ["--small", str(small), "--large", str(large)]
+
+
+@pytest.fixture
+def sandbox_root(tmp_path):
+    """A directory the HumanEval sandbox makes its temporary directory in, a sentinel beside it."""
+    root = tmp_path / "box" / "sandbox"
+    root.mkdir(parents=True)
+    (root.parent / "sentinel.txt").write_text("untouched")
+    return root

@@ -7,23 +7,10 @@ import math
 import os
 
 import pytest
-from typer.testing import CliRunner
+from cli_helpers import invoke
 
-from mlxswitch.cli import app
 from mlxswitch.routing.router import RouterConfig
 from mlxswitch.routing.walk import derive_rungs
-
-runner = CliRunner()
-
-
-def invoke(args, stdin=""):
-    return runner.invoke(app, args, input=stdin)
-
-
-@pytest.fixture(scope="module")
-def pair_args(tiny_pair):
-    small, large = tiny_pair
-    return ["--small", str(small), "--large", str(large)]
 
 
 def _threshold(value):

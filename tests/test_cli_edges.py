@@ -10,30 +10,7 @@ import re
 import sys
 
 import pytest
-from typer.testing import CliRunner
-
-from mlxswitch.cli import app
-
-runner = CliRunner()
-
-
-def invoke(args, stdin: str | bytes = ""):
-    return runner.invoke(app, args, input=stdin)
-
-
-@pytest.fixture(scope="module")
-def pair_args(tiny_pair):
-    small, large = tiny_pair
-    return ["--small", str(small), "--large", str(large)]
-
-
-def one_error_line(result) -> str:
-    lines = result.stderr.strip().splitlines()
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr
-    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
-    return errors[0]
-
+from cli_helpers import invoke, one_error_line
 
 # -- an empty --prompt is an error, not a cue to chat -------------------------------------------
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from sandbox_checks import untouched
 
 from mlxswitch.bench.humaneval import problems as he
 from mlxswitch.bench.humaneval.controls import OraclePolicy, RandomPolicy, control_seed
@@ -29,21 +30,6 @@ SOLUTION_0 = """def has_close_elements(numbers, threshold):
 @pytest.fixture(scope="module")
 def problems():
     return he.load_problems()
-
-
-@pytest.fixture
-def sandbox_root(tmp_path):
-    """A directory the sandbox makes its temporary directory in, and a sentinel beside it."""
-    root = tmp_path / "box" / "sandbox"
-    root.mkdir(parents=True)
-    (root.parent / "sentinel.txt").write_text("untouched")
-    return root
-
-
-def _untouched(root):
-    assert list(root.iterdir()) == []  # the temporary directory went, and nothing was made beside it
-    assert (root.parent / "sentinel.txt").read_text() == "untouched"
-    assert sorted(p.name for p in root.parent.iterdir()) == ["sandbox", "sentinel.txt"]
 
 
 def test_problems_load_from_the_wheel_and_split_by_number(problems):
@@ -117,7 +103,7 @@ def test_programs_from_hand_written_answers(problems, sandbox_root):
         "AssertionError"
         in run_program(he.program(problem, he.extract_code(wrong)), 5, root=sandbox_root).status
     )
-    _untouched(sandbox_root)
+    untouched(sandbox_root)
 
 
 def test_a_main_block_in_the_answer_does_not_run(sandbox_root):
@@ -153,14 +139,14 @@ def test_hostile_programs_fail_and_touch_nothing(name, sandbox_root):
     result = run_program(source, timeout_s=1.5, memory_mb=256, root=sandbox_root)
     assert not result.passed and status in result.status, result
     assert time.perf_counter() - start < 6
-    _untouched(sandbox_root)
+    untouched(sandbox_root)
     os.kill(os.getpid(), 0)  # this process is still here
 
 
 def test_output_floods_stop_at_the_file_size_limit(sandbox_root):
     result = run_program("while True:\n    print('x' * 4096)\n", timeout_s=5, root=sandbox_root)
     assert not result.passed and result.seconds < 5
-    _untouched(sandbox_root)
+    untouched(sandbox_root)
 
 
 def test_random_policy_is_seeded_and_spends_its_share():
@@ -285,4 +271,4 @@ def test_canonical_solutions_pass_in_the_sandbox(problems, sandbox_root):
     for problem in problems[::20]:
         result = run_program(he.program(problem, canonical[problem.task_id]), timeout_s=10, root=sandbox_root)
         assert result.passed, (problem.task_id, result.status)
-    _untouched(sandbox_root)
+    untouched(sandbox_root)

@@ -11,25 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_checks import untouched
 
 from mlxswitch.bench.humaneval import execution
 from mlxswitch.bench.humaneval.execution import run_program
-
-
-@pytest.fixture
-def sandbox_root(tmp_path):
-    """A directory the sandbox makes its temporary directory in, and a sentinel beside it."""
-    root = tmp_path / "box" / "sandbox"
-    root.mkdir(parents=True)
-    (root.parent / "sentinel.txt").write_text("untouched")
-    return root
-
-
-def _untouched(root):
-    assert list(root.iterdir()) == []
-    assert (root.parent / "sentinel.txt").read_text() == "untouched"
-    assert sorted(p.name for p in root.parent.iterdir()) == ["sandbox", "sentinel.txt"]
-
 
 ALIASES = {
     "posix.fork": "import posix\nposix.fork()\n",
@@ -74,7 +59,7 @@ def test_low_level_aliases_are_refused_too(name, sandbox_root):
     result = run_program(ALIASES[name], timeout_s=5, memory_mb=256, root=sandbox_root)
     assert not result.passed
     assert "PermissionError" in result.status or "ModuleNotFoundError" in result.status, result
-    _untouched(sandbox_root)
+    untouched(sandbox_root)
     os.kill(os.getpid(), 0)  # this process is still here
 
 
@@ -98,7 +83,7 @@ assert not hasattr(__main__, 'token')  # the pass token is no global there
 """
     result = run_program(program, timeout_s=5, root=sandbox_root)
     assert result.passed, result.status
-    _untouched(sandbox_root)
+    untouched(sandbox_root)
 
 
 # The guard alone stops every way to start a process; to show that what a program starts dies
