@@ -14,6 +14,7 @@ from mlxswitch.decoding.drafting import (
     Acceptance,
     DraftMemory,
     DraftPlanner,
+    LookupIndex,
     PassCosts,
     expected_tokens,
     lookup_draft,
@@ -186,3 +187,14 @@ def test_a_probe_waits_until_the_top_tier_is_sure_of_its_own_tokens():
         planner.observe_top(0.05)
     plan = planner.plan(room=100)
     assert plan.source == "model" and plan.length == PROBE_LENGTH
+
+
+def test_the_lookup_index_finds_what_the_naive_scan_finds_as_the_sequence_grows():
+    rng = random.Random(3)
+    for _ in range(20):
+        ids = [rng.randrange(6) for _ in range(rng.randrange(1, 12))]  # a small vocabulary repeats
+        index = LookupIndex()
+        for _ in range(60):
+            room = rng.randrange(0, 6)
+            assert index.draft(ids, room) == lookup_draft(ids, 0, room), ids
+            ids.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))

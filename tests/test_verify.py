@@ -211,7 +211,11 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
         prompt_length[0] = self.prompt_tokens
         return original(self, budget)
 
-    monkeypatch.setattr(verify, "lookup_draft", oracle)
+    class OracleIndex:
+        def draft(self, ids, max_tokens):
+            return oracle(ids, 0, max_tokens)
+
+    monkeypatch.setattr(verify, "LookupIndex", OracleIndex)
     monkeypatch.setattr(verify.VerifyLoop, "steps", steps)
     (answer,) = _answers_for(pair, _verify(2.0, "adaptive", lookup=True), 40, PROMPTS[:1])
     assert [e.id for e in answer.tokens] == reference

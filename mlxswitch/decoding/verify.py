@@ -34,7 +34,7 @@ import numpy as np
 
 from ..routing.registry import uncertainty
 from ..routing.signals import read_time_signals, token_signals_numpy
-from .drafting import DraftPlanner, Plan, lookup_draft
+from .drafting import DraftPlanner, LookupIndex, Plan
 from .ledger import PassLedger
 from .loop import Sampler, Step, token_and_top
 from .tiers import Ladder
@@ -66,6 +66,7 @@ class VerifyLoop:
         self.prompt_tokens = len(ids)
         self.planner = planner or DraftPlanner(MAX_DRAFT)
         self.lookup = lookup
+        self._lookup = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
         self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
         # The top tier opens the answer: no tier reads the prompt's last position before it.
@@ -167,7 +168,7 @@ class VerifyLoop:
 
     def _plan(self, room: int) -> tuple[Plan, list[int]]:
         """This round's draft plan, and the prompt lookup's offer it was chosen against."""
-        offered = lookup_draft(self.ids, 0, min(room, self.planner.max_draft)) if self.lookup else []
+        offered = self._lookup.draft(self.ids, min(room, self.planner.max_draft)) if self.lookup else []
         return self.planner.plan(room, len(offered)), offered
 
     def _timed(self, model: str, rows: int, prefill: bool, check: bool = False) -> None:
