@@ -8,17 +8,23 @@ import random
 import pytest
 
 from mlxswitch.decoding.drafting import (
-    MAX_PROBE_GAP,
-    PROBE_GAP,
-    PROBE_LENGTH,
+    BIN_PRIORS,
     Acceptance,
+    BinnedAcceptance,
     DraftMemory,
     DraftPlanner,
     LookupIndex,
     PassCosts,
+    entropy_bin,
     expected_tokens,
     lookup_draft,
 )
+
+SURE, UNSURE = 0.05, 2.0  # the drafter's (or the top tier's) entropy at a token, bits
+# This machine's pair, as a share of the 1.5B's one-row pass: checks of 2, 3, 8 and 16 rows
+# (bench/results/threads-qwen.txt, 2 threads) and the 0.5B's step.
+CPU_CHECK = {1: 1.0, 2: 1.92, 3: 2.88, 8: 2.71, 16: 3.39}
+CPU_DRAFT = 0.41
 
 
 def _planner(check: dict[int, float], draft_s: float | None, max_draft: int = 32) -> DraftPlanner:
@@ -27,7 +33,18 @@ def _planner(check: dict[int, float], draft_s: float | None, max_draft: int = 32
         planner.check.record(rows, seconds)
     if draft_s is not None:
         planner.draft.record(1, draft_s)
+    planner.observe_top(SURE)
     return planner
+
+
+def _draft(planner: DraftPlanner, entropies: list[float], room: int = 32) -> list[float]:
+    """Draft token by token as verify.py does: the entropies drafted before the planner stopped."""
+    drafted: list[float] = []
+    for entropy in entropies:
+        drafted.append(entropy)
+        if not planner.keep_drafting(drafted, room):
+            break
+    return drafted
 
 
 def test_expected_tokens_matches_a_simulation_of_the_check():
@@ -49,9 +66,15 @@ def test_costs_take_the_next_timed_row_count_and_extend_a_line_beyond():
     costs.record(1, 1.0)
     costs.record(9, 3.0)
     assert costs.estimate(5) == pytest.approx(3.0)  # no cheaper than the next timed count
-    assert costs.estimate(17) == pytest.approx(5.0)  # 0.25 s a row, fitted
+    assert costs.estimate(17) == pytest.approx(3.8)  # one matrix-product count: the prior's slope
+    costs.record(17, 5.0)
+    assert costs.estimate(25) == pytest.approx(7.0)  # 0.25 s a row, fitted from 9 and 17 rows
     costs.record(12, 2.5)  # a CPU's matrix product can cost less at more rows
-    assert costs.estimate(30) >= 3.0
+    assert costs.estimate(30) >= 5.0
+    mat_vec = PassCosts()
+    mat_vec.record(1, 1.0)
+    mat_vec.record(3, 2.4)  # a mat-vec a row: its slope says nothing of a 16-row product
+    assert mat_vec.estimate(16) < 4.0
     only = PassCosts()
     only.record(1, 2.0)
     assert only.estimate(11) > 2.0  # one timing: the prior prices extra rows above zero
@@ -62,72 +85,96 @@ def test_first_the_top_tier_alone_is_timed():
     assert DraftPlanner(32).plan(room=50).length == 0
 
 
-def test_a_mac_like_machine_drafts_long_when_drafts_are_kept():
+def test_a_mac_like_machine_drafts_to_the_longest_draft_while_the_drafter_is_sure():
     # A check of k rows costs about one row; the drafter is 1/10 of the top tier.
     planner = _planner({1: 1.0, 33: 1.2}, draft_s=0.1)
-    for _ in range(10):
-        planner.record_round("model", 16, 16)
     plan = planner.plan(room=100)
-    assert plan.source == "model" and plan.length >= 16
+    assert plan.source == "model" and plan.length == 32
     assert plan.tokens_per_s > 1.0  # faster than the top tier alone, as planned
+    drafted = _draft(planner, [SURE] * 40)
+    assert len(drafted) >= 16 and planner.settle(drafted) == len(drafted)
+    for _ in range(20):  # every sure token kept: the longest draft pays
+        planner.record_round("model", 32, 32, [SURE] * 32)
+    assert len(_draft(planner, [SURE] * 40)) == 32
 
 
-def test_this_cpu_with_an_expensive_drafter_falls_back_to_the_top_tier_alone():
-    # The 0.5B costs 0.47 of the 1.5B here and a 16-row check 4.2 rows: with half of each draft
-    # thrown away, no draft length pays.
-    planner = _planner({1: 1.0, 2: 2.0, 3: 2.7, 16: 4.2}, draft_s=0.47)
-    for _ in range(10):
-        planner.record_round("model", 8, 2)
+def test_this_cpu_drafts_through_a_sure_stretch_and_stops_at_the_first_doubt():
+    planner = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    assert planner.plan(room=100).source == "model"  # the surest tokens' prior share would pay
+    drafted = _draft(planner, [SURE] * 12 + [UNSURE] + [SURE] * 10)
+    assert len(drafted) == 13  # the unsure token ends it
+    # Checked only where its row is free: 13 and 14 rows cost what 16 do here.
+    assert planner.settle(drafted) == 13
+    planner.check.record(13, 3.0)
+    planner.check.record(14, 3.2)
+    assert planner.settle(drafted) == 12  # where its row costs, the unsure token is not checked
+
+
+def test_this_cpu_drops_a_short_unsure_draft_rather_than_pay_a_two_row_check():
+    planner = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    planner.plan(room=100)
+    drafted = _draft(planner, [UNSURE, SURE])
+    assert drafted == [UNSURE]
+    assert planner.settle(drafted) == 0  # a one-row pass of the top tier does better
+
+
+def test_where_even_sure_drafts_are_cut_this_cpu_falls_back_to_the_top_tier_alone_then_retries():
+    planner = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    for _ in range(10):  # the drafter is sure and wrong: half of its sure tokens are cut
+        planner.record_round("model", 4, 2, [SURE] * 4)
+    assert planner.binned.surest < 0.8
     assert planner.plan(room=100).length == 0
+    rounds = 0
+    while planner.plan(room=100).source != "model":  # the evidence fades toward the prior
+        planner.record_round("none", 0, 0)
+        rounds += 1
+        assert rounds <= 200, "the planner never tried drafting again"
+    assert rounds > 5
 
 
 def test_a_drafter_as_costly_as_the_checker_never_drafts():
     planner = _planner({1: 1.0, 8: 1.0}, draft_s=1.0)
     for _ in range(10):
-        planner.record_round("model", 8, 8)
+        planner.record_round("model", 8, 8, [SURE] * 8)
     assert planner.plan(room=100).length == 0
 
 
-def test_rejections_shorten_drafts_and_a_probe_comes_back_less_often_while_it_does_not_pay():
-    # A drafter at 0.4 of the checker: drafting pays only where nearly every token is kept.
-    planner = _planner({1: 1.0, 2: 1.6, 33: 4.0}, draft_s=0.4)
-    assert planner.plan(room=100).length == 0  # at the prior's kept share, it does not
-    for _ in range(6):
-        planner.record_round("model", 16, 16)
-    before = planner.plan(room=100).length
-    assert before > 1
-    for _ in range(8):
-        planner.record_round("model", 8, 0)
-    assert planner.plan(room=100).length < before
+def test_a_model_draft_starts_only_after_the_top_tier_was_sure():
+    planner = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    planner.observe_top(UNSURE)  # prose: the top tier is unsure, the small one would disagree
     assert planner.plan(room=100).length == 0
+    planner.observe_top(SURE)
+    assert planner.plan(room=100).source == "model"
 
-    def rounds_until_a_probe() -> int:
-        rounds = 0
-        while (plan := planner.plan(room=100)).length == 0:
-            planner.record_round("none", 0, 0)
-            planner.observe_top(0.1)  # the top tier is sure of its own tokens
-            rounds += 1
-            assert rounds <= MAX_PROBE_GAP, "the planner never tried drafting again"
-        assert plan.source == "model" and plan.length == PROBE_LENGTH
-        return rounds
 
-    first = rounds_until_a_probe()
-    assert first == PROBE_GAP
-    planner.record_round("model", PROBE_LENGTH, 0)  # a probe that did not pay
-    assert rounds_until_a_probe() == 2 * PROBE_GAP
-    for _ in range(6):
-        planner.record_round("model", PROBE_LENGTH, PROBE_LENGTH)  # the text changed: kept whole
-    assert planner.plan(room=100).length > 0
-    assert planner.memory.probe_gap == PROBE_GAP
+def test_a_long_catch_up_is_charged_to_the_draft():
+    planner = _planner({1: 1.0, 16: 3.4}, draft_s=CPU_DRAFT)
+    planner.draft.record(64, 4.0)  # the drafter must read 64 ids first
+    assert planner.plan(room=1000, behind=0).source == "model"
+    assert planner.plan(room=20, behind=64).length == 0  # too little answer left to repay it
+
+
+def test_the_binned_acceptance_learns_per_entropy_and_ignores_what_follows_a_cut():
+    counts = BinnedAcceptance()
+    assert counts.q(SURE) == pytest.approx(BIN_PRIORS[0])
+    assert counts.q(math.nan) == pytest.approx(BIN_PRIORS[-1])
+    counts.record([SURE, SURE, UNSURE, SURE], kept=2)
+    sure, unsure = entropy_bin(SURE), entropy_bin(UNSURE)
+    assert counts.kept[sure] == pytest.approx(1.95) and counts.cut[sure] == 0  # 1 decayed, then 1
+    assert counts.cut[unsure] == pytest.approx(1.0)  # the last token: checked on another prefix
+    for _ in range(40):
+        counts.record([SURE] * 5, kept=5)
+    assert counts.q(SURE) > 0.97 and counts.q(UNSURE) < 0.3
 
 
 def test_costs_and_acceptance_carry_across_answers_through_the_memory():
     memory = DraftMemory()
     first = DraftPlanner(32, memory=memory)
     first.check.record(1, 1.0)
-    first.record_round("model", 10, 10)
+    first.record_round("model", 10, 10, [SURE] * 10)
     second = DraftPlanner(32, memory=memory)
     assert second.check.estimate(1) == 1.0 and second.model.p > Acceptance().p
+    assert second.binned.surest > BinnedAcceptance().surest
 
 
 def test_free_lookup_drafts_win_where_the_drafter_does_not_pay():
@@ -144,6 +191,8 @@ def test_the_fixed_rule_drafts_up_to_the_longest_draft():
     assert planner.plan(room=100).length == 32
     assert planner.plan(room=5).length == 5
     assert planner.plan(room=0).length == 0
+    drafted = _draft(planner, [UNSURE] * 40)
+    assert len(drafted) == 32 and planner.settle(drafted) == 32
 
 
 def test_acceptance_starts_at_the_prior_and_follows_the_checks():
@@ -177,18 +226,6 @@ def test_lookup_respects_its_bounds():
     assert lookup_draft(ids, 2, max_tokens=4) == []  # the only matches start before `start`
 
 
-def test_a_probe_waits_until_the_top_tier_is_sure_of_its_own_tokens():
-    planner = _planner({1: 1.0, 2: 1.6, 33: 4.0}, draft_s=0.4)
-    for _ in range(3 * PROBE_GAP):
-        planner.record_round("none", 0, 0)
-        planner.observe_top(2.0)  # prose: the top tier is unsure, the small one would disagree
-    assert planner.plan(room=100).length == 0
-    for _ in range(8):
-        planner.observe_top(0.05)
-    plan = planner.plan(room=100)
-    assert plan.source == "model" and plan.length == PROBE_LENGTH
-
-
 def test_the_lookup_index_finds_what_the_naive_scan_finds_as_the_sequence_grows():
     rng = random.Random(3)
     for _ in range(20):
@@ -198,3 +235,31 @@ def test_the_lookup_index_finds_what_the_naive_scan_finds_as_the_sequence_grows(
             room = rng.randrange(0, 6)
             assert index.draft(ids, room) == lookup_draft(ids, 0, room), ids
             ids.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))
+
+
+def test_drafting_stops_where_its_rounds_measured_slower_than_the_top_tier_alone_then_retries():
+    planner = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    assert planner.plan(room=100).source == "model"
+    for _ in range(10):  # each drafted round: one token in what two one-row passes cost
+        planner.record_round("model", 0, 0, (), seconds=2.0)
+    assert planner.memory.rounds.gain < 1.0
+    assert planner.plan(room=100).length == 0  # whatever the sure tokens promise on paper
+    rounds = 0
+    while planner.plan(room=100).source != "model":  # the measurement fades toward the prior
+        planner.record_round("none", 0, 0)
+        planner.observe_top(SURE)
+        rounds += 1
+        assert rounds <= 200, "the planner never tried drafting again"
+    assert rounds > 5
+    planner.record_round("model", 12, 12, [SURE] * 12, seconds=5.0)  # 13 tokens for 5 passes' worth
+    assert planner.memory.rounds.gain > 1.0
+
+
+def test_lookup_drafts_stop_where_their_rounds_measured_slower_than_the_top_tier_alone():
+    planner = _planner({1: 1.0, 2: 2.0, 16: 4.2}, draft_s=0.47)
+    for _ in range(6):
+        planner.record_round("lookup", 12, 12, seconds=4.0)
+    assert planner.plan(room=100, lookup_available=12).source == "lookup"
+    for _ in range(20):  # offered, checked, and cut at once: a 13-row check for one token
+        planner.record_round("lookup", 12, 0, seconds=4.2)
+    assert planner.plan(room=100, lookup_available=12).source != "lookup"

@@ -1,33 +1,48 @@
-"""How far to draft: each round's draft length, from what passes cost and how much of a draft is kept.
+"""How far to draft: each round's draft, from what passes cost and how sure the drafter is.
 
-Pure Python (no MLX), replayable on hand-made numbers. A verified-drafting round drafts up to k
-tokens, then the top tier checks k + 1 rows in one pass. If each drafted token is kept with
-probability p once the ones before it were, a round yields
-    E(k) = 1 + p + … + p^k = (1 − p^(k+1)) / (1 − p)
-tokens (the kept draft and the top tier's own) for
-    cost(k) = k · draft_s + check_s(k + 1)
-seconds. The planner picks the k that maximises E(k) / cost(k). k = 0 is the top tier alone (a
-one-row check of no draft), taken whenever no draft is expected to beat it: a round is never
-planned slower than the large model decoding by itself.
+Pure Python (no MLX), replayable on hand-made numbers. A verified-drafting round drafts n tokens,
+then the top tier checks n + 1 rows in one pass; the draft is kept up to its first token the top
+tier samples differently, and the top tier's own token follows. If the i-th drafted token is kept
+with probability q_i once those before it were, the round yields
+    E(n) = 1 + S_1 + … + S_n,   S_i = q_1 · … · q_i
+tokens for
+    cost(n) = catch-up + n · draft_s + check_s(n + 1)
+seconds. n = 0 is the top tier alone (a one-row check of no draft).
 
-Both sides are measured as the answers go (DraftMemory, kept on the ladder): the seconds of each
-pass by row count (so a CPU, where a 16-row pass costs 4× one row, and a Mac, where it costs
-about one, each get their own plan), and the acceptance as decayed counts of kept and rejected
-drafted tokens. While the top tier decodes alone nothing is learnt about the drafter, so after
-PROBE_GAP such rounds, once the top tier's own last tokens were sure (mean entropy ≤ 0.5 bits),
-a short probe draft measures the kept share again; a probe that did not pay doubles the gap (up
-to MAX_PROBE_GAP), one that did resets it. On a CPU where a 25-row check
-costs six one-row passes and the 0.5B 0.43 of the 1.5B, drafting pays only where nearly every
-drafted token is kept; the probes are what it costs to find out.
+q_i is read from the drafter's own entropy at that token, binned (ENTROPY_BINS): each bin keeps
+decayed counts of its drafted tokens the check kept and cut (BinnedAcceptance). A kept share per
+bin, not one share per draft, is what follows bursty text: the drafter is sure through a
+docstring it can finish and unsure at the name it must invent, and the check agrees.
 
-Drafts from the prompt lookup (an n-gram of the answer's tail found earlier in the sequence)
-cost nothing to draft; they keep acceptance counts of their own.
+A round goes (DraftPlanner):
+- plan: a model draft is started only where the top tier was sure of its latest own token and a
+  draft made entirely of the drafter's surest tokens would beat the top tier alone by MIN_GAIN;
+  else the top tier decodes alone (or checks a free prompt-lookup draft: n-gram tokens that
+  followed an earlier occurrence of the answer's tail, with their own kept share);
+- keep_drafting: after each drafted token, drafting goes on while some longer draft, its next
+  tokens as sure as the last one, promises a better rate for the round than stopping there;
+- settle: the check takes the prefix with the best rate, the drafting seconds already spent
+  counted in every option; 0 (the drafted tokens dropped) when even the best prefix does worse
+  than a one-row pass.
+Each kind of draft must also have paid, measured: the tokens its recent rounds made over their
+seconds (catch-ups, dropped drafts and Python included; the drafter's one read of the prompt
+excepted), in one-row passes of the top tier (RoundYield). Below 1, no such draft is started.
+So on a CPU where a 16-row check costs 3.4 one-row passes and the 0.5B 0.41 of the 1.5B, drafts
+are made only through stretches the drafter is sure of, and the top tier decodes alone
+elsewhere; on a Mac, where a check costs about one row, drafts run long.
+
+Pass costs are measured by row count as the answers go (PassCosts) and kept, with the kept
+shares, on the ladder (DraftMemory); a bin's evidence and a kind's measured gain fade toward
+their priors while nothing is drafted (IDLE_DECAY), so drafting is tried again after a stretch
+where it did not pay.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # Row counts whose check seconds are kept separately; above the last, linear in the rows.
@@ -38,11 +53,20 @@ IDLE_DECAY = 0.93  # per round without a draft: what was seen fades, and the pri
 # Until a second row count has been timed, each extra row of a check is priced at this share of a
 # one-row check: between a Mac (≈ 0) and one CPU core (≈ 0.2 a row measured here), optimistic.
 PRIOR_ROW_SHARE = 0.1
+MATRIX_ROWS = 4  # from here up a CPU's pass is one matrix product, not a mat-vec per row
 PRIOR_DRAFT_SHARE = 0.25  # an untimed drafter's step, as a share of the top tier's one-row pass
 MIN_GAIN = 1.05  # the least expected speed-up over the top tier alone that a draft must promise
-PROBE_LENGTH = 8  # tokens a probe drafts
-PROBE_GAP, MAX_PROBE_GAP = 8, 256  # rounds without the drafter before a probe: first, at most
-PROBE_WINDOW, PROBE_MAX_ENTROPY = 8, 0.5  # a probe waits for the top tier's last 8 tokens ≤ 0.5 bits
+# The drafter's entropy (bits) at a drafted token, binned: upper edges, and each bin's prior kept
+# share (a guess, weighted as BIN_PRIOR_WEIGHT tokens, that the checks soon replace).
+ENTROPY_BINS = (0.1, 0.3, 0.7, 1.5)
+BIN_PRIORS = (0.97, 0.9, 0.75, 0.5, 0.3)
+BIN_PRIOR_WEIGHT = 2.0
+BIN_DECAY = 0.95  # per checked token in the bin: about its last twenty decide
+START_MAX_ENTROPY = 0.5  # a model draft starts only after a top-tier token this sure (bits)
+WINDOW = 8  # the top tier's latest own entropies kept
+# The measured gain of the drafter's rounds starts at a prior worth a couple of tokens, decays by
+# ROUND_DECAY a drafted round (about the last ten decide); below 1, no model draft is started.
+PRIOR_ROUND_TOKENS, PRIOR_ROUND_GAIN, ROUND_DECAY = 4.0, 1.2, 0.9
 
 
 @dataclass
@@ -65,7 +89,7 @@ class PassCosts:
 
     def estimate(self, rows: int) -> float:
         """Seconds for a pass of `rows` rows: the timed average; else that of the next timed row
-        count above; else a line through the timings, never below the largest (nan before any).
+        count above; else, beyond the largest timed count, a line from it (nan before any).
 
         Not interpolated: on a CPU the cost is far from linear in the rows (one mat-vec a row up
         to 3, then a matrix product that costs as much at 8 rows as at 5: bench/results/
@@ -78,17 +102,17 @@ class PassCosts:
         if above:
             return self.seconds[min(above)]
         largest = max(self.seconds)
-        return max(self.seconds[largest], self._base() + self._slope() * (rows - 1))
-
-    def _base(self) -> float:
-        smallest = min(self.seconds)
-        return self.seconds[smallest] - self._slope() * (smallest - 1)
+        return self.seconds[largest] + self._slope() * (rows - largest)
 
     def _slope(self) -> float:
-        # The seconds each extra row adds: least squares over the timed row counts, never below 0.
-        counts = sorted(self.seconds)
+        # The seconds each row adds beyond the largest timed count: least squares over the timed
+        # counts from MATRIX_ROWS up (the matrix-product regime), never below 0. Until two such
+        # are timed, the prior share of a one-row pass: optimistic, so that a long check is tried
+        # once rather than priced out by the mat-vec slope of 2 or 3 rows (a row each).
+        counts = sorted(n for n in self.seconds if n >= MATRIX_ROWS)
         if len(counts) < 2:
-            return PRIOR_ROW_SHARE * self.seconds[counts[0]] / (1 + PRIOR_ROW_SHARE * (counts[0] - 1))
+            smallest = min(self.seconds)
+            return PRIOR_ROW_SHARE * self.seconds[smallest] / (1 + PRIOR_ROW_SHARE * (smallest - 1))
         mean_n = sum(counts) / len(counts)
         mean_t = sum(self.seconds[n] for n in counts) / len(counts)
         var = sum((n - mean_n) ** 2 for n in counts)
@@ -119,6 +143,73 @@ class Acceptance:
         self.rejected *= IDLE_DECAY
 
 
+def entropy_bin(entropy: float) -> int:
+    """The bin of a drafted token by the drafter's entropy there (bits; nan: the least sure)."""
+    return bisect.bisect_left(ENTROPY_BINS, entropy) if math.isfinite(entropy) else len(ENTROPY_BINS)
+
+
+@dataclass
+class BinnedAcceptance:
+    """Per entropy bin, decayed counts of the drafter's checked tokens the check kept and cut."""
+
+    kept: list[float] = field(default_factory=lambda: [0.0] * len(BIN_PRIORS))
+    cut: list[float] = field(default_factory=lambda: [0.0] * len(BIN_PRIORS))
+
+    def q(self, entropy: float) -> float:
+        """The chance a token drafted at this entropy is kept, once those before it were."""
+        b = entropy_bin(entropy)
+        prior = BIN_PRIOR_WEIGHT * BIN_PRIORS[b]
+        return (self.kept[b] + prior) / (self.kept[b] + self.cut[b] + BIN_PRIOR_WEIGHT)
+
+    @property
+    def surest(self) -> float:
+        """The kept share of the surest bin: what a draft can at best expect."""
+        return self.q(0.0)
+
+    def record(self, entropies: Sequence[float], kept: int) -> None:
+        """One checked draft (the drafter's entropy at each token): the first `kept` survived, the
+        next (if any) was cut; those after it were checked against another prefix and say nothing."""
+        for i, entropy in enumerate(entropies[: kept + 1]):
+            b = entropy_bin(entropy)
+            self.kept[b] *= BIN_DECAY
+            self.cut[b] *= BIN_DECAY
+            if i < kept:
+                self.kept[b] += 1
+            else:
+                self.cut[b] += 1
+
+    def idle(self) -> None:
+        """A round with no model draft: the evidence fades toward the priors."""
+        self.kept = [k * IDLE_DECAY for k in self.kept]
+        self.cut = [c * IDLE_DECAY for c in self.cut]
+
+
+@dataclass
+class RoundYield:
+    """Decayed totals of what the drafter's rounds made: tokens, and their seconds counted in the
+    top tier's one-row passes. Their ratio is the measured gain of drafting over the top tier
+    alone, everything included that the plan leaves out (catch-ups, dropped drafts, Python)."""
+
+    tokens: float = PRIOR_ROUND_TOKENS
+    steps: float = PRIOR_ROUND_TOKENS / PRIOR_ROUND_GAIN
+
+    @property
+    def gain(self) -> float:
+        """Tokens per one-row pass's worth of seconds: above 1, the drafter's rounds paid."""
+        return self.tokens / self.steps
+
+    def record(self, tokens: int, steps: float) -> None:
+        """One model-drafted round: `tokens` made in `steps` one-row passes' worth of seconds."""
+        self.tokens = ROUND_DECAY * self.tokens + tokens
+        self.steps = ROUND_DECAY * self.steps + steps
+
+    def idle(self) -> None:
+        """A round without the drafter: the totals fade toward the prior's gain."""
+        prior_steps = PRIOR_ROUND_TOKENS / PRIOR_ROUND_GAIN
+        self.tokens = IDLE_DECAY * self.tokens + (1 - IDLE_DECAY) * PRIOR_ROUND_TOKENS
+        self.steps = IDLE_DECAY * self.steps + (1 - IDLE_DECAY) * prior_steps
+
+
 @dataclass
 class DraftMemory:
     """What verified drafting learned on one ladder, kept across its answers: what the passes cost
@@ -126,14 +217,13 @@ class DraftMemory:
 
     check: PassCosts = field(default_factory=PassCosts)  # the top tier's passes
     draft: PassCosts = field(default_factory=PassCosts)  # the bottom tier's passes
-    model: Acceptance = field(default_factory=Acceptance)
+    model: Acceptance = field(default_factory=Acceptance)  # per draft (the fixed rule's record)
+    binned: BinnedAcceptance = field(default_factory=BinnedAcceptance)  # per token, by entropy
+    rounds: RoundYield = field(default_factory=RoundYield)  # what the drafter's rounds made
+    lookup_rounds: RoundYield = field(default_factory=RoundYield)  # what the lookup's rounds made
     lookup: Acceptance = field(default_factory=Acceptance)
-    # Rounds since the drafter last drafted, and how many may pass before a probe draft measures
-    # the kept share again (doubled after each probe that did not pay, reset by one that did).
-    rounds_without_model: int = 0
-    probe_gap: int = PROBE_GAP
-    # The top tier's entropy (bits) on its latest own tokens: a probe waits until it is sure.
-    top_entropies: deque[float] = field(default_factory=lambda: deque(maxlen=PROBE_WINDOW))
+    # The top tier's entropy (bits) on its latest own tokens: a model draft starts after a sure one.
+    top_entropies: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
 
 def expected_tokens(p: float, k: int) -> float:
@@ -145,7 +235,7 @@ def expected_tokens(p: float, k: int) -> float:
 
 @dataclass(frozen=True)
 class Plan:
-    """One round's choice: how many tokens to draft, from where, and the rate it expects."""
+    """One round's choice: how many tokens to draft at most, from where, and the rate it expects."""
 
     length: int  # 0: the top tier alone
     source: str  # "model" (the bottom tier drafts), "lookup" (n-gram), "none"
@@ -161,10 +251,15 @@ class DraftPlanner:
         self.memory = memory if memory is not None else DraftMemory()
         self.check, self.draft = self.memory.check, self.memory.draft
         self.model, self.lookup = self.memory.model, self.memory.lookup
+        self.binned = self.memory.binned
+        self._catch_up_s = 0.0  # this round's drafter catch-up, as planned (its share of the answer)
 
-    def plan(self, room: int, lookup_available: int = 0) -> Plan:
-        """The draft for a round with `room` tokens left (lookup_available: n-gram tokens on offer)."""
+    def plan(self, room: int, lookup_available: int = 0, behind: int = 0) -> Plan:
+        """The draft for a round with `room` tokens left (lookup_available: n-gram tokens on offer;
+        behind: ids the drafter must read before it drafts)."""
+        answer_room = room
         room = min(room, self.max_draft)
+        self._catch_up_s = 0.0
         if room <= 0:
             return Plan(0, "none", self._rate(0, 0.0, 0.0))
         if not self.adaptive:
@@ -173,66 +268,122 @@ class DraftPlanner:
             # First time the top tier alone (one row): every other plan is priced against it.
             return Plan(0, "none", math.nan)
         alone = Plan(0, "none", self._rate(0, 0.0, 0.0))
-        # A draft must promise MIN_GAIN over the top tier alone: what the model leaves out (the
-        # drafter's catch-up rows, timing noise) is paid by drafts that barely pay on paper.
+        # A draft must promise MIN_GAIN over the top tier alone: what the model leaves out (timing
+        # noise, the Python between passes) is paid by drafts that barely pay on paper.
         best = Plan(0, "none", alone.tokens_per_s * MIN_GAIN)
-        # Until the drafter has been timed, it is priced optimistically, so that it is tried once.
-        step_s = self.draft.estimate(1) if self.draft.known else PRIOR_DRAFT_SHARE * self.check.estimate(1)
-        p_model = self.model.p
-        for k in range(1, room + 1):
-            rate = self._rate(k, p_model, step_s)
-            if rate > best.tokens_per_s:
-                best = Plan(k, "model", rate)
         p_lookup = self.lookup.p
-        for k in range(1, min(room, lookup_available) + 1):
+        # Lookup drafts too are offered only while their rounds, measured, beat the top tier alone.
+        offered = lookup_available if self.memory.lookup_rounds.gain > 1.0 else 0
+        for k in range(1, min(room, offered) + 1):
             rate = self._rate(k, p_lookup, 0.0)
             if rate > best.tokens_per_s:
                 best = Plan(k, "lookup", rate)
-        if best.source != "model" and self._probe_due():
-            # Nothing is learnt about a drafter that never drafts: a short probe, now and then.
-            return Plan(min(room, PROBE_LENGTH), "model", math.nan)
+        recent = self.memory.top_entropies
+        sure = bool(recent) and recent[-1] <= START_MAX_ENTROPY
+        if best.source == "none" and sure and self.memory.rounds.gain > 1.0:
+            # A draft of the drafter's surest tokens only: the best any model draft can do. The
+            # catch-up (the prompt, the first time) is charged in proportion to the share of the
+            # answer's room this round may cover: it is paid once for every later draft.
+            catch_up = self._catch_up(behind)
+            surest, step_s = self.binned.surest, self._step_s()
+            for k in range(1, room + 1):
+                charged = catch_up * min(1.0, (k + 1) / answer_room)
+                rate = expected_tokens(surest, k) / (charged + k * step_s + self.check.estimate(k + 1))
+                if rate > best.tokens_per_s:
+                    best = Plan(room, "model", rate)
+                    self._catch_up_s = charged
+                    break
         return best if best.length else alone
+
+    def keep_drafting(self, entropies: Sequence[float], room: int) -> bool:
+        """After each drafted token (the drafter's entropies so far): draft another? Yes while a
+        longer draft, its further tokens kept as often as the last one's bin, promises a better
+        rate for the round than checking now; the fixed rule drafts to `room`."""
+        n = len(entropies)
+        if n >= room:
+            return False
+        if not self.adaptive:
+            return True
+        survive, expected = self._survival(entropies)
+        now = max(self._options(survive, expected, n))
+        q_next = self.binned.q(entropies[-1])
+        step = self._step_s()
+        sunk = self._catch_up_s + n * step
+        s, tokens = survive[-1], expected[-1]
+        for j in range(1, room - n + 1):
+            s *= q_next
+            tokens += s
+            if tokens / (sunk + j * step + self.check.estimate(n + j + 1)) > now:
+                return True
+        return False
+
+    def settle(self, entropies: Sequence[float]) -> int:
+        """How much of a model draft to check: the prefix with the best rate for the round (its
+        drafting already paid); 0 where a one-row pass of the top tier alone does better."""
+        if not self.adaptive or not entropies:
+            return len(entropies)
+        survive, expected = self._survival(entropies)
+        rates = self._options(survive, expected, len(entropies))
+        best = max(range(len(rates)), key=lambda m: (rates[m], m))
+        return best
+
+    def _survival(self, entropies: Sequence[float]) -> tuple[list[float], list[float]]:
+        # S_i (the chance the first i drafted tokens are all kept) and E(i), for i = 0 … n.
+        survive, expected = [1.0], [1.0]
+        for entropy in entropies:
+            survive.append(survive[-1] * self.binned.q(entropy))
+            expected.append(expected[-1] + survive[-1])
+        return survive, expected
+
+    def _options(self, survive: list[float], expected: list[float], n: int) -> list[float]:
+        # The round's rate if the first m of n drafted tokens are checked, m = 0 … n; m = 0 is a
+        # one-row pass of the top tier (its rate without the drafting: that is not undone).
+        sunk = self._catch_up_s + n * self._step_s()
+        rates = [1.0 / (sunk + self.check.estimate(1))]
+        rates += [expected[m] / (sunk + self.check.estimate(m + 1)) for m in range(1, n + 1)]
+        return rates
+
+    def _step_s(self) -> float:
+        # Until the drafter has been timed, it is priced optimistically, so that it is tried once.
+        return self.draft.estimate(1) if self.draft.known else PRIOR_DRAFT_SHARE * self.check.estimate(1)
+
+    def _catch_up(self, behind: int) -> float:
+        # The seconds of the drafter's first pass beyond those of a one-row step.
+        if behind <= 1 or not self.draft.known:
+            return 0.0
+        return max(0.0, self.draft.estimate(behind) - self.draft.estimate(1))
 
     def _rate(self, k: int, p: float, step_s: float) -> float:
         cost = k * step_s + self.check.estimate(k + 1)
         return expected_tokens(p, k) / cost if cost > 0 else math.nan
 
-    def record_round(self, source: str, drafted: int, kept: int) -> None:
-        """What the check kept of a round's draft (source "none": no draft was made)."""
+    def record_round(
+        self, source: str, drafted: int, kept: int, entropies: Sequence[float] = (), seconds: float = math.nan
+    ) -> None:
+        """What the check kept of a round's draft (source "none": no draft was made; entropies:
+        the drafter's at each checked model-drafted token; seconds: the round's, from its plan to
+        its check read, the drafter's catch-up included)."""
         memory = self.memory
+        top_s = self.check.estimate(1)
+        for kind, rounds in (("model", memory.rounds), ("lookup", memory.lookup_rounds)):
+            if source != kind:
+                rounds.idle()
+            elif math.isfinite(seconds) and top_s > 0:
+                rounds.record(kept + 1, seconds / top_s)
         for kind, counts in (("model", memory.model), ("lookup", memory.lookup)):
             if source == kind and drafted > 0:
                 counts.record(drafted, kept)
             else:
                 counts.idle()
-        if source != "model" or drafted == 0:
-            memory.rounds_without_model += 1
-            return
-        if memory.rounds_without_model >= memory.probe_gap:  # this round was a probe
-            pays = self.adaptive and self.check.known and self._drafting_pays()
-            memory.probe_gap = PROBE_GAP if pays else min(2 * memory.probe_gap, MAX_PROBE_GAP)
-        else:  # a draft the plan chose: drafting pays again
-            memory.probe_gap = PROBE_GAP
-        memory.rounds_without_model = 0
+        if source == "model" and drafted > 0 and entropies:
+            self.binned.record(entropies[:drafted], kept)
+        else:
+            self.binned.idle()
 
     def observe_top(self, entropy: float) -> None:
         """The top tier made a token of its own, sampled from a distribution of this entropy."""
         if math.isfinite(entropy):
             self.memory.top_entropies.append(entropy)
-
-    def _probe_due(self) -> bool:
-        # A probe costs the drafter's catch-up and a check; it is made where the top tier has
-        # lately been sure, since there the small tier most often agrees (where it is unsure,
-        # as in prose, a probe mostly measures what is already known).
-        memory = self.memory
-        recent = memory.top_entropies
-        sure = len(recent) == recent.maxlen and sum(recent) / len(recent) <= PROBE_MAX_ENTROPY
-        return memory.rounds_without_model >= memory.probe_gap and sure
-
-    def _drafting_pays(self) -> bool:
-        step_s = self.draft.estimate(1) if self.draft.known else self.check.estimate(1)
-        alone = self._rate(0, 0.0, 0.0) * MIN_GAIN
-        return any(self._rate(k, self.model.p, step_s) > alone for k in range(1, self.max_draft + 1))
 
 
 def lookup_draft(

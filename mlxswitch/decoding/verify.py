@@ -4,13 +4,13 @@ the answer one the top tier samples there (lossless).
 The top tier opens the answer (its first token comes after its prefill, as when it decodes alone;
 the bottom tier never reads the prompt's last position, so the answer has no initial entropy).
 Then each round, from a sequence whose tokens the top tier has all checked:
-- the planner (drafting.py) picks the draft: its length, from the measured cost of each pass and
-  how much of recent drafts was kept, and its source — the bottom tier, or the tokens that
-  followed an earlier occurrence of the answer's tail (prompt lookup, free to draft); length 0
-  is the top tier alone, where no draft is expected to pay;
-- the bottom tier drafts position after position; a position whose routed signal exceeds up[0]
-  (where peek, deciding each position on its own, would escalate) ends the draft without a
-  token, as do an end-of-sequence token and the planned length;
+- the planner (drafting.py) picks the draft's source — the bottom tier, where the top tier was
+  just sure and the drafter's surest tokens would pay; or the tokens that followed an earlier
+  occurrence of the answer's tail (prompt lookup, free to draft); or none: the top tier alone;
+- the bottom tier drafts position after position while the planner, reading the drafter's
+  entropy at each token, expects a longer draft to pay; a position whose routed signal exceeds
+  up[0] (where peek, deciding each position on its own, would escalate) ends the draft without a
+  token, as does an end-of-sequence token; the planner then settles how much of it to check;
 - the top tier is fed what it has not seen, the draft included, and samples every drafted
   position and the one after the draft from its own logits (one pass of len(draft) + 1 rows);
 - the draft is kept up to the first token the top tier samples differently; there (or after the
@@ -27,6 +27,7 @@ from the sequence itself, and the top tier decodes alone where drafting does not
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 
 import mlx.core as mx
@@ -69,6 +70,7 @@ class VerifyLoop:
         self._lookup = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
         self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
+        self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
         # The top tier opens the answer: no tier reads the prompt's last position before it.
         self.initial_entropy: float | None = None
         self.initial_signal: float | None = None
@@ -84,6 +86,7 @@ class VerifyLoop:
             length = len(self.ids)
             # The top tier opens the answer with a check of no draft: the first token comes after
             # its prefill alone, as when it decodes by itself, not after a draft too.
+            round_started = time.perf_counter()
             plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
             catch_up: dict[str, int] = {}
             entropies: list[float] = []
@@ -93,12 +96,18 @@ class VerifyLoop:
                 draft = offered[: plan.length]
             else:
                 draft, entropies, signals, ended_unsure = self._draft(plan.length, eos, catch_up)
+                checked = self.planner.settle(entropies)
+                if checked < len(draft):  # the rest is dropped unchecked; the bottom tier computed it
+                    draft, entropies, ended_unsure = draft[:checked], entropies[:checked], True
             rows = self._check(draft, catch_up)
             rows = self._normalized(rows)
             samples: list[int] = self.sampler(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
             self._timed(self.ladder.tiers[-1].group.name, self._check_rows, self._check_prefill, check=True)
             kept = self._kept(draft, samples)
-            self.planner.record_round(plan.source, len(draft), kept)
+            # The round's seconds, less the drafter's first read of the prompt: paid once an answer.
+            seconds = time.perf_counter() - round_started - self._prompt_read_s
+            self._prompt_read_s = 0.0
+            self.planner.record_round(plan.source, len(draft), kept, entropies, seconds)
             keep = length + kept
             for group in self.ladder.groups:
                 group.rewind(min(group.seen, keep))
@@ -169,13 +178,15 @@ class VerifyLoop:
     def _plan(self, room: int) -> tuple[Plan, list[int]]:
         """This round's draft plan, and the prompt lookup's offer it was chosen against."""
         offered = self._lookup.draft(self.ids, min(room, self.planner.max_draft)) if self.lookup else []
-        return self.planner.plan(room, len(offered)), offered
+        behind = len(self.ids) - self.ladder.tiers[0].group.seen
+        return self.planner.plan(room, len(offered), behind), offered
 
     def _timed(self, model: str, rows: int, prefill: bool, check: bool = False) -> None:
         """Book the seconds since the last sync to one pass of `model` (and teach the planner)."""
         seconds = self.ledger.lap()
         self.ledger.add(model, rows, seconds, prefill=prefill)
         if prefill:  # a prompt's pass says nothing about a round's cost
+            self._prompt_read_s += 0.0 if check else seconds
             return
         (self.planner.check if check else self.planner.draft).record(rows, seconds)
 
@@ -203,11 +214,13 @@ class VerifyLoop:
         signals: list[float | None] = []
         current = self._lazy(logits)
         rows = fed
+        # The fixed rule drafts to `room`: the next position is queued before this one is read
+        # (mlx-lm's pipelining). The planner's drafts stop on the drafter's doubt, which is read
+        # first: a queued step would be thrown away at the end of every draft.
+        queue_ahead = not self.planner.adaptive
         while True:
             token, lazy = current
-            # Queued before this position is read (mlx-lm's pipelining): a wasted step when the draft
-            # ends here is trimmed off with the rest of the bottom cache after the check.
-            if len(draft) + 1 < room:
+            if queue_ahead and len(draft) + 1 < room:
                 current = self._lazy(group.feed(token, bottom.gear, self.prefill_step)[0])
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
@@ -220,8 +233,10 @@ class VerifyLoop:
             draft.append(int(token.item()))
             entropies.append(values[0])
             signals.append(signal)
-            if draft[-1] in eos or len(draft) >= room:
+            if draft[-1] in eos or not self.planner.keep_drafting(entropies, room):
                 return draft, entropies, signals, False
+            if not queue_ahead:
+                current = self._lazy(group.feed(token, bottom.gear, self.prefill_step)[0])
 
     def _lazy(self, logits: mx.array):
         return self.sampler(self._normalized(logits)), read_time_signals(logits)
