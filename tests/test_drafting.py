@@ -249,8 +249,8 @@ def test_drafting_stops_where_its_rounds_measured_slower_than_the_top_tier_alone
         planner.record_round("none", 0, 0)
         planner.observe_top(SURE)
         rounds += 1
-        assert rounds <= 200, "the planner never tried drafting again"
-    assert rounds > 5
+        assert rounds <= 1000, "the planner never tried drafting again"
+    assert rounds > 50  # a measured loss is not tried again soon
     planner.record_round("model", 12, 12, [SURE] * 12, seconds=5.0)  # 13 tokens for 5 passes' worth
     assert planner.memory.rounds.gain > 1.0
 

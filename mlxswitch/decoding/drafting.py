@@ -67,6 +67,10 @@ WINDOW = 8  # the top tier's latest own entropies kept
 # The measured gain of the drafter's rounds starts at a prior worth a couple of tokens, decays by
 # ROUND_DECAY a drafted round (about the last ten decide); below 1, no model draft is started.
 PRIOR_ROUND_TOKENS, PRIOR_ROUND_GAIN, ROUND_DECAY = 4.0, 1.2, 0.9
+# Per round without that kind of draft, the measured gain moves back toward the prior: slowly,
+# since trying again is what a loss costs (a CPU's multi-row check for a token or two): from a
+# gain of 0.75 about 85 rounds pass before the next try, from 0.95 about 20.
+ROUND_IDLE_DECAY = 0.99
 
 
 @dataclass
@@ -206,8 +210,8 @@ class RoundYield:
     def idle(self) -> None:
         """A round without the drafter: the totals fade toward the prior's gain."""
         prior_steps = PRIOR_ROUND_TOKENS / PRIOR_ROUND_GAIN
-        self.tokens = IDLE_DECAY * self.tokens + (1 - IDLE_DECAY) * PRIOR_ROUND_TOKENS
-        self.steps = IDLE_DECAY * self.steps + (1 - IDLE_DECAY) * prior_steps
+        self.tokens = ROUND_IDLE_DECAY * self.tokens + (1 - ROUND_IDLE_DECAY) * PRIOR_ROUND_TOKENS
+        self.steps = ROUND_IDLE_DECAY * self.steps + (1 - ROUND_IDLE_DECAY) * prior_steps
 
 
 @dataclass
