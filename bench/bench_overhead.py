@@ -2,7 +2,7 @@
 generate_step, on a model so small that only the loops' own work is left. One run, rounds
 alternating.
 
-    uv run python bench/bench_overhead.py [--tokens 256] [--rounds 5]
+    uv run python bench/bench_overhead.py [--tokens 256] [--rounds 5] [--cli]
 
 The route is forced to a Mac's (kernels/route.py: route_for("metal", "mx") — MLX's own
 nn.QuantizedLinear modules, mx-op signals), minus the device: the ops run on this CPU. The model
@@ -14,12 +14,21 @@ both sides decode it greedily, end-of-sequence ignored, from the same prompt ids
 Printed: ms per decoded token (first to last token, median over rounds) and the ratio; Python
 function calls per decoded token (sys.setprofile over the decode, calls into C included); and
 the MLX graph nodes of one decode step (mx.export_to_dot of what each loop evaluates a token).
+
+--cli also times the two command lines on the same model saved as an mlx-lm directory, with
+MLXSWITCH_KERNELS=mx (MLX's ops; on a CPU our linears keep their module, as the route says):
+`mlxswitch chat --model DIR -p … --json` (its tok_per_s) against `python -m mlx_lm generate
+--model DIR --prompt …` (its "Generation: … tokens-per-sec"), alternating, decode rates compared.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +41,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import save_config, save_model
 
 from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
@@ -137,11 +147,44 @@ def step_graphs(model: nn.Module, session: ChatSession, prompt_ids: list[int]) -
     return theirs, ours
 
 
+def save_tiny(directory: Path, model: nn.Module, config: dict, tokenizer) -> Path:
+    """The tiny model as an mlx-lm directory (weights, config with its quantization, tokenizer)."""
+    save_model(directory, model)
+    save_config({**config, "quantization": {"group_size": 32, "bits": 4}}, directory / "config.json")
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def cli_rates(directory: Path, tokens: int) -> tuple[float, float]:
+    """Decode tok/s of our CLI and of mlx-lm's, each as the command reports it."""
+    env = {**os.environ, "MLXSWITCH_KERNELS": "mx"}
+    ours = subprocess.run(
+        ["mlxswitch", "chat", "--model", str(directory), "-p", PROMPT, "--json", "--max-tokens", str(tokens)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    ours_rate = json.loads(ours.stdout.splitlines()[-1])["stats"]["tok_per_s"]
+    theirs = subprocess.run(
+        [sys.executable, "-m", "mlx_lm", "generate", "--model", str(directory), "--prompt", PROMPT]
+        + ["--max-tokens", str(tokens)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    found = re.search(r"Generation: \d+ tokens, ([0-9.]+) tokens-per-sec", theirs.stdout)
+    assert found, theirs.stdout[-500:]
+    return float(ours_rate), float(found.group(1))
+
+
 def main() -> None:
     """Alternate the two loops, then print the table and the ratio."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cli", action="store_true", help="also time the two command lines")
     args = parser.parse_args()
 
     use_route(route_for("metal", "mx", metal=False, blas_threads=1))  # a Mac's route, on this CPU
@@ -178,6 +221,18 @@ def main() -> None:
         f"mlxswitch {statistics.median(calls_ours)}"
     )
     print(f"graph nodes of one decode step: mlx-lm {nodes_theirs}, mlxswitch {nodes_ours}")
+    if not args.cli:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = save_tiny(Path(tmp) / "tiny", model, config, tokenizer)
+        cli_rates(directory, 16)  # warm the file cache
+        rates = [cli_rates(directory, args.tokens) for _ in range(args.rounds)]
+    print("command lines, MLXSWITCH_KERNELS=mx: decode tok/s as each reports it")
+    print(f"{'round':>5} {'mlx_lm generate':>16} {'mlxswitch chat':>15} {'time ratio':>11}")
+    for i, (ours_rate, theirs_rate) in enumerate(rates):
+        print(f"{i:>5} {theirs_rate:>16.1f} {ours_rate:>15.1f} {theirs_rate / ours_rate:>11.3f}")
+    ratio = statistics.median(t / o for o, t in rates)
+    print(f"median time-per-token ratio mlxswitch chat / mlx_lm generate: {ratio:.3f} (target ≤ 1.10)")
 
 
 if __name__ == "__main__":

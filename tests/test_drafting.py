@@ -152,6 +152,12 @@ def test_a_long_catch_up_is_charged_to_the_draft():
     planner.draft.record(64, 4.0)  # the drafter must read 64 ids first
     assert planner.plan(room=1000, behind=0).source == "model"
     assert planner.plan(room=20, behind=64).length == 0  # too little answer left to repay it
+    assert planner.plan(room=1000, behind=64).source == "model"  # a long answer repays it
+    for _ in range(5):  # drafting has barely paid: it takes more answer to repay the read
+        planner.record_round("model", 8, 8, [SURE] * 8, seconds=8.0)
+    assert 1.0 < planner.memory.rounds.gain < 1.15
+    assert planner.plan(room=30, behind=64).length == 0
+    assert planner.plan(room=100, behind=64).source == "model"
 
 
 def test_the_binned_acceptance_learns_per_entropy_and_ignores_what_follows_a_cut():

@@ -6,7 +6,7 @@ tier samples differently, and the top tier's own token follows. If the i-th draf
 with probability q_i once those before it were, the round yields
     E(n) = 1 + S_1 + … + S_n,   S_i = q_1 · … · q_i
 tokens for
-    cost(n) = catch-up + n · draft_s + check_s(n + 1)
+    cost(n) = n · draft_s + check_s(n + 1)
 seconds. n = 0 is the top tier alone (a one-row check of no draft).
 
 q_i is read from the drafter's own entropy at that token, binned (ENTROPY_BINS): each bin keeps
@@ -15,8 +15,10 @@ bin, not one share per draft, is what follows bursty text: the drafter is sure t
 docstring it can finish and unsure at the name it must invent, and the check agrees.
 
 A round goes (DraftPlanner):
-- plan: a model draft is started only where the top tier was sure of its latest own token and a
-  draft made entirely of the drafter's surest tokens would beat the top tier alone by MIN_GAIN;
+- plan: a model draft is started only where the top tier was sure of its latest own token, a
+  draft made entirely of the drafter's surest tokens would beat the top tier alone by MIN_GAIN,
+  and the rest of the answer, at the gain drafting has measured, can repay what the drafter must
+  read first (the prompt, the first time) and one round that comes to nothing;
   else the top tier decodes alone (or checks a free prompt-lookup draft: n-gram tokens that
   followed an earlier occurrence of the answer's tail, with their own kept share);
 - keep_drafting: after each drafted token, drafting goes on while some longer draft, its next
@@ -256,14 +258,12 @@ class DraftPlanner:
         self.check, self.draft = self.memory.check, self.memory.draft
         self.model, self.lookup = self.memory.model, self.memory.lookup
         self.binned = self.memory.binned
-        self._catch_up_s = 0.0  # this round's drafter catch-up, as planned (its share of the answer)
 
     def plan(self, room: int, lookup_available: int = 0, behind: int = 0) -> Plan:
         """The draft for a round with `room` tokens left (lookup_available: n-gram tokens on offer;
         behind: ids the drafter must read before it drafts)."""
         answer_room = room
         room = min(room, self.max_draft)
-        self._catch_up_s = 0.0
         if room <= 0:
             return Plan(0, "none", self._rate(0, 0.0, 0.0))
         if not self.adaptive:
@@ -285,19 +285,28 @@ class DraftPlanner:
         recent = self.memory.top_entropies
         sure = bool(recent) and recent[-1] <= START_MAX_ENTROPY
         if best.source == "none" and sure and self.memory.rounds.gain > 1.0:
-            # A draft of the drafter's surest tokens only: the best any model draft can do. The
-            # catch-up (the prompt, the first time) is charged in proportion to the share of the
-            # answer's room this round may cover: it is paid once for every later draft.
-            catch_up = self._catch_up(behind)
+            # A draft of the drafter's surest tokens only: the best any model draft can do.
             surest, step_s = self.binned.surest, self._step_s()
-            for k in range(1, room + 1):
-                charged = catch_up * min(1.0, (k + 1) / answer_room)
-                rate = expected_tokens(surest, k) / (charged + k * step_s + self.check.estimate(k + 1))
-                if rate > best.tokens_per_s:
-                    best = Plan(room, "model", rate)
-                    self._catch_up_s = charged
-                    break
+            projected = max(
+                expected_tokens(surest, k) / (k * step_s + self.check.estimate(k + 1))
+                for k in range(1, room + 1)
+            )
+            if projected > best.tokens_per_s and self._repays_catch_up(
+                behind, answer_room, projected / alone.tokens_per_s
+            ):
+                best = Plan(room, "model", projected)
         return best if best.length else alone
+
+    def _repays_catch_up(self, behind: int, answer_room: int, projected_gain: float) -> bool:
+        # What the drafter must read first (the prompt, the first time; what the top tier made
+        # alone since) and one round that may come to nothing are paid once; drafting can repay
+        # them only from the rest of the answer, at the gain its rounds have measured (or the
+        # plan's, if lower). So a short answer on a machine where drafting barely pays is left to
+        # the top tier alone, and a long one is drafted.
+        top_s = self.check.estimate(1)
+        gain = min(self.memory.rounds.gain, projected_gain)
+        saving_s = answer_room * top_s * (1.0 - 1.0 / gain)
+        return saving_s > self._catch_up(behind) + top_s
 
     def keep_drafting(self, entropies: Sequence[float], room: int) -> bool:
         """After each drafted token (the drafter's entropies so far): draft another? Yes while a
@@ -312,7 +321,7 @@ class DraftPlanner:
         now = max(self._options(survive, expected, n))
         q_next = self.binned.q(entropies[-1])
         step = self._step_s()
-        sunk = self._catch_up_s + n * step
+        sunk = n * step
         s, tokens = survive[-1], expected[-1]
         for j in range(1, room - n + 1):
             s *= q_next
@@ -342,7 +351,7 @@ class DraftPlanner:
     def _options(self, survive: list[float], expected: list[float], n: int) -> list[float]:
         # The round's rate if the first m of n drafted tokens are checked, m = 0 … n; m = 0 is a
         # one-row pass of the top tier (its rate without the drafting: that is not undone).
-        sunk = self._catch_up_s + n * self._step_s()
+        sunk = n * self._step_s()
         rates = [1.0 / (sunk + self.check.estimate(1))]
         rates += [expected[m] / (sunk + self.check.estimate(m + 1)) for m in range(1, n + 1)]
         return rates
