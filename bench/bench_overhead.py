@@ -130,7 +130,7 @@ def graph_nodes(*outputs: mx.array) -> int:
         return sum(1 for line in path.read_text().splitlines() if "label" in line and "->" not in line)
 
 
-def step_graphs(model: nn.Module, session: ChatSession, prompt_ids: list[int]) -> tuple[int, int]:
+def step_graphs(model: nn.Module, prompt_ids: list[int]) -> tuple[int, int]:
     """Graph nodes of one decode step: mlx-lm's (logits, log-softmax, sampled token) and ours (the
     same plus the signals reduction the router reads)."""
     sampler = make_sampler(temp=0.0)
@@ -207,7 +207,7 @@ def main() -> None:
         ms, calls = per_token_ms(our_tokens(session, PROMPT), args.tokens)
         ours.append(ms)
         calls_ours.append(calls)
-    nodes_theirs, nodes_ours = step_graphs(model, session, prompt_ids)
+    nodes_theirs, nodes_ours = step_graphs(model, prompt_ids)
 
     print(f"tiny 4-bit llama (2 layers × 64, vocab {config['vocab_size']}), a Mac's route on this CPU")
     print(f"{args.tokens} tokens a round, {args.rounds} rounds alternating; greedy; EOS ignored")

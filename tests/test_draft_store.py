@@ -21,14 +21,14 @@ def test_costs_timed_in_one_run_are_there_in_the_next(models):
     first.draft_memory.check.record(1, 0.3)
     first.draft_memory.check.record(9, 1.1)
     first.draft_memory.draft.record(1, 0.12)
-    first.draft_memory.model.record(10, 10)
+    first.draft_memory.binned.record([0.0] * 10, 10)
     save_draft_costs(first)
     later = pair_ladder(*models)
     assert load_draft_costs(later)
     assert later.draft_memory.check.seconds == {1: 0.3, 9: 1.1}
     assert later.draft_memory.draft.seconds == {1: 0.12}
     # The kept share belongs to the text, not the machine: it starts from the prior again.
-    assert later.draft_memory.model.kept == 0
+    assert not any(later.draft_memory.binned.kept)
 
 
 def test_another_thread_count_is_another_machine(models):

@@ -19,7 +19,7 @@ A round goes (DraftPlanner):
   draft made entirely of the drafter's surest tokens would beat the top tier alone by MIN_GAIN,
   and the rest of the answer, at the gain drafting has measured, can repay what the drafter must
   read first (the prompt, the first time) and one round that comes to nothing;
-  else the top tier decodes alone (or checks a free prompt-lookup draft: n-gram tokens that
+  else the top tier decodes alone (or checks a free prompt-lookup draft, lookup.py: n-gram tokens that
   followed an earlier occurrence of the answer's tail, with their own kept share);
 - keep_drafting: after each drafted token, drafting goes on while some longer draft, its next
   tokens as sure as the last one, promises a better rate for the round than stopping there;
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -65,7 +64,6 @@ BIN_PRIORS = (0.97, 0.9, 0.75, 0.5, 0.3)
 BIN_PRIOR_WEIGHT = 2.0
 BIN_DECAY = 0.95  # per checked token in the bin: about its last twenty decide
 START_MAX_ENTROPY = 0.5  # a model draft starts only after a top-tier token this sure (bits)
-WINDOW = 8  # the top tier's latest own entropies kept
 # The measured gain of the drafter's rounds starts at a prior worth a couple of tokens, decays by
 # ROUND_DECAY a drafted round (about the last ten decide); below 1, no model draft is started.
 PRIOR_ROUND_TOKENS, PRIOR_ROUND_GAIN, ROUND_DECAY = 4.0, 1.2, 0.9
@@ -223,13 +221,12 @@ class DraftMemory:
 
     check: PassCosts = field(default_factory=PassCosts)  # the top tier's passes
     draft: PassCosts = field(default_factory=PassCosts)  # the bottom tier's passes
-    model: Acceptance = field(default_factory=Acceptance)  # per draft (the fixed rule's record)
     binned: BinnedAcceptance = field(default_factory=BinnedAcceptance)  # per token, by entropy
     rounds: RoundYield = field(default_factory=RoundYield)  # what the drafter's rounds made
     lookup_rounds: RoundYield = field(default_factory=RoundYield)  # what the lookup's rounds made
     lookup: Acceptance = field(default_factory=Acceptance)
-    # The top tier's entropy (bits) on its latest own tokens: a model draft starts after a sure one.
-    top_entropies: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    # The top tier's entropy (bits) on its latest own token: a model draft starts after a sure one.
+    top_entropy: float = math.nan
 
 
 def expected_tokens(p: float, k: int) -> float:
@@ -256,7 +253,7 @@ class DraftPlanner:
         self.adaptive = adaptive  # False: always draft up to max_draft (the fixed rule, for comparison)
         self.memory = memory if memory is not None else DraftMemory()
         self.check, self.draft = self.memory.check, self.memory.draft
-        self.model, self.lookup = self.memory.model, self.memory.lookup
+        self.lookup = self.memory.lookup
         self.binned = self.memory.binned
 
     def plan(self, room: int, lookup_available: int = 0, behind: int = 0) -> Plan:
@@ -282,8 +279,7 @@ class DraftPlanner:
             rate = self._rate(k, p_lookup, 0.0)
             if rate > best.tokens_per_s:
                 best = Plan(k, "lookup", rate)
-        recent = self.memory.top_entropies
-        sure = bool(recent) and recent[-1] <= START_MAX_ENTROPY
+        sure = self.memory.top_entropy <= START_MAX_ENTROPY  # nan (none yet): not sure
         if best.source == "none" and sure and self.memory.rounds.gain > 1.0:
             # A draft of the drafter's surest tokens only: the best any model draft can do.
             surest, step_s = self.binned.surest, self._step_s()
@@ -383,11 +379,10 @@ class DraftPlanner:
                 rounds.idle()
             elif math.isfinite(seconds) and top_s > 0:
                 rounds.record(kept + 1, seconds / top_s)
-        for kind, counts in (("model", memory.model), ("lookup", memory.lookup)):
-            if source == kind and drafted > 0:
-                counts.record(drafted, kept)
-            else:
-                counts.idle()
+        if source == "lookup" and drafted > 0:
+            memory.lookup.record(drafted, kept)
+        else:
+            memory.lookup.idle()
         if source == "model" and drafted > 0 and entropies:
             self.binned.record(entropies[:drafted], kept)
         else:
@@ -396,58 +391,4 @@ class DraftPlanner:
     def observe_top(self, entropy: float) -> None:
         """The top tier made a token of its own, sampled from a distribution of this entropy."""
         if math.isfinite(entropy):
-            self.memory.top_entropies.append(entropy)
-
-
-def lookup_draft(
-    ids: list[int], start: int, max_tokens: int, ngram: int = 3, min_ngram: int = 2
-) -> list[int]:
-    """Prompt-lookup drafting: the tokens that followed the latest earlier occurrence of the
-    sequence's last n ids (n from `ngram` down to `min_ngram`), up to `max_tokens`; [] without one.
-
-    `start` is where the search may begin (0: the prompt and the answer so far)."""
-    if max_tokens < 1:
-        return []
-    end = len(ids)
-    for n in range(ngram, min_ngram - 1, -1):
-        if end - n <= start:
-            continue
-        tail = ids[end - n :]
-        # The latest earlier match: code answers echo what they just read.
-        for at in range(end - n - 1, start - 1, -1):
-            if ids[at : at + n] == tail:
-                follow = ids[at + n : min(at + n + max_tokens, end)]
-                if follow:
-                    return list(follow)
-    return []
-
-
-class LookupIndex:
-    """lookup_draft for a sequence that only grows, without rescanning it: each n-gram's latest
-    start is indexed once, so a round costs the new ids, not the whole prompt and answer."""
-
-    def __init__(self, ngram: int = 3, min_ngram: int = 2):
-        self.ngram, self.min_ngram = ngram, min_ngram
-        self._latest: dict[tuple[int, ...], int] = {}
-        self._next = dict.fromkeys(range(min_ngram, ngram + 1), 0)  # per n: the next start to index
-
-    def draft(self, ids: list[int], max_tokens: int) -> list[int]:
-        """What lookup_draft(ids, 0, max_tokens) returns; `ids` must extend the last call's."""
-        if max_tokens < 1:
-            return []
-        end = len(ids)
-        # Index every n-gram that ends before the last id (the tail is what is looked up), in
-        # order of its start, so each keeps its latest earlier occurrence.
-        for n, first in self._next.items():
-            for at in range(first, end - n):
-                self._latest[tuple(ids[at : at + n])] = at
-            self._next[n] = max(first, end - n)
-        for n in range(self.ngram, self.min_ngram - 1, -1):
-            if end - n <= 0:
-                continue
-            found = self._latest.get(tuple(ids[end - n :]))
-            if found is not None and found <= end - n - 1:
-                follow = ids[found + n : min(found + n + max_tokens, end)]
-                if follow:
-                    return list(follow)
-        return []
+            self.memory.top_entropy = entropy

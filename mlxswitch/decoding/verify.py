@@ -35,8 +35,9 @@ import numpy as np
 
 from ..routing.registry import uncertainty
 from ..routing.signals import read_time_signals, token_signals_numpy
-from .drafting import DraftPlanner, LookupIndex, Plan
+from .drafting import DraftPlanner, Plan
 from .ledger import PassLedger
+from .lookup import LookupIndex
 from .loop import Sampler, Step, token_and_top
 from .tiers import Ladder
 
@@ -186,7 +187,8 @@ class VerifyLoop:
         seconds = self.ledger.lap()
         self.ledger.add(model, rows, seconds, prefill=prefill)
         if prefill:  # a prompt's pass says nothing about a round's cost
-            self._prompt_read_s += 0.0 if check else seconds
+            if not check:
+                self._prompt_read_s += seconds
             return
         (self.planner.check if check else self.planner.draft).record(rows, seconds)
 

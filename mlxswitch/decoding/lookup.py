@@ -1,0 +1,62 @@
+"""Prompt-lookup drafting: the tokens that followed an earlier occurrence of the sequence's tail.
+
+Pure Python. Code answers echo what they just read (a signature, a docstring, a name), so the
+ids that followed the answer's last n ids earlier in the prompt or the answer are a draft that
+costs no model step; verify.py has the top tier check it like any other.
+"""
+
+from __future__ import annotations
+
+
+def lookup_draft(
+    ids: list[int], start: int, max_tokens: int, ngram: int = 3, min_ngram: int = 2
+) -> list[int]:
+    """Prompt-lookup drafting: the tokens that followed the latest earlier occurrence of the
+    sequence's last n ids (n from `ngram` down to `min_ngram`), up to `max_tokens`; [] without one.
+
+    `start` is where the search may begin (0: the prompt and the answer so far)."""
+    if max_tokens < 1:
+        return []
+    end = len(ids)
+    for n in range(ngram, min_ngram - 1, -1):
+        if end - n <= start:
+            continue
+        tail = ids[end - n :]
+        # The latest earlier match: code answers echo what they just read.
+        for at in range(end - n - 1, start - 1, -1):
+            if ids[at : at + n] == tail:
+                follow = ids[at + n : min(at + n + max_tokens, end)]
+                if follow:
+                    return list(follow)
+    return []
+
+
+class LookupIndex:
+    """lookup_draft for a sequence that only grows, without rescanning it: each n-gram's latest
+    start is indexed once, so a round costs the new ids, not the whole prompt and answer."""
+
+    def __init__(self, ngram: int = 3, min_ngram: int = 2):
+        self.ngram, self.min_ngram = ngram, min_ngram
+        self._latest: dict[tuple[int, ...], int] = {}
+        self._next = dict.fromkeys(range(min_ngram, ngram + 1), 0)  # per n: the next start to index
+
+    def draft(self, ids: list[int], max_tokens: int) -> list[int]:
+        """What lookup_draft(ids, 0, max_tokens) returns; `ids` must extend the last call's."""
+        if max_tokens < 1:
+            return []
+        end = len(ids)
+        # Index every n-gram that ends before the last id (the tail is what is looked up), in
+        # order of its start, so each keeps its latest earlier occurrence.
+        for n, first in self._next.items():
+            for at in range(first, end - n):
+                self._latest[tuple(ids[at : at + n])] = at
+            self._next[n] = max(first, end - n)
+        for n in range(self.ngram, self.min_ngram - 1, -1):
+            if end - n <= 0:
+                continue
+            found = self._latest.get(tuple(ids[end - n :]))
+            if found is not None and found <= end - n - 1:
+                follow = ids[found + n : min(found + n + max_tokens, end)]
+                if follow:
+                    return list(follow)
+        return []
