@@ -1,12 +1,14 @@
 """BLAS threads on the CPU route: one vs every core, by row count, on a model's own layer shapes.
 
-    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7]
+    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7] [--padding]
 
 The resident fp32 route multiplies rows by each layer's weight through NumPy's OpenBLAS
 (kernels/nested_cpu.py). A one-row step is a mat-vec (memory-bound), a prefill, a check or a
 catch-up is a matrix product (compute-bound on one core here). This times both thread counts on
 the same arrays, interleaved round by round, best of the rounds, summed over one decoder layer's
 linears (and the output head), and prints each row count's time as a multiple of one row.
+With --padding it compares instead, on every core, products whose rows are zero-padded to a
+multiple of nested_cpu.SGEMM_ROW_MULTIPLE (the route's) against the same products unpadded.
 Run it alone: a timing taken while another process shares the cores is not a measurement.
 """
 
@@ -17,6 +19,7 @@ import time
 
 import numpy as np
 
+from mlxswitch.kernels import nested_cpu
 from mlxswitch.kernels._common import _openblas_threads, available_cores
 from mlxswitch.kernels.nested_cpu import _rows_times
 
@@ -44,12 +47,43 @@ SHAPES = {
     ],
 }
 ROWS = (1, 2, 3, 4, 5, 8, 12, 16, 24, 33, 64)
+PADDING_ROWS = (1, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 16, 17, 19, 20, 24, 33, 36)
+
+
+def _time_rows(weights, xs_by_rows, rows: int) -> float:
+    started = time.perf_counter()
+    for x, w in zip(xs_by_rows[rows], weights, strict=True):
+        _rows_times(x, w)
+    return time.perf_counter() - started
+
+
+def compare_padding(weights, rounds: int, rng) -> None:
+    """Padded (the route) against unpadded products on every core, interleaved, best of rounds."""
+    multiple = nested_cpu.SGEMM_ROW_MULTIPLE
+    xs = {r: [rng.standard_normal((r, w.shape[1]), dtype=np.float32) for w in weights] for r in PADDING_ROWS}
+    best = {(m, r): float("inf") for m in (1, multiple) for r in PADDING_ROWS}
+    try:
+        for _ in range(rounds):
+            for rows in PADDING_ROWS:
+                for m in (1, multiple):
+                    nested_cpu.SGEMM_ROW_MULTIPLE = m
+                    best[(m, rows)] = min(best[(m, rows)], _time_rows(weights, xs, rows))
+    finally:
+        nested_cpu.SGEMM_ROW_MULTIPLE = multiple
+    head = f"{'rows':>5s}{'unpadded ms':>13s}{'× 1 row':>9s}{'route ms':>13s}{'× 1 row':>9s}{'gain':>7s}"
+    print(head)
+    for rows in PADDING_ROWS:
+        plain, padded = best[(1, rows)], best[(multiple, rows)]
+        one = best[(1, 1)]
+        line = f"{rows:5d}{1e3 * plain:13.2f}{plain / one:9.2f}"
+        print(line + f"{1e3 * padded:13.2f}{padded / one:9.2f}{plain / padded:7.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="qwen1.5b", choices=sorted(SHAPES))
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--padding", action="store_true", help="padded against unpadded rows, every core")
     args = parser.parse_args()
     threads = _openblas_threads()
     if threads is None:
@@ -57,6 +91,14 @@ def main() -> None:
     _, set_threads = threads
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(shape, dtype=np.float32) for shape in SHAPES[args.shapes]]
+    if args.padding:
+        set_threads(available_cores())
+        print(
+            f"shapes {args.shapes}: one decoder layer's linears + 1/8 of the head; best of {args.rounds}; "
+            f"{available_cores()} threads"
+        )
+        compare_padding(weights, args.rounds, rng)
+        return
     counts = sorted({1, available_cores()})
     best = {(t, r): float("inf") for t in counts for r in ROWS}
     for _ in range(args.rounds):

@@ -759,9 +759,10 @@ def test_a_blas_preloaded_into_mlx_is_named_and_the_bundled_one_is_not():
     assert _preloaded_blas_seen(str(bundled[0])) == {"path": os.path.realpath(bundled[0]), "threads": None}
 
 
-@pytest.mark.parametrize("rows", [1, 2, nested_cpu.GEMV_MAX_ROWS, nested_cpu.GEMV_MAX_ROWS + 1, 7])
+@pytest.mark.parametrize("rows", [1, 2, nested_cpu.GEMV_MAX_ROWS, nested_cpu.GEMV_MAX_ROWS + 1, 7, 8, 13])
 def test_the_resident_route_equals_a_float64_product_at_every_row_count(rows):
-    # 2..GEMV_MAX_ROWS rows take one sgemv a row, the others one sgemm: both are x · Wᵀ (+ bias).
+    # 2..GEMV_MAX_ROWS rows take one sgemv a row, the others one sgemm (zero rows padding 7 and 13
+    # to a multiple of 8): all are x · Wᵀ (+ bias).
     rng = np.random.default_rng(rows)
     weight = rng.standard_normal((24, 40), dtype=np.float32)
     x = rng.standard_normal((1, rows, 40), dtype=np.float32)

@@ -28,6 +28,12 @@ BLAS_MIN_ROWS = 4
 # Qwen2.5-1.5B's layer shapes, one sgemv a row 0.34-0.87× the sgemm, and sgemm wins from 4 rows
 # (bench/results/small-rows-qwen1.5b.txt). Verification of a short draft and catch-up feed such rows.
 GEMV_MAX_ROWS = 3
+# OpenBLAS's sgemm takes the rows past a multiple of 8 through slow edge kernels. Zero rows up to
+# the next multiple made 5-7 rows 1.2-1.5x and 11-15 rows 1.1-1.3x faster over the Qwen pair's
+# layer shapes (2 threads), but 9 and 33 rows (one past) 0.9-1.0x: only a remainder of 3 or more
+# is padded (bench/bench_threads.py --padding; bench/results/threads-padding-qwen.txt).
+SGEMM_ROW_MULTIPLE = 8
+SGEMM_PAD_MIN_REMAINDER = 3
 MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry
 DEQUANT_BLOCK = 1 << 20  # weights dequantized at a time by the dense routes
 _SCRATCH = threading.local()
@@ -178,7 +184,7 @@ def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.ar
             mx.eval(dense)
             weight = np.asarray(dense)
         with blas_threads(xs.shape[0]):
-            out[:, r0:r1] = xs @ weight.T
+            out[:, r0:r1] = sgemm_rows(xs, weight)
     return _from_rows(out, x32)
 
 
@@ -249,7 +255,19 @@ def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None
 
 def _rows_times(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """xs · Wᵀ by NumPy's BLAS: one sgemv a row for 2..GEMV_MAX_ROWS rows, else one product."""
-    return row_by_row(xs, weight) if 1 < xs.shape[0] <= GEMV_MAX_ROWS else xs @ weight.T
+    return row_by_row(xs, weight) if 1 < xs.shape[0] <= GEMV_MAX_ROWS else sgemm_rows(xs, weight)
+
+
+def sgemm_rows(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """xs · Wᵀ as one sgemm, xs zero-padded to a multiple of SGEMM_ROW_MULTIPLE rows where that
+    pays (see there)."""
+    rows = xs.shape[0]
+    if rows == 1 or rows % SGEMM_ROW_MULTIPLE < SGEMM_PAD_MIN_REMAINDER:
+        return xs @ weight.T
+    padded = -(-rows // SGEMM_ROW_MULTIPLE) * SGEMM_ROW_MULTIPLE
+    wide = np.zeros((padded, xs.shape[1]), dtype=xs.dtype)
+    wide[:rows] = xs
+    return (wide @ weight.T)[:rows]
 
 
 def row_by_row(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
