@@ -34,7 +34,15 @@ def serve(
     ] = None,
     queue_size: Annotated[
         int,
-        typer.Option("--queue-size", help="Requests that may wait behind the one generating; more get 429."),
+        typer.Option("--queue-size", help="Requests that may wait behind those generating; more get 429."),
+    ] = 8,
+    max_batch: Annotated[
+        int,
+        typer.Option(
+            "--max-batch",
+            help="Answers decoded together on a single-model profile (continuous batching); 1: one at"
+            " a time. Pairs, verified drafting, gears and cloud tiers answer one at a time.",
+        ),
     ] = 8,
     max_body_bytes: Annotated[
         int, typer.Option("--max-body-bytes", help="Larger request bodies are refused (413) unread.")
@@ -66,12 +74,13 @@ def serve(
     from ..checks import profile_rows
     from ..draft_store import save_draft_costs
     from ..errors import UsageError
-    from ..server import ServeConfig, ServerLimits, Worker, is_loopback, run
+    from ..server import BatchWorker, ServeConfig, ServerLimits, Worker, is_loopback, run
 
     chosen, settings = resolve(engine, max_tokens)
     limits = ServerLimits(
         max_body_bytes=max_body_bytes,
         queue_size=queue_size,
+        max_batch=max_batch,
         prompt_cache_size=prompt_cache_size,
         prompt_cache_bytes=prompt_cache_bytes,
     )
@@ -85,7 +94,14 @@ def serve(
             f"listening on {host}: other machines can reach this server"
             + ("" if api_key else "; anyone who can reach it may use it (set --api-key)")
         )
-    worker = Worker(limits.queue_size)
+    # One local model answers many requests together; routing decides per request which model
+    # computes the next position, which a batch cannot (decoding/batch.py).
+    batched = chosen.mode == "single" and chosen.cloud is None and limits.max_batch > 1
+    worker: Worker | BatchWorker = (
+        BatchWorker(limits.queue_size, limits.max_batch, prompt_caches)
+        if batched
+        else Worker(limits.queue_size)
+    )
     with ui.loading_status(ui.stderr_is_terminal()) as progress:
         # The session is opened on the worker's thread: MLX streams belong to their thread.
         worker.open(
@@ -95,7 +111,7 @@ def serve(
                 progress=progress,
                 force_memory=engine.force_memory,
                 require_resident=engine.require_resident,
-                prompt_caches=prompt_caches,
+                prompt_caches=None if batched else prompt_caches,
             )
         )
     config = ServeConfig(
@@ -106,7 +122,8 @@ def serve(
         system=engine.system,
         profiles=profile_rows(),
     )
-    ui.print_dim(ui.make_console(stderr=True), f"serving '{chosen.name}' on http://{host}:{port}/v1")
+    how = f"up to {limits.max_batch} answers at once" if batched else "one answer at a time"
+    ui.print_dim(ui.make_console(stderr=True), f"serving '{chosen.name}' on http://{host}:{port}/v1 ({how})")
     try:
         run(config, worker, host, port, log_level=log_level)
     finally:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import UsageError
@@ -104,6 +104,26 @@ class PromptCaches:
             group.restore(mine, reused)
         return reused
 
+    def take(self, prompt_ids: list[int]) -> tuple[list, int] | None:
+        """For one model's answers (the batched server): the kept caches that share the most with
+        `prompt_ids`, taken out and trimmed to what they share (all but the prompt's last id at
+        most: it must be fed), with that count; None when no kept one shares an id."""
+        best, reused = None, 0
+        for ids in reversed(self._entries):  # the most recent wins a tie
+            common = min(common_prefix_len(list(ids), prompt_ids), len(prompt_ids) - 1)
+            if common > reused:
+                best, reused = ids, common
+        if best is None:
+            return None
+        caches = self._pop(best).caches
+        trim_prompt_cache(caches, len(best) - reused)
+        return caches, reused
+
+    def keep(self, ids: list[int], caches: list) -> None:
+        """For one model's answers: keep `caches` (handed over, not copied), holding `ids`."""
+        if self.size and self.max_bytes and can_trim_prompt_cache(caches):
+            self._store(tuple(ids), caches)
+
     def _pop(self, ids: tuple[int, ...]) -> _Entry:
         entry = self._entries.pop(ids)
         self._nbytes -= entry.nbytes
@@ -118,7 +138,9 @@ class PromptCaches:
             mine = copy.deepcopy(group.cache)
             trim_prompt_cache(mine, group.seen - len(ids))  # to the tokens every group holds
             caches += mine
-        key = tuple(ids)
+        self._store(tuple(ids), caches)
+
+    def _store(self, key: tuple[int, ...], caches: list) -> None:
         # A kept prefix of this conversation (or the same one) is redundant: this one trims to it.
         for old in [k for k in self._entries if key[: len(k)] == k]:
             self._pop(old)

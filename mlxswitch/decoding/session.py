@@ -66,6 +66,17 @@ class GenerationSettings:
             raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
 
 
+@dataclass(frozen=True)
+class PreparedAnswer:
+    """A request made ready to answer: the rendered prompt ids, checked against the context."""
+
+    prompt: str  # the text the answer is to (the last user message, or the raw text)
+    prompt_ids: list[int]
+    messages: list[dict] | None  # the conversation (None: a raw-text completion)
+    settings: GenerationSettings
+    budget: int  # tokens this answer may make: max_tokens, or what the context has left
+
+
 def check_cache_bound(settings: GenerationSettings, tier_names: list[str] | tuple[str, ...]) -> None:
     """Refuse a bounded (rotating) KV cache on a ladder that switches tiers; a UsageError."""
     # Switching trims a cache by the token it computed ahead (and peek re-computes positions);
@@ -178,22 +189,52 @@ class ChatSession:
         The caches keep what the new conversation shares with the sequence so far, so a client
         that sends its history again each turn pays only for the new part.
         """
-        prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
-        return self._answer(prompt, self.render(messages), list(messages), settings or self.settings)
+        return self.stream_prepared(self.prepare_conversation(messages, settings))
 
     def stream_text(
         self, text: str, settings: GenerationSettings | None = None
     ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Continue raw text (no chat template, no system prompt): a plain completion."""
-        return self._answer(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
+        return self.stream_prepared(self.prepare_text(text, settings))
+
+    def prepare_conversation(
+        self, messages: list[dict], settings: GenerationSettings | None = None
+    ) -> PreparedAnswer:
+        """A whole conversation rendered and checked (PromptTooLongError), not yet answered."""
+        prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        return self._prepare(prompt, self.render(messages), list(messages), settings or self.settings)
+
+    def prepare_text(self, text: str, settings: GenerationSettings | None = None) -> PreparedAnswer:
+        """Raw text to continue, tokenized and checked (PromptTooLongError), not yet answered."""
+        return self._prepare(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
+
+    def stream_prepared(self, prepared: PreparedAnswer) -> Generator[TokenEvent | AnswerSummary, None, None]:
+        """Answer a prepared request on this session's sequence and caches."""
+        self.last_summary = None
+        return self._generate(
+            prepared.prompt, prepared.prompt_ids, prepared.messages, prepared.settings, prepared.budget
+        )
+
+    def sampler_for(self, settings: GenerationSettings) -> Callable[[mx.array], mx.array]:
+        """mlx-lm's sampler for these settings (the session's own when they are its settings)."""
+        if settings is self.settings:
+            return self._sampler
+        return make_sampler(
+            temp=settings.temperature, top_p=settings.top_p, min_p=settings.min_p, top_k=settings.top_k
+        )
+
+    def _prepare(
+        self, prompt: str, prompt_ids: list[int], messages: list[dict] | None, settings: GenerationSettings
+    ) -> PreparedAnswer:
+        return PreparedAnswer(
+            prompt, prompt_ids, messages, settings, self._token_budget(prompt_ids, settings.max_tokens)
+        )
 
     def _answer(
         self, prompt: str, prompt_ids: list[int], messages: list[dict] | None, settings: GenerationSettings
     ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Check the prompt's length now (a refusal raises before the first event), then stream."""
-        self.last_summary = None
-        budget = self._token_budget(prompt_ids, settings.max_tokens)
-        return self._generate(prompt, prompt_ids, messages, settings, budget)
+        return self.stream_prepared(self._prepare(prompt, prompt_ids, messages, settings))
 
     def _generate(
         self,
@@ -212,13 +253,9 @@ class ChatSession:
         refed = max(group.rewind(common) for group in self.ladder.groups)
         self.ids = list(prompt_ids)
         self.messages = messages if messages is not None else []
-        sampler = self._sampler
-        if settings is not self.settings:
-            sampler = make_sampler(
-                temp=settings.temperature, top_p=settings.top_p, min_p=settings.min_p, top_k=settings.top_k
-            )
-            if settings.seed is not None:
-                mx.random.seed(settings.seed)
+        sampler = self.sampler_for(settings)
+        if settings is not self.settings and settings.seed is not None:
+            mx.random.seed(settings.seed)
         ladder, cloud = self.ladder, self.cloud
         builder = AnswerBuilder(
             prompt,

@@ -6,13 +6,23 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 from .app import ServeConfig, build_app
+from .batch_worker import BatchWorker
 from .requests import ServerLimits
 from .worker import Worker
 
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["ServeConfig", "ServerLimits", "Worker", "build_app", "is_loopback", "make_server", "run"]
+__all__ = [
+    "BatchWorker",
+    "ServeConfig",
+    "ServerLimits",
+    "Worker",
+    "build_app",
+    "is_loopback",
+    "make_server",
+    "run",
+]
 
 
 def is_loopback(host: str) -> bool:
@@ -26,7 +36,7 @@ def is_loopback(host: str) -> bool:
 
 
 def make_server(
-    config: ServeConfig, worker: Worker, host: str, port: int, log_level: str = "info"
+    config: ServeConfig, worker: Worker | BatchWorker, host: str, port: int, log_level: str = "info"
 ) -> uvicorn.Server:
     """The uvicorn server for `build_app(config, worker)`, with the connection guard.
 
@@ -59,7 +69,9 @@ def make_server(
     return Server(uconfig)
 
 
-def run(config: ServeConfig, worker: Worker, host: str, port: int, log_level: str = "info") -> None:
+def run(
+    config: ServeConfig, worker: Worker | BatchWorker, host: str, port: int, log_level: str = "info"
+) -> None:
     """Serve until interrupted (SIGINT/SIGTERM: stop accepting, end answers in flight, exit)."""
     server = make_server(config, worker, host, port, log_level)
     try:

@@ -1,4 +1,5 @@
-"""The HTTP face of `mlxswitch serve`: a Starlette app over one Worker, run by uvicorn.
+"""The HTTP face of `mlxswitch serve`: a Starlette app over one worker (one answer at a time, or
+a batch of them), run by uvicorn.
 
 Every refusal is OpenAI's error object with a 4xx status; the server goes on after each. The
 body is read with a byte limit before it is parsed, and the API key is compared in constant time.
@@ -22,6 +23,7 @@ from ..decoding.answer import AnswerSummary
 from ..decoding.session import GenerationSettings
 from ..errors import MlxSwitchError, PromptTooLongError, RequestError
 from . import responses as out
+from .batch_worker import BatchWorker
 from .requests import Request, ServerLimits, parse_body
 from .worker import Worker
 
@@ -48,7 +50,7 @@ def error_response(error: RequestError) -> JSONResponse:
     return JSONResponse(out.error_body(error), status_code=error.status, headers=headers)
 
 
-def build_app(config: ServeConfig, worker: Worker) -> Starlette:
+def build_app(config: ServeConfig, worker: Worker | BatchWorker) -> Starlette:
     """The Starlette app: /v1/chat/completions, /v1/completions, /v1/models[/{id}] and /health."""
 
     def authorize(request: HttpRequest) -> None:
@@ -118,20 +120,20 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
             "mlxswitch": extension,
         }
 
-    def starter(req: Request):
+    def preparer(req: Request):
         if req.kind == "text":
-            return lambda session: session.stream_text(req.prompt, req.settings)
+            return lambda session: session.prepare_text(req.prompt, req.settings)
         messages = list(req.messages)
         if config.system and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": config.system})
-        return lambda session: session.stream_conversation(messages, req.settings)
+        return lambda session: session.prepare_conversation(messages, req.settings)
 
     async def generate(request: HttpRequest, kind: str) -> Response:
         authorize(request)
         req = parse_body(await read_body(request), kind, config.settings)
         model = check_model(req.model)
         try:
-            job = await worker.run(starter(req))
+            job = await worker.run(preparer(req))
         except PromptTooLongError as exc:
             raise RequestError(
                 f"the prompt is {exc.tokens} tokens but the model's context holds {exc.context}",
@@ -179,7 +181,7 @@ def build_app(config: ServeConfig, worker: Worker) -> Starlette:
 
     async def health(request: HttpRequest) -> Response:
         last = worker.last_summary
-        kept = worker.session.prompt_caches if worker.ready else None
+        kept = worker.prompt_caches
         return JSONResponse(
             {
                 "status": "ok",

@@ -25,7 +25,8 @@ class ServerLimits:
     """How large a request may be and how many may wait (max_tokens: the server's settings)."""
 
     max_body_bytes: int = 1_000_000  # larger bodies are refused before they are parsed
-    queue_size: int = 8  # requests waiting behind the one generating; more get 429
+    queue_size: int = 8  # requests waiting behind those generating; more get 429
+    max_batch: int = 8  # answers decoded together on a single-model profile (1: one at a time)
     # Connections (guard.py): seconds a socket may sit idle, send its headers, send its body;
     # how many may be open (more: the idle and slow ones are closed); the grace at shutdown.
     idle_timeout_s: float = 5.0
@@ -44,6 +45,8 @@ class ServerLimits:
             raise UsageError(f"--max-body-bytes must be at least 1024 (got {self.max_body_bytes})")
         if self.queue_size < 0:
             raise UsageError(f"--queue-size must be ≥ 0 (got {self.queue_size})")
+        if self.max_batch < 1:
+            raise UsageError(f"--max-batch must be at least 1 (got {self.max_batch})")
         if self.max_connections < self.queue_size + 2:
             raise UsageError(f"max_connections must be ≥ queue size + 2 (got {self.max_connections})")
         for name in ("idle_timeout_s", "header_timeout_s", "body_timeout_s", "shutdown_timeout_s"):

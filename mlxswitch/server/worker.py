@@ -13,12 +13,35 @@ from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 
 from ..decoding.answer import AnswerSummary, TokenEvent
-from ..decoding.session import ChatSession
+from ..decoding.prompt_caches import PromptCaches
+from ..decoding.session import ChatSession, PreparedAnswer
 from ..errors import RequestError
 
 Events = Generator[TokenEvent | AnswerSummary, None, None]
-Start = Callable[[ChatSession], Events]
+Prepare = Callable[[ChatSession], PreparedAnswer]  # renders and checks a request's prompt
 _DONE = object()
+
+
+def refuse_if_closing(closing: threading.Event) -> None:
+    """A 503 once shutdown has begun."""
+    if closing.is_set():
+        raise RequestError(
+            "the server is shutting down; retry on another",
+            status=503,
+            type="server_error",
+            code="shutting_down",
+        )
+
+
+def refuse_when_full(admitted: int, limit: int, queue_size: int) -> None:
+    """A 429 when `admitted` requests already fill the `limit` the server takes."""
+    if admitted >= limit:
+        raise RequestError(
+            f"the server is busy: {queue_size} request(s) are already waiting; retry shortly",
+            status=429,
+            type="rate_limit_error",
+            code="queue_full",
+        )
 
 
 class Worker:
@@ -51,6 +74,11 @@ class Worker:
             raise RuntimeError("the worker's session is not open yet")
         return self._session
 
+    @property
+    def prompt_caches(self) -> PromptCaches | None:
+        """Other conversations' caches the session keeps (None: none, or not open yet)."""
+        return self._session.prompt_caches if self._session is not None else None
+
     def stop_generating(self) -> None:
         """Shutdown begins: the running generation ends at its next token, queued ones get 503."""
         self.closing.set()
@@ -60,33 +88,18 @@ class Worker:
         self.closing.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _refuse_if_closing(self) -> None:
-        if self.closing.is_set():
-            raise RequestError(
-                "the server is shutting down; retry on another",
-                status=503,
-                type="server_error",
-                code="shutting_down",
-            )
-
     @property
     def waiting(self) -> int:
         """Requests queued behind the one generating."""
         return max(self._admitted - 1, 0)
 
-    async def run(self, start: Start) -> Job:
+    async def run(self, prepare: Prepare) -> Job:
         """Queue, then start a generation; RequestError for a full queue or a refused prompt.
 
         The prompt is checked (too long?) before this returns, so a refusal is still a 4xx.
         """
-        self._refuse_if_closing()
-        if self._admitted > self.queue_size:
-            raise RequestError(
-                f"the server is busy: {self.queue_size} request(s) are already waiting; retry shortly",
-                status=429,
-                type="rate_limit_error",
-                code="queue_full",
-            )
+        refuse_if_closing(self.closing)
+        refuse_when_full(self._admitted, self.queue_size + 1, self.queue_size)  # one generating
         self._admitted += 1
         try:
             await self._lock.acquire()
@@ -95,8 +108,8 @@ class Worker:
             raise
         job = Job(self)
         try:
-            self._refuse_if_closing()  # shutdown began while this one waited
-            await job.begin(start)
+            refuse_if_closing(self.closing)  # shutdown began while this one waited
+            await job.begin(prepare)
         except BaseException:
             job.release()
             raise
@@ -115,9 +128,13 @@ class Job:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._thread_done: asyncio.Future | None = None
 
-    async def begin(self, start: Start) -> None:
+    async def begin(self, prepare: Prepare) -> None:
         """Render and check the prompt on the worker thread; raises what the session raises."""
         loop = asyncio.get_running_loop()
+
+        def start(session: ChatSession) -> Events:
+            return session.stream_prepared(prepare(session))
+
         self._stream = await loop.run_in_executor(self.worker._executor, start, self.worker.session)
         self.worker.busy = True
         self._thread_done = loop.run_in_executor(self.worker._executor, self._produce, loop)

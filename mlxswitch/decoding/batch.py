@@ -1,0 +1,176 @@
+"""Many answers decoded together on one model: continuous batching for single-model profiles.
+
+mlx-lm's BatchGenerator does the batching (a left-padded batch KV cache, prompts prefilled in
+chunks between decode steps, per-request samplers and stop tokens); we add what our answers
+carry: each token's entropy, log-probabilities when asked, stop strings, finish reasons and
+the AnswerSummary, through the same AnswerBuilder as one answer at a time. Requests join and
+leave at step boundaries. The engine never prints and never waits: `step()` runs one step and
+hands each answer's events to the callback it was added with.
+
+Only one tier is batched: a routed pair, verified drafting or gears decide per request which
+model computes the next position (and how many rows), which mlx-lm's batch cannot express.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import BatchGenerator
+
+from ..models.machine import process_peak_bytes
+from .answer import AnswerBuilder, AnswerSummary, TokenEvent
+from .loop import Step, token_and_top
+from .prompt_caches import PromptCaches
+from .session import ChatSession, PreparedAnswer
+
+Deliver = Callable[[TokenEvent | AnswerSummary], None]
+LN2 = math.log(2.0)
+
+
+def batchable(session: ChatSession) -> bool:
+    """Whether the session's answers can be batched: one local tier, no cloud, no drafting."""
+    ladder = session.ladder
+    return len(ladder.tiers) == 1 and ladder.tiers[0].gear is None and session.cloud is None
+
+
+@dataclass
+class _Answer:
+    prepared: PreparedAnswer
+    builder: AnswerBuilder
+    deliver: Deliver
+    first_entropy: float | None = None
+
+
+class BatchedAnswers:
+    """Answers decoded together on a single-model session's model (see the module's docstring).
+
+    Build and step it on one thread (MLX streams belong to their thread). `max_batch` answers
+    decode together; more wait in mlx-lm's queue and join as others finish.
+    """
+
+    def __init__(self, session: ChatSession, max_batch: int, prompt_caches: PromptCaches | None = None):
+        if not batchable(session):
+            raise ValueError("only a single-model session's answers can be batched")
+        self.session = session
+        self.prompt_caches = prompt_caches
+        ladder = session.ladder
+        self.tokenizer = ladder.tokenizer
+        self.tier = ladder.tiers[0]
+        self.eos = set(self.tokenizer.eos_token_ids)
+        settings = session.settings
+        self.generator = BatchGenerator(
+            self.tier.model.model,
+            max_tokens=settings.max_tokens,
+            stop_tokens=[[t] for t in sorted(self.eos)],
+            completion_batch_size=max_batch,
+            prefill_batch_size=max_batch,
+            prefill_step_size=settings.prefill_step,
+            max_kv_size=settings.max_kv_size,
+            stream=mx.new_stream(mx.default_device()),
+        )
+        self._answers: dict[int, _Answer] = {}
+
+    @property
+    def active(self) -> int:
+        """Answers begun and not finished (decoding, prefilling or queued in the batch)."""
+        return len(self._answers)
+
+    def add(self, prepared: PreparedAnswer, deliver: Deliver) -> int:
+        """Queue an answer; its events go to `deliver` as steps make them. Returns its handle."""
+        prompt_ids, reused, caches = prepared.prompt_ids, 0, None
+        if self.prompt_caches is not None:
+            taken = self.prompt_caches.take(prompt_ids)
+            if taken is not None:
+                caches, reused = taken
+        settings = prepared.settings
+        if settings.seed is not None:
+            mx.random.seed(settings.seed)  # one generator for the batch: reproducible when alone
+        builder = AnswerBuilder(
+            prepared.prompt,
+            self.tokenizer,
+            settings.stop,
+            self.session.tier_names,
+            len(prompt_ids),
+            len(prompt_ids) - reused,
+            [self.tier.group.name],
+            {self.tier.name: self.tier.bytes_per_token},
+            "entropy",
+        )
+        (uid,) = self.generator.insert(
+            [prompt_ids[reused:]],
+            max_tokens=[prepared.budget],
+            caches=None if caches is None else [caches],
+            samplers=[self.session.sampler_for(settings)],
+        )
+        self._answers[uid] = _Answer(prepared, builder, deliver)
+        return uid
+
+    def cancel(self, uid: int) -> None:
+        """End an answer now (its client left, or the server is closing): finish "interrupted"."""
+        answer = self._answers.pop(uid, None)
+        if answer is None:
+            return
+        self.generator.remove([uid])
+        self._finish(answer, "interrupted", ended_by_eos=False)
+
+    def cancel_all(self) -> None:
+        """End every answer now, as `cancel` does."""
+        for uid in list(self._answers):
+            self.cancel(uid)
+
+    def step(self) -> None:
+        """One step of the batch: prompt chunks for joining answers, a token for decoding ones."""
+        _, responses = self.generator.next()
+        responses = [r for r in responses if r.uid in self._answers]
+        if not responses:
+            return
+        # One reduction for the whole batch: each row's entropy in bits (before temperature).
+        logprobs = mx.stack([r.logprobs for r in responses])
+        entropies = [float(h) for h in np.asarray(-(mx.exp(logprobs) * logprobs).sum(axis=-1) / LN2)]
+        for response, entropy in zip(responses, entropies, strict=True):
+            answer = self._answers[response.uid]
+            if answer.first_entropy is None:
+                answer.first_entropy = entropy
+            ended_by_eos = response.finish_reason == "stop" and response.token in self.eos
+            if not ended_by_eos:
+                self._add_step(answer, response, entropy)
+            if response.finish_reason is None and not answer.builder.stopped:
+                continue
+            del self._answers[response.uid]
+            if response.finish_reason is None:  # a stop string ended it: the batch must drop it
+                self.generator.remove([response.uid])
+            elif self.prompt_caches is not None and response.prompt_cache is not None:
+                held = answer.prepared.prompt_ids + [e.id for e in answer.builder.events]
+                if ended_by_eos:
+                    held.append(response.token)
+                self.prompt_caches.keep(held, response.prompt_cache)
+            stopped = answer.builder.stopped or ended_by_eos
+            self._finish(answer, "stop" if stopped else "length", ended_by_eos)
+
+    def _add_step(self, answer: _Answer, response, entropy: float) -> None:
+        top = answer.prepared.settings.top_logprobs
+        logprob, top_logprobs = (
+            token_and_top(np.asarray(response.logprobs.astype(mx.float32)).reshape(-1), response.token, top)
+            if top is not None
+            else (None, ())
+        )
+        # No router runs in a batch: no rolling mean (None), one tier tried.
+        step = Step(response.token, 0, entropy, None, False, (0,), (entropy,), {}, logprob, top_logprobs)
+        event = answer.builder.add(step)
+        if event is not None:
+            answer.deliver(event)
+
+    def _finish(self, answer: _Answer, reason: str, ended_by_eos: bool) -> None:
+        last, summary = answer.builder.finish(
+            reason,
+            answer.first_entropy,
+            max(mx.get_peak_memory(), process_peak_bytes()) / 1e9,
+            ended_by_eos,
+        )
+        if last is not None:
+            answer.deliver(last)
+        answer.deliver(summary)

@@ -1,0 +1,148 @@
+"""Continuous batching of single-model answers (decoding/batch.py): the same answers as one at a
+time, requests joining mid-way and leaving early, stop strings, prompt caches reused."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxswitch.decoding.answer import AnswerSummary, TokenEvent
+from mlxswitch.decoding.batch import BatchedAnswers, batchable
+from mlxswitch.decoding.prompt_caches import PromptCaches
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.decoding.tiers import pair_ladder, single_model_ladder
+from mlxswitch.models.sources import load_model
+from mlxswitch.routing.router import RouterConfig
+
+PROMPTS = ["Hello there", "Write a poem about the sea and the sky", "1 2 3", "Why?"]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_pair):
+    return load_model(str(tiny_pair[1]))
+
+
+def _session(loaded, max_tokens=12, **settings) -> ChatSession:
+    return ChatSession(
+        single_model_ladder(loaded),
+        RouterConfig(up=()),
+        GenerationSettings(max_tokens=max_tokens, **settings),
+    )
+
+
+def _alone(loaded, prompt: str, **settings) -> AnswerSummary:
+    session = _session(loaded, **settings)
+    for _ in session.stream_prepared(session.prepare_conversation([{"role": "user", "content": prompt}])):
+        pass
+    assert session.last_summary is not None
+    return session.last_summary
+
+
+class _Collector:
+    def __init__(self):
+        self.events: list[TokenEvent] = []
+        self.summary: AnswerSummary | None = None
+
+    def __call__(self, item):
+        assert self.summary is None, "nothing may follow the summary"
+        if isinstance(item, AnswerSummary):
+            self.summary = item
+        else:
+            self.events.append(item)
+
+
+def _run(engine: BatchedAnswers, steps: int = 500) -> None:
+    for _ in range(steps):
+        if not engine.active:
+            return
+        engine.step()
+    pytest.fail("the batch did not finish")
+
+
+def test_batched_answers_are_the_answers_made_one_at_a_time(loaded):
+    alone = [_alone(loaded, p) for p in PROMPTS]
+    session = _session(loaded)
+    engine = BatchedAnswers(session, max_batch=3)  # one of the four waits for a free row
+    got = []
+    for prompt in PROMPTS[:2]:
+        got.append(_Collector())
+        engine.add(session.prepare_conversation([{"role": "user", "content": prompt}]), got[-1])
+    engine.step()
+    engine.step()  # the others join mid-way, at a step boundary
+    for prompt in PROMPTS[2:]:
+        got.append(_Collector())
+        engine.add(session.prepare_conversation([{"role": "user", "content": prompt}]), got[-1])
+    _run(engine)
+    for want, collected in zip(alone, got, strict=True):
+        summary = collected.summary
+        assert summary is not None
+        assert [e.id for e in summary.tokens] == [e.id for e in want.tokens]
+        assert [e.id for e in collected.events] == [e.id for e in want.tokens]  # each event once, in order
+        assert summary.text == want.text and summary.finish_reason == want.finish_reason
+        assert summary.prompt_tokens == want.prompt_tokens
+        for mine, theirs in zip(summary.tokens, want.tokens, strict=True):
+            assert mine.entropy == pytest.approx(theirs.entropy, abs=1e-3)
+            assert mine.tier == theirs.tier
+
+
+def test_a_cancelled_answer_leaves_and_the_others_go_on(loaded):
+    session = _session(loaded, max_tokens=20)
+    engine = BatchedAnswers(session, max_batch=4)
+    left, stays = _Collector(), _Collector()
+    uid = engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[0]}]), left)
+    engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[1]}]), stays)
+    for _ in range(4):
+        engine.step()
+    engine.cancel(uid)
+    assert left.summary is not None and left.summary.finish_reason == "interrupted"
+    _run(engine)
+    want = _alone(loaded, PROMPTS[1], max_tokens=20)
+    assert stays.summary is not None and [e.id for e in stays.summary.tokens] == [e.id for e in want.tokens]
+
+
+def test_stop_strings_and_log_probabilities_in_a_batch(loaded):
+    want = _alone(loaded, PROMPTS[1], max_tokens=12)
+    stop = want.text[len(want.text) // 2 :][:3]
+    session = _session(loaded, max_tokens=12)
+    engine = BatchedAnswers(session, max_batch=2)
+    stopped, logged = _Collector(), _Collector()
+    settings = GenerationSettings(max_tokens=12, stop=(stop,))
+    engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[1]}], settings), stopped)
+    logs = GenerationSettings(max_tokens=12, top_logprobs=2)
+    engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[0]}], logs), logged)
+    _run(engine)
+    assert stopped.summary is not None and stopped.summary.finish_reason == "stop"
+    assert stopped.summary.text == want.text[: want.text.find(stop)]
+    assert logged.summary is not None
+    assert all(e.logprob is not None and len(e.top_logprobs) == 2 for e in logged.summary.tokens)
+
+
+def test_a_conversation_that_goes_on_reuses_its_kept_cache(loaded):
+    caches = PromptCaches(size=2)
+    session = _session(loaded, max_tokens=6)
+    engine = BatchedAnswers(session, max_batch=2, prompt_caches=caches)
+    first = _Collector()
+    turn = [{"role": "user", "content": PROMPTS[1]}]
+    engine.add(session.prepare_conversation(turn), first)
+    _run(engine)
+    assert first.summary is not None and len(caches) == 1
+    turn = turn + [{"role": "assistant", "content": first.summary.text}, {"role": "user", "content": "More"}]
+    second = _Collector()
+    prepared = session.prepare_conversation(turn)
+    engine.add(prepared, second)
+    _run(engine)
+    assert second.summary is not None
+    assert 0 < second.summary.prefilled_tokens < second.summary.prompt_tokens  # the history was not fed again
+    alone = _session(loaded, max_tokens=6)
+    for _ in alone.stream_prepared(alone.prepare_conversation(turn)):
+        pass
+    assert alone.last_summary is not None
+    assert [e.id for e in second.summary.tokens] == [e.id for e in alone.last_summary.tokens]
+
+
+def test_only_one_local_tier_is_batched(tiny_pair, loaded):
+    assert batchable(_session(loaded))
+    small = load_model(str(tiny_pair[0]))
+    pair = ChatSession(pair_ladder(small, loaded), RouterConfig(up=(1.5,)), GenerationSettings())
+    assert not batchable(pair)
+    with pytest.raises(ValueError):
+        BatchedAnswers(pair, max_batch=2)
