@@ -1,11 +1,13 @@
 """`mlxswitch serve` against `mlx_lm.server` on the same model: time to first byte and tokens/s.
 
-    uv run python bench/bench_serve.py [--tokens 32] [--rounds 2] [--clients 1,2,4]
+    uv run python bench/bench_serve.py [--tokens 32] [--rounds 2] [--clients 1,2,4,8]
+                                       [--profiles embedded-plain,embedded]
 
 The embedded SmolLM2 GGUF is loaded once and saved as an mlx-lm directory (same weights) for
-mlx_lm.server; mlxswitch serves it as `embedded-plain` (one tier, the same model) and as the
-geared default `embedded`. All servers run at once on loopback; each round visits them in turn
-(the order rotates), and for each, 1, 2 and 4 clients stream the same chat prompt with greedy
+mlx_lm.server; mlxswitch serves it as each of --profiles (`embedded-plain`: one tier, the same
+model, answered in batches; `embedded`: the geared default, one answer at a time). All servers
+run at once on loopback; each round visits them in turn (the order rotates), and for each,
+every --clients level streams the same chat prompt with greedy
 decoding at the same moment. Per level: median time to first byte (first SSE chunk), and the
 tokens/s the clients got together (all completion tokens / wall time from first request to last).
 """
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+PAIR = ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")  # packaged GGUFs: small, large
+PAIR_PROFILE = "qwen2.5-coder-0.5b-1.5b"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -35,13 +39,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def save_embedded(out: Path) -> Path:
-    """The embedded GGUF as an mlx-lm directory (mlx_lm.server reads nothing else)."""
+def save_mlx_dir(spec: str, out: Path) -> Path:
+    """A model we load (the embedded or a packaged GGUF) as an mlx-lm directory, same weights
+    (mlx_lm.server reads nothing else)."""
     from mlx_lm.utils import save_config, save_model
 
     from mlxswitch.models.sources import load_model
 
-    loaded = load_model("embedded")
+    loaded = load_model(spec)
     save_model(out, loaded.model)
     config = {k: v for k, v in loaded.config.items() if k not in ("gguf_file_type", "quantization_label")}
     save_config(config, out / "config.json")
@@ -72,11 +77,15 @@ def stop(servers: list[tuple[str, subprocess.Popen, str]]) -> None:
         proc.wait(timeout=30)
 
 
+_REQUESTS = iter(range(1, 1 << 30))
+
+
 def one_client(base: str, model: str, tokens: int, out: list) -> None:
-    """Stream one greedy chat answer; record (time to first byte, completion tokens, end time)."""
+    """Stream one greedy chat answer; record (time to first byte, completion tokens, end time).
+    Each request's prompt is numbered: no server answers it from a kept cache of another's."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": f"Request {next(_REQUESTS)}. {PROMPT}"}],
         "max_tokens": tokens,
         "temperature": 0,
         "stream": True,
@@ -123,74 +132,38 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--clients", default="1,2,4")
+    parser.add_argument("--clients", default="1,2,4,8")
+    parser.add_argument("--profiles", default="embedded-plain,embedded", help="mlxswitch profiles to serve")
+    parser.add_argument(
+        "--pair",
+        action="store_true",
+        help="the Qwen pair: mlx_lm.server with --draft-model against --profiles (default: the pair's)",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
+    if args.pair and args.profiles == parser.get_default("profiles"):
+        args.profiles = PAIR_PROFILE
+    profiles = [p for p in args.profiles.split(",") if p]
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        model_dir = save_embedded(tmp / "smollm2-mlx")
+        if args.pair:  # mlx_lm.server turns batching off when a draft model is loaded
+            model_dir = save_mlx_dir(f"package:{PAIR[1]}", tmp / "large-mlx")
+            extra = ["--draft-model", str(save_mlx_dir(f"package:{PAIR[0]}", tmp / "small-mlx"))]
+        else:
+            model_dir, extra = save_mlx_dir("embedded", tmp / "smollm2-mlx"), []
         env_home = tmp / "home"
         env_home.mkdir()
         os.environ["MLXSWITCH_HOME"] = str(env_home)
-        ports = [free_port() for _ in range(3)]
-        servers = [
-            start(
-                "mlx_lm.server",
-                [
-                    sys.executable,
-                    "-m",
-                    "mlx_lm.server",
-                    "--model",
-                    str(model_dir),
-                    "--port",
-                    str(ports[0]),
-                    "--log-level",
-                    "WARNING",
-                ],
-                ports[0],
-                tmp,
-            ),
-            start(
-                "mlxswitch embedded-plain",
-                [
-                    sys.executable,
-                    "-m",
-                    "mlxswitch",
-                    "serve",
-                    "--profile",
-                    "embedded-plain",
-                    "--port",
-                    str(ports[1]),
-                    "--log-level",
-                    "warning",
-                ],
-                ports[1],
-                tmp,
-            ),
-            start(
-                "mlxswitch embedded (gears)",
-                [
-                    sys.executable,
-                    "-m",
-                    "mlxswitch",
-                    "serve",
-                    "--profile",
-                    "embedded",
-                    "--port",
-                    str(ports[2]),
-                    "--log-level",
-                    "warning",
-                ],
-                ports[2],
-                tmp,
-            ),
-        ]
-        models = {
-            "mlx_lm.server": str(model_dir),
-            "mlxswitch embedded-plain": "embedded-plain",
-            "mlxswitch embedded (gears)": "embedded",
-        }
+        ports = [free_port() for _ in range(1 + len(profiles))]
+        mlx_lm = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(ports[0])]
+        servers = [start("mlx_lm.server", [*mlx_lm, *extra, "--log-level", "WARNING"], ports[0], tmp)]
+        models = {"mlx_lm.server": str(model_dir)}
+        for profile, port in zip(profiles, ports[1:], strict=True):
+            name = f"mlxswitch {profile}"
+            command = [sys.executable, "-m", "mlxswitch", "serve", "--profile", profile, "--port", str(port)]
+            servers.append(start(name, [*command, "--log-level", "warning"], port, tmp))
+            models[name] = profile
         try:
             for name, _, base in servers:  # warm-up: the first request pays one-time costs
                 level(base, models[name], 1, 4)
@@ -215,6 +188,16 @@ def main() -> None:
             f"{statistics.median(x['tok_per_s'] for x in runs):>20.2f} "
             f"{statistics.median(x['tokens'] for x in runs):>7.0f}"
         )
+    top = max(levels)
+    if 1 in levels and top > 1:
+        print(f"\n{top} clients against 1, per server (medians): first byte ×, tokens/s together ×")
+        for name in models:
+            one, many = rows[(name, 1)], rows[(name, top)]
+            ttfb = statistics.median(x["ttfb_s"] for x in many) / statistics.median(x["ttfb_s"] for x in one)
+            rate = statistics.median(x["tok_per_s"] for x in many) / statistics.median(
+                x["tok_per_s"] for x in one
+            )
+            print(f"{name:<28} first byte {ttfb:5.2f}×   tokens/s {rate:5.2f}×")
 
 
 if __name__ == "__main__":

@@ -146,3 +146,32 @@ def test_only_one_local_tier_is_batched(tiny_pair, loaded):
     assert not batchable(pair)
     with pytest.raises(ValueError):
         BatchedAnswers(pair, max_batch=2)
+
+
+def test_requests_that_share_only_a_beginning_each_reuse_it():
+    caches = PromptCaches(size=2)
+    kept = [_FakeCache(10)]
+    caches.keep(list(range(10)), kept)
+    first = caches.take([0, 1, 2, 3, 4, 99, 98])
+    second = caches.take([0, 1, 2, 3, 77])
+    assert first is not None and first[1] == 5 and first[0][0].offset == 5
+    assert second is not None and second[1] == 4 and second[0][0].offset == 4
+    assert len(caches) == 1 and kept[0].offset == 10  # the kept one is untouched, still kept
+    whole = caches.take(list(range(12)))  # continues it whole: handed over, no copy
+    assert whole is not None and whole[1] == 10 and whole[0][0] is kept[0] and len(caches) == 0
+
+
+class _FakeCache:
+    """A trimmable cache of `offset` tokens (what trim_prompt_cache and cache_nbytes read)."""
+
+    def __init__(self, offset: int):
+        self.offset = offset
+        self.nbytes = 4 * offset
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        self.offset -= n
+        return n

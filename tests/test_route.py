@@ -187,3 +187,22 @@ def test_a_model_whose_fp32_copies_do_not_fit_keeps_its_planes_and_says_so(monke
     assert rows.use_fast_rows(model) == "rows"
     assert all(type(m) is rows.RowsQuantizedLinear and m.dense is None for m in model.layers)
     assert rows.use_fast_rows(nn.Sequential(nn.Linear(4, 4))) == "none"
+
+
+def test_a_tied_quantized_head_takes_the_resident_route_and_gives_the_same_logits():
+    from tinymodels import llama_config, make_model
+
+    resolve_route("auto", "cpu")
+    model = make_model(llama_config(vocab_size=300, tie=True), seed=3)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    ids = mx.array([[5, 17, 42, 7]])
+    want = np.array(model(ids))  # MLX's quantized matmul for the tied head
+    assert rows.use_fast_rows(model) == "resident-fp32"
+    embed = model.model.embed_tokens
+    assert type(embed) is rows.RowsQuantizedEmbedding and embed.dense is not None
+    assert np.allclose(np.array(model(ids)), want, rtol=1e-4, atol=1e-4)
+    untied = make_model(llama_config(vocab_size=300), seed=3)
+    nn.quantize(untied, group_size=32, bits=4)
+    rows.use_fast_rows(untied)
+    assert type(untied.model.embed_tokens) is nn.QuantizedEmbedding  # a lookup only: no copy

@@ -105,9 +105,11 @@ class PromptCaches:
         return reused
 
     def take(self, prompt_ids: list[int]) -> tuple[list, int] | None:
-        """For one model's answers (the batched server): the kept caches that share the most with
-        `prompt_ids`, taken out and trimmed to what they share (all but the prompt's last id at
-        most: it must be fed), with that count; None when no kept one shares an id."""
+        """For one model's answers (the batched server): caches holding the longest prefix of
+        `prompt_ids` that a kept conversation shares (all but the prompt's last id at most: it
+        must be fed), with its length; None when no kept one shares an id. A conversation the
+        prompt continues whole is handed over; one it shares only a beginning with (a system
+        prompt, say) is copied and stays kept, so concurrent requests all reuse that beginning."""
         best, reused = None, 0
         for ids in reversed(self._entries):  # the most recent wins a tie
             common = min(common_prefix_len(list(ids), prompt_ids), len(prompt_ids) - 1)
@@ -115,8 +117,12 @@ class PromptCaches:
                 best, reused = ids, common
         if best is None:
             return None
-        caches = self._pop(best).caches
-        trim_prompt_cache(caches, len(best) - reused)
+        if reused == len(best):
+            caches = self._pop(best).caches
+        else:
+            self._entries.move_to_end(best)
+            caches = copy.deepcopy(self._entries[best].caches)
+            trim_prompt_cache(caches, len(best) - reused)
         return caches, reused
 
     def keep(self, ids: list[int], caches: list) -> None:

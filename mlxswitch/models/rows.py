@@ -56,6 +56,32 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
         self.dense = np.array(weight)
 
 
+class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
+    """nn.QuantizedEmbedding whose output-head product (`as_linear`, a tied head) takes the resident
+    fp32 route like the linears; looking ids up stays MLX's own (a few rows dequantized)."""
+
+    dense: np.ndarray | None = None
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        """x · Wᵀ: on the resident fp32 weight when the route keeps one, else MLX's quantized matmul
+        (a scalar loop on x86 that cost SmolLM2-135M a third of its step, growing with the rows)."""
+        if self.dense is not None and current_route().plain_linears == "resident-fp32":
+            y = resident_dense_matmul(x, self.dense)
+            if y is not None:
+                return y
+        return super().as_linear(x)
+
+    keep_dense = RowsQuantizedLinear.keep_dense
+
+
+def _tied_head(model: nn.Module) -> nn.QuantizedEmbedding | None:
+    """The quantized embedding that is also the output head (mlx-lm models without an lm_head)."""
+    if getattr(model, "lm_head", None) is not None:
+        return None
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    return embed if type(embed) is nn.QuantizedEmbedding else None
+
+
 DENSE_SHARE = 0.5  # of the available memory, what one model's fp32 copies may take
 
 
@@ -75,14 +101,18 @@ def use_fast_rows(model: nn.Module) -> str:
     "rows" (the planes only: no NumPy route, or the copies do not fit) or "none" (no plain layer)."""
     if current_route().plain_linears == "mlx-module":
         return "mlx-module"
-    plain = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
+    plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
+    head = _tied_head(model)
     if not plain:
         return "none"
-    dense = keeps_dense_weights(sum(m.weight.size * 32 // m.bits for m in plain))
+    dense = keeps_dense_weights(sum(m.weight.size * 32 // m.bits for m in plain + ([head] if head else [])))
     for module in plain:
         # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
         # Changing the class leaves the parameters, and so loading and saving, untouched.
         module.__class__ = RowsQuantizedLinear
         if dense:
             module.keep_dense()
+    if head is not None and dense:
+        head.__class__ = RowsQuantizedEmbedding
+        head.keep_dense()
     return "resident-fp32" if dense else "rows"
