@@ -40,7 +40,9 @@ class Footprint:
     bytes: int
     params: int  # parameters, quantized ones unpacked
     config: dict  # mlx-lm style: num_hidden_layers, num_key_value_heads, head_dim, …
-    linear_params: int = 0  # of those, held by quantized matrices other than the embedding
+    # Of those, held by the quantized matrices that multiply rows (rows.py keeps fp32 copies of them
+    # on a CPU): every one but the embedding, and the embedding too when it is the tied output head.
+    linear_params: int = 0
 
 
 def float_width(stored: int) -> int:
@@ -65,7 +67,8 @@ def _dir_footprint(folder: Path) -> Footprint | None:
     config = _read_json(folder / "config.json")
     quant = config.get("quantization") or config.get("quantization_config") or {}
     bits = int(quant.get("bits", 4)) if isinstance(quant, dict) else 4
-    size = params = linear = 0
+    size = params = linear = embed = 0
+    tied = True  # no lm_head tensor: the embedding is the output head
     for file in files:
         # The header is an 8-byte little-endian length and a JSON table: no weights are read.
         with open(file, "rb") as handle:
@@ -73,6 +76,7 @@ def _dir_footprint(folder: Path) -> Footprint | None:
             header = json.loads(handle.read(length))
         header.pop("__metadata__", None)
         for name, info in header.items():
+            tied = tied and "lm_head" not in name
             count = math.prod(info["shape"])
             dtype = info["dtype"]
             is_float = dtype.startswith(("F", "BF"))
@@ -83,10 +87,13 @@ def _dir_footprint(folder: Path) -> Footprint | None:
             )
             if dtype == "U32" and name.endswith("weight"):
                 params += count * 32 // bits  # packed quantized weights
-                linear += 0 if "embed" in name else count * 32 // bits
+                if "embed" in name:
+                    embed += count * 32 // bits
+                else:
+                    linear += count * 32 // bits
             elif not name.endswith((".scales", ".biases")):
                 params += count
-    return Footprint(size, params, config, linear)
+    return Footprint(size, params, config, linear + (embed if tied else 0))
 
 
 def gguf_footprint(path: Path) -> Footprint:
@@ -102,12 +109,16 @@ def gguf_footprint(path: Path) -> Footprint:
 def _gguf_footprint(path: Path) -> Footprint:
     header = read_header(path)
     meta = header.meta
-    size = params = linear = 0
+    size = params = linear = embed = 0
     for name, (kind, count) in header.tensors.items():
         params += count
         gtype = ggml_type(kind)
         bits = gtype.quant_bits or REQUANT_BITS.get(gtype.name, 0)
-        linear += count if bits and not gtype.float_bytes and not name.startswith("token_embd") else 0
+        quantized = count if bits and not gtype.float_bytes else 0
+        if name.startswith("token_embd"):
+            embed += quantized
+        else:
+            linear += quantized
         if gtype.float_bytes:
             size += count * float_width(gtype.float_bytes)
         elif bits:
@@ -124,7 +135,8 @@ def _gguf_footprint(path: Path) -> Footprint:
         "hidden_size": meta.get(f"{arch}.embedding_length"),
         "max_position_embeddings": meta.get(f"{arch}.context_length"),
     }
-    return Footprint(size, params, config, linear)
+    tied = "output.weight" not in header.tensors  # no output matrix: the embedding is the head
+    return Footprint(size, params, config, linear + (embed if tied else 0))
 
 
 def _read_json(path: Path) -> dict:
