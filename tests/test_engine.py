@@ -236,3 +236,34 @@ def test_the_bottom_split_is_checked_once_and_leaves_the_gear_it_found(tiny_gear
     state.set(8)
     split = gears.bottom_split()
     assert state.gear == 8 and gears.bottom_split() is split
+
+
+def test_a_catch_up_rides_in_the_pass_that_reads_the_logits(tiny_pair, monkeypatch):
+    from mlxswitch.decoding.tiers import CacheGroup
+
+    loaded = load_model(str(tiny_pair[1]))
+    ids = mx.array(_prompt_ids_of(loaded.tokenizer, PROMPTS[0]))
+    want = loaded.model(ids[None])[0, -1]  # the whole prefix, no cache
+    passes = []
+    body = loaded.model.model
+    real = type(body).__call__
+
+    def counted(self, x, *args, **kwargs):
+        passes.append(x.shape[1])
+        return real(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(type(body), "__call__", counted)
+    group = CacheGroup(loaded, "large")
+    group.checked_split()  # the one-time check of the split (a forward pass of its own)
+    passes.clear()
+    got, _ = group.feed(ids, None, chunk=512)
+    assert passes == [ids.size] and group.seen == ids.size  # one pass, not a fill then a step
+    assert np.allclose(np.array(got[0]), np.array(want), rtol=1e-4, atol=1e-4)
+    passes.clear()
+    group.rewind(0)
+    group.feed(ids, None, chunk=4)  # longer than a chunk: chunks fill the cache, the last rides along
+    assert sum(passes) == ids.size and max(passes) == 4 and len(passes) == -(-ids.size // 4)
+
+
+def _prompt_ids_of(tokenizer, prompt):
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)

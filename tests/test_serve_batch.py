@@ -140,3 +140,11 @@ def test_shutdown_ends_every_stream_in_flight(tiny_pair):
 def test_max_batch_is_checked_when_built():
     with pytest.raises(Exception, match="--max-batch must be at least 1"):
         ServerLimits(max_batch=0)
+
+
+def test_an_empty_completion_prompt_is_a_400_and_the_batch_goes_on(tiny_pair):
+    with serving(tiny_pair, ServerLimits(max_batch=2)) as base:
+        response = httpx.post(base + "/v1/completions", json={"prompt": "", "max_tokens": 4}, timeout=60)
+        assert response.status_code == 400
+        assert response.json()["error"]["message"] == "the prompt is empty: there is nothing to continue"
+        assert _ask(base, PROMPTS[0], 4)

@@ -130,7 +130,9 @@ class BatchedAnswers:
             return
         # One reduction for the whole batch: each row's entropy in bits (before temperature).
         logprobs = mx.stack([r.logprobs for r in responses])
-        entropies = [float(h) for h in np.asarray(-(mx.exp(logprobs) * logprobs).sum(axis=-1) / LN2)]
+        probs = mx.exp(logprobs)
+        plogp = mx.where(probs > 0, probs * logprobs, 0.0)  # a masked logit (-inf) adds 0, not NaN
+        entropies = [float(h) for h in np.asarray(-plogp.sum(axis=-1) / LN2)]
         for response, entropy in zip(responses, entropies, strict=True):
             answer = self._answers[response.uid]
             if answer.first_entropy is None:

@@ -226,6 +226,8 @@ class ChatSession:
     def _prepare(
         self, prompt: str, prompt_ids: list[int], messages: list[dict] | None, settings: GenerationSettings
     ) -> PreparedAnswer:
+        if not prompt_ids:
+            raise UsageError("the prompt is empty: there is nothing to continue")
         return PreparedAnswer(
             prompt, prompt_ids, messages, settings, self._token_budget(prompt_ids, settings.max_tokens)
         )

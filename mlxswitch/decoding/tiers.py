@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,6 +22,8 @@ from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
 from .drafting import DraftMemory
 
+_UNCHECKED = object()  # a CacheGroup's split before it is checked
+
 
 @dataclass(eq=False)
 class CacheGroup:
@@ -36,6 +39,7 @@ class CacheGroup:
     max_kv_size: int | None = None
     cache: list = field(default_factory=list)
     seen: int = 0
+    _split: object = field(default=_UNCHECKED, repr=False)  # checked_split's answer, once known
 
     def __post_init__(self) -> None:
         if not self.cache:
@@ -52,34 +56,55 @@ class CacheGroup:
         """Run the model over `inputs` (ids after `seen`); lazy logits of the last position, and
         its hidden state when `split` (this model's checked body/head split) is given.
 
-        All but the last id only fill the cache, in chunks, at the prefill gear: evaluating the
-        cache state alone skips the output head for them (as mlx-lm's prefill does), and cheap
-        gears never write lasting low-precision K/V for a prompt.
+        Ids before the last need no logits: they go through the model's body only, in the same
+        pass as the last where they fit in one chunk (see `_prefill`).
         """
-        model = self.model.model
-        inputs = self._prefill(inputs, 1, chunk)
+        inputs = self._prefill(inputs, 1, chunk, gear)
         self.seen += inputs.size
         self._activate(gear)
+        split = split or self.checked_split()
         if split is None:
-            return model(inputs[None], cache=self.cache)[:, -1, :], None
+            return self.model.model(inputs[None], cache=self.cache)[:, -1, :], None
         hidden = split.body(inputs[None], cache=self.cache)[:, -1:, :]
         return split.head(hidden)[:, -1, :], hidden[0, -1]
 
     def score(self, inputs: mx.array, rows: int, gear: int | None, chunk: int) -> mx.array:
         """Run the model over `inputs` (ids after `seen`); lazy logits (rows, V) of the last `rows`
         positions, in one batched pass (verify.py checks a draft with them)."""
-        inputs = self._prefill(inputs, rows, chunk)
+        inputs = self._prefill(inputs, rows, chunk, gear)
         self.seen += inputs.size
         self._activate(gear)
-        return self.model.model(inputs[None], cache=self.cache)[0]
+        split = self.checked_split()
+        if split is None:
+            return self.model.model(inputs[None], cache=self.cache)[0, -rows:]
+        return split.head(split.body(inputs[None], cache=self.cache)[:, -rows:, :])[0]
 
-    def _prefill(self, inputs: mx.array, keep: int, chunk: int) -> mx.array:
-        """Fill the cache with all but the last `keep` ids, in chunks, at the prefill gear: evaluating
-        the cache state alone skips the output head for them; the ids left are returned."""
-        if inputs.size > keep:
+    def checked_split(self) -> SplitModel | None:
+        """This model's body/head split, checked once on it (heads.py); None for other layouts."""
+        if self._split is _UNCHECKED:
+            try:
+                self._split = split_model(self.model.model, self.model.name)
+            except UsageError:
+                self._split = None
+        return cast(SplitModel | None, self._split)
+
+    def _prefill(self, inputs: mx.array, keep: int, chunk: int, gear: int | None) -> mx.array:
+        """Fill the cache, in chunks, with the ids the pass that reads logits need not take;
+        return the ids left for that pass (the last `keep` at least).
+
+        Evaluating the cache state alone skips the output head for these ids (as mlx-lm's
+        prefill does). Where the model splits into body and head and the prefill gear is the
+        gear asked for, only what exceeds one chunk is filled here: the rest rides in the pass
+        that reads the logits, through the body only, which saves a pass (a catch-up plus the
+        next token was two) and its sync. Otherwise all but `keep` are filled here, at the
+        prefill gear: cheap gears never write lasting low-precision K/V for a prompt.
+        """
+        same_gear = self.prefill_gear is None or self.prefill_gear == gear
+        leave = max(keep, chunk) if same_gear and self.checked_split() is not None else keep
+        if inputs.size > leave:
             self._activate(self.prefill_gear)
-        while inputs.size > keep:
-            part = inputs[: min(chunk, inputs.size - keep)]
+        while inputs.size > leave:
+            part = inputs[: min(chunk, inputs.size - leave)]
             self.model.model(part[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
             mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries

@@ -113,16 +113,20 @@ class BatchWorker:
 
     def _loop(self) -> None:
         """On the worker thread: take joins and leaves at step boundaries, step while any is active."""
-        engine = self._engine
-        assert engine is not None
         while True:
+            engine = self._engine
+            assert engine is not None
             with self._wake:
                 while not (self._joining or self._leaving or engine.active or self.closing.is_set()):
                     self._wake.wait()
                 joining, self._joining = self._joining, []
                 leaving, self._leaving = self._leaving, []
             for prepared, job in joining:
-                job.uid = engine.add(prepared, job.deliver)
+                try:
+                    job.uid = engine.add(prepared, job.deliver)
+                except Exception as exc:  # this request alone fails (500); the batch goes on
+                    job.fail(exc)
+                    continue
                 self._jobs[job.uid] = job
             for job in leaving:
                 if job.uid is not None:
@@ -133,10 +137,12 @@ class BatchWorker:
             self._decoding = engine.active
             try:
                 engine.step()
-            except Exception as exc:  # handed to every request in the batch, which answer 500
+            except Exception as exc:  # handed to every request in the batch (500); a fresh batch goes on
                 for job in self._jobs.values():
                     job.fail(exc)
-                engine.cancel_all()
+                self._jobs = {}
+                self._engine = BatchedAnswers(self.session, self.max_batch, self.prompt_caches)
+                continue
             self._jobs = {uid: job for uid, job in self._jobs.items() if job.summary is None}
             self._decoding = engine.active
 
@@ -162,8 +168,9 @@ class BatchJob:
             self._loop.call_soon_threadsafe(self.release)
 
     def fail(self, exc: BaseException) -> None:
-        """On the worker thread: the batch broke; the request answers 500."""
+        """On the worker thread: this answer broke (the request answers 500); its place is freed."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, exc)
+        self._loop.call_soon_threadsafe(self.release)
 
     async def events(self) -> AsyncIterator[TokenEvent | AnswerSummary]:
         """The answer's events as they are made; stops the answer if the consumer leaves."""
