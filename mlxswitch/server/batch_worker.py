@@ -19,19 +19,19 @@ from ..decoding.answer import AnswerSummary, TokenEvent
 from ..decoding.batch import BatchedAnswers
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
-from .worker import Prepare, refuse_if_closing, refuse_when_full
+from .worker import Prepare, SessionOwner, refuse_if_closing, refuse_when_full
 
 _DONE = object()
 
 
-class BatchWorker:
+class BatchWorker(SessionOwner):
     """Owns the session, the batch engine and the thread that steps it."""
 
     def __init__(self, queue_size: int, max_batch: int, prompt_caches: PromptCaches | None = None):
         self.queue_size = queue_size
         self.max_batch = max_batch
         self.prompt_caches = prompt_caches
-        self._session: ChatSession | None = None
+        self._session = None
         self._engine: BatchedAnswers | None = None
         self.last_summary: AnswerSummary | None = None
         self.closing = threading.Event()
@@ -53,18 +53,6 @@ class BatchWorker:
 
         self._session = self._executor.submit(opened).result()
         self._executor.submit(self._loop)
-        return self._session
-
-    @property
-    def ready(self) -> bool:
-        """Whether the session is open."""
-        return self._session is not None
-
-    @property
-    def session(self) -> ChatSession:
-        """The session the engine answers on (opened by `open`)."""
-        if self._session is None:
-            raise RuntimeError("the worker's session is not open yet")
         return self._session
 
     @property

@@ -44,23 +44,10 @@ def refuse_when_full(admitted: int, limit: int, queue_size: int) -> None:
         )
 
 
-class Worker:
-    """Owns the session and the thread that generates on it."""
+class SessionOwner:
+    """What both workers share: the session, opened on the worker's own thread."""
 
-    def __init__(self, queue_size: int):
-        self.queue_size = queue_size
-        self._session: ChatSession | None = None
-        self.busy = False  # a generation is running (for /health)
-        self.last_summary: AnswerSummary | None = None  # the last answer's, interrupted ones too
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-generate")
-        self._lock = asyncio.Lock()
-        self._admitted = 0  # the request generating plus those waiting for it
-        self.closing = threading.Event()  # set at shutdown: a running generation ends at its next token
-
-    def open(self, make_session: Callable[[], ChatSession]) -> ChatSession:
-        """Open the session on the worker thread (blocking: call before serving)."""
-        self._session = self._executor.submit(make_session).result()
-        return self._session
+    _session: ChatSession | None = None
 
     @property
     def ready(self) -> bool:
@@ -72,6 +59,25 @@ class Worker:
         """The session generations run on (opened by `open`)."""
         if self._session is None:
             raise RuntimeError("the worker's session is not open yet")
+        return self._session
+
+
+class Worker(SessionOwner):
+    """Owns the session and the thread that generates on it."""
+
+    def __init__(self, queue_size: int):
+        self.queue_size = queue_size
+        self._session = None
+        self.busy = False  # a generation is running (for /health)
+        self.last_summary: AnswerSummary | None = None  # the last answer's, interrupted ones too
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-generate")
+        self._lock = asyncio.Lock()
+        self._admitted = 0  # the request generating plus those waiting for it
+        self.closing = threading.Event()  # set at shutdown: a running generation ends at its next token
+
+    def open(self, make_session: Callable[[], ChatSession]) -> ChatSession:
+        """Open the session on the worker thread (blocking: call before serving)."""
+        self._session = self._executor.submit(make_session).result()
         return self._session
 
     @property
