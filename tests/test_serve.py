@@ -460,6 +460,8 @@ def test_loopback_only_unless_asked(monkeypatch, tiny_pair):
     assert result.exit_code == 2 and "--port" in result.stderr
     result = CliRunner().invoke(app, ["serve", *pair, "--prompt-cache-size", "-1"])
     assert result.exit_code == 2 and result.stderr == "error: --prompt-cache-size must be ≥ 0 (got -1)\n"
+    result = CliRunner().invoke(app, ["serve", *pair, "--max-batch", "0"])
+    assert result.exit_code == 2 and result.stderr == "error: --max-batch must be at least 1 (got 0)\n"
 
 
 def test_shared_options_have_one_definition():
