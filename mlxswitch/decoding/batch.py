@@ -13,7 +13,6 @@ model computes the next position (and how many rows), which mlx-lm's batch canno
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,13 +21,13 @@ import numpy as np
 from mlx_lm.generate import BatchGenerator
 
 from ..models.machine import process_peak_bytes
+from ..routing.signals import read_time_signals
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .loop import Step, token_and_top
 from .prompt_caches import PromptCaches
 from .session import ChatSession, PreparedAnswer
 
 Deliver = Callable[[TokenEvent | AnswerSummary], None]
-LN2 = math.log(2.0)
 
 
 def batchable(session: ChatSession) -> bool:
@@ -128,11 +127,9 @@ class BatchedAnswers:
         responses = [r for r in responses if r.uid in self._answers]
         if not responses:
             return
-        # One reduction for the whole batch: each row's entropy in bits (before temperature).
-        logprobs = mx.stack([r.logprobs for r in responses])
-        probs = mx.exp(logprobs)
-        plogp = mx.where(probs > 0, probs * logprobs, 0.0)  # a masked logit (-inf) adds 0, not NaN
-        entropies = [float(h) for h in np.asarray(-plogp.sum(axis=-1) / LN2)]
+        # Each row's entropy in bits through the one reduction the token loop uses (the route's:
+        # NumPy on a CPU, the fused kernel on a Mac); log-probabilities are shifted logits.
+        entropies = [read_time_signals(r.logprobs).values()[0] for r in responses]
         for response, entropy in zip(responses, entropies, strict=True):
             answer = self._answers[response.uid]
             if answer.first_entropy is None:

@@ -29,9 +29,9 @@ BLAS_MIN_ROWS = 4
 # (bench/results/small-rows-qwen1.5b.txt). Verification of a short draft and catch-up feed such rows.
 GEMV_MAX_ROWS = 3
 # OpenBLAS's sgemm takes the rows past a multiple of 8 through slow edge kernels. Zero rows up to
-# the next multiple made 5-7 rows 1.2-1.5x and 11-15 rows 1.1-1.3x faster over the Qwen pair's
-# layer shapes (2 threads), but 9 and 33 rows (one past) 0.9-1.0x: only a remainder of 3 or more
-# is padded (bench/bench_threads.py --padding; bench/results/threads-padding-qwen.txt).
+# the next multiple made 4-7 rows 1.1-1.5x and 13 rows 1.3x faster over the Qwen pair's layer
+# shapes (2 threads), but 9, 10 and 17 rows (one or two past) 0.96-1.02x: only a remainder of 3
+# or more is padded (bench/bench_threads.py --padding; bench/results/threads-padding-qwen.txt).
 SGEMM_ROW_MULTIPLE = 8
 SGEMM_PAD_MIN_REMAINDER = 3
 MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..decoding.answer import AnswerSummary, TokenEvent
 from ..decoding.batch import BatchedAnswers
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
-from .worker import Prepare, SessionOwner, refuse_if_closing, refuse_when_full
-
-_DONE = object()
+from .worker import DONE, Prepare, QueuedJob, SessionOwner, refuse_if_closing, refuse_when_full
 
 
 class BatchWorker(SessionOwner):
@@ -135,7 +133,7 @@ class BatchWorker(SessionOwner):
             self._decoding = engine.active
 
 
-class BatchJob:
+class BatchJob(QueuedJob):
     """One answer in the batch: its events as an async iterator; `stop()` ends it at a step."""
 
     def __init__(self, worker: BatchWorker):
@@ -152,26 +150,13 @@ class BatchJob:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         if isinstance(item, AnswerSummary):
             self.summary = self.worker.last_summary = item
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, _DONE)
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, DONE)
             self._loop.call_soon_threadsafe(self.release)
 
     def fail(self, exc: BaseException) -> None:
         """On the worker thread: this answer broke (the request answers 500); its place is freed."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, exc)
         self._loop.call_soon_threadsafe(self.release)
-
-    async def events(self) -> AsyncIterator[TokenEvent | AnswerSummary]:
-        """The answer's events as they are made; stops the answer if the consumer leaves."""
-        try:
-            while True:
-                item = await self._queue.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.stop()
 
     def stop(self) -> None:
         """Ask the batch to drop this answer at the next step (once; nothing if it has finished)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +20,31 @@ from ..errors import RequestError
 
 Events = Generator[TokenEvent | AnswerSummary, None, None]
 Prepare = Callable[[ChatSession], PreparedAnswer]  # renders and checks a request's prompt
-_DONE = object()
+DONE = object()  # put on a job's queue after its last event
+
+
+class QueuedJob(ABC):
+    """What both workers' jobs share: events the worker thread puts on an asyncio queue."""
+
+    _queue: asyncio.Queue
+
+    async def events(self) -> AsyncIterator[TokenEvent | AnswerSummary]:
+        """The answer's events as they are made, up to DONE (an exception put there is raised);
+        stops the answer if the consumer leaves."""
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.stop()
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Ask the answer to end at the next token or step."""
 
 
 def refuse_if_closing(closing: threading.Event) -> None:
@@ -122,7 +147,7 @@ class Worker(SessionOwner):
         return job
 
 
-class Job:
+class Job(QueuedJob):
     """One generation: its events as an async iterator; `stop()` ends it at the next token."""
 
     def __init__(self, worker: Worker):
@@ -166,20 +191,7 @@ class Job:
                 if self.summary is not None:  # the answer ends with its (interrupted) summary
                     loop.call_soon_threadsafe(put, self.summary)
             self.worker.last_summary = self.summary
-            loop.call_soon_threadsafe(put, _DONE)
-
-    async def events(self) -> AsyncIterator[TokenEvent | AnswerSummary]:
-        """The answer's events as they are made; stops the generation if the consumer leaves."""
-        try:
-            while True:
-                item = await self._queue.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.stop()
+            loop.call_soon_threadsafe(put, DONE)
 
     def stop(self) -> None:
         """Ask the generation to end after the token being computed."""
