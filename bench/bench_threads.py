@@ -1,14 +1,16 @@
 """BLAS threads on the CPU route: one vs every core, by row count, on a model's own layer shapes.
 
-    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7] [--padding]
+    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7] [--padding | --layout]
 
-The resident fp32 route multiplies rows by each layer's weight through NumPy's OpenBLAS
-(kernels/nested_cpu.py). A one-row step is a mat-vec (memory-bound), a prefill, a check or a
-catch-up is a matrix product (compute-bound on one core here). This times both thread counts on
-the same arrays, interleaved round by round, best of the rounds, summed over one decoder layer's
-linears (and the output head), and prints each row count's time as a multiple of one row.
+The resident fp32 route multiplies rows by each layer's weight, kept transposed (in × out),
+through NumPy's OpenBLAS (kernels/nested_cpu.py). A one-row step is a mat-vec (memory-bound), a
+prefill, a check or a catch-up is a matrix product (compute-bound on one core here). This times
+both thread counts on the same arrays, interleaved round by round, best of the rounds, summed over
+one decoder layer's linears (and the output head), and prints each row count's time as a multiple of one row.
 With --padding it compares instead, on every core, products whose rows are zero-padded to a
 multiple of nested_cpu.SGEMM_ROW_MULTIPLE (the route's) against the same products unpadded.
+With --layout it compares, on every core, the route (Wᵀ kept) against the out × in layout it kept
+before (nested_cpu._rows_times), each with its own sgemv/sgemm rule.
 Run it alone: a timing taken while another process shares the cores is not a measurement.
 """
 
@@ -21,7 +23,7 @@ import numpy as np
 
 from mlxswitch.kernels import nested_cpu
 from mlxswitch.kernels._common import _openblas_threads, available_cores
-from mlxswitch.kernels.nested_cpu import _rows_times
+from mlxswitch.kernels.nested_cpu import _rows_times, resident_rows_times
 
 # (out, in) of one decoder layer's linears and the head: Qwen2.5-Coder-1.5B and -0.5B.
 SHAPES = {
@@ -48,26 +50,45 @@ SHAPES = {
 }
 ROWS = (1, 2, 3, 4, 5, 8, 12, 16, 24, 33, 64)
 PADDING_ROWS = (1, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 16, 17, 19, 20, 24, 33, 36)
+LAYOUT_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 24, 33, 48, 64)
 
 
-def _time_rows(weights, xs_by_rows, rows: int) -> float:
+def _time_rows(weights_t, xs_by_rows, rows: int, product=resident_rows_times) -> float:
     started = time.perf_counter()
-    for x, w in zip(xs_by_rows[rows], weights, strict=True):
-        _rows_times(x, w)
+    for x, w in zip(xs_by_rows[rows], weights_t, strict=True):
+        product(x, w)
     return time.perf_counter() - started
+
+
+def compare_layout(weights, rounds: int, rng) -> None:
+    """The route (Wᵀ kept, in × out) against W as out × in, every core, interleaved, best of rounds."""
+    weights_t = [np.ascontiguousarray(w.T) for w in weights]
+    xs = {r: [rng.standard_normal((r, w.shape[1]), dtype=np.float32) for w in weights] for r in LAYOUT_ROWS}
+    arms = {"out × in": (weights, _rows_times), "route": (weights_t, resident_rows_times)}
+    best = {(a, r): float("inf") for a in arms for r in LAYOUT_ROWS}
+    for _ in range(rounds):
+        for rows in LAYOUT_ROWS:
+            for arm, (ws, product) in arms.items():
+                best[(arm, rows)] = min(best[(arm, rows)], _time_rows(ws, xs, rows, product))
+    print(f"{'rows':>5s}{'out×in ms':>12s}{'× 1 row':>9s}{'route ms':>12s}{'× 1 row':>9s}{'gain':>7s}")
+    one = best[("out × in", 1)]
+    for rows in LAYOUT_ROWS:
+        old, new = best[("out × in", rows)], best[("route", rows)]
+        print(f"{rows:5d}{1e3 * old:12.2f}{old / one:9.2f}{1e3 * new:12.2f}{new / one:9.2f}{old / new:7.2f}")
 
 
 def compare_padding(weights, rounds: int, rng) -> None:
     """Padded (the route) against unpadded products on every core, interleaved, best of rounds."""
     multiple = nested_cpu.SGEMM_ROW_MULTIPLE
     xs = {r: [rng.standard_normal((r, w.shape[1]), dtype=np.float32) for w in weights] for r in PADDING_ROWS}
+    weights_t = [np.ascontiguousarray(w.T) for w in weights]
     best = {(m, r): float("inf") for m in (1, multiple) for r in PADDING_ROWS}
     try:
         for _ in range(rounds):
             for rows in PADDING_ROWS:
                 for m in (1, multiple):
                     nested_cpu.SGEMM_ROW_MULTIPLE = m
-                    best[(m, rows)] = min(best[(m, rows)], _time_rows(weights, xs, rows))
+                    best[(m, rows)] = min(best[(m, rows)], _time_rows(weights_t, xs, rows))
     finally:
         nested_cpu.SGEMM_ROW_MULTIPLE = multiple
     head = f"{'rows':>5s}{'unpadded ms':>13s}{'× 1 row':>9s}{'route ms':>13s}{'× 1 row':>9s}{'gain':>7s}"
@@ -84,6 +105,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="qwen1.5b", choices=sorted(SHAPES))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--padding", action="store_true", help="padded against unpadded rows, every core")
+    parser.add_argument("--layout", action="store_true", help="Wᵀ kept (the route) against W, every core")
     args = parser.parse_args()
     threads = _openblas_threads()
     if threads is None:
@@ -91,24 +113,25 @@ def main() -> None:
     _, set_threads = threads
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(shape, dtype=np.float32) for shape in SHAPES[args.shapes]]
-    if args.padding:
+    if args.padding or args.layout:
         set_threads(available_cores())
         print(
             f"shapes {args.shapes}: one decoder layer's linears + 1/8 of the head; best of {args.rounds}; "
             f"{available_cores()} threads"
         )
-        compare_padding(weights, args.rounds, rng)
+        (compare_padding if args.padding else compare_layout)(weights, args.rounds, rng)
         return
+    weights = [np.ascontiguousarray(w.T) for w in weights]  # the route's layout
     counts = sorted({1, available_cores()})
     best = {(t, r): float("inf") for t in counts for r in ROWS}
     for _ in range(args.rounds):
         for rows in ROWS:
             for t in counts:
                 set_threads(t)
-                xs = [rng.standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
+                xs = [rng.standard_normal((rows, w.shape[0]), dtype=np.float32) for w in weights]
                 started = time.perf_counter()
                 for x, w in zip(xs, weights, strict=True):
-                    _rows_times(x, w)
+                    resident_rows_times(x, w)
                 best[(t, rows)] = min(best[(t, rows)], time.perf_counter() - started)
     print(f"shapes {args.shapes}: one decoder layer's linears + 1/8 of the head; best of {args.rounds}")
     print(f"{'rows':>5s}" + "".join(f"{f'{t} thr ms':>12s}{'× 1 row':>9s}" for t in counts) + f"{'gain':>7s}")

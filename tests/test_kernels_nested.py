@@ -759,18 +759,34 @@ def test_a_blas_preloaded_into_mlx_is_named_and_the_bundled_one_is_not():
     assert _preloaded_blas_seen(str(bundled[0])) == {"path": os.path.realpath(bundled[0]), "threads": None}
 
 
-@pytest.mark.parametrize("rows", [1, 2, nested_cpu.GEMV_MAX_ROWS, nested_cpu.GEMV_MAX_ROWS + 1, 7, 8, 13])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 13])
 def test_the_resident_route_equals_a_float64_product_at_every_row_count(rows):
-    # 2..GEMV_MAX_ROWS rows take one sgemv a row, the others one sgemm (zero rows padding 7 and 13
-    # to a multiple of 8): all are x · Wᵀ (+ bias).
+    # 2..RESIDENT_GEMV_MAX_ROWS rows take one sgemv a row, the others one sgemm (zero rows padding
+    # 3, 4, 7 and 13 to a multiple of 8): all are x · W (+ bias) on the kept Wᵀ.
     rng = np.random.default_rng(rows)
     weight = rng.standard_normal((24, 40), dtype=np.float32)
     x = rng.standard_normal((1, rows, 40), dtype=np.float32)
     bias = rng.standard_normal(24, dtype=np.float32)
-    got = nested_cpu.resident_dense_matmul(mx.array(x), weight, mx.array(bias))
+    weight_t = nested_cpu.transposed_copy(lambda r0, r1: weight[r0:r1], 24, 40)
+    got = nested_cpu.resident_dense_matmul(mx.array(x), weight_t, mx.array(bias))
     want = x.astype(np.float64) @ weight.T.astype(np.float64) + bias
     assert got is not None and got.shape == (1, rows, 24) and got.dtype == mx.float32
     assert np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_resident_copy_is_the_dequantized_weight_transposed_block_by_block(monkeypatch):
+    # Blocks of a few rows (a small TRANSPOSE_BLOCK) must tile W exactly: no row lost or repeated.
+    monkeypatch.setattr(nested_cpu, "TRANSPOSE_BLOCK", 4 * 40 * 8)
+    weight = np.random.default_rng(0).standard_normal((37, 40), dtype=np.float32)
+    seen = []
+
+    def rows_of(r0, r1):
+        seen.append((r0, r1))
+        return weight[r0:r1]
+
+    weight_t = nested_cpu.transposed_copy(rows_of, 37, 40)
+    assert weight_t.flags["C_CONTIGUOUS"] and np.array_equal(weight_t, weight.T)
+    assert seen == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 37)]
 
 
 def test_an_mlx_that_prints_no_source_fails_the_emulation_instead_of_skipping(monkeypatch, tmp_path):

@@ -28,6 +28,11 @@ BLAS_MIN_ROWS = 4
 # Qwen2.5-1.5B's layer shapes, one sgemv a row 0.34-0.87× the sgemm, and sgemm wins from 4 rows
 # (bench/results/small-rows-qwen1.5b.txt). Verification of a short draft and catch-up feed such rows.
 GEMV_MAX_ROWS = 3
+# A resident weight is kept transposed (in × out, contiguous): over the Qwen pair's layer shapes
+# OpenBLAS took 0.75-0.9x the time of the out × in layout at 1-16 rows (one row 0.87-0.90x),
+# 0.85-1.0x at 24-64 (bench/bench_threads.py --layout; bench/results/threads-layout-qwen.txt).
+# On it a padded sgemm beats one sgemv a row from 3 rows, so sgemv a row only for 2.
+RESIDENT_GEMV_MAX_ROWS = 2
 # OpenBLAS's sgemm takes the rows past a multiple of 8 through slow edge kernels. Zero rows up to
 # the next multiple made 4-7 rows 1.1-1.5x and 13 rows 1.3x faster over the Qwen pair's layer
 # shapes (2 threads), but 9, 10 and 17 rows (one or two past) 0.96-1.02x: only a remainder of 3
@@ -36,6 +41,7 @@ SGEMM_ROW_MULTIPLE = 8
 SGEMM_PAD_MIN_REMAINDER = 3
 MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry
 DEQUANT_BLOCK = 1 << 20  # weights dequantized at a time by the dense routes
+TRANSPOSE_BLOCK = 1 << 20  # bytes of W transposed at a time into a resident copy (about L2)
 _SCRATCH = threading.local()
 
 
@@ -240,34 +246,67 @@ def describe_cpu_rule() -> str:
     return f"dense fp32 + MLX matmul: {floors}; fewer planes: reference"
 
 
-def resident_dense_matmul(x: mx.array, weight: np.ndarray, bias: mx.array | None = None) -> mx.array | None:
-    """x · Wᵀ (+ bias) on a resident fp32 copy of W, by NumPy's BLAS: the CPU route at every row
-    count for a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
+def resident_dense_matmul(x: mx.array, weight_t: np.ndarray, bias: mx.array | None = None) -> mx.array | None:
+    """x · W (+ bias) on a resident fp32 copy of W kept transposed (`weight_t`: in × out,
+    contiguous; see RESIDENT_GEMV_MAX_ROWS), by NumPy's BLAS: the CPU route at every row count for
+    a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
     bench/results/row-routes-qwen1.5b.txt). None where evaluation is refused (mx.compile)."""
     xs = _numpy_rows(x)
     if xs is None:
         return None
     with blas_threads(xs.shape[0]):
-        y = _from_rows(_rows_times(xs, weight), x)
+        y = _from_rows(resident_rows_times(xs, weight_t), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
 
 
+def resident_rows_times(xs: np.ndarray, weight_t: np.ndarray) -> np.ndarray:
+    """xs · W on the transposed resident weight: one sgemv a row for 2..RESIDENT_GEMV_MAX_ROWS
+    rows, else one (padded) sgemm."""
+    rows = xs.shape[0]
+    if 1 < rows <= RESIDENT_GEMV_MAX_ROWS:
+        out = np.empty((rows, weight_t.shape[1]), dtype=np.result_type(xs, weight_t))
+        for i, row in enumerate(xs):
+            np.matmul(row, weight_t, out=out[i])
+        return out
+    return (_padded_rows(xs) @ weight_t)[:rows] if _pads(rows) else xs @ weight_t
+
+
+def transposed_copy(weight_rows, out_dims: int, in_dims: int) -> np.ndarray:
+    """A resident fp32 Wᵀ (in × out, contiguous) built a block of W's rows at a time:
+    `weight_rows(r0, r1)` gives rows r0..r1 of W as fp32 NumPy. Each block is transposed while it
+    is in cache, and no whole fp32 W is ever held beside the result."""
+    weight_t = np.empty((in_dims, out_dims), dtype=np.float32)
+    step = max(8, TRANSPOSE_BLOCK // (4 * in_dims))
+    for r0 in range(0, out_dims, step):
+        r1 = min(r0 + step, out_dims)
+        weight_t[:, r0:r1] = weight_rows(r0, r1).T
+    return weight_t
+
+
 def _rows_times(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """xs · Wᵀ by NumPy's BLAS: one sgemv a row for 2..GEMV_MAX_ROWS rows, else one product."""
+    """xs · Wᵀ (W: out × in) by NumPy's BLAS: one sgemv a row for 2..GEMV_MAX_ROWS rows, else one
+    product (the layout the resident route used before it kept Wᵀ; bench_threads --layout)."""
     return row_by_row(xs, weight) if 1 < xs.shape[0] <= GEMV_MAX_ROWS else sgemm_rows(xs, weight)
+
+
+def _pads(rows: int) -> bool:
+    return rows > 1 and rows % SGEMM_ROW_MULTIPLE >= SGEMM_PAD_MIN_REMAINDER
+
+
+def _padded_rows(xs: np.ndarray) -> np.ndarray:
+    padded = -(-xs.shape[0] // SGEMM_ROW_MULTIPLE) * SGEMM_ROW_MULTIPLE
+    wide = np.zeros((padded, xs.shape[1]), dtype=xs.dtype)
+    wide[: xs.shape[0]] = xs
+    return wide
 
 
 def sgemm_rows(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """xs · Wᵀ as one sgemm, xs zero-padded to a multiple of SGEMM_ROW_MULTIPLE rows where that
     pays (see there)."""
-    rows = xs.shape[0]
-    if rows == 1 or rows % SGEMM_ROW_MULTIPLE < SGEMM_PAD_MIN_REMAINDER:
+    if not _pads(xs.shape[0]):
         return xs @ weight.T
-    padded = -(-rows // SGEMM_ROW_MULTIPLE) * SGEMM_ROW_MULTIPLE
-    wide = np.zeros((padded, xs.shape[1]), dtype=xs.dtype)
-    wide[:rows] = xs
-    return (wide @ weight.T)[:rows]
+    return (_padded_rows(xs) @ weight.T)[: xs.shape[0]]
 
 
 def row_by_row(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels.nested import quantized_matmul_rows
-from ..kernels.nested_cpu import resident_dense_matmul
+from ..kernels.nested_cpu import resident_dense_matmul, transposed_copy
 from ..kernels.route import current_route
 from .machine import available_memory_bytes
 
@@ -22,7 +22,7 @@ from .machine import available_memory_bytes
 class RowsQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose product takes the dispatcher's route (same arrays, same results)."""
 
-    dense: np.ndarray | None = None  # the resident fp32 weight, when the CPU route keeps one
+    dense: np.ndarray | None = None  # the resident fp32 Wᵀ (in × out), when the CPU route keeps one
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): on the resident fp32 weight, else many rows through one dequantized
@@ -43,17 +43,24 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
         )
 
     def keep_dense(self) -> None:
-        """Dequantize the weight once into a resident fp32 NumPy copy (not a parameter)."""
-        weight = mx.dequantize(
-            self["weight"],
-            self["scales"],
-            self.get("biases"),
-            group_size=self.group_size,
-            bits=self.bits,
-            mode=self.mode,
-        ).astype(mx.float32)
-        mx.eval(weight)
-        self.dense = np.array(weight)
+        """Dequantize the weight once into a resident fp32 NumPy copy of Wᵀ (not a parameter;
+        transposed: the layout BLAS multiplies fastest, see nested_cpu.RESIDENT_GEMV_MAX_ROWS)."""
+        biases = self.get("biases")
+
+        def weight_rows(r0: int, r1: int) -> np.ndarray:
+            block = mx.dequantize(
+                self["weight"][r0:r1],
+                self["scales"][r0:r1],
+                None if biases is None else biases[r0:r1],
+                group_size=self.group_size,
+                bits=self.bits,
+                mode=self.mode,
+            ).astype(mx.float32)
+            return np.array(block)
+
+        out_dims = self["weight"].shape[0]
+        in_dims = self["weight"].shape[1] * 32 // self.bits
+        self.dense = transposed_copy(weight_rows, out_dims, in_dims)
 
 
 class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
