@@ -127,6 +127,47 @@ def _bytes_per_pass(records: list[dict]) -> dict[str, int]:
     return out
 
 
+def _drafting_net(record: dict, large: dict) -> tuple[str, float, float]:
+    """What drafting bought one answer: its kind ("model": the small model ran, "lookup": only
+    prompt lookup was checked, "none"), the large model's one-row steps it saved priced at the
+    large-alone arm's one-row time on the same prompt, and the seconds its checks and the small
+    model's passes took."""
+    passes, alone = record["stats"]["passes"], large["stats"]["passes"]
+    one_row = alone["large 1"]["seconds"] / max(alone["large 1"]["passes"], 1)
+    made_alone = passes.get("large 1", {"passes": 0})["passes"]
+    saved = (alone["large 1"]["passes"] - made_alone) * one_row
+    multi_row = [k for k in passes if k.startswith("large ") and k not in ("large 1", "large prefill")]
+    checks = sum(passes[k]["seconds"] for k in multi_row)
+    small = sum(v["seconds"] for k, v in passes.items() if k.startswith("small"))
+    kind = "model" if small > 0 else "lookup" if checks > 0 else "none"
+    return kind, saved, checks + small
+
+
+def drafting_ledger(arm: str, pairs: list[tuple[dict, dict]]) -> None:
+    """Per kind of answer, what drafting saved against what it spent (see _drafting_net)."""
+    print()
+    print(f"what drafting bought ({arm}), per answer: large one-row steps saved (at the large-alone")
+    print("arm's one-row time on that prompt) against the seconds of checks and small-model passes")
+    kinds: dict[str, list[tuple[float, float]]] = {}
+    for record, large in pairs:
+        kind, saved, spent = _drafting_net(record, large)
+        kinds.setdefault(kind, []).append((saved, spent))
+    for kind in ("model", "lookup", "none"):
+        rows = kinds.get(kind, [])
+        if not rows:
+            continue
+        if kind == "none":
+            print(f"  {kind:7s} {len(rows):3d} answers: nothing drafted")
+            continue
+        nets = [saved - spent for saved, spent in rows]
+        gained, lost = sum(n > 0 for n in nets), sum(n < 0 for n in nets)
+        print(
+            f"  {kind:7s} {len(rows):3d} answers: saved {sum(r[0] for r in rows):6.1f} s, spent "
+            f"{sum(r[1] for r in rows):6.1f} s, net {sum(nets):+6.1f} s; {gained} gained "
+            f"(at most {max(nets):+.1f} s), {lost} lost (at most {min(nets):+.1f} s)"
+        )
+
+
 def report(args: argparse.Namespace) -> None:
     records = load_records(Path(args.records))
     arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in records)]
@@ -209,6 +250,9 @@ def report(args: argparse.Namespace) -> None:
                     f"  {a}: {wall:.1f} s = {wall / (small + prefill):.2f}× the floor, "
                     f"{wall / large:.2f}× the large alone's time"
                 )
+    for a in arms:
+        if a in ("fixed", "adaptive") and "large" in arms:
+            drafting_ledger(a, [(by[(p, a)], by[(p, "large")]) for p in prompts])
     firsts = {a: statistics.median(by[(p, a)]["stats"]["first_token_s"] or 0 for p in prompts) for a in arms}
     print()
     print("first token, median s: " + ", ".join(f"{a} {v:.2f}" for a, v in firsts.items()))

@@ -1,7 +1,7 @@
 """NumPy's BLAS on a few rows: one sgemm against one sgemv per row, over a model's layer shapes.
 
 x (rows, in) · Wᵀ with W a resident fp32 (out, in) weight, as our CPU route for a quantized linear
-computes it (kernels/nested_cpu.resident_dense_matmul), on one BLAS thread as the engine runs it.
+computed it before it kept Wᵀ (bench_threads.py --layout compares the two), on one BLAS thread.
 OpenBLAS's sgemm is slow for a handful of rows (a 2-row product can cost several 1-row ones), which
 is what a verification pass of 1-3 drafted tokens or a short catch-up feeds it. Median ms per call
 over rounds, the routes interleaved.
@@ -16,9 +16,9 @@ import statistics
 
 import numpy as np
 from bench_row_routes import timed_ms  # this folder is on sys.path when run as a script
+from bench_threads import row_by_row
 
 from mlxswitch.kernels._common import single_threaded_blas
-from mlxswitch.kernels.nested_cpu import row_by_row
 
 QWEN_1_5B = "256x1536,1536x1536,8960x1536,1536x8960"  # k/v, q/o, gate/up, down of Qwen2.5-1.5B
 

@@ -10,7 +10,7 @@ one decoder layer's linears (and the output head), and prints each row count's t
 With --padding it compares instead, on every core, products whose rows are zero-padded to a
 multiple of nested_cpu.SGEMM_ROW_MULTIPLE (the route's) against the same products unpadded.
 With --layout it compares, on every core, the route (Wᵀ kept) against the out × in layout it kept
-before (nested_cpu._rows_times), each with its own sgemv/sgemm rule.
+before (`out_by_in_rows_times` here), each with its own sgemv/sgemm rule.
 Run it alone: a timing taken while another process shares the cores is not a measurement.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from mlxswitch.kernels import nested_cpu
 from mlxswitch.kernels._common import _openblas_threads, available_cores
-from mlxswitch.kernels.nested_cpu import _rows_times, resident_rows_times
+from mlxswitch.kernels.nested_cpu import resident_rows_times, sgemm_rows
 
 # (out, in) of one decoder layer's linears and the head: Qwen2.5-Coder-1.5B and -0.5B.
 SHAPES = {
@@ -51,6 +51,22 @@ SHAPES = {
 ROWS = (1, 2, 3, 4, 5, 8, 12, 16, 24, 33, 64)
 PADDING_ROWS = (1, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 16, 17, 19, 20, 24, 33, 36)
 LAYOUT_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 24, 33, 48, 64)
+# The rule of the out × in layout the resident route kept before: one sgemv a row up to 3 rows,
+# where its sgemm was slow (bench/bench_small_rows.py, bench/results/small-rows-qwen1.5b.txt).
+OUT_BY_IN_GEMV_MAX_ROWS = 3
+
+
+def row_by_row(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """xs · Wᵀ (W: out × in) as one sgemv a row."""
+    out = np.empty((xs.shape[0], weight.shape[0]), dtype=np.result_type(xs, weight))
+    for i, row in enumerate(xs):
+        np.matmul(weight, row, out=out[i])
+    return out
+
+
+def out_by_in_rows_times(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """xs · Wᵀ on W kept out × in, by the rule the resident route had for that layout."""
+    return row_by_row(xs, weight) if 1 < xs.shape[0] <= OUT_BY_IN_GEMV_MAX_ROWS else sgemm_rows(xs, weight)
 
 
 def _time_rows(weights_t, xs_by_rows, rows: int, product=resident_rows_times) -> float:
@@ -64,7 +80,7 @@ def compare_layout(weights, rounds: int, rng) -> None:
     """The route (Wᵀ kept, in × out) against W as out × in, every core, interleaved, best of rounds."""
     weights_t = [np.ascontiguousarray(w.T) for w in weights]
     xs = {r: [rng.standard_normal((r, w.shape[1]), dtype=np.float32) for w in weights] for r in LAYOUT_ROWS}
-    arms = {"out × in": (weights, _rows_times), "route": (weights_t, resident_rows_times)}
+    arms = {"out × in": (weights, out_by_in_rows_times), "route": (weights_t, resident_rows_times)}
     best = {(a, r): float("inf") for a in arms for r in LAYOUT_ROWS}
     for _ in range(rounds):
         for rows in LAYOUT_ROWS:

@@ -24,13 +24,9 @@ from .route import current_route, route_for
 # MLX's dense matmul costs as much a row as one plane of quantized_matmul: without NumPy, dense
 # pays only with ≥ 2 planes (from 8 rows with 2, from 4 with 3).
 BLAS_MIN_ROWS = 4
-# OpenBLAS's sgemm is slow for 2-3 rows: a 2-row product took 2.7-5.5× a 1-row one over the
-# Qwen2.5-1.5B's layer shapes, one sgemv a row 0.34-0.87× the sgemm, and sgemm wins from 4 rows
-# (bench/results/small-rows-qwen1.5b.txt). Verification of a short draft and catch-up feed such rows.
-GEMV_MAX_ROWS = 3
 # A resident weight is kept transposed (in × out, contiguous): over the Qwen pair's layer shapes
-# OpenBLAS took 0.75-0.9x the time of the out × in layout at 1-16 rows (one row 0.87-0.90x),
-# 0.85-1.0x at 24-64 (bench/bench_threads.py --layout; bench/results/threads-layout-qwen.txt).
+# OpenBLAS took 0.75-0.93x the time of the out × in layout at 1-16 rows (one row 0.87-0.90x),
+# 0.85-1.02x at 24-64 (bench/bench_threads.py --layout; bench/results/threads-layout-qwen.txt).
 # On it a padded sgemm beats one sgemv a row from 3 rows, so sgemv a row only for 2.
 RESIDENT_GEMV_MAX_ROWS = 2
 # OpenBLAS's sgemm takes the rows past a multiple of 8 through slow edge kernels. Zero rows up to
@@ -284,12 +280,6 @@ def transposed_copy(weight_rows, out_dims: int, in_dims: int) -> np.ndarray:
     return weight_t
 
 
-def _rows_times(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """xs · Wᵀ (W: out × in) by NumPy's BLAS: one sgemv a row for 2..GEMV_MAX_ROWS rows, else one
-    product (the layout the resident route used before it kept Wᵀ; bench_threads --layout)."""
-    return row_by_row(xs, weight) if 1 < xs.shape[0] <= GEMV_MAX_ROWS else sgemm_rows(xs, weight)
-
-
 def _pads(rows: int) -> bool:
     return rows > 1 and rows % SGEMM_ROW_MULTIPLE >= SGEMM_PAD_MIN_REMAINDER
 
@@ -307,11 +297,3 @@ def sgemm_rows(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if not _pads(xs.shape[0]):
         return xs @ weight.T
     return (_padded_rows(xs) @ weight.T)[: xs.shape[0]]
-
-
-def row_by_row(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """xs · Wᵀ as one sgemv a row (what the resident route does for a few rows)."""
-    out = np.empty((xs.shape[0], weight.shape[0]), dtype=np.result_type(xs, weight))
-    for i, row in enumerate(xs):
-        np.matmul(weight, row, out=out[i])
-    return out
