@@ -243,8 +243,8 @@ def describe_cpu_rule() -> str:
 
 
 def resident_dense_matmul(x: mx.array, weight_t: np.ndarray, bias: mx.array | None = None) -> mx.array | None:
-    """x · W (+ bias) on a resident fp32 copy of W kept transposed (`weight_t`: in × out,
-    contiguous; see RESIDENT_GEMV_MAX_ROWS), by NumPy's BLAS: the CPU route at every row count for
+    """x · Wᵀ (+ bias) on a resident fp32 copy of Wᵀ (`weight_t`: in × out, contiguous; see
+    RESIDENT_GEMV_MAX_ROWS), by NumPy's BLAS: the CPU route at every row count for
     a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
     bench/results/row-routes-qwen1.5b.txt). None where evaluation is refused (mx.compile)."""
     xs = _numpy_rows(x)
@@ -257,8 +257,8 @@ def resident_dense_matmul(x: mx.array, weight_t: np.ndarray, bias: mx.array | No
 
 
 def resident_rows_times(xs: np.ndarray, weight_t: np.ndarray) -> np.ndarray:
-    """xs · W on the transposed resident weight: one sgemv a row for 2..RESIDENT_GEMV_MAX_ROWS
-    rows, else one (padded) sgemm."""
+    """xs · Wᵀ on the kept Wᵀ: one sgemv a row for 2..RESIDENT_GEMV_MAX_ROWS rows, else one
+    (padded) sgemm."""
     rows = xs.shape[0]
     if 1 < rows <= RESIDENT_GEMV_MAX_ROWS:
         out = np.empty((rows, weight_t.shape[1]), dtype=np.result_type(xs, weight_t))
