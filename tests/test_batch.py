@@ -175,3 +175,30 @@ class _FakeCache:
         n = min(self.offset, n)
         self.offset -= n
         return n
+
+
+def _sampled(engine, session, prompt: str, seed: int | None) -> _Collector:
+    settings = GenerationSettings(max_tokens=12, temperature=1.0, seed=seed)
+    collected = _Collector()
+    engine.add(session.prepare_conversation([{"role": "user", "content": prompt}], settings), collected)
+    return collected
+
+
+def test_a_seeded_answer_is_the_same_whoever_shares_the_batch(loaded):
+    # Each seeded row draws from its own stream: a sampled neighbour (seeded or not) drawing in
+    # the same steps changes nothing, and a different seed gives a different answer.
+    session = _session(loaded)
+    engine = BatchedAnswers(session, max_batch=4)
+    alone = _sampled(engine, session, PROMPTS[1], seed=7)
+    _run(engine)
+    crowded = [
+        _sampled(engine, session, PROMPTS[0], seed=None),
+        _sampled(engine, session, PROMPTS[1], seed=7),
+        _sampled(engine, session, PROMPTS[1], seed=8),
+        _sampled(engine, session, PROMPTS[2], seed=None),
+    ]
+    _run(engine)
+    ids = [[e.id for e in c.summary.tokens] for c in (alone, *crowded) if c.summary is not None]
+    assert len(ids) == 5
+    assert ids[2] == ids[0]  # seed 7 beside three sampled neighbours: as alone
+    assert ids[3] != ids[0]  # seed 8: another answer

@@ -13,6 +13,7 @@ model computes the next position (and how many rows), which mlx-lm's batch canno
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,25 @@ def batchable(session: ChatSession) -> bool:
     """Whether the session's answers can be batched: one local tier, no cloud, no drafting."""
     ladder = session.ladder
     return len(ladder.tiers) == 1 and ladder.tiers[0].gear is None and session.cloud is None
+
+
+class SeededSampler:
+    """A seeded request's sampler inside a batch. mlx-lm calls each row's own sampler in turn;
+    this one seeds the generator from (seed, step) before its row samples, then reseeds it from
+    fresh entropy for the rows after it. So a seeded answer is the same whoever shares the batch,
+    and no other row's draws follow from its seed."""
+
+    def __init__(self, sampler: Callable[[mx.array], mx.array], seed: int):
+        self.sampler, self.seed, self.step = sampler, seed, 0
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        """Sample this row's token from its own stream."""
+        mx.random.seed((self.seed * 0x9E3779B97F4A7C15 + self.step) % (1 << 64))
+        self.step += 1
+        try:
+            return self.sampler(logprobs)
+        finally:
+            mx.random.seed(int.from_bytes(os.urandom(8), "little"))
 
 
 @dataclass
@@ -86,8 +106,9 @@ class BatchedAnswers:
             if taken is not None:
                 caches, reused = taken
         settings = prepared.settings
+        sampler = self.session.sampler_for(settings)
         if settings.seed is not None:
-            mx.random.seed(settings.seed)  # one generator for the batch: reproducible when alone
+            sampler = SeededSampler(sampler, settings.seed)
         builder = AnswerBuilder(
             prepared.prompt,
             self.tokenizer,
@@ -103,7 +124,7 @@ class BatchedAnswers:
             [prompt_ids[reused:]],
             max_tokens=[prepared.budget],
             caches=None if caches is None else [caches],
-            samplers=[self.session.sampler_for(settings)],
+            samplers=[sampler],
         )
         self._answers[uid] = _Answer(prepared, builder, deliver)
         return uid
