@@ -33,6 +33,8 @@ RESIDENT_GEMV_MAX_ROWS = 2
 # the next multiple made 4-7 rows 1.1-1.5x and 13 rows 1.3x faster over the Qwen pair's layer
 # shapes (2 threads), but 9, 10 and 17 rows (one or two past) 0.96-1.02x: only a remainder of 3
 # or more is padded (bench/bench_threads.py --padding; bench/results/threads-padding-qwen.txt).
+# On the transposed resident weight it held: 4-7 rows 1.14-1.87x, 13 rows 1.30-1.35x
+# (bench/results/threads-padding-transposed-qwen.txt).
 SGEMM_ROW_MULTIPLE = 8
 SGEMM_PAD_MIN_REMAINDER = 3
 MX_DENSE_MIN_ROWS = {2: 8, 3: 4}  # planes → rows; more planes than listed: the last entry
