@@ -267,7 +267,7 @@ def resident_rows_times(xs: np.ndarray, weight_t: np.ndarray) -> np.ndarray:
         for i, row in enumerate(xs):
             np.matmul(row, weight_t, out=out[i])
         return out
-    return (_padded_rows(xs) @ weight_t)[:rows] if _pads(rows) else xs @ weight_t
+    return _padded_product(xs, weight_t)
 
 
 def transposed_copy(weight_rows, out_dims: int, in_dims: int) -> np.ndarray:
@@ -282,20 +282,17 @@ def transposed_copy(weight_rows, out_dims: int, in_dims: int) -> np.ndarray:
     return weight_t
 
 
-def _pads(rows: int) -> bool:
-    return rows > 1 and rows % SGEMM_ROW_MULTIPLE >= SGEMM_PAD_MIN_REMAINDER
-
-
-def _padded_rows(xs: np.ndarray) -> np.ndarray:
-    padded = -(-xs.shape[0] // SGEMM_ROW_MULTIPLE) * SGEMM_ROW_MULTIPLE
-    wide = np.zeros((padded, xs.shape[1]), dtype=xs.dtype)
-    wide[: xs.shape[0]] = xs
-    return wide
+def _padded_product(xs: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """xs · right as one sgemm, xs zero-padded to a multiple of SGEMM_ROW_MULTIPLE rows where 3
+    or more rows are past one (see there)."""
+    rows = xs.shape[0]
+    if rows == 1 or rows % SGEMM_ROW_MULTIPLE < SGEMM_PAD_MIN_REMAINDER:
+        return xs @ right
+    wide = np.zeros((-(-rows // SGEMM_ROW_MULTIPLE) * SGEMM_ROW_MULTIPLE, xs.shape[1]), dtype=xs.dtype)
+    wide[:rows] = xs
+    return (wide @ right)[:rows]
 
 
 def sgemm_rows(xs: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """xs · Wᵀ as one sgemm, xs zero-padded to a multiple of SGEMM_ROW_MULTIPLE rows where that
-    pays (see there)."""
-    if not _pads(xs.shape[0]):
-        return xs @ weight.T
-    return (_padded_rows(xs) @ weight.T)[: xs.shape[0]]
+    """xs · Wᵀ (W: out × in, as a nested gear's dequantized block is) as one padded sgemm."""
+    return _padded_product(xs, weight.T)
