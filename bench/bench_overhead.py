@@ -2,7 +2,7 @@
 generate_step, on a model so small that only the loops' own work is left. One run, rounds
 alternating.
 
-    uv run python bench/bench_overhead.py [--tokens 256] [--rounds 5] [--cli]
+    uv run python bench/bench_overhead.py [--tokens 256] [--rounds 5] [--cli | --head N | --pair]
 
 The route is forced to a Mac's (kernels/route.py: route_for("metal", "mx") — MLX's own
 nn.QuantizedLinear modules, mx-op signals), minus the device: the ops run on this CPU. The model
@@ -14,6 +14,20 @@ both sides decode it greedily, end-of-sequence ignored, from the same prompt ids
 Printed: ms per decoded token (first to last token, median over rounds) and the ratio; Python
 function calls per decoded token (sys.setprofile over the decode, calls into C included); and
 the MLX graph nodes of one decode step (mx.export_to_dot of what each loop evaluates a token).
+
+--pair measures the two-tier loops instead, on a tiny correlated pair (the small model above,
+and a "large" one of 4 layers: the small one's 2 layers plus 2 whose outputs are scaled near zero,
+so the two mostly agree and routing and drafting both have work): per arm, ms per decoded token,
+passes and rows (past the prompt) per token through each model's body, and "fed − held": the
+rows each model's body was fed beyond the ids its cache holds at the end (for the routed loops,
+ids fed again after a queued step was rolled back or a position recomputed; for verified
+drafting, also the drafted ids its checks rejected), against mlx-lm's generate_step and
+speculative_generate_step on the same pair. Thresholds are the small model's own entropy
+quantiles on this prompt, so the routed arms switch both ways.
+
+--head N gives the model an output head of N ids (the embedding still takes every prompt id, and
+the tokenizer detokenizes the ids it makes): its 49,152-id head is most of a token's compute here,
+so a small head leaves the loops' own work as most of what is timed.
 
 --cli also times the two command lines on the same model saved as an mlx-lm directory, with
 MLXSWITCH_KERNELS=mx (MLX's ops; on a CPU our linears keep their module, as the route says):
@@ -37,7 +51,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
@@ -45,7 +59,7 @@ from mlx_lm.utils import save_config, save_model
 
 from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
-from mlxswitch.decoding.tiers import single_model_ladder
+from mlxswitch.decoding.tiers import Ladder, pair_ladder, single_model_ladder
 from mlxswitch.kernels.route import route_for, use_route
 from mlxswitch.models.sources import load_model
 from mlxswitch.models.weights import LoadedModel
@@ -55,12 +69,15 @@ from mlxswitch.routing.signals import read_time_signals
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def tiny_model(vocab_size: int) -> tuple[nn.Module, dict]:
-    """Random 4-bit llama weights: 2 layers of width 64 over the tokenizer's vocabulary."""
+def tiny_model(
+    vocab_size: int, layers: int = 2, quantize: bool = True, head: int | None = None
+) -> tuple[nn.Module, dict]:
+    """Random 4-bit llama weights: 2 layers of width 64 over the tokenizer's vocabulary; with
+    `head`, an output head of that many ids only (the embedding still takes every prompt id)."""
     config = {
         "model_type": "llama",
         "hidden_size": 64,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": layers,
         "intermediate_size": 128,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -70,9 +87,33 @@ def tiny_model(vocab_size: int) -> tuple[nn.Module, dict]:
     }
     mx.random.seed(0)
     model = llama.Model(llama.ModelArgs.from_dict(config))
-    nn.quantize(model, group_size=32, bits=4)
+    if head is not None:
+        model.lm_head = nn.Linear(config["hidden_size"], head, bias=False)
+        config = {**config, "vocab_size": head}  # the output distribution's size
+    if quantize:
+        nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     return model, config
+
+
+def twin_pair(vocab_size: int) -> tuple[nn.Module, nn.Module, dict]:
+    """The small model and a 4-layer "large" one: the small one's weights plus 2 layers whose
+    output projections are scaled to 3%, so their distributions are close but not equal. The
+    head is scaled ×12 so that entropies spread (about 1–5 bits) as a trained model's do."""
+    small, config = tiny_model(vocab_size, quantize=False)
+    small.lm_head.weight = small.lm_head.weight * 12
+    large, _ = tiny_model(vocab_size, layers=4, quantize=False)
+    for name in ("embed_tokens", "norm"):
+        setattr(large.model, name, getattr(small.model, name))
+    large.lm_head = small.lm_head
+    large.model.layers[:2] = small.model.layers
+    for layer in large.model.layers[2:]:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * 0.03
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 0.03
+    for model in (small, large):
+        nn.quantize(model, group_size=32, bits=4)
+        mx.eval(model.parameters())
+    return small, large, config
 
 
 class CallCounter:
@@ -179,18 +220,138 @@ def cli_rates(directory: Path, tokens: int) -> tuple[float, float]:
     return float(ours_rate), float(found.group(1))
 
 
+class BodyRows:
+    """Passes and rows through each model's body (its `model.model`), while active."""
+
+    def __init__(self, bodies: dict[str, nn.Module]):
+        self.names = {id(body): name for name, body in bodies.items()}
+        self.classes = {type(body) for body in bodies.values()}
+        self.passes = dict.fromkeys(bodies, 0)
+        self.rows = dict.fromkeys(bodies, 0)
+
+    def __enter__(self) -> BodyRows:
+        self.real = {cls: cls.__call__ for cls in self.classes}
+        for cls, real in self.real.items():
+
+            def counted(body, x, *args, _real=real, **kwargs):
+                name = self.names.get(id(body))
+                if name is not None:
+                    self.passes[name] += 1
+                    self.rows[name] += x.shape[1]
+                return _real(body, x, *args, **kwargs)
+
+            cls.__call__ = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for cls, real in self.real.items():
+            cls.__call__ = real
+
+
+def pair_configs(session: ChatSession, prompt: str) -> dict[str, RouterConfig]:
+    """The routed arms, with thresholds at the small model's entropy quantiles on this prompt."""
+    entropies = sorted(e.entropy for e in session.stream(prompt) if isinstance(e, TokenEvent))
+    q = lambda f: entropies[int(f * (len(entropies) - 1))]
+    return {
+        "ead": RouterConfig(up=(q(0.6),), down=(q(0.4),), window=3, min_run=2),
+        "peek": RouterConfig(up=(q(0.7),), down=(q(0.5),), window=1, min_run=1, policy="peek"),
+        "verified": RouterConfig(up=(q(0.8),), window=1, min_run=1, policy="peek", verify=True),
+    }
+
+
+def pair_main(args: argparse.Namespace, tokenizer) -> None:
+    """The two-tier loops on a tiny correlated pair against mlx-lm's speculative decoding."""
+    small, large, config = twin_pair(len(tokenizer.get_vocab()))
+    models = {
+        "small": LoadedModel("bench:small", "small", small, tokenizer, config, "4-bit", "mlx-module"),
+        "large": LoadedModel("bench:large", "large", large, tokenizer, config, "4-bit", "mlx-module"),
+    }
+    settings = GenerationSettings(max_tokens=args.tokens)
+    alone = ChatSession(single_model_ladder(models["small"]), RouterConfig(up=()), settings)
+    configs = pair_configs(alone, PROMPT)
+    ladder: Ladder = pair_ladder(models["small"], models["large"])
+    prompt_ids = alone.render([{"role": "user", "content": PROMPT}])
+    sampler = make_sampler(temp=0.0)
+
+    def ours(config: RouterConfig) -> Iterator[int]:
+        session = ChatSession(ladder, config, settings)
+        for event in session.stream(PROMPT):
+            if isinstance(event, TokenEvent):
+                yield event.id
+
+    def speculative() -> Iterator[int]:
+        for token, _, _ in speculative_generate_step(
+            mx.array(prompt_ids), large, small, max_tokens=args.tokens, sampler=sampler
+        ):
+            yield int(token)
+
+    def large_alone() -> Iterator[int]:
+        for token, _ in generate_step(mx.array(prompt_ids), large, max_tokens=args.tokens, sampler=sampler):
+            yield int(token)
+
+    arms = {
+        "large alone (mlx-lm)": large_alone,
+        "mlx-lm speculative": speculative,
+        **{name: (lambda c=c: ours(c)) for name, c in configs.items()},
+    }
+    bodies = {name: m.model.model for name, m in models.items()}
+    for make in arms.values():  # warm every arm up
+        per_token_ms(make(), args.tokens)
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    counts: dict[str, tuple[dict, dict, int]] = {}
+    refed: dict[str, int] = {}
+    for _ in range(args.rounds):
+        for name, make in arms.items():
+            if name in configs:  # what each model holds at the end, against what it was fed
+                ladder.reset()
+            with BodyRows(bodies) as body_rows:
+                ms, _ = per_token_ms(make(), args.tokens)
+            times[name].append(ms)
+            # Rows past the prompt: every model an arm runs reads the prompt once.
+            rows = {m: r - len(prompt_ids) if r else 0 for m, r in body_rows.rows.items()}
+            counts[name] = (body_rows.passes, rows, args.tokens)
+            if name in configs:
+                refed[name] = sum(body_rows.rows[g.name] - g.seen for g in ladder.groups)
+
+    print(
+        f"tiny correlated pair (2 and 4 layers × 64, vocab {config['vocab_size']}), a Mac's route on this CPU"
+    )
+    print(f"{args.tokens} tokens an answer, {args.rounds} rounds, arms alternating; greedy; EOS ignored")
+    for name, c in configs.items():
+        thresholds = f"up {c.up[0]:.3f} bits, down {c.downs()[0]:.3f}"
+        print(f"  {name}: {thresholds}, window {c.window}, min run {c.min_run}")
+    header = f"{'arm':<22} {'ms/tok':>7} {'small passes':>13} {'large passes':>13} {'small rows':>11}"
+    print(header + f" {'large rows':>11} {'fed − held':>11}   (per token; rows past the prompt)")
+    for name in arms:
+        passes, rows, n = counts[name]
+        again = str(refed[name]) if name in refed else "–"
+        print(
+            f"{name:<22} {statistics.median(times[name]):>7.3f} {passes['small'] / n:>13.2f} "
+            f"{passes['large'] / n:>13.2f} {rows['small'] / n:>11.2f} {rows['large'] / n:>11.2f} {again:>11}"
+        )
+
+
 def main() -> None:
     """Alternate the two loops, then print the table and the ratio."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cli", action="store_true", help="also time the two command lines")
+    parser.add_argument("--pair", action="store_true", help="the two-tier loops on a tiny pair instead")
+    parser.add_argument(
+        "--head", type=int, help="an output head of this many ids: little compute left but the loops'"
+    )
     args = parser.parse_args()
+    if args.head is not None and (args.cli or args.pair or args.head < 2):
+        parser.error("--head takes at least 2 ids, and times the in-process loops alone (not --cli, --pair)")
 
     use_route(route_for("metal", "mx", metal=False, blas_threads=1))  # a Mac's route, on this CPU
     tokenizer = load_model("embedded").tokenizer
     tokenizer.eos_token_ids = set()  # both sides decode exactly --tokens tokens
-    model, config = tiny_model(len(tokenizer.get_vocab()))
+    if args.pair:
+        pair_main(args, tokenizer)
+        return
+    model, config = tiny_model(len(tokenizer.get_vocab()), head=args.head)
     loaded = LoadedModel("bench:tiny", "tiny", model, tokenizer, config, "4-bit", "mlx-module")
     session = ChatSession(
         single_model_ladder(loaded), RouterConfig(up=()), GenerationSettings(max_tokens=args.tokens)
@@ -209,7 +370,8 @@ def main() -> None:
         calls_ours.append(calls)
     nodes_theirs, nodes_ours = step_graphs(model, prompt_ids)
 
-    print(f"tiny 4-bit llama (2 layers × 64, vocab {config['vocab_size']}), a Mac's route on this CPU")
+    head = f"an output head of {args.head} ids" if args.head else f"vocab {config['vocab_size']}"
+    print(f"tiny 4-bit llama (2 layers × 64, {head}), a Mac's route on this CPU")
     print(f"{args.tokens} tokens a round, {args.rounds} rounds alternating; greedy; EOS ignored")
     print(f"{'round':>5} {'mlx-lm ms/tok':>14} {'mlxswitch ms/tok':>17} {'ratio':>6}")
     for i, (a, b) in enumerate(zip(theirs, ours, strict=True)):

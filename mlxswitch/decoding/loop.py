@@ -6,9 +6,14 @@ Per position the policy names a rung; that rung's cache group is fed the ids it 
 (routing/walk.py, the walk the bench replays). The loop yields a `Step` per token and knows
 nothing of text, timing or answers.
 
-Pipelining as in mlx-lm's generate_step: the next position is built on the same rung and
-`async_eval`ed before this token is read. A move is rare (min_run), and then that speculative
-step is undone by trimming its cache group by one token.
+Pipelining as in mlx-lm's generate_step: the next position is queued (`async_eval`) before this
+token is read, so host work overlaps the model's. Nothing queued is thrown away when the policy
+moves: where the policy's next rung is certain whatever this token measures, the whole step is
+queued there; where it is not, only the model's body is queued on the rung that made the token
+(its cache write stands as that model's catch-up if another model goes next; the head runs once
+the rung stays), and on gears sharing one cache, where a step at one gear is void at another,
+nothing is queued. `discarded` counts queued work thrown away (only a model that does not split
+into body and head, or a guard fired by broken logits).
 
 A rung above the ladder's tiers is the cloud: `cloud_span(answer_ids, room)` returns the ids of
 a continuation (re-tokenized; maybe none), which are appended to the sequence as Steps without
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from ..models.heads import SplitModel
 from ..routing.policies import Policy
 from ..routing.probe import Probe
 from ..routing.registry import SIGNAL_BY_NAME, uncertainty
@@ -109,6 +115,21 @@ class _Pending:
         return token_and_top(np.asarray(self.logprobs.astype(mx.float32)).reshape(-1), token, top)
 
 
+@dataclass
+class _QueuedBody:
+    """The next position's body on `rung` (its cache write and last hidden state), queued before
+    the policy decides; `TokenLoop._finish` adds the head once the policy stays on `rung`."""
+
+    rung: int
+    hidden: mx.array  # (1, 1, H)
+    split: SplitModel
+    seen: int  # the ids its cache group held once it was fed: its head scores the next position
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        return [self.hidden]
+
+
 def token_and_top(logprobs: np.ndarray, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
     """From one distribution's log-probabilities: the token's, and the `top` likeliest ids with theirs."""
     best = np.argpartition(-logprobs, top - 1)[:top] if top else np.array([], dtype=np.int64)
@@ -122,7 +143,7 @@ class _LivePosition:
     def __init__(self, loop: TokenLoop, pending: _Pending, queue_next: bool):
         self.loop, self.pending, self.queue_next = loop, pending, queue_next
         self.catch_up = dict(pending.catch_up)  # ids fed per cache group, every try counted
-        self.speculative: _Pending | None = None
+        self.speculative: _Pending | _QueuedBody | None = None
         self.token = -1  # read in take()
 
     def measure(self, rung: int, attempt: int) -> float | None:
@@ -133,12 +154,10 @@ class _LivePosition:
         """Queue the next position, then read this one's token and routed signal."""
         pending = self._on(rung)
         if self.queue_next:
-            # Queued before the policy decides: on the rung that made this token (where the next
-            # position starts unless the policy moves), or on the bottom rung for a bottom-only
-            # signal, where every position starts. Nothing is read before: the pipeline stays full.
-            first_rung = 0 if self.loop.bottom_first else pending.rung
-            self.speculative = self.loop._produce(first_rung, pending.token)
-            mx.async_eval(*self.speculative.arrays)
+            # Queued before the policy decides (nothing is read before: the pipeline stays full).
+            self.speculative = self.loop._queue(pending, self.loop.policy.certain_next(rung))
+            if self.speculative is not None:
+                mx.async_eval(*self.speculative.arrays)
         self.token = int(pending.token.item())  # type: ignore[arg-type]  # mlx: int | float | complex
         return pending.signal(self.loop.signal)
 
@@ -190,6 +209,10 @@ class TokenLoop:
         # Seconds per model: a position computed on two rungs (a review) is booked to the one
         # whose token was taken, with the rows it was fed; no sync is added to split it.
         self.ledger = PassLedger()
+        self.discarded = 0  # queued steps whose work was thrown away, whole or in part
+        # A queued body the policy moved away from: if its rung computes that position after
+        # all (peek's review), the head is run on it instead of feeding the id again.
+        self._parked: _QueuedBody | None = None
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
@@ -253,22 +276,27 @@ class TokenLoop:
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             n += 1
-            if speculative is None:
-                continue
-            if decision.rung != speculative.rung:
-                self._roll_back(self._group(speculative.rung))
-                if decision.rung > self.top_local:
-                    for step in self._span(budget - n):
-                        n += 1
-                        yield step
-                    if n >= budget:
-                        return
-                    decision = walk.resume(self.top_local)
-                pending = self._produce(decision.rung)
+            if n >= budget:
+                return
+            if speculative is not None and decision.rung == speculative.rung:
+                pending, guard = self._finish(speculative), False
                 mx.async_eval(*pending.arrays)
-                guard = decision.guard
-            else:
-                pending, guard = speculative, False
+                continue
+            if isinstance(speculative, _QueuedBody):
+                self._parked = speculative
+            # A move (or nothing was queued). A queued step's cache write stands: the token it fed
+            # is real; `_produce` rolls it back only where this rung's gear shares that cache.
+            self.discarded += isinstance(speculative, _Pending)
+            if decision.rung > self.top_local:
+                for step in self._span(budget - n):
+                    n += 1
+                    yield step
+                if n >= budget:
+                    return
+                decision = walk.resume(self.top_local)
+            pending = self._produce(decision.rung)
+            mx.async_eval(*pending.arrays)
+            guard = decision.guard
 
     def _span(self, room: int) -> Iterator[Step]:
         """The cloud's continuation of the answer so far, at most `room` tokens, as Steps."""
@@ -279,25 +307,80 @@ class TokenLoop:
             self.ids.append(token)
             yield Step(token, rung, None, None, False, (rung,), (None,))
 
+    def _queue(self, made: _Pending, certain: int | None) -> _Pending | _QueuedBody | None:
+        """The next position, queued before the policy decides, after the token `made` made.
+
+        Where the policy's next rung is `certain` (and its cache holds every id before this
+        token), the whole step there. Else on the rung that made the token (or the bottom rung
+        for a bottom-only signal, where every position starts): its body only, whose cache write
+        is never void (the next rung's model catches up on what it lacks) — unless gears share
+        that cache, where nothing is queued.
+        """
+        if certain is not None and self._group(certain).seen == len(self.ids):
+            return self._produce(certain, made.token)
+        rung = 0 if self.bottom_first else made.rung
+        tier = self.ladder.tiers[rung]
+        if sum(t.group is tier.group for t in self.ladder.tiers) > 1:
+            return None
+        split = self._split(rung)
+        if split is None:  # no body to queue alone: the whole step (its head is lost on a move)
+            return self._produce(rung, made.token)
+        hidden = tier.group.body(made.token, tier.gear, self.prefill_step, split)
+        return _QueuedBody(rung, hidden, split, tier.group.seen)
+
+    def _finish(self, queued: _Pending | _QueuedBody) -> _Pending:
+        """The queued position as a whole step: a queued body gets its head."""
+        if isinstance(queued, _Pending):
+            return queued
+        tier = self.ladder.tiers[queued.rung]
+        logits = tier.group.head(queued.hidden, tier.gear, queued.split)
+        probe = self._probe(queued.rung)
+        return self._pending(queued.rung, logits, {}, queued.hidden[0, -1] if probe else None, probe)
+
+    def _split(self, rung: int) -> SplitModel | None:
+        """The body/head split `rung` runs with: the probe's where it reads this rung, else its model's."""
+        if self._probe(rung) is not None:
+            return self.ladder.bottom_split()
+        return self._group(rung).checked_split()
+
+    def _probe(self, rung: int) -> Probe | None:
+        # The probe reads the bottom rung's hidden state: only there is the model run in halves.
+        return self.ladder.probe if rung == 0 and self.bottom_first else None
+
     def _produce(self, rung: int, token: mx.array | None = None) -> _Pending:
         """Lazily run rung's tier on the ids its group has not seen (or on `token`)."""
         tier = self.ladder.tiers[rung]
         group = tier.group
         catch_up = {}
         if token is None:
+            parked = self._parked
+            if parked is not None and parked.rung == rung and parked.seen == group.seen == len(self.ids):
+                self._parked = None
+                return self._finish(parked)
             if group.seen >= len(self.ids):
-                # It holds every id already but this position must be computed (again) here.
-                self._roll_back(group, required=True)
+                # It holds every id already (a step queued at another gear of this cache) but this
+                # position must be computed here: drop the newest id (trimmed, or started over).
+                group.rewind(group.seen - 1)
             # Generated ids this group did not compute itself: the price of switching.
             fed = len(self.ids) - max(group.seen, self.prompt_tokens)
             if fed > 0:
                 catch_up[group.name] = fed
             token = mx.array(self.ids[group.seen :])
-        # The probe reads the bottom rung's hidden state: only there is the model run in halves.
-        probe = self.ladder.probe if rung == 0 and self.bottom_first else None
+        probe = self._probe(rung)
         logits, hidden = group.feed(
             token, tier.gear, self.prefill_step, self.ladder.bottom_split() if probe is not None else None
         )
+        return self._pending(rung, logits, catch_up, hidden, probe)
+
+    def _pending(
+        self,
+        rung: int,
+        logits: mx.array,
+        catch_up: dict[str, int],
+        hidden: mx.array | None,
+        probe: Probe | None,
+    ) -> _Pending:
+        """The position `logits` score, lazily: its sampled id, signals and log-probabilities."""
         signals = read_time_signals(logits)
         if self.normalize_for_sampler or self.top_logprobs is not None:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -306,13 +389,3 @@ class TokenLoop:
 
     def _group(self, rung: int) -> CacheGroup:
         return self.ladder.tiers[rung].group
-
-    @staticmethod
-    def _roll_back(group: CacheGroup, required: bool = False) -> None:
-        """Drop the group's newest token so that it is fed again, by whichever tier needs it."""
-        if group.trimmable:
-            group.rewind(group.seen - 1)
-        elif required:
-            # A recurrent cache cannot forget one token: rebuild it from the whole sequence.
-            group.reset()
-        # Otherwise keep it: the speculative step fed a real token, so the cache is still valid.

@@ -70,6 +70,9 @@ class Policy(Protocol):
     def commit(self, rung: int, entropy: float | None) -> Decision:
         """The token was taken from `rung` with entropy H; the decision for the next position."""
 
+    def certain_next(self, rung: int) -> int | None:
+        """The rung commit(rung, H) will name for every finite H; None where H decides it."""
+
     def resume(self, rung: int) -> Decision:
         """A cloud span ended: local decoding goes on at `rung`."""
 
@@ -97,6 +100,10 @@ class EadPolicy:
     def commit(self, rung: int, entropy: float | None) -> Decision:
         """Observe the token's entropy (see Router.observe)."""
         return self.router.observe(entropy)
+
+    def certain_next(self, rung: int) -> int | None:
+        """The router's next tier where no finite entropy can move it (see Router.certain_next)."""
+        return self.router.certain_next()
 
     def resume(self, rung: int) -> Decision:
         """Go on at `rung` after a cloud span (see Router.resume)."""
@@ -178,6 +185,17 @@ class PeekPolicy:
         ):
             self._base, self._count = self._base + 1, 0  # to the cloud, on the window (see above)
         return Decision(self._next_rung(), self._base - before, False, self.mean)
+
+    def certain_next(self, rung: int) -> int | None:
+        """The next position's rung, unless the mean this token enters may step down or climb to the cloud."""
+        base, count = (rung, 1) if rung > self._base else (self._base, self._count + 1)
+        ripe = count >= self.config.min_run
+        may_descend = ripe and base > 0 and self._down[base - 1] > -math.inf
+        may_climb = ripe and base == self.top_local < self._top and self._up[base] < math.inf
+        if may_climb or (may_descend and not self.bottom_only):
+            return None
+        # Bottom-only, a step down changes the held rung but every position still starts on rung 0.
+        return 0 if self.bottom_only else base
 
     def resume(self, rung: int) -> Decision:
         """Go on at `rung` after a cloud span, with a fresh count and the window kept."""

@@ -324,6 +324,19 @@ class Router:
                 self._count = 0
         return Decision(self._rung, moved, False, self.mean)
 
+    def certain_next(self) -> int | None:
+        """The tier observe(H) will name for every finite H, or None where H decides it: once the
+        count reaches min_run the mean may cross a threshold, and a hot streak may fire the guard."""
+        may_guard = (
+            self._rung < self.top_local
+            and math.isfinite(self._hot_bits)
+            and self._streak + 1 >= self.config.guard_count
+        )
+        ripe = self._count + 1 >= self.config.min_run
+        may_climb = ripe and self._rung < self.top and self._up[self._rung] < math.inf
+        may_descend = ripe and self._rung > 0 and self._down[self._rung - 1] > -math.inf
+        return None if may_guard or may_climb or may_descend else self._rung
+
     def _guard_jump(self) -> Decision:
         # Only upwards: at or above the top local rung (e.g. on the cloud) the guard has nothing to do.
         if self._rung >= self.top_local:

@@ -55,6 +55,10 @@ class RandomPolicy:
         """Draw the next position's rung."""
         return self._next()
 
+    def certain_next(self, rung: int) -> int | None:
+        """Never known before the draw (which is not made early: the draws stay in order)."""
+        return None
+
     def resume(self, rung: int) -> Decision:
         """After a cloud span (never in the bench): draw again."""
         return self._next()
@@ -86,6 +90,10 @@ class OraclePolicy:
         """The next position starts on the bottom rung again."""
         self._t += 1
         return Decision(0, 0, False, math.nan)
+
+    def certain_next(self, rung: int) -> int | None:
+        """The bottom rung, always."""
+        return 0
 
     def resume(self, rung: int) -> Decision:
         """After a cloud span (never in the bench): the bottom rung."""

@@ -1,0 +1,134 @@
+"""The token loop's pipelining throws nothing away: the policy says when its next rung is certain,
+and a step queued before the decision is never re-fed or rolled back on a pair."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from mlxswitch.decoding.answer import TokenEvent
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
+from mlxswitch.models.sources import load_model
+from mlxswitch.routing.policies import EadPolicy, PeekPolicy
+from mlxswitch.routing.router import RouterConfig
+
+VOCAB = 49152  # log2 V ≈ 15.6 bits: the guard's hot entropies (≥ 0.9 log2 V) lie in the grid below
+GRID = (0.0, 0.05, 0.3, 0.7, 1.0, 1.4, 2.0, 3.5, 6.0, 10.0, 14.5, 15.5)
+
+
+def _configs(rng: random.Random, policy: str) -> list[tuple[RouterConfig, int]]:
+    out = []
+    for _ in range(40):
+        tiers = rng.choice((2, 3))
+        up = sorted(rng.uniform(0.2, 3.0) for _ in range(tiers - 1))
+        down = tuple(u * rng.uniform(0.2, 1.0) for u in up)
+        top_local = rng.choice((None, tiers - 2)) if tiers == 3 else None
+        signal = "probe" if policy == "peek" and rng.random() < 0.3 else "entropy"
+        if signal == "probe":
+            up = sorted(rng.uniform(0.05, 0.95) for _ in range(tiers - 1))
+            down = tuple(u * rng.uniform(0.2, 1.0) for u in up)
+        config = RouterConfig(
+            up=tuple(up),
+            down=down,
+            window=rng.choice((1, 2, 4)),
+            min_run=rng.choice((1, 2, 3, 5)),
+            policy=policy,
+            signal=signal,
+            guard_count=rng.choice((1, 2, 3)),
+            vocab_size=VOCAB,
+            top_local=top_local,
+        )
+        out.append((config, tiers))
+    return out
+
+
+@pytest.mark.parametrize("policy_class", [PeekPolicy, EadPolicy])
+def test_a_certain_next_rung_is_the_one_every_value_commits_to(policy_class):
+    """Walked over random values: where certain_next names a rung, commit names it for every value
+    of the grid; where it names none, the grid reaches more than one rung at least sometimes."""
+    rng = random.Random(7)
+    certain, uncertain, split = 0, 0, 0
+    for config, tiers in _configs(rng, policy_class.name):
+        policy = policy_class(config, tiers)
+        grid = [min(v, 1.0) for v in GRID] if config.signal == "probe" else list(GRID)
+        rung = policy.start(rng.choice(grid)).rung
+        for _ in range(60):
+            if rung >= tiers - 1 and config.top_local is not None and rung > config.top_local:
+                rung = policy.resume(config.top_local).rung  # the cloud span, as the loop does
+            while policy.may_review(rung):
+                higher = policy.review(rung, rng.choice(grid))
+                if higher is None:
+                    break
+                rung = higher
+            named = policy.certain_next(rung)
+            reached = {copy.deepcopy(policy).commit(rung, value).rung for value in grid}
+            if named is None:
+                uncertain += 1
+                split += len(reached) > 1
+            else:
+                certain += 1
+                assert reached == {named}, (config, rung, named, reached)
+            rung = policy.commit(rung, rng.choice(grid)).rung
+    assert certain > 200 and uncertain > 200 and split > 50
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    return [load_model(str(path)) for path in tiny_pair]
+
+
+def _count_body_rows(monkeypatch, models) -> dict[int, int]:
+    """Rows through each model's body (keyed by the body's id), every pass counted."""
+    rows: dict[int, int] = {}
+    for body_class in {type(m.model.model) for m in models}:
+        real = body_class.__call__
+
+        def counted(self, x, *args, _real=real, **kwargs):
+            rows[id(self)] = rows.get(id(self), 0) + x.shape[1]
+            return _real(self, x, *args, **kwargs)
+
+        monkeypatch.setattr(body_class, "__call__", counted)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        RouterConfig(up=(1.5,), down=(1.0,), window=1, min_run=1, policy="peek"),
+        RouterConfig(up=(1.2,), down=(0.8,), window=2, min_run=3, policy="peek"),
+        RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2),
+        RouterConfig(up=(1.0,), down=(0.5,), window=2, min_run=1),
+    ],
+)
+def test_on_a_switching_pair_no_model_is_fed_an_id_twice(pair, config, monkeypatch):
+    """Each model's body sees each id once: a step queued on one model before the policy moved to
+    the other stands as the first model's catch-up, nothing is rolled back and fed again."""
+    ladder = pair_ladder(*pair)
+    for group in ladder.groups:
+        group.checked_split()  # the split's one-time check runs a pass of its own
+    rows = _count_body_rows(monkeypatch, pair)
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=32))
+    events = [e for e in session.stream("What is the capital of France?") if isinstance(e, TokenEvent)]
+    tiers = [e.rung for e in events]
+    assert any(a != b for a, b in zip(tiers, tiers[1:], strict=False))  # the policy moved
+    for group in ladder.groups:
+        assert rows[id(group.model.model.model)] == group.seen, group.name
+
+
+def test_on_shared_gears_only_a_recomputed_position_is_fed_again(tiny_gears_4_8, monkeypatch):
+    """Gears share one cache, where a step queued at one gear is void at another: the loop queues
+    there only where the next gear is certain, so the one id fed twice is each escalation's."""
+    loaded = tiny_gears_4_8
+    config = RouterConfig(up=(1.2,), down=(0.8,), window=1, min_run=1, policy="peek", vocab_size=VOCAB)
+    ladder = gear_ladder(loaded, [4, 8])
+    ladder.groups[0].checked_split()
+    rows = _count_body_rows(monkeypatch, [loaded])
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=24))
+    events = [e for e in session.stream("The quick brown fox") if isinstance(e, TokenEvent)]
+    escalated = sum(len(e.tried) > 1 for e in events)
+    assert escalated and escalated < len(events)
+    group = ladder.groups[0]
+    assert rows[id(loaded.model.model)] == group.seen + escalated
