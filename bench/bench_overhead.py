@@ -171,21 +171,25 @@ def graph_nodes(*outputs: mx.array) -> int:
         return sum(1 for line in path.read_text().splitlines() if "label" in line and "->" not in line)
 
 
-def step_graphs(model: nn.Module, prompt_ids: list[int]) -> tuple[int, int]:
-    """Graph nodes of one decode step: mlx-lm's (logits, log-softmax, sampled token) and ours (the
-    same plus the signals reduction the router reads)."""
+def step_graphs(model: nn.Module, prompt_ids: list[int]) -> tuple[int, int, int]:
+    """Graph nodes of one decode step: mlx-lm's (logits, log-softmax, sampled token); ours on one
+    tier (logits, sampled token: no router reads the signals); ours routed (plus the signals
+    reduction, MLX ops here: on a Mac the fused kernel is one node)."""
     sampler = make_sampler(temp=0.0)
-    cache = make_prompt_cache(model)
-    model(mx.array(prompt_ids)[None], cache=cache)
-    logits = model(mx.array([[1]]), cache=cache)[:, -1, :]
+
+    def step_logits() -> mx.array:
+        cache = make_prompt_cache(model)
+        model(mx.array(prompt_ids)[None], cache=cache)
+        return model(mx.array([[1]]), cache=cache)[:, -1, :]
+
+    logits = step_logits()
     logprobs = logits - mx.logsumexp(logits, keepdims=True)
     theirs = graph_nodes(sampler(logprobs), logprobs)
-    cache = make_prompt_cache(model)
-    model(mx.array(prompt_ids)[None], cache=cache)
-    logits = model(mx.array([[1]]), cache=cache)[:, -1, :]
-    signals = read_time_signals(logits)
-    ours = graph_nodes(sampler(logits), signals.array)
-    return theirs, ours
+    logits = step_logits()
+    plain = graph_nodes(sampler(logits))
+    logits = step_logits()
+    routed = graph_nodes(sampler(logits), read_time_signals(logits).array)
+    return theirs, plain, routed
 
 
 def save_tiny(directory: Path, model: nn.Module, config: dict, tokenizer) -> Path:
@@ -368,7 +372,7 @@ def main() -> None:
         ms, calls = per_token_ms(our_tokens(session, PROMPT), args.tokens)
         ours.append(ms)
         calls_ours.append(calls)
-    nodes_theirs, nodes_ours = step_graphs(model, prompt_ids)
+    nodes_theirs, nodes_plain, nodes_routed = step_graphs(model, prompt_ids)
 
     head = f"an output head of {args.head} ids" if args.head else f"vocab {config['vocab_size']}"
     print(f"tiny 4-bit llama (2 layers × 64, {head}), a Mac's route on this CPU")
@@ -382,7 +386,10 @@ def main() -> None:
         f"Python calls per decoded token: mlx-lm {statistics.median(calls_theirs)}, "
         f"mlxswitch {statistics.median(calls_ours)}"
     )
-    print(f"graph nodes of one decode step: mlx-lm {nodes_theirs}, mlxswitch {nodes_ours}")
+    print(
+        f"graph nodes of one decode step: mlx-lm {nodes_theirs}, mlxswitch {nodes_plain} "
+        f"(a routed step, signals by MLX ops: {nodes_routed})"
+    )
     if not args.cli:
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -225,8 +225,10 @@ def open_chat(
     force_memory: bool = False,
     prompt_caches: PromptCaches | None = None,
     require_resident: bool = False,
+    measure_signals: bool = False,
 ) -> ChatSession:
-    """Load a profile (by name, or the default) and open a chat session on it."""
+    """Load a profile (by name, or the default) and open a chat session on it; `measure_signals`:
+    every token's entropy even where no router reads it (else a single model's is None)."""
     chosen = profile if isinstance(profile, Profile) else resolve_profile(profile)
     if settings is not None:
         check_cache_bound(settings, chosen.tier_names())  # before loading: a flag error
@@ -245,7 +247,13 @@ def open_chat(
     if chosen.cloud is not None:
         ladder.description += f" → cloud {chosen.cloud.model} ({chosen.cloud.mode})"
     return ChatSession(
-        ladder, chosen.router, settings, system=system, cloud=cloud, prompt_caches=prompt_caches
+        ladder,
+        chosen.router,
+        settings,
+        system=system,
+        cloud=cloud,
+        prompt_caches=prompt_caches,
+        measure_signals=measure_signals,
     )
 
 

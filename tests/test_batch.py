@@ -26,6 +26,7 @@ def _session(loaded, max_tokens=12, **settings) -> ChatSession:
         single_model_ladder(loaded),
         RouterConfig(up=()),
         GenerationSettings(max_tokens=max_tokens, **settings),
+        measure_signals=True,  # the batch gives each token's entropy: compared below
     )
 
 

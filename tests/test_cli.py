@@ -36,7 +36,8 @@ def _rederive(record):
         else [None if t.get("signal", t["entropy"]) is None else float(t.get("signal", t["entropy"]))]
         for t in record["tokens"]
     ]
-    initial = float(router.get("initial_signal", router["initial_entropy"]))
+    initial = router.get("initial_signal", router["initial_entropy"])  # None: not measured (one tier)
+    initial = None if initial is None else float(initial)
     tiers = derive_rungs(config, len(router["tiers"]), initial, routed)
     return [router["tiers"][r] for r in tiers]
 

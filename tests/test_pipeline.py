@@ -132,3 +132,34 @@ def test_on_shared_gears_only_a_recomputed_position_is_fed_again(tiny_gears_4_8,
     assert escalated and escalated < len(events)
     group = ladder.groups[0]
     assert rows[id(loaded.model.model)] == group.seen + escalated
+
+
+def _entropies(session: ChatSession, prompt: str) -> list[float | None]:
+    return [e.entropy for e in session.stream(prompt) if isinstance(e, TokenEvent)]
+
+
+def test_signals_are_measured_only_where_a_router_reads_them(pair, monkeypatch):
+    """A single model decodes as plain decoding does: no signals computed, entropy None; asked for
+    (the bench's records, --shade), they are the same numbers a routed loop measures."""
+    import mlxswitch.decoding.loop as loop_module
+    from mlxswitch.decoding.tiers import single_model_ladder
+
+    calls = []
+    real = loop_module.read_time_signals
+    monkeypatch.setattr(loop_module, "read_time_signals", lambda logits: calls.append(1) or real(logits))
+    settings = GenerationSettings(max_tokens=8)
+    plain = ChatSession(single_model_ladder(pair[1]), RouterConfig(up=()), settings)
+    assert _entropies(plain, "Count: one two three") == [None] * 8 and not calls
+    assert plain.last_summary.initial_entropy is None
+
+    plain = ChatSession(single_model_ladder(pair[1]), RouterConfig(up=()), settings, measure_signals=True)
+    measured = _entropies(plain, "Count: one two three")
+    assert len(calls) >= 8 and all(h is not None and h > 0 for h in measured)
+    # The large model pinned in a pair (its "alone" arm) measures the same numbers when asked.
+    forced = RouterConfig(up=(-float("inf"),))
+    pinned = ChatSession(pair_ladder(*pair), forced, settings)
+    assert _entropies(pinned, "Count: one two three") == [None] * 8
+    pinned = ChatSession(pair_ladder(*pair), forced, settings, measure_signals=True)
+    assert _entropies(pinned, "Count: one two three") == pytest.approx(measured, abs=1e-4)
+    routed = ChatSession(pair_ladder(*pair), RouterConfig(up=(1.5,), down=(1.0,)), settings)
+    assert all(h is not None for h in _entropies(routed, "Count: one two three"))

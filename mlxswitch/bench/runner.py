@@ -293,7 +293,8 @@ def collect_positions(
     """
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
-    session = ChatSession(ladder, forced_config(n, n - 1))  # one session: reset between runs
+    # One session, reset between runs; every arm's records keep each token's entropy.
+    session = ChatSession(ladder, forced_config(n, n - 1), measure_signals=True)
     prompt_ids = {p.id: session.render([{"role": "user", "content": p.prompt}]) for p in prompts}
     budget = {p.id: min(max_tokens, p.max_tokens or max_tokens) for p in prompts}
     top = Arm("top", "tier", forced_config(n, n - 1), tier=n - 1)

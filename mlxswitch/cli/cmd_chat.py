@@ -73,6 +73,7 @@ def chat(
                 progress=progress,
                 force_memory=engine.force_memory,
                 require_resident=engine.require_resident,
+                measure_signals=shade,  # shading reads every token's entropy, routed or not
             )
         runner = ChatRunner(session, json_output=json_output, color=color, shade=shade, telemetry=sink)
         try:

@@ -112,6 +112,7 @@ def serve(
                 force_memory=engine.force_memory,
                 require_resident=engine.require_resident,
                 prompt_caches=None if batched else prompt_caches,
+                measure_signals=True,  # the provenance extension gives every token's entropy
             )
         )
     config = ServeConfig(

@@ -51,7 +51,7 @@ class Step:
 
     token: int
     rung: int  # the tier whose token was taken
-    entropy: float | None  # bits, of the distribution that token was sampled from (None: cloud)
+    entropy: float | None  # bits, of the distribution it was sampled from (None: cloud, or not measured)
     mean: float | None  # the policy's rolling mean after this token (None: cloud)
     guard: bool  # this token's tier was chosen by the catastrophic guard
     tried: tuple[int, ...]  # rungs that computed this position, in order; the last made the token
@@ -73,7 +73,7 @@ class _Pending:
 
     rung: int
     token: mx.array
-    signals: LazySignals  # the logits reduction's outputs, in registry.MEASURED order
+    signals: LazySignals | None  # the logits reduction's outputs (registry.MEASURED), if measured
     catch_up: dict[str, int]
     hidden: mx.array | None = None  # the last hidden state, when the probe reads this rung
     probe: Probe | None = None
@@ -84,20 +84,21 @@ class _Pending:
     def arrays(self) -> list[mx.array]:
         """What must be computed before this position can be read (for async_eval)."""
         return (
-            [self.token, self.signals.array]
+            [self.token]
+            + ([self.signals.array] if self.signals is not None else [])
             + ([self.hidden] if self.hidden is not None else [])
             + ([self.logprobs] if self.logprobs is not None else [])
         )
 
-    def entropy(self) -> float:
-        """Entropy in bits (reads the lazy signals: a sync point)."""
-        return self._read()[0]
+    def entropy(self) -> float | None:
+        """Entropy in bits (reads the lazy signals: a sync point); None where none were measured."""
+        return self._read()[0] if self.signals is not None else None
 
     def signal(self, name: str) -> float | None:
         """The routed signal as an uncertainty (registry.py), or the probe's score (None on a rung
         the probe does not read)."""
         if not SIGNAL_BY_NAME[name].bottom_only:
-            return uncertainty(name, self._read())
+            return uncertainty(name, self._read()) if self.signals is not None else None
         if self.hidden is None or self.probe is None:
             return None
         if self._probe_score is None:
@@ -106,6 +107,7 @@ class _Pending:
         return self._probe_score
 
     def _read(self) -> list[float]:
+        assert self.signals is not None  # only a routed loop reads them, and it measures them
         return self.signals.values()
 
     def token_logprobs(self, token: int, top: int) -> tuple[float | None, tuple[tuple[int, float], ...]]:
@@ -184,11 +186,17 @@ class TokenLoop:
         normalize_for_sampler: bool = True,
         top_logprobs: int | None = None,
         pins_top: bool = False,
+        measure_signals: bool = False,
     ):
         self.ladder = ladder
         # The top tier makes every token (RouterConfig.pins_top): the bottom tier never reads the
         # prompt, so "the large model alone" pays for the large model only.
         self.pins_top = pins_top and len(ladder.tiers) > 1
+        # The signals are computed and read back only where the policy reads them (several tiers,
+        # none pinned, or a cloud above) or the caller asks (`measure_signals`): else a token
+        # costs what plain decoding does, and its entropy is None.
+        routed = cloud_span is not None or (len(ladder.tiers) > 1 and not self.pins_top)
+        self.measures = measure_signals or routed
         self.top_logprobs = top_logprobs  # None: no log-probabilities; k: the token's and the top k
         # mlx-lm's greedy, temperature, min-p and top-k samplers are all unchanged by a shift of
         # every logit; only top-p reads probabilities. Otherwise the log-sum-exp pass is skipped.
@@ -203,7 +211,7 @@ class TokenLoop:
         self.sampler = sampler
         self.prefill_step = prefill_step
         self.prompt_tokens = len(ids)
-        self.initial_entropy: float | None = math.nan  # None: the top tier opened (pins_top)
+        self.initial_entropy: float | None = math.nan  # None: the top tier opened, or not measured
         self.initial_signal: float | None = math.nan
         self.ended_by_eos = False
         # Seconds per model: a position computed on two rungs (a review) is booked to the one
@@ -381,7 +389,7 @@ class TokenLoop:
         probe: Probe | None,
     ) -> _Pending:
         """The position `logits` score, lazily: its sampled id, signals and log-probabilities."""
-        signals = read_time_signals(logits)
+        signals = read_time_signals(logits) if self.measures else None
         if self.normalize_for_sampler or self.top_logprobs is not None:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         logprobs = logits if self.top_logprobs is not None else None

@@ -100,6 +100,7 @@ class ChatSession:
         system: str | None = None,
         cloud: CloudTier | None = None,
         prompt_caches: PromptCaches | None = None,
+        measure_signals: bool = False,
     ):
         self.ladder = ladder
         self.cloud = cloud
@@ -114,6 +115,9 @@ class ChatSession:
         # A hook for controls (the bench's random and oracle arms): builds the next answer's
         # policy from (router_config, tiers) instead of make_policy.
         self.policy_factory: Callable[[RouterConfig, int], Policy] | None = None
+        # Measure every token's entropy even where no router reads it (one tier, or the top tier
+        # pinned): for a reader of the entropies (the bench's records, serve's provenance, --shade).
+        self.measure_signals = measure_signals
         self._stream = mx.new_stream(mx.default_device())
         for group in ladder.groups:
             group.limit_cache(self.settings.max_kv_size)
@@ -306,6 +310,7 @@ class ChatSession:
                 normalize_for_sampler=0 < settings.top_p < 1,
                 top_logprobs=settings.top_logprobs,
                 pins_top=config.pins_top() and self.policy_factory is None,
+                measure_signals=self.measure_signals,
             )
         mx.reset_peak_memory()
         reason = "interrupted"

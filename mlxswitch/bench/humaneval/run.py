@@ -242,7 +242,9 @@ def run_humaneval(
     early: dict = {}  # top-tier answers decoded to choose the thresholds
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
-    session = ChatSession(ladder, forced_config(n, n - 1), GenerationSettings(max_tokens=options.max_tokens))
+    generation = GenerationSettings(max_tokens=options.max_tokens)
+    # Every arm's records keep each token's entropy, the models alone too.
+    session = ChatSession(ladder, forced_config(n, n - 1), generation, measure_signals=True)
     wanted = settings(profile, problems, options)
     if records.header is None:
         swept = n > 1 and set(arm_sets.THRESHOLD_GROUPS) & set(options.groups)
