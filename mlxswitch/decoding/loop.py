@@ -6,14 +6,13 @@ Per position the policy names a rung; that rung's cache group is fed the ids it 
 (routing/walk.py, the walk the bench replays). The loop yields a `Step` per token and knows
 nothing of text, timing or answers.
 
-Pipelining as in mlx-lm's generate_step: the next position is queued (`async_eval`) before this
-token is read, so host work overlaps the model's. Nothing queued is thrown away when the policy
-moves: where the policy's next rung is certain whatever this token measures, the whole step is
-queued there; where it is not, only the model's body is queued on the rung that made the token
-(its cache write stands as that model's catch-up if another model goes next; the head runs once
-the rung stays), and on gears sharing one cache, where a step at one gear is void at another,
-nothing is queued. `discarded` counts queued work thrown away (only a model that does not split
-into body and head, or a guard fired by broken logits).
+Pipelining as in mlx-lm's generate_step: the next position is queued (`async_eval`) on the rung
+that made this token before the token is read, so host work overlaps the model's. A move is rare
+(min_run), and then nothing queued is rolled back or fed again: the queued step fed a real token,
+so its cache write stands as that model's catch-up, and its logits are kept (parked) for when that
+rung computes the same position after all (peek's review); only a head nobody reads is lost
+(`unread`). Gears sharing one cache are the exception, since a step queued at one gear is void at
+another: there the next step is queued only where the policy's next rung is certain.
 
 A rung above the ladder's tiers is the cloud: `cloud_span(answer_ids, room)` returns the ids of
 a continuation (re-tokenized; maybe none), which are appended to the sequence as Steps without
@@ -29,7 +28,6 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from ..models.heads import SplitModel
 from ..routing.policies import Policy
 from ..routing.probe import Probe
 from ..routing.registry import SIGNAL_BY_NAME, uncertainty
@@ -117,21 +115,6 @@ class _Pending:
         return token_and_top(np.asarray(self.logprobs.astype(mx.float32)).reshape(-1), token, top)
 
 
-@dataclass
-class _QueuedBody:
-    """The next position's body on `rung` (its cache write and last hidden state), queued before
-    the policy decides; `TokenLoop._finish` adds the head once the policy stays on `rung`."""
-
-    rung: int
-    hidden: mx.array  # (1, 1, H)
-    split: SplitModel
-    seen: int  # the ids its cache group held once it was fed: its head scores the next position
-
-    @property
-    def arrays(self) -> list[mx.array]:
-        return [self.hidden]
-
-
 def token_and_top(logprobs: np.ndarray, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
     """From one distribution's log-probabilities: the token's, and the `top` likeliest ids with theirs."""
     best = np.argpartition(-logprobs, top - 1)[:top] if top else np.array([], dtype=np.int64)
@@ -145,7 +128,7 @@ class _LivePosition:
     def __init__(self, loop: TokenLoop, pending: _Pending, queue_next: bool):
         self.loop, self.pending, self.queue_next = loop, pending, queue_next
         self.catch_up = dict(pending.catch_up)  # ids fed per cache group, every try counted
-        self.speculative: _Pending | _QueuedBody | None = None
+        self.speculative: _Pending | None = None
         self.token = -1  # read in take()
 
     def measure(self, rung: int, attempt: int) -> float | None:
@@ -217,10 +200,10 @@ class TokenLoop:
         # Seconds per model: a position computed on two rungs (a review) is booked to the one
         # whose token was taken, with the rows it was fed; no sync is added to split it.
         self.ledger = PassLedger()
-        self.discarded = 0  # queued steps whose work was thrown away, whole or in part
-        # A queued body the policy moved away from: if its rung computes that position after
-        # all (peek's review), the head is run on it instead of feeding the id again.
-        self._parked: _QueuedBody | None = None
+        self.unread = 0  # queued steps the policy moved away from whose logits nobody read
+        # The queued step of the latest move and its group's `seen` then: if its rung computes
+        # that position after all (peek's review), it is taken instead of feeding the id again.
+        self._parked: tuple[_Pending, int] | None = None
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
@@ -287,14 +270,11 @@ class TokenLoop:
             if n >= budget:
                 return
             if speculative is not None and decision.rung == speculative.rung:
-                pending, guard = self._finish(speculative), False
-                mx.async_eval(*pending.arrays)
+                pending, guard = speculative, False
                 continue
-            if isinstance(speculative, _QueuedBody):
-                self._parked = speculative
-            # A move (or nothing was queued). A queued step's cache write stands: the token it fed
-            # is real; `_produce` rolls it back only where this rung's gear shares that cache.
-            self.discarded += isinstance(speculative, _Pending)
+            if speculative is not None:  # a move: park the queued step (see the module's docstring)
+                self.unread += 1
+                self._parked = (speculative, self._group(speculative.rung).seen)
             if decision.rung > self.top_local:
                 for step in self._span(budget - n):
                     n += 1
@@ -315,41 +295,18 @@ class TokenLoop:
             self.ids.append(token)
             yield Step(token, rung, None, None, False, (rung,), (None,))
 
-    def _queue(self, made: _Pending, certain: int | None) -> _Pending | _QueuedBody | None:
-        """The next position, queued before the policy decides, after the token `made` made.
-
-        Where the policy's next rung is `certain` (and its cache holds every id before this
-        token), the whole step there. Else on the rung that made the token (or the bottom rung
-        for a bottom-only signal, where every position starts): its body only, whose cache write
-        is never void (the next rung's model catches up on what it lacks) — unless gears share
-        that cache, where nothing is queued.
-        """
+    def _queue(self, made: _Pending, certain: int | None) -> _Pending | None:
+        """The next position, queued before the policy decides, after the token `made` made: on
+        the rung that made it (or the bottom rung for a bottom-only signal, where every position
+        starts), or where the policy's next rung is `certain` (and its cache holds every id
+        before this token). Nothing where gears share that cache and the next gear is uncertain."""
         if certain is not None and self._group(certain).seen == len(self.ids):
             return self._produce(certain, made.token)
         rung = 0 if self.bottom_first else made.rung
-        tier = self.ladder.tiers[rung]
-        if sum(t.group is tier.group for t in self.ladder.tiers) > 1:
+        group = self._group(rung)
+        if sum(t.group is group for t in self.ladder.tiers) > 1:
             return None
-        split = self._split(rung)
-        if split is None:  # no body to queue alone: the whole step (its head is lost on a move)
-            return self._produce(rung, made.token)
-        hidden = tier.group.body(made.token, tier.gear, self.prefill_step, split)
-        return _QueuedBody(rung, hidden, split, tier.group.seen)
-
-    def _finish(self, queued: _Pending | _QueuedBody) -> _Pending:
-        """The queued position as a whole step: a queued body gets its head."""
-        if isinstance(queued, _Pending):
-            return queued
-        tier = self.ladder.tiers[queued.rung]
-        logits = tier.group.head(queued.hidden, tier.gear, queued.split)
-        probe = self._probe(queued.rung)
-        return self._pending(queued.rung, logits, {}, queued.hidden[0, -1] if probe else None, probe)
-
-    def _split(self, rung: int) -> SplitModel | None:
-        """The body/head split `rung` runs with: the probe's where it reads this rung, else its model's."""
-        if self._probe(rung) is not None:
-            return self.ladder.bottom_split()
-        return self._group(rung).checked_split()
+        return self._produce(rung, made.token)
 
     def _probe(self, rung: int) -> Probe | None:
         # The probe reads the bottom rung's hidden state: only there is the model run in halves.
@@ -361,10 +318,12 @@ class TokenLoop:
         group = tier.group
         catch_up = {}
         if token is None:
-            parked = self._parked
-            if parked is not None and parked.rung == rung and parked.seen == group.seen == len(self.ids):
-                self._parked = None
-                return self._finish(parked)
+            if self._parked is not None:
+                parked, seen = self._parked
+                if parked.rung == rung and seen == group.seen == len(self.ids):
+                    self._parked = None
+                    self.unread -= 1
+                    return parked
             if group.seen >= len(self.ids):
                 # It holds every id already (a step queued at another gear of this cache) but this
                 # position must be computed here: drop the newest id (trimmed, or started over).
