@@ -29,12 +29,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from ..routing.registry import uncertainty
-from ..routing.signals import read_time_signals, token_signals_numpy
+from ..routing.signals import LazySignals, read_time_signals
 from .drafting import DraftPlanner, Plan
 from .ledger import PassLedger
 from .lookup import LookupIndex
@@ -43,6 +44,18 @@ from .tiers import Ladder
 
 # Bounds a round's rows (the check is one batched pass) and how long a stream waits for a check.
 MAX_DRAFT = 32
+
+
+@dataclass
+class _QueuedAlone:
+    """A check queued before it is read: its rows (log-probabilities where asked), the samples
+    drawn from them, the signals of its first row (when it checks no draft) and the catch-up its
+    pass fed."""
+
+    rows: mx.array
+    samples: mx.array
+    top_signals: LazySignals | None
+    catch_up: dict[str, int]
 
 
 class VerifyLoop:
@@ -83,26 +96,38 @@ class VerifyLoop:
         top_rung = len(self.ladder.tiers) - 1
         n = 0
         self.ledger.restart()
+        # The next round's plan, made as soon as this round's token is known, and where it is the
+        # top tier alone, its one-row pass already queued (`_QueuedAlone`): computed while the
+        # token is yielded, as mlx-lm pipelines its steps.
+        ahead: tuple[Plan, list[int]] | None = None
+        queued: _QueuedAlone | None = None
         while n < budget:
             length = len(self.ids)
             # The top tier opens the answer with a check of no draft: the first token comes after
             # its prefill alone, as when it decodes by itself, not after a draft too.
             round_started = time.perf_counter()
-            plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
+            if ahead is not None:
+                (plan, offered), ahead = ahead, None
+            else:
+                plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
             catch_up: dict[str, int] = {}
             entropies: list[float] = []
             signals: list[float | None] = []
             ended_unsure = False
-            if plan.source == "lookup":
+            if queued is not None:
+                draft, catch_up = [], queued.catch_up
+            elif plan.source == "lookup":
                 draft = offered[: plan.length]
             else:
                 draft, entropies, signals, ended_unsure = self._draft(plan.length, eos, catch_up)
                 checked = self.planner.settle(entropies)
                 if checked < len(draft):  # the rest is dropped unchecked; the bottom tier computed it
                     draft, entropies, ended_unsure = draft[:checked], entropies[:checked], True
-            rows = self._check(draft, catch_up)
-            rows = self._normalized(rows)
-            samples: list[int] = self.sampler(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
+            if queued is None:
+                queued = self._queue_check(draft, catch_up)
+            rows, top_signals = queued.rows, queued.top_signals
+            samples: list[int] = queued.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
+            queued = None
             self._timed(self.ladder.tiers[-1].group.name, self._check_rows, self._check_prefill, check=True)
             kept = self._kept(draft, samples)
             # The round's seconds, less the drafter's first read of the prompt: paid once an answer.
@@ -120,7 +145,7 @@ class VerifyLoop:
                     self.ended_by_eos = True
                     return
                 if from_lookup:  # the top tier's own token, checked in a batch: its distribution
-                    values = [float(v) for v in token_signals_numpy(rows[j])]
+                    values = read_time_signals(rows[j]).values()
                     step_rung, entropy, signal = top_rung, values[0], uncertainty(self.signal, values)
                 else:
                     step_rung, entropy, signal = 0, entropies[j], signals[j]
@@ -145,9 +170,15 @@ class VerifyLoop:
             if token in eos:
                 self.ended_by_eos = True
                 return
-            top_values = [float(v) for v in token_signals_numpy(rows[kept])]
+            if kept or top_signals is None:
+                top_signals = read_time_signals(rows[kept])
+            top_values = top_signals.values()
             top_signal = uncertainty(self.signal, top_values)
             self.planner.observe_top(top_values[0])
+            if n + 1 < budget:
+                ahead = self._plan(budget - n - 1)
+                if ahead[0].length == 0:
+                    queued = self._queue_check([], {})
             # The bottom tier computed this position too: a token it drafted differently, or the
             # position whose doubt ended the draft.
             computed_below = not from_lookup and (kept < len(draft) or ended_unsure)
@@ -165,6 +196,15 @@ class VerifyLoop:
             )
             n += 1
             self.ledger.restart()  # the consumer's time between steps is not this loop's
+
+    def _queue_check(self, draft: list[int], catch_up: dict[str, int]) -> _QueuedAlone:
+        """The top tier's check of `draft`, its samples and (without a draft) its signals, queued."""
+        rows = self._normalized(self._check(draft, catch_up))
+        samples = self.sampler(rows)
+        # With no draft the one row is the token's: its signals ride in the same evaluation.
+        top_signals = None if draft else read_time_signals(rows[0])
+        mx.async_eval(samples, *([top_signals.array] if top_signals is not None else []))
+        return _QueuedAlone(rows, samples, top_signals, catch_up)
 
     @staticmethod
     def _kept(draft: list[int], samples: list[int]) -> int:
