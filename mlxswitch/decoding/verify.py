@@ -47,14 +47,13 @@ MAX_DRAFT = 32
 
 
 @dataclass
-class _QueuedAlone:
+class _Queued:
     """A check queued before it is read: its rows (log-probabilities where asked), the samples
-    drawn from them, the signals of its first row (when it checks no draft) and the catch-up its
-    pass fed."""
+    drawn from them, its first row's signals, and the generated ids its passes fed the top tier."""
 
     rows: mx.array
     samples: mx.array
-    top_signals: LazySignals | None
+    top_signals: LazySignals
     catch_up: dict[str, int]
 
 
@@ -84,6 +83,9 @@ class VerifyLoop:
         self._lookup = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
         self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
+        # A one-row pass is queued ahead only where the top tier has a cache of its own (a gear
+        # ladder's bottom gear would write the draft into it before the check).
+        self._pipelined = ladder.tiers[0].group is not ladder.tiers[-1].group
         self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
         # The top tier opens the answer: no tier reads the prompt's last position before it.
         self.initial_entropy: float | None = None
@@ -96,38 +98,32 @@ class VerifyLoop:
         top_rung = len(self.ladder.tiers) - 1
         n = 0
         self.ledger.restart()
-        # The next round's plan, made as soon as this round's token is known, and where it is the
-        # top tier alone, its one-row pass already queued (`_QueuedAlone`): computed while the
-        # token is yielded, as mlx-lm pipelines its steps.
-        ahead: tuple[Plan, list[int]] | None = None
-        queued: _QueuedAlone | None = None
+        # The top tier's one-row pass over the token a round with no draft takes, queued before
+        # that token is read (as mlx-lm pipelines its steps): the first row of the next check,
+        # whatever that round drafts, so it is never thrown away (`_queue_check`).
+        ahead: _Queued | None = None
         while n < budget:
             length = len(self.ids)
             # The top tier opens the answer with a check of no draft: the first token comes after
             # its prefill alone, as when it decodes by itself, not after a draft too.
             round_started = time.perf_counter()
-            if ahead is not None:
-                (plan, offered), ahead = ahead, None
-            else:
-                plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
+            plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
             catch_up: dict[str, int] = {}
             entropies: list[float] = []
             signals: list[float | None] = []
             ended_unsure = False
-            if queued is not None:
-                draft, catch_up = [], queued.catch_up
-            elif plan.source == "lookup":
+            if plan.source == "lookup":
                 draft = offered[: plan.length]
             else:
                 draft, entropies, signals, ended_unsure = self._draft(plan.length, eos, catch_up)
                 checked = self.planner.settle(entropies)
                 if checked < len(draft):  # the rest is dropped unchecked; the bottom tier computed it
                     draft, entropies, ended_unsure = draft[:checked], entropies[:checked], True
-            if queued is None:
-                queued = self._queue_check(draft, catch_up)
-            rows, top_signals = queued.rows, queued.top_signals
-            samples: list[int] = queued.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
-            queued = None
+            check, ahead = self._queue_check(draft, catch_up, ahead), None
+            if not draft and n + 1 < budget and self._pipelined:
+                ahead = self._queue_one(check.samples)  # this round's token is its first sample
+            rows, top_signals = check.rows, check.top_signals
+            samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
             self._timed(self.ladder.tiers[-1].group.name, self._check_rows, self._check_prefill, check=True)
             kept = self._kept(draft, samples)
             # The round's seconds, less the drafter's first read of the prompt: paid once an answer.
@@ -135,8 +131,11 @@ class VerifyLoop:
             self._prompt_read_s = 0.0
             self.planner.record_round(plan.source, len(draft), kept, entropies, seconds)
             keep = length + kept
+            top_group = self.ladder.tiers[-1].group
             for group in self.ladder.groups:
-                group.rewind(min(group.seen, keep))
+                # The pass queued ahead holds this round's token too (kept is 0 there).
+                held = keep + 1 if ahead is not None and group is top_group else keep
+                group.rewind(min(group.seen, held))
             logprobs = self._logprobs(rows)
             from_lookup = plan.source == "lookup"
             for j in range(kept):
@@ -170,15 +169,11 @@ class VerifyLoop:
             if token in eos:
                 self.ended_by_eos = True
                 return
-            if kept or top_signals is None:
+            if kept:
                 top_signals = read_time_signals(rows[kept])
             top_values = top_signals.values()
             top_signal = uncertainty(self.signal, top_values)
             self.planner.observe_top(top_values[0])
-            if n + 1 < budget:
-                ahead = self._plan(budget - n - 1)
-                if ahead[0].length == 0:
-                    queued = self._queue_check([], {})
             # The bottom tier computed this position too: a token it drafted differently, or the
             # position whose doubt ended the draft.
             computed_below = not from_lookup and (kept < len(draft) or ended_unsure)
@@ -197,14 +192,34 @@ class VerifyLoop:
             n += 1
             self.ledger.restart()  # the consumer's time between steps is not this loop's
 
-    def _queue_check(self, draft: list[int], catch_up: dict[str, int]) -> _QueuedAlone:
-        """The top tier's check of `draft`, its samples and (without a draft) its signals, queued."""
-        rows = self._normalized(self._check(draft, catch_up))
-        samples = self.sampler(rows)
-        # With no draft the one row is the token's: its signals ride in the same evaluation.
-        top_signals = None if draft else read_time_signals(rows[0])
-        mx.async_eval(samples, *([top_signals.array] if top_signals is not None else []))
-        return _QueuedAlone(rows, samples, top_signals, catch_up)
+    def _queue_check(self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None) -> _Queued:
+        """The top tier's check of `draft`, its samples and its first row's signals, queued. After
+        a one-row pass queued `ahead`, that pass is the check's first row and only the draft is fed."""
+        if ahead is None:
+            rows = self._normalized(self._check(draft, catch_up))
+            samples = self.sampler(rows)
+            first = read_time_signals(rows[0])
+        else:
+            rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
+            for name, count in ahead.catch_up.items():
+                catch_up[name] = catch_up.get(name, 0) + count
+            self._check_rows, self._check_prefill = 0, False
+            if draft:
+                more = self._normalized(self._check(draft, catch_up, after_ahead=True))
+                rows = mx.concatenate([rows, more])
+                samples = mx.concatenate([samples, self.sampler(more)])
+            self._check_rows += 1  # the row queued ahead, read at the same sync
+        mx.async_eval(samples, first.array)
+        return _Queued(rows, samples, first, catch_up)
+
+    def _queue_one(self, token: mx.array) -> _Queued:
+        """The top tier's one-row pass over `token` (lazy: the sample a round with no draft takes)."""
+        top = self.ladder.tiers[-1]
+        rows = top.group.score(token, 1, top.gear, self.prefill_step).astype(mx.float32)
+        rows = self._normalized(rows)
+        queued = _Queued(rows, self.sampler(rows), read_time_signals(rows[0]), {top.group.name: 1})
+        mx.async_eval(queued.samples, queued.top_signals.array)
+        return queued
 
     @staticmethod
     def _kept(draft: list[int], samples: list[int]) -> int:
@@ -288,18 +303,21 @@ class VerifyLoop:
         mlx-lm's samplers other than top-p do not mind a shift)."""
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.normalize else logits
 
-    def _check(self, draft: list[int], catch_up: dict[str, int]) -> mx.array:
+    def _check(self, draft: list[int], catch_up: dict[str, int], after_ahead: bool = False) -> mx.array:
         """The top tier's logits at every drafted position and the one after (rows, V); the
-        generated ids it was fed that it had not computed (its catch-up) go into `catch_up`."""
+        generated ids it was fed that it had not computed (its catch-up) go into `catch_up`.
+        `after_ahead`: the top tier holds every id (a one-row pass was queued ahead, giving the
+        first row): only the draft is fed, and its positions' rows are returned."""
         top = self.ladder.tiers[-1]
         group = top.group
         length = len(self.ids)
-        if group.seen > length - 1:  # a shared gear cache holds the draft at the bottom gear
-            group.rewind(length - 1)
+        if not after_ahead and group.seen > length - 1:  # a shared gear cache holds the draft
+            group.rewind(length - 1)  # at the bottom gear
         start = group.seen
         inputs = self.ids[start:] + draft
         self._check_rows, self._check_prefill = len(inputs), start < self.prompt_tokens
-        rows = group.score(mx.array(inputs), len(draft) + 1, top.gear, self.prefill_step)
+        wanted = len(draft) + (0 if after_ahead else 1)
+        rows = group.score(mx.array(inputs), wanted, top.gear, self.prefill_step)
         fed = length + len(draft) - max(start, self.prompt_tokens)
         if fed > 0:
             catch_up[group.name] = catch_up.get(group.name, 0) + fed
