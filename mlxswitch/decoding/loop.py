@@ -308,10 +308,6 @@ class TokenLoop:
             return None
         return self._produce(rung, made.token)
 
-    def _probe(self, rung: int) -> Probe | None:
-        # The probe reads the bottom rung's hidden state: only there is the model run in halves.
-        return self.ladder.probe if rung == 0 and self.bottom_first else None
-
     def _produce(self, rung: int, token: mx.array | None = None) -> _Pending:
         """Lazily run rung's tier on the ids its group has not seen (or on `token`)."""
         tier = self.ladder.tiers[rung]
@@ -333,21 +329,11 @@ class TokenLoop:
             if fed > 0:
                 catch_up[group.name] = fed
             token = mx.array(self.ids[group.seen :])
-        probe = self._probe(rung)
+        # The probe reads the bottom rung's hidden state: only there is the model run in halves.
+        probe = self.ladder.probe if rung == 0 and self.bottom_first else None
         logits, hidden = group.feed(
             token, tier.gear, self.prefill_step, self.ladder.bottom_split() if probe is not None else None
         )
-        return self._pending(rung, logits, catch_up, hidden, probe)
-
-    def _pending(
-        self,
-        rung: int,
-        logits: mx.array,
-        catch_up: dict[str, int],
-        hidden: mx.array | None,
-        probe: Probe | None,
-    ) -> _Pending:
-        """The position `logits` score, lazily: its sampled id, signals and log-probabilities."""
         signals = read_time_signals(logits) if self.measures else None
         if self.normalize_for_sampler or self.top_logprobs is not None:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -59,27 +59,14 @@ class CacheGroup:
         Ids before the last need no logits: they go through the model's body only, in the same
         pass as the last where they fit in one chunk (see `_prefill`).
         """
-        split = split or self.checked_split()
-        if split is None:
-            inputs = self._prefill(inputs, 1, chunk, gear)
-            self.seen += inputs.size
-            self._activate(gear)
-            return self.model.model(inputs[None], cache=self.cache)[:, -1, :], None
-        hidden = self.body(inputs, gear, chunk, split)
-        return self.head(hidden, gear, split), hidden[0, -1]
-
-    def body(self, inputs: mx.array, gear: int | None, chunk: int, split: SplitModel) -> mx.array:
-        """Run the model's body over `inputs` (ids after `seen`): the lazy last hidden state
-        (1, 1, H). The cache holds the ids from here on; `head` turns it into logits."""
         inputs = self._prefill(inputs, 1, chunk, gear)
         self.seen += inputs.size
         self._activate(gear)
-        return split.body(inputs[None], cache=self.cache)[:, -1:, :]
-
-    def head(self, hidden: mx.array, gear: int | None, split: SplitModel) -> mx.array:
-        """Lazy logits (1, V) of the hidden state `body` returned."""
-        self._activate(gear)
-        return split.head(hidden)[:, -1, :]
+        split = split or self.checked_split()
+        if split is None:
+            return self.model.model(inputs[None], cache=self.cache)[:, -1, :], None
+        hidden = split.body(inputs[None], cache=self.cache)[:, -1:, :]
+        return split.head(hidden)[:, -1, :], hidden[0, -1]
 
     def score(self, inputs: mx.array, rows: int, gear: int | None, chunk: int) -> mx.array:
         """Run the model over `inputs` (ids after `seen`); lazy logits (rows, V) of the last `rows`
