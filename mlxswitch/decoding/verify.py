@@ -144,7 +144,7 @@ class VerifyLoop:
                     self.ended_by_eos = True
                     return
                 if from_lookup:  # the top tier's own token, checked in a batch: its distribution
-                    values = read_time_signals(rows[j]).values()
+                    values = (top_signals if j == 0 else read_time_signals(rows[j])).values()
                     step_rung, entropy, signal = top_rung, values[0], uncertainty(self.signal, values)
                 else:
                     step_rung, entropy, signal = 0, entropies[j], signals[j]
