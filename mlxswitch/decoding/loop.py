@@ -10,9 +10,9 @@ Pipelining as in mlx-lm's generate_step: the next position is queued (`async_eva
 that made this token before the token is read, so host work overlaps the model's. A move is rare
 (min_run), and then nothing queued is rolled back or fed again: the queued step fed a real token,
 so its cache write stands as that model's catch-up, and its logits are kept (parked) for when that
-rung computes the same position after all (peek's review); only a head nobody reads is lost
-(`unread`). Gears sharing one cache are the exception, since a step queued at one gear is void at
-another: there the next step is queued only where the policy's next rung is certain.
+rung computes the same position after all (peek's review); only a head nobody reads is lost. Gears
+sharing one cache are the exception, since a step queued at one gear is void at another: there the
+next step is queued only where the policy's next rung is certain.
 
 A rung above the ladder's tiers is the cloud: `cloud_span(answer_ids, room)` returns the ids of
 a continuation (re-tokenized; maybe none), which are appended to the sequence as Steps without
@@ -200,7 +200,9 @@ class TokenLoop:
         # Seconds per model: a position computed on two rungs (a review) is booked to the one
         # whose token was taken, with the rows it was fed; no sync is added to split it.
         self.ledger = PassLedger()
-        self.unread = 0  # queued steps the policy moved away from whose logits nobody read
+        # Rungs whose cache group another rung shares (gears): no step is queued there on a guess.
+        tiers = ladder.tiers
+        self._shared = {r for r, tier in enumerate(tiers) if sum(t.group is tier.group for t in tiers) > 1}
         # The queued step of the latest move and its group's `seen` then: if its rung computes
         # that position after all (peek's review), it is taken instead of feeding the id again.
         self._parked: tuple[_Pending, int] | None = None
@@ -273,7 +275,6 @@ class TokenLoop:
                 pending, guard = speculative, False
                 continue
             if speculative is not None:  # a move: park the queued step (see the module's docstring)
-                self.unread += 1
                 self._parked = (speculative, self._group(speculative.rung).seen)
             if decision.rung > self.top_local:
                 for step in self._span(budget - n):
@@ -303,10 +304,7 @@ class TokenLoop:
         if certain is not None and self._group(certain).seen == len(self.ids):
             return self._produce(certain, made.token)
         rung = 0 if self.bottom_first else made.rung
-        group = self._group(rung)
-        if sum(t.group is group for t in self.ladder.tiers) > 1:
-            return None
-        return self._produce(rung, made.token)
+        return None if rung in self._shared else self._produce(rung, made.token)
 
     def _produce(self, rung: int, token: mx.array | None = None) -> _Pending:
         """Lazily run rung's tier on the ids its group has not seen (or on `token`)."""
@@ -318,7 +316,6 @@ class TokenLoop:
                 parked, seen = self._parked
                 if parked.rung == rung and seen == group.seen == len(self.ids):
                     self._parked = None
-                    self.unread -= 1
                     return parked
             if group.seen >= len(self.ids):
                 # It holds every id already (a step queued at another gear of this cache) but this

@@ -49,11 +49,12 @@ MAX_DRAFT = 32
 @dataclass
 class _Queued:
     """A check queued before it is read: its rows (log-probabilities where asked), the samples
-    drawn from them, its first row's signals, and the generated ids its passes fed the top tier."""
+    drawn from them, its first row's signals (where it checks no draft: that row is the token's),
+    and the generated ids its passes fed the top tier."""
 
     rows: mx.array
     samples: mx.array
-    top_signals: LazySignals
+    top_signals: LazySignals | None
     catch_up: dict[str, int]
 
 
@@ -144,7 +145,8 @@ class VerifyLoop:
                     self.ended_by_eos = True
                     return
                 if from_lookup:  # the top tier's own token, checked in a batch: its distribution
-                    values = (top_signals if j == 0 else read_time_signals(rows[j])).values()
+                    queued_row = top_signals if j == 0 and top_signals is not None else None
+                    values = (queued_row or read_time_signals(rows[j])).values()
                     step_rung, entropy, signal = top_rung, values[0], uncertainty(self.signal, values)
                 else:
                     step_rung, entropy, signal = 0, entropies[j], signals[j]
@@ -169,7 +171,7 @@ class VerifyLoop:
             if token in eos:
                 self.ended_by_eos = True
                 return
-            if kept:
+            if kept or top_signals is None:
                 top_signals = read_time_signals(rows[kept])
             top_values = top_signals.values()
             top_signal = uncertainty(self.signal, top_values)
@@ -198,7 +200,7 @@ class VerifyLoop:
         if ahead is None:
             rows = self._normalized(self._check(draft, catch_up))
             samples = self.sampler(rows)
-            first = read_time_signals(rows[0])
+            first = None if draft else read_time_signals(rows[0])
         else:
             rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
             for name, count in ahead.catch_up.items():
@@ -209,7 +211,7 @@ class VerifyLoop:
                 rows = mx.concatenate([rows, more])
                 samples = mx.concatenate([samples, self.sampler(more)])
             self._check_rows += 1  # the row queued ahead, read at the same sync
-        mx.async_eval(samples, first.array)
+        mx.async_eval(samples, *([first.array] if first is not None else []))
         return _Queued(rows, samples, first, catch_up)
 
     def _queue_one(self, token: mx.array) -> _Queued:
@@ -217,8 +219,9 @@ class VerifyLoop:
         top = self.ladder.tiers[-1]
         rows = top.group.score(token, 1, top.gear, self.prefill_step).astype(mx.float32)
         rows = self._normalized(rows)
-        queued = _Queued(rows, self.sampler(rows), read_time_signals(rows[0]), {top.group.name: 1})
-        mx.async_eval(queued.samples, queued.top_signals.array)
+        first = read_time_signals(rows[0])
+        queued = _Queued(rows, self.sampler(rows), first, {top.group.name: 1})
+        mx.async_eval(queued.samples, first.array)
         return queued
 
     @staticmethod
