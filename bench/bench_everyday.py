@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlxswitch.api import build_ladder, resolve_profile
-from mlxswitch.decoding.drafting import DraftMemory
+from mlxswitch.decoding.drafting import DraftMemory, PassCosts
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.kernels._common import set_blas_threads
 from mlxswitch.kernels.route import current_route
@@ -83,8 +83,14 @@ def run(args: argparse.Namespace) -> None:
         file=sys.stderr,
     )
     made = 0
-    # Each arm learns on its own (pass costs, kept shares), across its answers, as a chat would.
-    memories = {arm: DraftMemory() for arm in arms}
+    # Each arm learns on its own (pass costs, kept shares), across its answers, as a chat would,
+    # from the pass costs an earlier run kept on this machine (draft_store), as a chat starts.
+    kept = ladder.draft_memory
+    memories = {
+        arm: DraftMemory(check=PassCosts(dict(kept.check.seconds)), draft=PassCosts(dict(kept.draft.seconds)))
+        for arm in arms
+    }
+    print(f"pass costs kept from earlier runs: {'yes' if kept.check.known else 'none'}", file=sys.stderr)
     with records_path.open("a") as out:
         for index, prompt in enumerate(prompts):
             order = arms[index % len(arms) :] + arms[: index % len(arms)]  # rotate the arms

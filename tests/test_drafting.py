@@ -26,8 +26,10 @@ CPU_CHECK = {1: 1.0, 2: 1.92, 3: 2.88, 8: 2.71, 16: 3.39}
 CPU_DRAFT = 0.41
 
 
-def _planner(check: dict[int, float], draft_s: float | None, max_draft: int = 32) -> DraftPlanner:
-    planner = DraftPlanner(max_draft)
+def _planner(
+    check: dict[int, float], draft_s: float | None, max_draft: int = 32, with_lookup: bool = False
+) -> DraftPlanner:
+    planner = DraftPlanner(max_draft, with_lookup=with_lookup)
     for rows, seconds in check.items():
         planner.check.record(rows, seconds)
     if draft_s is not None:
@@ -146,6 +148,19 @@ def test_a_model_draft_starts_only_after_the_top_tier_was_sure():
     assert planner.plan(room=100).source == "model"
 
 
+def test_beside_lookup_a_model_draft_pays_its_whole_reading_in_the_round_it_starts():
+    # On this CPU a 64-id read costs 3.6 one-row passes of the top tier: no round of the
+    # drafter's surest tokens repays that, however long the answer; in step it drafts.
+    planner = _planner({1: 1.0, 16: 3.4}, draft_s=CPU_DRAFT, with_lookup=True)
+    planner.draft.record(64, 4.0)
+    assert planner.plan(room=1000, behind=64).length == 0
+    assert planner.plan(room=1000, behind=0).source == "model"
+    # Where a check costs about one row (a Mac), the read is worth paying.
+    mac = _planner({1: 1.0, 33: 1.3}, draft_s=0.4, with_lookup=True)
+    mac.draft.record(64, 1.5)
+    assert mac.plan(room=1000, behind=64).source == "model"
+
+
 def test_a_long_catch_up_is_charged_to_the_draft():
     planner = _planner({1: 1.0, 16: 3.4}, draft_s=CPU_DRAFT)
     planner.draft.record(64, 4.0)  # the drafter must read 64 ids first
@@ -221,24 +236,36 @@ def test_acceptance_starts_at_the_prior_and_follows_the_checks():
     ],
 )
 def test_lookup_drafts_what_followed_the_tail_earlier(ids, expected):
-    assert lookup_draft(ids, 0, max_tokens=3) == expected[:3]
+    assert lookup_draft(ids, 0, max_tokens=3, ngram=3, min_ngram=2) == expected[:3]
 
 
 def test_lookup_respects_its_bounds():
     ids = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
-    assert lookup_draft(ids, 0, max_tokens=2) == [4, 5]
-    assert lookup_draft(ids, 0, max_tokens=0) == []
-    assert lookup_draft(ids, 2, max_tokens=4) == []  # the only matches start before `start`
+    assert lookup_draft(ids, 0, max_tokens=2, ngram=3, min_ngram=2) == [4, 5]
+    assert lookup_draft(ids, 0, max_tokens=0, ngram=3, min_ngram=2) == []
+    assert (
+        lookup_draft(ids, 2, max_tokens=4, ngram=3, min_ngram=2) == []
+    )  # the only matches start before `start`
+
+
+def test_lookup_takes_no_tail_shorter_than_its_minimum_and_prefers_the_longest():
+    # The 4-id tail 1 2 3 4 was followed by 5 once; its 3-id tail 2 3 4 by 9 later.
+    ids = [1, 2, 3, 4, 5, 7, 2, 3, 4, 9, 8, 1, 2, 3, 4]
+    assert lookup_draft(ids, 0, max_tokens=1) == [5]
+    assert lookup_draft(ids, 0, max_tokens=1, ngram=3, min_ngram=3) == [9]
+    assert lookup_draft([5, 6, 7, 0, 5, 6, 7], 0, max_tokens=2) == []  # three ids recur: not enough
+    assert LookupIndex().draft([5, 6, 7, 0, 5, 6, 7], 2) == []
 
 
 def test_the_lookup_index_finds_what_the_naive_scan_finds_as_the_sequence_grows():
     rng = random.Random(3)
     for _ in range(20):
         ids = [rng.randrange(6) for _ in range(rng.randrange(1, 12))]  # a small vocabulary repeats
-        index = LookupIndex()
+        ngram, min_ngram = rng.choice([(3, 2), (8, 4), (4, 4)])
+        index = LookupIndex(ngram, min_ngram)
         for _ in range(60):
             room = rng.randrange(0, 6)
-            assert index.draft(ids, room) == lookup_draft(ids, 0, room), ids
+            assert index.draft(ids, room) == lookup_draft(ids, 0, room, ngram, min_ngram), ids
             ids.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))
 
 

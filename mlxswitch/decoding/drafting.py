@@ -16,9 +16,11 @@ docstring it can finish and unsure at the name it must invent, and the check agr
 
 A round goes (DraftPlanner):
 - plan: a model draft is started only where the top tier was sure of its latest own token, a
-  draft made entirely of the drafter's surest tokens would beat the top tier alone by MIN_GAIN,
-  and the rest of the answer, at the gain drafting has measured, can repay what the drafter must
-  read first (the prompt, the first time) and one round that comes to nothing;
+  draft made entirely of the drafter's surest tokens would beat the top tier alone by MIN_GAIN
+  (with prompt lookup on, in this round, the drafter's reading of what it has not seen included:
+  the prompt, the first time, and the tokens lookup drafts and the top tier made since), and the
+  rest of the answer, at the gain drafting has measured, can repay what the drafter must read
+  first and one round that comes to nothing;
   else the top tier decodes alone (or checks a free prompt-lookup draft, lookup.py: n-gram tokens that
   followed an earlier occurrence of the answer's tail, with their own kept share);
 - keep_drafting: after each drafted token, drafting goes on while some longer draft, its next
@@ -31,7 +33,10 @@ seconds (catch-ups, dropped drafts and Python included; the drafter's one read o
 excepted), in one-row passes of the top tier (RoundYield). Below 1, no such draft is started.
 So on a CPU where a 16-row check costs 3.4 one-row passes and the 0.5B 0.41 of the 1.5B, drafts
 are made only through stretches the drafter is sure of, and the top tier decodes alone
-elsewhere; on a Mac, where a check costs about one row, drafts run long.
+elsewhere; on a Mac, where a check costs about one row, drafts run long. Replayed on the Qwen
+pair's recorded answers (bench/replay_drafting.py), the 0.5B's rounds here make at best 1.25×
+the 1.5B's one-row rate (HumanEval, drafter in step), lookup rounds 3.8×: where lookup drafts
+are on offer the drafter falls behind, and the reading that costs keeps it from starting.
 
 Pass costs are measured by row count as the answers go (PassCosts) and kept, with the kept
 shares, on the ladder (DraftMemory); a bin's evidence and a kind's measured gain fade toward
@@ -248,9 +253,18 @@ class Plan:
 class DraftPlanner:
     """Chooses each round's draft: its source and length (see the module docstring)."""
 
-    def __init__(self, max_draft: int, adaptive: bool = True, memory: DraftMemory | None = None):
+    def __init__(
+        self,
+        max_draft: int,
+        adaptive: bool = True,
+        memory: DraftMemory | None = None,
+        with_lookup: bool = False,
+    ):
         self.max_draft = max_draft
         self.adaptive = adaptive  # False: always draft up to max_draft (the fixed rule, for comparison)
+        # Prompt lookup on: model drafts compete with free ones and fall behind while those are
+        # kept, so a model draft pays its whole reading in the round it starts (see plan).
+        self.with_lookup = with_lookup
         self.memory = memory if memory is not None else DraftMemory()
         self.check, self.draft = self.memory.check, self.memory.draft
         self.lookup = self.memory.lookup
@@ -281,10 +295,13 @@ class DraftPlanner:
                 best = Plan(k, "lookup", rate)
         sure = self.memory.top_entropy <= START_MAX_ENTROPY  # nan (none yet): not sure
         if best.source == "none" and sure and self.memory.rounds.gain > 1.0:
-            # A draft of the drafter's surest tokens only: the best any model draft can do.
+            # A draft of the drafter's surest tokens only: the best any model draft can do. Beside
+            # lookup, what the drafter must read first (the ids it has not seen) is in this round's
+            # price; without it, the prompt's read is repaid from the rest of the answer (below).
             surest, step_s = self.binned.surest, self._step_s()
+            catch_up = self._catch_up(behind) if self.with_lookup else 0.0
             projected = max(
-                expected_tokens(surest, k) / (k * step_s + self.check.estimate(k + 1))
+                expected_tokens(surest, k) / (catch_up + k * step_s + self.check.estimate(k + 1))
                 for k in range(1, room + 1)
             )
             if projected > best.tokens_per_s and self._repays_catch_up(

@@ -295,7 +295,9 @@ class ChatSession:
                 signal=config.signal,
                 normalize_for_sampler=0 < settings.top_p < 1,
                 top_logprobs=settings.top_logprobs,
-                planner=DraftPlanner(MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory),
+                planner=DraftPlanner(
+                    MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory, config.lookup
+                ),
                 lookup=config.lookup,
             )
         else:

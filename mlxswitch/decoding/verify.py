@@ -66,7 +66,7 @@ class VerifyLoop:
         self.normalize = normalize_for_sampler or top_logprobs is not None
         self.top_logprobs = top_logprobs
         self.prompt_tokens = len(ids)
-        self.planner = planner or DraftPlanner(MAX_DRAFT)
+        self.planner = planner or DraftPlanner(MAX_DRAFT, with_lookup=lookup)
         self.lookup = lookup
         self._lookup = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()

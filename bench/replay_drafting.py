@@ -1,0 +1,362 @@
+"""Verified drafting's planner replayed on recorded answers: minutes, not an hour, per rule tried.
+
+    uv run --extra qwen-coder --extra humaneval python bench/replay_drafting.py --collect \
+        --traces bench/results/draft-traces-pair.json
+    uv run python bench/replay_drafting.py --traces bench/results/draft-traces-pair.json
+
+A verified answer is the top tier's own (greedy), so everything a round depends on is fixed by
+that answer: the drafter's greedy token and its signals at every position, given the answer so
+far, are one teacher-forced pass of each model (--collect), and a draft is kept up to the first
+position where that token differs from the answer's. --collect also times each model's passes by
+row count on this machine (best of a few, the machine otherwise idle). The replay then runs the
+real DraftPlanner (mlxswitch/decoding/drafting.py) and LookupIndex round by round, as
+decoding/verify.py does, with those pass costs for its seconds, and prints per category the
+time against the top tier alone's (its prefill, then one-row passes). It is a model of the run,
+not a measurement: no timing noise, no Python between passes; compare its decisions with a real
+run's (bench/bench_everyday.py --report) before trusting a rule it prefers.
+
+Answers: the large arm's in bench/results/everyday-pair.jsonl (35 everyday prompts, 64 tokens)
+and the 1.5B alone's in bench/results/humaneval-pair-v6.jsonl (20 held-out HumanEval problems).
+After a drafted token the check cuts, the drafter's later tokens are off the answer: their
+signals are taken from the teacher-forced pass at the same position (they only decide how long
+the already-failed draft runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+EVERYDAY_PROMPTS = ROOT / "prompts" / "everyday.jsonl"
+EVERYDAY_RECORDS = ROOT / "results" / "everyday-pair.jsonl"
+HUMANEVAL_RECORDS = ROOT / "results" / "humaneval-pair-v6.jsonl"
+PROFILE = "qwen2.5-coder-0.5b-1.5b"
+TIMED_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24, 28, 33, 48, 64, 96, 128, 192, 256)
+
+
+def _answers() -> list[dict]:
+    """(id, category, prompt text, answer ids, ended, budget) of every recorded top-tier answer."""
+    from mlxswitch.bench.humaneval.problems import instruction, load_problems
+
+    texts = {}
+    for line in EVERYDAY_PROMPTS.read_text().splitlines():
+        if line.strip():
+            p = json.loads(line)
+            texts[p["id"]] = p["prompt"]
+    out = []
+    for line in EVERYDAY_RECORDS.read_text().splitlines():
+        r = json.loads(line)
+        if r["arm"] == "large":
+            ended = r["stats"]["generated"] < 64
+            out.append(
+                dict(
+                    id=r["prompt"],
+                    category=r["category"],
+                    prompt=texts[r["prompt"]],
+                    ids=r["ids"],
+                    ended=ended,
+                    budget=64,
+                )
+            )
+    problems = {p.task_id: p for p in load_problems()}
+    for line in HUMANEVAL_RECORDS.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("type") == "result" and r.get("arm") == "large alone":
+            tokens = ast.literal_eval(r["tokens"]) if isinstance(r["tokens"], str) else r["tokens"]
+            ids = [int(t["id"]) for t in tokens]
+            ended = len(ids) < 384
+            out.append(
+                dict(
+                    id=r["task_id"],
+                    category="humaneval",
+                    prompt=instruction(problems[r["task_id"]]),
+                    ids=ids,
+                    ended=ended,
+                    budget=384,
+                )
+            )
+    return out
+
+
+def collect(path: Path) -> None:
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    from mlxswitch.api import build_ladder, resolve_profile
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+    from mlxswitch.kernels.entropy import numpy_token_signals
+    from mlxswitch.routing.router import RouterConfig
+
+    profile = resolve_profile(PROFILE)
+    ladder = build_ladder(profile, progress=lambda m: print(m, file=sys.stderr))
+    session = ChatSession(ladder, RouterConfig(up=(float("inf"),)), GenerationSettings(max_tokens=1))
+    eos = sorted(ladder.tokenizer.eos_token_ids)
+    traces = []
+    answers = _answers()
+    for i, a in enumerate(answers):
+        prompt_ids = session.render([{"role": "user", "content": a["prompt"]}])
+        answer = a["ids"] + ([eos[0]] if a["ended"] else [])
+        entry = dict(
+            id=a["id"],
+            category=a["category"],
+            prompt_ids=prompt_ids,
+            prompt_tokens=len(prompt_ids),
+            answer=answer,
+            ended=a["ended"],
+            budget=a["budget"],
+        )
+        prompt_ids_full = prompt_ids + a["ids"]
+        for name, group in (("small", ladder.tiers[0].group), ("large", ladder.tiers[-1].group)):
+            model = group.model.model
+            cache = make_prompt_cache(model)
+            model(mx.array(prompt_ids[:-1])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+            logits = np.asarray(
+                model(mx.array(prompt_ids_full[len(prompt_ids) - 1 :])[None], cache=cache)[0].astype(
+                    mx.float32
+                )
+            )
+            signals = numpy_token_signals(logits.astype(np.float64), np.float64)
+            entry[name] = dict(greedy=logits.argmax(axis=-1).tolist(), signals=np.round(signals, 5).tolist())
+            del cache
+        traces.append(entry)
+        print(f"traced {i + 1}/{len(answers)} {a['id']}", file=sys.stderr)
+    costs = {}
+    context = session.render([{"role": "user", "content": answers[0]["prompt"]}]) * 2
+    for name, group in (("small", ladder.tiers[0].group), ("large", ladder.tiers[-1].group)):
+        model = group.model.model
+        cache = make_prompt_cache(model)
+        model(mx.array(context)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        costs[name] = {}
+        for rows in TIMED_ROWS:
+            best = math.inf
+            for _ in range(3 if rows <= 64 else 2):
+                x = mx.array(context[:rows] if rows <= len(context) else (context * 4)[:rows])
+                start = time.perf_counter()
+                mx.eval(model(x[None], cache=cache)[0, -1])
+                best = min(best, time.perf_counter() - start)
+                trim_prompt_cache(cache, rows)
+            costs[name][rows] = best
+            print(f"timed {name} {rows} rows: {best * 1000:.1f} ms", file=sys.stderr)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            dict(
+                profile=PROFILE,
+                threshold=profile.router.up[0],
+                signal=profile.router.signal,
+                eos=eos,
+                costs=costs,
+                traces=traces,
+            )
+        )
+    )
+    tmp.replace(path)
+
+
+class Costs:
+    """Seconds of one model's pass by row count: the timed counts, linear between them."""
+
+    def __init__(self, table: dict):
+        self.rows = sorted(int(k) for k in table)
+        self.seconds = [table[str(k)] if str(k) in table else table[k] for k in self.rows]
+
+    def __call__(self, rows: int) -> float:
+        import bisect
+
+        i = bisect.bisect_left(self.rows, rows)
+        if i < len(self.rows) and self.rows[i] == rows:
+            return self.seconds[i]
+        if i == 0:
+            return self.seconds[0]
+        if i == len(self.rows):
+            slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
+            return self.seconds[-1] + slope * (rows - self.rows[-1])
+        lo, hi = self.rows[i - 1], self.rows[i]
+        w = (rows - lo) / (hi - lo)
+        return (1 - w) * self.seconds[i - 1] + w * self.seconds[i]
+
+
+def replay(
+    trace: dict, small: Costs, large: Costs, threshold: float, signal: str, planner, lookup: bool = True
+) -> dict:
+    """One answer decoded by verified drafting as verify.py runs it, priced by the cost tables."""
+    from mlxswitch.decoding.drafting import Plan
+    from mlxswitch.decoding.lookup import LookupIndex
+    from mlxswitch.routing.registry import uncertainty
+
+    answer, p0 = trace["answer"], trace["prompt_tokens"]
+    greedy, sig = trace["small"]["greedy"], trace["small"]["signals"]
+    top_sig = trace["large"]["signals"]
+    budget = min(trace["budget"], len(answer))
+    ids = trace["prompt_ids"]
+    index = LookupIndex()
+    top_seen, bottom_seen = 0, 0
+    n, total = 0, 0.0
+    tally = dict(small_passes=0, small_tokens=0, lookup_kept=0, model_kept=0, checks={}, rounds=0)
+    by_source = {source: [0.0, 0] for source in ("none", "lookup", "model")}  # seconds, tokens made
+    while n < budget:
+        length = p0 + n  # ids before this round
+        seq = ids + answer[:n]
+        if n:
+            offered = index.draft(seq, min(budget - n, planner.max_draft)) if lookup else []
+            plan = planner.plan(budget - n, len(offered), length - bottom_seen)
+        else:
+            offered, plan = [], Plan(0, "none", math.nan)
+        seconds, prompt_read = 0.0, 0.0
+        entropies: list[float] = []
+        if plan.source == "lookup":
+            draft = offered[: plan.length]
+        elif plan.length:
+            draft = []
+            fed = length - bottom_seen if bottom_seen < length else 1
+            prefill = bottom_seen < p0
+            cost = small(fed)
+            seconds += cost
+            if prefill:
+                prompt_read += cost
+            else:
+                planner.draft.record(fed, cost)
+            bottom_seen = length
+            tally["small_passes"] += 1
+            while True:
+                at = n + len(draft)  # the answer position this drafted token stands for
+                values = sig[at] if at < len(sig) else [math.nan] * 3
+                s = uncertainty(signal, values)
+                if not math.isfinite(s) or s > threshold:
+                    break
+                draft.append(greedy[at] if at < len(greedy) else -1)
+                entropies.append(values[0])
+                if draft[-1] in trace["eos"] or not planner.keep_drafting(
+                    entropies, min(budget - n, planner.max_draft)
+                ):
+                    break
+                cost = small(1)
+                seconds += cost
+                planner.draft.record(1, cost)
+                bottom_seen += 1
+                tally["small_passes"] += 1
+            checked = planner.settle(entropies)
+            draft, entropies = draft[:checked], entropies[:checked]
+            tally["small_tokens"] += len(draft)
+        else:
+            draft = []
+        rows = length - top_seen + len(draft)
+        cost = large(rows)
+        seconds += cost
+        if top_seen >= p0:
+            planner.check.record(rows, cost)
+        tally["checks"][rows] = tally["checks"].get(rows, 0) + 1
+        kept = 0
+        while kept < len(draft) and n + kept < len(answer) and draft[kept] == answer[n + kept]:
+            kept += 1
+        planner.record_round(plan.source, len(draft), kept, entropies, seconds - prompt_read)
+        total += seconds
+        tally["rounds"] += 1
+        if n:  # the opening check is the prompt's prefill
+            by_source[plan.source][0] += seconds
+            by_source[plan.source][1] += kept + 1
+        tally["lookup_kept" if plan.source == "lookup" else "model_kept"] += kept
+        top_seen = length + kept
+        bottom_seen = min(bottom_seen, top_seen)
+        n += kept
+        if n >= budget:
+            break
+        planner.observe_top(top_sig[n][0])
+        n += 1
+    alone = large(p0) + (budget - 1) * large(1)
+    small_alone = small(p0) + (budget - 1) * small(1)
+    return dict(
+        seconds=total,
+        alone=alone,
+        small_alone=small_alone,
+        floor=small_alone + large(p0),
+        by_source=by_source,
+        **tally,
+    )
+
+
+def simulate(args: argparse.Namespace) -> None:
+    from mlxswitch.decoding.drafting import DraftMemory, DraftPlanner, PassCosts
+    from mlxswitch.decoding.verify import MAX_DRAFT
+
+    data = json.loads(Path(args.traces).read_text())
+    small, large = Costs(data["costs"]["small"]), Costs(data["costs"]["large"])
+    print(f"pass costs (s): large 1 row {large(1):.3f}, 8 rows {large(8):.3f}; small 1 row {small(1):.3f}")
+    for suite in ("everyday", "humaneval"):
+        traces = [t for t in data["traces"] if (t["category"] == "humaneval") == (suite == "humaneval")]
+        # One ladder's memory across the suite's answers, as the benches keep it; warm: with the
+        # pass costs an earlier run kept (draft_store), as a chat on a machine used before starts.
+        memory = DraftMemory()
+        if not args.cold:
+            memory = DraftMemory(
+                check=PassCosts({r: large(r) for r in range(1, MAX_DRAFT + 2)}),
+                draft=PassCosts({r: small(r) for r in range(1, MAX_DRAFT + 2)}),
+            )
+        by_cat: dict[str, list[dict]] = {}
+        for t in traces:
+            t["eos"] = data["eos"]
+            planner = DraftPlanner(MAX_DRAFT, not args.fixed, memory, with_lookup=not args.no_lookup)
+            r = replay(t, small, large, data["threshold"], data["signal"], planner, not args.no_lookup)
+            by_cat.setdefault(t["category"], []).append(r)
+            if args.verbose:
+                ratio = r["seconds"] / r["alone"]
+                print(
+                    f"  {t['id']:14s} {ratio:.3f}× alone  small tokens {r['small_tokens']:3d}  "
+                    f"kept model {r['model_kept']:3d} lookup {r['lookup_kept']:3d}"
+                )
+        print(f"{suite}: seconds against the top tier alone (modelled)")
+        every = []
+        for cat, rs in sorted(by_cat.items()):
+            every += rs
+            s, a = sum(r["seconds"] for r in rs), sum(r["alone"] for r in rs)
+            drafted, model, lookup = (
+                sum(r[k] for r in rs) for k in ("small_tokens", "model_kept", "lookup_kept")
+            )
+            print(
+                f"  {cat:10s} {s / a:.3f}×   small drafted {drafted:4d}, "
+                f"kept: model {model:4d}, lookup {lookup:4d}"
+            )
+        s, a = sum(r["seconds"] for r in every), sum(r["alone"] for r in every)
+        f = sum(r["floor"] for r in every)
+        print(f"  {'all':10s} {s / a:.3f}×   ({a / s:.2f}× faster; floor {a / f:.2f}×)")
+        for source in ("none", "lookup", "model"):
+            sec = sum(r["by_source"][source][0] for r in every)
+            made = sum(r["by_source"][source][1] for r in every)
+            if made:
+                rate = made * large(1) / sec
+                print(
+                    f"    rounds of {source:6s}: {made:5d} tokens in {sec:7.1f} s, "
+                    f"{rate:.2f}× the top tier's one-row rate"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--traces", required=True)
+    parser.add_argument("--collect", action="store_true", help="load the pair and trace the recorded answers")
+    parser.add_argument("--fixed", action="store_true", help="replay the fixed rule, not the planner")
+    parser.add_argument(
+        "--no-lookup", action="store_true", help="model drafts only (a profile with lookup off)"
+    )
+    parser.add_argument("--cold", action="store_true", help="no pass costs known at the start (a first run)")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    if args.collect:
+        collect(Path(args.traces))
+    else:
+        simulate(args)
+
+
+if __name__ == "__main__":
+    main()
