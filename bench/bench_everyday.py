@@ -67,7 +67,7 @@ def load_records(path: Path) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> None:
-    prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     if args.categories:
         prompts = [p for p in prompts if p["category"] in args.categories.split(",")]
     records_path = Path(args.records)
@@ -183,7 +183,7 @@ def report(args: argparse.Namespace) -> None:
     print(f"{len(prompts)} prompts answered by every arm ({', '.join(arms)}); greedy")
     print()
     print("seconds per answer (wall, prompt included), and the time against the large model alone")
-    header = f"{'category':10s}" + "".join(f"{a:>16s}" for a in arms)
+    header = f"{'category':10s}" + "".join(f"{a:>17s}" for a in arms)
     print(header)
     for cat in [*categories, "all"]:
         chosen = [p for p in prompts if cat == "all" or by[(p, arms[0])]["category"] == cat]
@@ -191,8 +191,8 @@ def report(args: argparse.Namespace) -> None:
         base = sum(by[(p, "large")]["wall_s"] for p in chosen) if "large" in arms else None
         for a in arms:
             total = sum(by[(p, a)]["wall_s"] for p in chosen)
-            ratio = f" ({total / base:.2f}×)" if base else ""
-            line += f"{total / len(chosen):9.1f}{ratio:>7s}"
+            ratio = f" ({total / base:.3f}×)" if base else ""
+            line += f"{total / len(chosen):8.1f}{ratio:>9s}"
         print(line)
     if "large" in arms:
         print()
@@ -271,6 +271,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--categories", default="")
+    parser.add_argument("--prompts", default=str(PROMPTS), help="JSON Lines of id, category, prompt")
     parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: every core)")
     parser.add_argument("--report", action="store_true")
     args = parser.parse_args()
