@@ -296,7 +296,13 @@ def simulate(args: argparse.Namespace) -> None:
         # One ladder's memory across the suite's answers, as the benches keep it; warm: with the
         # pass costs an earlier run kept (draft_store), as a chat on a machine used before starts.
         memory = DraftMemory()
-        if not args.cold:
+        if args.store:
+            kept = json.loads(Path(args.store).read_text())
+            memory = DraftMemory(
+                check=PassCosts({int(k): v for k, v in kept["check"].items()}),
+                draft=PassCosts({int(k): v for k, v in kept["draft"].items()}),
+            )
+        elif not args.cold:
             memory = DraftMemory(
                 check=PassCosts({r: large(r) for r in range(1, MAX_DRAFT + 2)}),
                 draft=PassCosts({r: small(r) for r in range(1, MAX_DRAFT + 2)}),
@@ -349,6 +355,7 @@ def main() -> None:
     parser.add_argument(
         "--no-lookup", action="store_true", help="model drafts only (a profile with lookup off)"
     )
+    parser.add_argument("--store", help="start from the pass costs in this draft_store file")
     parser.add_argument("--cold", action="store_true", help="no pass costs known at the start (a first run)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()

@@ -157,8 +157,24 @@ def test_beside_lookup_a_model_draft_pays_its_whole_reading_in_the_round_it_star
     assert planner.plan(room=1000, behind=0).source == "model"
     # Where a check costs about one row (a Mac), the read is worth paying.
     mac = _planner({1: 1.0, 33: 1.3}, draft_s=0.4, with_lookup=True)
-    mac.draft.record(64, 1.5)
+    mac.draft.record(64, 0.9)
     assert mac.plan(room=1000, behind=64).source == "model"
+
+
+def test_beside_lookup_the_reading_must_be_repaid_by_a_round_as_recent_rounds_went():
+    # Long checks priced from a few timed counts (flat from 8 rows on) make the best case look
+    # good; rounds that barely paid do not repay a 32-id read, rounds that paid well do.
+    planner = _planner({1: 1.0, 4: 2.4, 8: 2.4}, draft_s=CPU_DRAFT, with_lookup=True)
+    planner.draft.record(4, 0.7)
+    planner.draft.record(32, 1.3)
+    for _ in range(10):
+        planner.record_round("model", 4, 4, [SURE] * 4, seconds=4.4)  # 5 tokens, 4.4 passes' worth
+    assert 1.0 < planner.memory.rounds.gain < 1.2
+    assert planner.plan(room=1000, behind=32).length == 0
+    assert planner.plan(room=1000, behind=0).source == "model"  # in step: nothing to repay
+    for _ in range(10):
+        planner.record_round("model", 16, 16, [SURE] * 16, seconds=9.0)  # 17 tokens, 9 passes' worth
+    assert planner.plan(room=1000, behind=32).source == "model"
 
 
 def test_a_long_catch_up_is_charged_to_the_draft():

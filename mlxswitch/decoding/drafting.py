@@ -201,22 +201,30 @@ class RoundYield:
 
     tokens: float = PRIOR_ROUND_TOKENS
     steps: float = PRIOR_ROUND_TOKENS / PRIOR_ROUND_GAIN
+    rounds: float = 1.0  # the prior counts as one round
 
     @property
     def gain(self) -> float:
         """Tokens per one-row pass's worth of seconds: above 1, the drafter's rounds paid."""
         return self.tokens / self.steps
 
+    @property
+    def saving(self) -> float:
+        """One-row passes a recent round saved on average (negative: it cost more than it made)."""
+        return (self.tokens - self.steps) / self.rounds
+
     def record(self, tokens: int, steps: float) -> None:
         """One model-drafted round: `tokens` made in `steps` one-row passes' worth of seconds."""
         self.tokens = ROUND_DECAY * self.tokens + tokens
         self.steps = ROUND_DECAY * self.steps + steps
+        self.rounds = ROUND_DECAY * self.rounds + 1
 
     def idle(self) -> None:
         """A round without the drafter: the totals fade toward the prior's gain."""
         prior_steps = PRIOR_ROUND_TOKENS / PRIOR_ROUND_GAIN
         self.tokens = ROUND_IDLE_DECAY * self.tokens + (1 - ROUND_IDLE_DECAY) * PRIOR_ROUND_TOKENS
         self.steps = ROUND_IDLE_DECAY * self.steps + (1 - ROUND_IDLE_DECAY) * prior_steps
+        self.rounds = ROUND_IDLE_DECAY * self.rounds + (1 - ROUND_IDLE_DECAY)
 
 
 @dataclass
@@ -304,8 +312,14 @@ class DraftPlanner:
                 expected_tokens(surest, k) / (catch_up + k * step_s + self.check.estimate(k + 1))
                 for k in range(1, room + 1)
             )
-            if projected > best.tokens_per_s and self._repays_catch_up(
-                behind, answer_room, projected / alone.tokens_per_s
+            # Beside lookup the reading must also be repaid by one round as recent rounds went:
+            # the projection's best case prices long checks from a few timed counts, and drafts
+            # stop at the drafter's first doubt, well short of it.
+            measured = not self.with_lookup or self.memory.rounds.saving * self.check.estimate(1) > catch_up
+            if (
+                measured
+                and projected > best.tokens_per_s
+                and self._repays_catch_up(behind, answer_room, projected / alone.tokens_per_s)
             ):
                 best = Plan(room, "model", projected)
         return best if best.length else alone
