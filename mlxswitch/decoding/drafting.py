@@ -35,7 +35,7 @@ So on a CPU where a 16-row check costs 3.4 one-row passes and the 0.5B 0.41 of t
 are made only through stretches the drafter is sure of, and the top tier decodes alone
 elsewhere; on a Mac, where a check costs about one row, drafts run long. Replayed on the Qwen
 pair's recorded answers (bench/replay_drafting.py), the 0.5B's rounds here make at best 1.25×
-the 1.5B's one-row rate (HumanEval, drafter in step), lookup rounds 3.8×: where lookup drafts
+the 1.5B's one-row rate (HumanEval, drafter in step), lookup rounds 3.7×: where lookup drafts
 are on offer the drafter falls behind, and the reading that costs keeps it from starting.
 
 Pass costs are measured by row count as the answers go (PassCosts) and kept, with the kept
