@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import bisect
 import json
 import math
 import sys
@@ -170,8 +171,6 @@ class Costs:
         self.seconds = [table[str(k)] if str(k) in table else table[k] for k in self.rows]
 
     def __call__(self, rows: int) -> float:
-        import bisect
-
         i = bisect.bisect_left(self.rows, rows)
         if i < len(self.rows) and self.rows[i] == rows:
             return self.seconds[i]
@@ -201,11 +200,12 @@ def replay(
     index = LookupIndex()
     top_seen, bottom_seen = 0, 0
     n, total = 0, 0.0
-    tally = dict(small_passes=0, small_tokens=0, lookup_kept=0, model_kept=0, checks={}, rounds=0)
+    tally = dict(small_tokens=0, lookup_kept=0, model_kept=0)
     by_source = {source: [0.0, 0] for source in ("none", "lookup", "model")}  # seconds, tokens made
+    seq = list(ids)  # the prompt and the answer so far: LookupIndex reads it as it grows
     while n < budget:
         length = p0 + n  # ids before this round
-        seq = ids + answer[:n]
+        seq.extend(answer[len(seq) - p0 : n])
         if n:
             offered = index.draft(seq, min(budget - n, planner.max_draft)) if lookup else []
             plan = planner.plan(budget - n, len(offered), length - bottom_seen)
@@ -226,7 +226,6 @@ def replay(
             else:
                 planner.draft.record(fed, cost)
             bottom_seen = length
-            tally["small_passes"] += 1
             while True:
                 at = n + len(draft)  # the answer position this drafted token stands for
                 values = sig[at] if at < len(sig) else [math.nan] * 3
@@ -243,8 +242,7 @@ def replay(
                 seconds += cost
                 planner.draft.record(1, cost)
                 bottom_seen += 1
-                tally["small_passes"] += 1
-            checked = planner.settle(entropies)
+                checked = planner.settle(entropies)
             draft, entropies = draft[:checked], entropies[:checked]
             tally["small_tokens"] += len(draft)
         else:
@@ -254,13 +252,11 @@ def replay(
         seconds += cost
         if top_seen >= p0:
             planner.check.record(rows, cost)
-        tally["checks"][rows] = tally["checks"].get(rows, 0) + 1
         kept = 0
         while kept < len(draft) and n + kept < len(answer) and draft[kept] == answer[n + kept]:
             kept += 1
         planner.record_round(plan.source, len(draft), kept, entropies, seconds - prompt_read)
         total += seconds
-        tally["rounds"] += 1
         if n:  # the opening check is the prompt's prefill
             by_source[plan.source][0] += seconds
             by_source[plan.source][1] += kept + 1

@@ -306,8 +306,8 @@ class DraftPlanner:
             # A draft of the drafter's surest tokens only: the best any model draft can do. Beside
             # lookup, what the drafter must read first (the ids it has not seen) is in this round's
             # price; without it, the prompt's read is repaid from the rest of the answer (below).
-            surest, step_s = self.binned.surest, self._step_s()
-            catch_up = self._catch_up(behind) if self.with_lookup else 0.0
+            surest, step_s, reading = self.binned.surest, self._step_s(), self._catch_up(behind)
+            catch_up = reading if self.with_lookup else 0.0
             projected = max(
                 expected_tokens(surest, k) / (catch_up + k * step_s + self.check.estimate(k + 1))
                 for k in range(1, room + 1)
@@ -319,12 +319,12 @@ class DraftPlanner:
             if (
                 measured
                 and projected > best.tokens_per_s
-                and self._repays_catch_up(behind, answer_room, projected / alone.tokens_per_s)
+                and self._repays_catch_up(reading, answer_room, projected / alone.tokens_per_s)
             ):
                 best = Plan(room, "model", projected)
         return best if best.length else alone
 
-    def _repays_catch_up(self, behind: int, answer_room: int, projected_gain: float) -> bool:
+    def _repays_catch_up(self, reading_s: float, answer_room: int, projected_gain: float) -> bool:
         # What the drafter must read first (the prompt, the first time; what the top tier made
         # alone since) and one round that may come to nothing are paid once; drafting can repay
         # them only from the rest of the answer, at the gain its rounds have measured (or the
@@ -333,7 +333,7 @@ class DraftPlanner:
         top_s = self.check.estimate(1)
         gain = min(self.memory.rounds.gain, projected_gain)
         saving_s = answer_room * top_s * (1.0 - 1.0 / gain)
-        return saving_s > self._catch_up(behind) + top_s
+        return saving_s > reading_s + top_s
 
     def keep_drafting(self, entropies: Sequence[float], room: int) -> bool:
         """After each drafted token (the drafter's entropies so far): draft another? Yes while a
