@@ -30,7 +30,6 @@ from pathlib import Path
 from mlxswitch.api import build_ladder, resolve_profile
 from mlxswitch.decoding.drafting import DraftMemory, PassCosts
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
-from mlxswitch.draft_store import load_draft_costs
 from mlxswitch.kernels._common import set_blas_threads
 from mlxswitch.kernels.route import current_route
 from mlxswitch.routing.router import RouterConfig
@@ -85,8 +84,7 @@ def run(args: argparse.Namespace) -> None:
     )
     made = 0
     # Each arm learns on its own (pass costs, kept shares), across its answers, as a chat would,
-    # from the pass costs an earlier run kept on this machine (draft_store), as a chat starts.
-    load_draft_costs(ladder)  # as open_chat does for a verified profile
+    # from the pass costs an earlier run kept on this machine (build_ladder loads them).
     kept = ladder.draft_memory
     memories = {
         arm: DraftMemory(check=PassCosts(dict(kept.check.seconds)), draft=PassCosts(dict(kept.draft.seconds)))

@@ -206,6 +206,10 @@ def build_ladder(
             ladder = single_model_ladder(loaded, name=profile.tier_names()[0])
     if probe is not None:
         ladder.attach_probe(probe)
+    if len(ladder.tiers) > 1:
+        # The pass costs verified drafting timed here before (draft_store): whichever arm or
+        # session drafts on this ladder starts from them, not from a first answer spent timing.
+        load_draft_costs(ladder)
     if require_resident:
         slow = [g.model.name for g in ladder.groups if g.model.linears == "rows"]
         if slow and current_route().plain_linears == "resident-fp32":
@@ -240,8 +244,6 @@ def open_chat(
     ladder = build_ladder(
         chosen, progress=progress, force_memory=force_memory, require_resident=require_resident
     )
-    if chosen.router.verify:
-        load_draft_costs(ladder)  # what an earlier run timed here: no first answer spent learning
     ladder.description = f"{chosen.name}: {ladder.description}"
     ladder.note = chosen.description
     if chosen.cloud is not None:
