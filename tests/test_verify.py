@@ -251,3 +251,35 @@ def test_threads_change_no_answer(pair):
             for a in _answers(pair, config, 40)
         ]
     assert answers[1] == answers[2]
+
+
+@pytest.mark.parametrize("ladder_name", ["pair", "twin"])
+@pytest.mark.parametrize("draft", ["fixed", "adaptive"])
+def test_on_lazy_passes_the_pipelined_loop_gives_the_top_tiers_answer(request, ladder_name, draft):
+    """On a route whose passes stay lazy (a Mac's; MLX ops forced here) the top tier's next one-row
+    pass is queued before its token is read, and becomes the next check's first row: the answer is
+    still the top tier's, token for token, drafted rounds and lookup rounds alike."""
+    from mlxswitch.kernels.route import kernels_override
+
+    ladder = request.getfixturevalue(ladder_name)
+    with kernels_override("mx"):
+        top = _answers(ladder, RouterConfig(up=(-INF,)), 50)
+        checked = _answers(ladder, _verify(2.0, draft, lookup=draft == "adaptive"), 50)
+    for alone, ours in zip(top, checked, strict=True):
+        assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
+        assert ours.finish_reason == alone.finish_reason
+
+
+def test_only_lazy_passes_on_separate_caches_are_pipelined(pair, tiny_gears_4_8):
+    """The NumPy route computes a pass as it is built (queuing it ahead overlaps nothing), and a
+    gear ladder's bottom gear would write its draft into the top gear's cache first."""
+    from mlxswitch.kernels.route import kernels_override
+
+    def pipelined(ladder) -> bool:
+        return verify.VerifyLoop(ladder, [1, 2, 3], 2.0, lambda x: x).pipelined
+
+    gears = gear_ladder(tiny_gears_4_8, [4, 8])
+    with kernels_override("auto"):
+        assert not pipelined(pair)
+    with kernels_override("mx"):
+        assert pipelined(pair) and not pipelined(gears)

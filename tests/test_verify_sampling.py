@@ -97,3 +97,14 @@ def test_sampled_verified_tokens_follow_the_top_tiers_distribution_and_a_planted
     assert _chi_square_p(verified, reference) > 1e-3
     biased = _second_tokens(pair, _KeepsTheFirstDraftToken, seed=2)
     assert _chi_square_p(biased, reference) < 1e-3
+
+
+def test_pipelined_verified_tokens_follow_the_top_tiers_distribution(pair):
+    """The same test on lazy passes (a Mac's route, MLX ops forced): the first round's one-row pass
+    is queued ahead, and the drafted round's check reads it as its first row."""
+    from mlxswitch.kernels.route import kernels_override
+
+    reference = _top_alone(pair, seed=1)
+    with kernels_override("mx"):
+        verified = _second_tokens(pair, VerifyLoop, seed=2)
+    assert _chi_square_p(verified, reference) > 1e-3

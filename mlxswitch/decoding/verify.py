@@ -29,12 +29,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
+from ..kernels.route import current_route
 from ..routing.registry import uncertainty
-from ..routing.signals import read_time_signals, token_signals_numpy
+from ..routing.signals import LazySignals, read_time_signals
 from .drafting import DraftPlanner, Plan
 from .ledger import PassLedger
 from .lookup import LookupIndex
@@ -43,6 +45,18 @@ from .tiers import Ladder
 
 # Bounds a round's rows (the check is one batched pass) and how long a stream waits for a check.
 MAX_DRAFT = 32
+
+
+@dataclass
+class _Queued:
+    """A check queued before it is read: its rows (log-probabilities where asked), the samples
+    drawn from them, its first row's signals (where it checks no draft: that row is the token's),
+    and the generated ids its passes fed the top tier."""
+
+    rows: mx.array
+    samples: mx.array
+    top_signals: LazySignals | None
+    catch_up: dict[str, int]
 
 
 class VerifyLoop:
@@ -71,6 +85,14 @@ class VerifyLoop:
         self._lookup = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
         self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
+        # A one-row pass is queued ahead only where passes stay lazy until read (a GPU; MLX ops
+        # forced on a CPU): on the CPU's NumPy route a pass computes as it is built, so queuing it
+        # overlaps nothing and only blurs the pass times the planner learns from (it drafted 4×
+        # as much and lost 9% on the everyday prompts: bench/results/everyday-pair-v7.txt). And
+        # only where the top tier has a cache of its own (a gear ladder's bottom gear would write
+        # the draft into it before the check).
+        self.pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
+        self._check_after_ahead = False  # the last check's first row was queued ahead (untimed)
         self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
         # The top tier opens the answer: no tier reads the prompt's last position before it.
         self.initial_entropy: float | None = None
@@ -83,6 +105,10 @@ class VerifyLoop:
         top_rung = len(self.ladder.tiers) - 1
         n = 0
         self.ledger.restart()
+        # The top tier's one-row pass over the token a round with no draft takes, queued before
+        # that token is read (as mlx-lm pipelines its steps): the first row of the next check,
+        # whatever that round drafts, so it is never thrown away (`_queue_check`).
+        ahead: _Queued | None = None
         while n < budget:
             length = len(self.ids)
             # The top tier opens the answer with a check of no draft: the first token comes after
@@ -100,9 +126,11 @@ class VerifyLoop:
                 checked = self.planner.settle(entropies)
                 if checked < len(draft):  # the rest is dropped unchecked; the bottom tier computed it
                     draft, entropies, ended_unsure = draft[:checked], entropies[:checked], True
-            rows = self._check(draft, catch_up)
-            rows = self._normalized(rows)
-            samples: list[int] = self.sampler(rows).tolist()  # type: ignore[assignment]  # mlx: any nesting
+            check, ahead = self._queue_check(draft, catch_up, ahead), None
+            if not draft and n + 1 < budget and self.pipelined:
+                ahead = self._queue_one(check.samples)  # this round's token is its first sample
+            rows, top_signals = check.rows, check.top_signals
+            samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
             self._timed(self.ladder.tiers[-1].group.name, self._check_rows, self._check_prefill, check=True)
             kept = self._kept(draft, samples)
             # The round's seconds, less the drafter's first read of the prompt: paid once an answer.
@@ -110,8 +138,11 @@ class VerifyLoop:
             self._prompt_read_s = 0.0
             self.planner.record_round(plan.source, len(draft), kept, entropies, seconds)
             keep = length + kept
+            top_group = self.ladder.tiers[-1].group
             for group in self.ladder.groups:
-                group.rewind(min(group.seen, keep))
+                # The pass queued ahead holds this round's token too (kept is 0 there).
+                held = keep + 1 if ahead is not None and group is top_group else keep
+                group.rewind(min(group.seen, held))
             logprobs = self._logprobs(rows)
             from_lookup = plan.source == "lookup"
             for j in range(kept):
@@ -120,7 +151,8 @@ class VerifyLoop:
                     self.ended_by_eos = True
                     return
                 if from_lookup:  # the top tier's own token, checked in a batch: its distribution
-                    values = [float(v) for v in token_signals_numpy(rows[j])]
+                    queued_row = top_signals if j == 0 and top_signals is not None else None
+                    values = (queued_row or read_time_signals(rows[j])).values()
                     step_rung, entropy, signal = top_rung, values[0], uncertainty(self.signal, values)
                 else:
                     step_rung, entropy, signal = 0, entropies[j], signals[j]
@@ -145,7 +177,9 @@ class VerifyLoop:
             if token in eos:
                 self.ended_by_eos = True
                 return
-            top_values = [float(v) for v in token_signals_numpy(rows[kept])]
+            if kept or top_signals is None:
+                top_signals = read_time_signals(rows[kept])
+            top_values = top_signals.values()
             top_signal = uncertainty(self.signal, top_values)
             self.planner.observe_top(top_values[0])
             # The bottom tier computed this position too: a token it drafted differently, or the
@@ -165,6 +199,37 @@ class VerifyLoop:
             )
             n += 1
             self.ledger.restart()  # the consumer's time between steps is not this loop's
+
+    def _queue_check(self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None) -> _Queued:
+        """The top tier's check of `draft`, its samples and its first row's signals, queued. After
+        a one-row pass queued `ahead`, that pass is the check's first row and only the draft is fed."""
+        self._check_after_ahead = ahead is not None
+        if ahead is None:
+            rows = self._normalized(self._check(draft, catch_up))
+            samples = self.sampler(rows)
+            first = None if draft else read_time_signals(rows[0])
+        else:
+            rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
+            for name, count in ahead.catch_up.items():
+                catch_up[name] = catch_up.get(name, 0) + count
+            self._check_rows, self._check_prefill = 0, False
+            if draft:
+                more = self._normalized(self._check(draft, catch_up, after_ahead=True))
+                rows = mx.concatenate([rows, more])
+                samples = mx.concatenate([samples, self.sampler(more)])
+            self._check_rows += 1  # the row queued ahead, read at the same sync
+        mx.async_eval(samples, *([first.array] if first is not None else []))
+        return _Queued(rows, samples, first, catch_up)
+
+    def _queue_one(self, token: mx.array) -> _Queued:
+        """The top tier's one-row pass over `token` (lazy: the sample a round with no draft takes)."""
+        top = self.ladder.tiers[-1]
+        rows = top.group.score(token, 1, top.gear, self.prefill_step).astype(mx.float32)
+        rows = self._normalized(rows)
+        first = read_time_signals(rows[0])
+        queued = _Queued(rows, self.sampler(rows), first, {top.group.name: 1})
+        mx.async_eval(queued.samples, first.array)
+        return queued
 
     @staticmethod
     def _kept(draft: list[int], samples: list[int]) -> int:
@@ -190,6 +255,8 @@ class VerifyLoop:
             if not check:
                 self._prompt_read_s += seconds
             return
+        if check and self._check_after_ahead:
+            return  # its first row ran while the last token was read: its seconds are part of a pass
         (self.planner.check if check else self.planner.draft).record(rows, seconds)
 
     def _draft(
@@ -248,18 +315,21 @@ class VerifyLoop:
         mlx-lm's samplers other than top-p do not mind a shift)."""
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.normalize else logits
 
-    def _check(self, draft: list[int], catch_up: dict[str, int]) -> mx.array:
+    def _check(self, draft: list[int], catch_up: dict[str, int], after_ahead: bool = False) -> mx.array:
         """The top tier's logits at every drafted position and the one after (rows, V); the
-        generated ids it was fed that it had not computed (its catch-up) go into `catch_up`."""
+        generated ids it was fed that it had not computed (its catch-up) go into `catch_up`.
+        `after_ahead`: the top tier holds every id (a one-row pass was queued ahead, giving the
+        first row): only the draft is fed, and its positions' rows are returned."""
         top = self.ladder.tiers[-1]
         group = top.group
         length = len(self.ids)
-        if group.seen > length - 1:  # a shared gear cache holds the draft at the bottom gear
-            group.rewind(length - 1)
+        if not after_ahead and group.seen > length - 1:  # a shared gear cache holds the draft
+            group.rewind(length - 1)  # at the bottom gear
         start = group.seen
         inputs = self.ids[start:] + draft
         self._check_rows, self._check_prefill = len(inputs), start < self.prompt_tokens
-        rows = group.score(mx.array(inputs), len(draft) + 1, top.gear, self.prefill_step)
+        wanted = len(draft) + (0 if after_ahead else 1)
+        rows = group.score(mx.array(inputs), wanted, top.gear, self.prefill_step)
         fed = length + len(draft) - max(start, self.prompt_tokens)
         if fed > 0:
             catch_up[group.name] = catch_up.get(group.name, 0) + fed

@@ -128,6 +128,12 @@ class Route:
         """Whether a dispatcher may hand work to NumPy (a CPU with MLXSWITCH_KERNELS=auto)."""
         return self.backend == "cpu" and self.kernels == "auto"
 
+    @property
+    def lazy_passes(self) -> bool:
+        """Whether a model's pass stays a lazy MLX graph until it is read (no NumPy route), so
+        that queuing the next pass before reading this one overlaps host work with it."""
+        return not self.numpy_allowed
+
     def mx_compute_dtype(self) -> mx.Dtype | None:
         """compute_dtype as an mx dtype (None: keep the checkpoint's)."""
         return None if self.compute_dtype is None else getattr(mx, self.compute_dtype)
