@@ -150,14 +150,28 @@ def _drafting_net(record: dict, large: dict) -> tuple[str, float, float]:
 
 
 def drafting_ledger(arm: str, pairs: list[tuple[dict, dict]]) -> None:
-    """Per kind of answer, what drafting saved against what it spent (see _drafting_net)."""
+    """Per kind of answer, what drafting saved against what it spent (see _drafting_net); then per
+    category the arm's time with the machine's drift out."""
     print()
     print(f"what drafting bought ({arm}), per answer: large one-row steps saved (at the large-alone")
     print("arm's one-row time on that prompt) against the seconds of checks and small-model passes")
     kinds: dict[str, list[tuple[float, float]]] = {}
+    # Per category: the large alone's wall, and what the arm added to it (drafting's net spent,
+    # its extra Python: signals, planning, lookup).
+    drift_out: dict[str, list[float]] = {}
     for record, large in pairs:
         kind, saved, spent = _drafting_net(record, large)
         kinds.setdefault(kind, []).append((saved, spent))
+        added = (
+            spent
+            - saved
+            + record["stats"]["passes"].get("rest_s", 0.0)
+            - large["stats"]["passes"].get("rest_s", 0.0)
+        )
+        for cat in (record["category"], "all"):
+            entry = drift_out.setdefault(cat, [0.0, 0.0])
+            entry[0] += large["wall_s"]
+            entry[1] += added
     for kind in ("model", "lookup", "none"):
         rows = kinds.get(kind, [])
         if not rows:
@@ -172,6 +186,16 @@ def drafting_ledger(arm: str, pairs: list[tuple[dict, dict]]) -> None:
             f"{sum(r[1] for r in rows):6.1f} s, net {sum(nets):+6.1f} s; {gained} gained "
             f"(at most {max(nets):+.1f} s), {lost} lost (at most {min(nets):+.1f} s)"
         )
+    print()
+    print(f"{arm} with the drift out: the large alone's wall plus what drafting netted and the arm's")
+    print("extra Python (rest), against the large alone's wall (prefill differences left out)")
+    print(
+        "  "
+        + ", ".join(
+            f"{cat} {(w + a) / w:.3f}×"
+            for cat, (w, a) in sorted(drift_out.items(), key=lambda kv: kv[0] == "all")
+        )
+    )
 
 
 def report(args: argparse.Namespace) -> None:

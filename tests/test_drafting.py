@@ -148,6 +148,30 @@ def test_a_model_draft_starts_only_after_the_top_tier_was_sure():
     assert planner.plan(room=100).source == "model"
 
 
+def test_the_top_tiers_entropy_is_measured_only_when_a_plan_needs_it_and_once():
+    calls: list[int] = []
+
+    def measured(value: float):
+        def measure() -> float:
+            calls.append(1)
+            return value
+
+        return measure
+
+    planner = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    planner.observe_top(measured(UNSURE))
+    # A lookup draft that pays is chosen before any model draft is weighed: nothing measured.
+    for _ in range(5):
+        planner.record_round("lookup", 8, 8, seconds=1.5)
+    planner.lookup.record(8, 8)
+    assert planner.plan(room=100, lookup_available=8).source == "lookup" and not calls
+    # With none on offer the sureness gate reads it, once however many plans ask.
+    assert planner.plan(room=100).length == planner.plan(room=100).length == 0
+    assert len(calls) == 1
+    planner.observe_top(measured(SURE))
+    assert planner.plan(room=100).source == "model" and len(calls) == 2
+
+
 def test_beside_lookup_a_model_draft_pays_its_whole_reading_in_the_round_it_starts():
     # On this CPU a 64-id read costs 3.6 one-row passes of the top tier: no round of the
     # drafter's surest tokens repays that, however long the answer; in step it drafts.

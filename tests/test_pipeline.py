@@ -80,6 +80,16 @@ def pair(tiny_pair):
     return [load_model(str(path)) for path in tiny_pair]
 
 
+@pytest.fixture(params=["auto", "mx"])
+def route(request):
+    """Both loops: the CPU's NumPy route (a step computes as it is built: none is queued ahead)
+    and lazy passes (MLX ops forced, a Mac's route: the next step is queued before the read)."""
+    from mlxswitch.kernels.route import kernels_override
+
+    with kernels_override(request.param) as chosen:
+        yield chosen
+
+
 def _count_body_rows(monkeypatch, models) -> dict[int, int]:
     """Rows through each model's body (keyed by the body's id), every pass counted."""
     rows: dict[int, int] = {}
@@ -103,7 +113,7 @@ def _count_body_rows(monkeypatch, models) -> dict[int, int]:
         RouterConfig(up=(1.0,), down=(0.5,), window=2, min_run=1),
     ],
 )
-def test_on_a_switching_pair_no_model_is_fed_an_id_twice(pair, config, monkeypatch):
+def test_on_a_switching_pair_no_model_is_fed_an_id_twice(pair, config, monkeypatch, route):
     """Each model's body sees each id once: a step queued on one model before the policy moved to
     the other stands as the first model's catch-up, nothing is rolled back and fed again."""
     ladder = pair_ladder(*pair)
@@ -118,7 +128,7 @@ def test_on_a_switching_pair_no_model_is_fed_an_id_twice(pair, config, monkeypat
         assert rows[id(group.model.model.model)] == group.seen, group.name
 
 
-def test_on_shared_gears_only_a_recomputed_position_is_fed_again(tiny_gears_4_8, monkeypatch):
+def test_on_shared_gears_only_a_recomputed_position_is_fed_again(tiny_gears_4_8, monkeypatch, route):
     """Gears share one cache, where a step queued at one gear is void at another: the loop queues
     there only where the next gear is certain, so the one id fed twice is each escalation's."""
     loaded = tiny_gears_4_8
@@ -132,6 +142,29 @@ def test_on_shared_gears_only_a_recomputed_position_is_fed_again(tiny_gears_4_8,
     assert escalated and escalated < len(events)
     group = ladder.groups[0]
     assert rows[id(loaded.model.model)] == group.seen + escalated
+
+
+def test_a_token_is_yielded_before_the_next_step_is_built_where_steps_compute_as_built(
+    pair, monkeypatch, route
+):
+    """On the NumPy route building a step computes it, so the loop yields the token first (the
+    first one right after the prefill); on lazy passes the next step is already queued then."""
+    import mlx.core as mx
+
+    from mlxswitch.decoding.loop import TokenLoop
+    from mlxswitch.decoding.tiers import single_model_ladder
+    from mlxswitch.routing.policies import make_policy
+
+    ladder = single_model_ladder(pair[1])
+    ladder.groups[0].checked_split()
+    rows = _count_body_rows(monkeypatch, [pair[1]])
+    prompt = [5, 6, 7, 8, 9, 10]
+    loop = TokenLoop(
+        ladder, list(prompt), make_policy(RouterConfig(up=()), 1), lambda x: mx.argmax(x, axis=-1)
+    )
+    fed_at_each_token = [rows[id(pair[1].model.model)] - len(prompt) for _ in loop.steps(4)]
+    ahead = 0 if route.numpy_allowed else 1
+    assert fed_at_each_token == [i + ahead for i in range(3)] + [3]  # nothing queued past the budget
 
 
 def _entropies(session: ChatSession, prompt: str) -> list[float | None]:

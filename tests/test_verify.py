@@ -33,8 +33,12 @@ def _answers(ladder, config: RouterConfig, max_tokens: int, **settings) -> list:
     return _answers_for(ladder, config, max_tokens, PROMPTS, **settings)
 
 
-def _answers_for(ladder, config: RouterConfig, max_tokens: int, prompts, **settings) -> list:
-    session = ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens, **settings))
+def _answers_for(
+    ladder, config: RouterConfig, max_tokens: int, prompts, measure_signals: bool = False, **settings
+) -> list:
+    session = ChatSession(
+        ladder, config, GenerationSettings(max_tokens=max_tokens, **settings), measure_signals=measure_signals
+    )
     out = []
     for prompt in prompts:
         out.append(session.ask(prompt))
@@ -217,7 +221,9 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
 
     monkeypatch.setattr(verify, "LookupIndex", OracleIndex)
     monkeypatch.setattr(verify.VerifyLoop, "steps", steps)
-    (answer,) = _answers_for(pair, _verify(2.0, "adaptive", lookup=True), 40, PROMPTS[:1])
+    (answer,) = _answers_for(
+        pair, _verify(2.0, "adaptive", lookup=True), 40, PROMPTS[:1], measure_signals=True
+    )
     assert [e.id for e in answer.tokens] == reference
     marked = [e for e in answer.tokens if e.source == "lookup"]
     assert marked, "the free drafts of the text were never taken"
@@ -283,3 +289,17 @@ def test_only_lazy_passes_on_separate_caches_are_pipelined(pair, tiny_gears_4_8)
         assert not pipelined(pair)
     with kernels_override("mx"):
         assert pipelined(pair) and not pipelined(gears)
+
+
+def test_the_top_tiers_signals_are_read_where_a_reader_asks_and_are_its_own(pair):
+    """Unasked, the top tier's tokens carry no entropy (no router reads it: the planner measures
+    lazily); asked (chat --shade, serve), each is the top tier's own, as when it decodes alone."""
+    config = _verify(2.0, "adaptive", lookup=True)
+    (alone,) = _answers_for(pair, RouterConfig(up=(-INF,)), 30, PROMPTS[:1], measure_signals=True)
+    (unasked,) = _answers_for(pair, config, 30, PROMPTS[:1])
+    (asked,) = _answers_for(pair, config, 30, PROMPTS[:1], measure_signals=True)
+    assert [e.id for e in unasked.tokens] == [e.id for e in asked.tokens] == [e.id for e in alone.tokens]
+    top = [i for i, e in enumerate(asked.tokens) if e.tier == "large"]
+    assert top and all(unasked.tokens[i].entropy is None for i in top)
+    for i in top:
+        assert asked.tokens[i].entropy == pytest.approx(alone.tokens[i].entropy, abs=1e-3)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Row counts whose check seconds are kept separately; above the last, linear in the rows.
@@ -239,7 +239,8 @@ class DraftMemory:
     lookup_rounds: RoundYield = field(default_factory=RoundYield)  # what the lookup's rounds made
     lookup: Acceptance = field(default_factory=Acceptance)
     # The top tier's entropy (bits) on its latest own token: a model draft starts after a sure one.
-    top_entropy: float = math.nan
+    # Or the function that measures it, called only if a plan gets that far (observe_top).
+    top_entropy: float | Callable[[], float] = math.nan
 
 
 def expected_tokens(p: float, k: int) -> float:
@@ -301,28 +302,34 @@ class DraftPlanner:
             rate = self._rate(k, p_lookup, 0.0)
             if rate > best.tokens_per_s:
                 best = Plan(k, "lookup", rate)
-        sure = self.memory.top_entropy <= START_MAX_ENTROPY  # nan (none yet): not sure
-        if best.source == "none" and sure and self.memory.rounds.gain > 1.0:
+        if best.source == "none" and self.memory.rounds.gain > 1.0:
             # A draft of the drafter's surest tokens only: the best any model draft can do. Beside
             # lookup, what the drafter must read first (the ids it has not seen) is in this round's
             # price; without it, the prompt's read is repaid from the rest of the answer (below).
             surest, step_s, reading = self.binned.surest, self._step_s(), self._catch_up(behind)
             catch_up = reading if self.with_lookup else 0.0
-            projected = max(
-                expected_tokens(surest, k) / (catch_up + k * step_s + self.check.estimate(k + 1))
-                for k in range(1, room + 1)
-            )
             # Beside lookup the reading must also be repaid by one round as recent rounds went:
             # the projection's best case prices long checks from a few timed counts, and drafts
             # stop at the drafter's first doubt, well short of it.
             measured = not self.with_lookup or self.memory.rounds.saving * self.check.estimate(1) > catch_up
-            if (
-                measured
-                and projected > best.tokens_per_s
-                and self._repays_catch_up(reading, answer_room, projected / alone.tokens_per_s)
-            ):
-                best = Plan(room, "model", projected)
+            if measured and self._top_was_sure():
+                projected = max(
+                    expected_tokens(surest, k) / (catch_up + k * step_s + self.check.estimate(k + 1))
+                    for k in range(1, room + 1)
+                )
+                if projected > best.tokens_per_s and self._repays_catch_up(
+                    reading, answer_room, projected / alone.tokens_per_s
+                ):
+                    best = Plan(room, "model", projected)
         return best if best.length else alone
+
+    def _top_was_sure(self) -> bool:
+        # The top tier's latest own token was sure enough to start a model draft after (nan, none
+        # yet: not sure); a measuring function is called here, once, and its value kept.
+        entropy = self.memory.top_entropy
+        if callable(entropy):
+            entropy = self.memory.top_entropy = entropy()
+        return entropy <= START_MAX_ENTROPY
 
     def _repays_catch_up(self, reading_s: float, answer_room: int, projected_gain: float) -> bool:
         # What the drafter must read first (the prompt, the first time; what the top tier made
@@ -419,7 +426,9 @@ class DraftPlanner:
         else:
             self.binned.idle()
 
-    def observe_top(self, entropy: float) -> None:
-        """The top tier made a token of its own, sampled from a distribution of this entropy."""
-        if math.isfinite(entropy):
+    def observe_top(self, entropy: float | Callable[[], float]) -> None:
+        """The top tier made a token of its own, sampled from a distribution of this entropy; or
+        a function that measures it, called only if a plan needs it (on a CPU the read costs about
+        a millisecond over a 152k-id vocabulary, and most rounds are decided without it)."""
+        if callable(entropy) or math.isfinite(entropy):
             self.memory.top_entropy = entropy

@@ -12,7 +12,9 @@ that made this token before the token is read, so host work overlaps the model's
 so its cache write stands as that model's catch-up, and its logits are kept (parked) for when that
 rung computes the same position after all (peek's review); only a head nobody reads is lost. Gears
 sharing one cache are the exception, since a step queued at one gear is void at another: there the
-next step is queued only where the policy's next rung is certain.
+next step is queued only where the policy's next rung is certain. All of this only where passes
+stay lazy until read (`Route.lazy_passes`): on the CPU's NumPy route a step computes as it is
+built, so there the next one is built after this token is yielded.
 
 A rung above the ladder's tiers is the cloud: `cloud_span(answer_ids, room)` returns the ids of
 a continuation (re-tokenized; maybe none), which are appended to the sequence as Steps without
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from ..kernels.route import current_route
 from ..routing.policies import Policy
 from ..routing.probe import Probe
 from ..routing.registry import SIGNAL_BY_NAME, uncertainty
@@ -206,6 +209,11 @@ class TokenLoop:
         # The queued step of the latest move and its group's `seen` then: if its rung computes
         # that position after all (peek's review), it is taken instead of feeding the id again.
         self._parked: tuple[_Pending, int] | None = None
+        # The next step is queued before this token is read only where passes stay lazy until
+        # read (a GPU; MLX ops forced on a CPU). On the CPU's NumPy route a pass computes as it is
+        # built: queuing it would compute the next step before this token is yielded, so every
+        # token (the first too, after the prefill) would reach the reader a step late.
+        self.pipelined = current_route().lazy_passes
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
@@ -236,7 +244,7 @@ class TokenLoop:
         pending = first if first is not None and decision.rung == 0 else self._produce(decision.rung)
         mx.async_eval(*pending.arrays)
         while n < budget:
-            position = _LivePosition(self, pending, queue_next=n + 1 < budget)
+            position = _LivePosition(self, pending, queue_next=self.pipelined and n + 1 < budget)
             settled = walk.step(pending.rung, position)
             pending, speculative, decision = position.pending, position.speculative, settled.decision
             group = self._group(pending.rung)

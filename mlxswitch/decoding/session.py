@@ -299,6 +299,7 @@ class ChatSession:
                     MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory, config.lookup
                 ),
                 lookup=config.lookup,
+                measure_signals=self.measure_signals,
             )
         else:
             loop = TokenLoop(

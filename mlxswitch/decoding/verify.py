@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -59,6 +59,11 @@ class _Queued:
     catch_up: dict[str, int]
 
 
+def _entropy_of(row: mx.array) -> Callable[[], float]:
+    """A function that measures the entropy of the distribution `row` holds (bits), when called."""
+    return lambda: read_time_signals(row).values()[0]
+
+
 class VerifyLoop:
     """Decodes one answer onto `ids` by verified drafting (the TokenLoop's interface)."""
 
@@ -74,6 +79,7 @@ class VerifyLoop:
         top_logprobs: int | None = None,
         planner: DraftPlanner | None = None,
         lookup: bool = True,
+        measure_signals: bool = False,
     ):
         self.ladder, self.ids, self.threshold, self.sampler = ladder, ids, threshold, sampler
         self.prefill_step, self.signal = prefill_step, signal
@@ -82,6 +88,9 @@ class VerifyLoop:
         self.prompt_tokens = len(ids)
         self.planner = planner or DraftPlanner(MAX_DRAFT, with_lookup=lookup)
         self.lookup = lookup
+        # The top tier's signals on its tokens are read where a reader asks (chat --shade, serve's
+        # provenance, the benches' records); else only the planner may, lazily (observe_top).
+        self.measure_signals = measure_signals
         self._lookup = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
         self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
@@ -151,9 +160,11 @@ class VerifyLoop:
                     self.ended_by_eos = True
                     return
                 if from_lookup:  # the top tier's own token, checked in a batch: its distribution
-                    queued_row = top_signals if j == 0 and top_signals is not None else None
-                    values = (queued_row or read_time_signals(rows[j])).values()
-                    step_rung, entropy, signal = top_rung, values[0], uncertainty(self.signal, values)
+                    step_rung, entropy, signal = top_rung, None, None
+                    if self.measure_signals:
+                        queued_row = top_signals if j == 0 and top_signals is not None else None
+                        values = (queued_row or read_time_signals(rows[j])).values()
+                        entropy, signal = values[0], uncertainty(self.signal, values)
                 else:
                     step_rung, entropy, signal = 0, entropies[j], signals[j]
                 yield Step(
@@ -177,11 +188,16 @@ class VerifyLoop:
             if token in eos:
                 self.ended_by_eos = True
                 return
-            if kept or top_signals is None:
-                top_signals = read_time_signals(rows[kept])
-            top_values = top_signals.values()
-            top_signal = uncertainty(self.signal, top_values)
-            self.planner.observe_top(top_values[0])
+            top_entropy: float | None = None
+            top_signal: float | None = None
+            if self.measure_signals:
+                if kept or top_signals is None:
+                    top_signals = read_time_signals(rows[kept])
+                top_values = top_signals.values()
+                top_entropy, top_signal = top_values[0], uncertainty(self.signal, top_values)
+                self.planner.observe_top(top_entropy)
+            else:
+                self.planner.observe_top(_entropy_of(rows[kept]))
             # The bottom tier computed this position too: a token it drafted differently, or the
             # position whose doubt ended the draft.
             computed_below = not from_lookup and (kept < len(draft) or ended_unsure)
@@ -189,7 +205,7 @@ class VerifyLoop:
             yield Step(
                 token,
                 top_rung,
-                top_values[0],
+                top_entropy,
                 math.nan,
                 False,
                 (0, top_rung) if computed_below else (top_rung,),
@@ -207,7 +223,7 @@ class VerifyLoop:
         if ahead is None:
             rows = self._normalized(self._check(draft, catch_up))
             samples = self.sampler(rows)
-            first = None if draft else read_time_signals(rows[0])
+            first = None if draft or not self.measure_signals else read_time_signals(rows[0])
         else:
             rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
             for name, count in ahead.catch_up.items():
@@ -226,9 +242,9 @@ class VerifyLoop:
         top = self.ladder.tiers[-1]
         rows = top.group.score(token, 1, top.gear, self.prefill_step).astype(mx.float32)
         rows = self._normalized(rows)
-        first = read_time_signals(rows[0])
+        first = read_time_signals(rows[0]) if self.measure_signals else None
         queued = _Queued(rows, self.sampler(rows), first, {top.group.name: 1})
-        mx.async_eval(queued.samples, first.array)
+        mx.async_eval(queued.samples, *([first.array] if first is not None else []))
         return queued
 
     @staticmethod
