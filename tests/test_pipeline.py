@@ -167,6 +167,25 @@ def test_a_token_is_yielded_before_the_next_step_is_built_where_steps_compute_as
     assert fed_at_each_token == [i + ahead for i in range(3)] + [3]  # nothing queued past the budget
 
 
+def test_a_model_continuing_its_own_answer_catches_up_on_nothing(pair, tiny_gears_4_8, route):
+    """Fed the token it just made, a model is not catching up, whether that step was queued
+    ahead or built after the token was yielded: every decode pass is one row."""
+    from mlxswitch.decoding.tiers import single_model_ladder
+
+    settings = GenerationSettings(max_tokens=12)
+    for ladder, config in (
+        (single_model_ladder(pair[1]), RouterConfig(up=())),
+        (pair_ladder(*pair), RouterConfig(up=(-float("inf"),))),
+        (gear_ladder(tiny_gears_4_8, [4, 8]), RouterConfig(up=(float("inf"),))),
+    ):
+        session = ChatSession(ladder, config, settings)
+        session.ask("Count: one two three")
+        summary = session.last_summary
+        assert set(summary.catch_up_tokens.values()) == {0}
+        decode = {k for k in summary.passes if k != "rest_s" and not k.endswith("prefill")}
+        assert decode and all(k.endswith(" 1") for k in decode), summary.passes
+
+
 def _entropies(session: ChatSession, prompt: str) -> list[float | None]:
     return [e.entropy for e in session.stream(prompt) if isinstance(e, TokenEvent)]
 

@@ -291,7 +291,13 @@ class TokenLoop:
                 if n >= budget:
                     return
                 decision = walk.resume(self.top_local)
-            pending = self._produce(decision.rung)
+            following = self._group(decision.rung)
+            if not self.pipelined and following.seen == len(self.ids) - 1:
+                # The step the pipelined loop queues, built now: the token just made is this
+                # rung's next input (its group holds every id before it), not a catch-up.
+                pending = self._produce(decision.rung, mx.array([self.ids[-1]]))
+            else:
+                pending = self._produce(decision.rung)
             mx.async_eval(*pending.arrays)
             guard = decision.guard
 
