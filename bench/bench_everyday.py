@@ -139,9 +139,13 @@ def _drafting_net(record: dict, large: dict) -> tuple[str, float, float]:
     large-alone arm's one-row time on the same prompt, and the seconds its checks and the small
     model's passes took."""
     passes, alone = record["stats"]["passes"], large["stats"]["passes"]
-    one_row = alone["large 1"]["seconds"] / max(alone["large 1"]["passes"], 1)
+    # The large-alone arm's decode steps, one token each (commit 52b8987's ledger booked them as
+    # 2-row passes: every key but the prefill is read).
+    steps = [v for k, v in alone.items() if k.startswith("large ") and k != "large prefill"]
+    steps_made = sum(v["passes"] for v in steps)
+    one_row = sum(v["seconds"] for v in steps) / max(steps_made, 1)
     made_alone = passes.get("large 1", {"passes": 0})["passes"]
-    saved = (alone["large 1"]["passes"] - made_alone) * one_row
+    saved = (steps_made - made_alone) * one_row
     multi_row = [k for k in passes if k.startswith("large ") and k not in ("large 1", "large prefill")]
     checks = sum(passes[k]["seconds"] for k in multi_row)
     small = sum(v["seconds"] for k, v in passes.items() if k.startswith("small"))
