@@ -303,3 +303,12 @@ def test_the_top_tiers_signals_are_read_where_a_reader_asks_and_are_its_own(pair
     assert top and all(unasked.tokens[i].entropy is None for i in top)
     for i in top:
         assert asked.tokens[i].entropy == pytest.approx(alone.tokens[i].entropy, abs=1e-3)
+
+
+def test_the_top_tier_catches_up_only_on_ids_it_did_not_make(pair, twin):
+    """Fed its own last token (its next input) the top tier is not catching up: alone in every
+    round (threshold 0: nothing is drafted) it catches up on nothing; drafting, on the drafted ids."""
+    for answer in _answers(pair, _verify(0.0), 20):
+        assert answer.catch_up_tokens["large"] == 0
+    for answer in _answers(twin, _verify(INF), 20):  # every draft kept
+        assert answer.catch_up_tokens["large"] >= answer.tier_counts["small"] > 0

@@ -243,7 +243,7 @@ class VerifyLoop:
         rows = top.group.score(token, 1, top.gear, self.prefill_step).astype(mx.float32)
         rows = self._normalized(rows)
         first = read_time_signals(rows[0]) if self.measure_signals else None
-        queued = _Queued(rows, self.sampler(rows), first, {top.group.name: 1})
+        queued = _Queued(rows, self.sampler(rows), first, {})  # its own token: no catch-up
         mx.async_eval(queued.samples, *([first.array] if first is not None else []))
         return queued
 
@@ -347,6 +347,8 @@ class VerifyLoop:
         wanted = len(draft) + (0 if after_ahead else 1)
         rows = group.score(mx.array(inputs), wanted, top.gear, self.prefill_step)
         fed = length + len(draft) - max(start, self.prompt_tokens)
+        if length - 1 >= max(start, self.prompt_tokens):
+            fed -= 1  # the last id is its own token (every round ends with one): its next input
         if fed > 0:
             catch_up[group.name] = catch_up.get(group.name, 0) + fed
         return rows.astype(mx.float32)
