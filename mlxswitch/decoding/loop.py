@@ -284,7 +284,8 @@ class TokenLoop:
                 continue
             if speculative is not None:  # a move: park the queued step (see the module's docstring)
                 self._parked = (speculative, self._group(speculative.rung).seen)
-            if decision.rung > self.top_local:
+            spanned = decision.rung > self.top_local
+            if spanned:
                 for step in self._span(budget - n):
                     n += 1
                     yield step
@@ -292,9 +293,10 @@ class TokenLoop:
                     return
                 decision = walk.resume(self.top_local)
             following = self._group(decision.rung)
-            if not self.pipelined and following.seen == len(self.ids) - 1:
+            if not self.pipelined and not spanned and following.seen == len(self.ids) - 1:
                 # The step the pipelined loop queues, built now: the token just made is this
-                # rung's next input (its group holds every id before it), not a catch-up.
+                # rung's next input (its group holds every id before it), not a catch-up (a
+                # cloud's token is one).
                 pending = self._produce(decision.rung, mx.array([self.ids[-1]]))
             else:
                 pending = self._produce(decision.rung)
