@@ -50,13 +50,12 @@ MAX_DRAFT = 32
 @dataclass
 class _Queued:
     """A check queued before it is read: its rows (log-probabilities where asked), the samples
-    drawn from them, its first row's signals (where it checks no draft: that row is the token's),
-    and the generated ids its passes fed the top tier."""
+    drawn from them, and its first row's signals (where it checks no draft: that row is the
+    token's)."""
 
     rows: mx.array
     samples: mx.array
     top_signals: LazySignals | None
-    catch_up: dict[str, int]
 
 
 def _entropy_of(row: mx.array) -> Callable[[], float]:
@@ -101,7 +100,6 @@ class VerifyLoop:
         # only where the top tier has a cache of its own (a gear ladder's bottom gear would write
         # the draft into it before the check).
         self.pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
-        self._check_after_ahead = False  # the last check's first row was queued ahead (untimed)
         self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
         # The top tier opens the answer: no tier reads the prompt's last position before it.
         self.initial_entropy: float | None = None
@@ -135,12 +133,16 @@ class VerifyLoop:
                 checked = self.planner.settle(entropies)
                 if checked < len(draft):  # the rest is dropped unchecked; the bottom tier computed it
                     draft, entropies, ended_unsure = draft[:checked], entropies[:checked], True
+            # A check whose first row was queued ahead ran partly while the last token was read:
+            # its seconds are not one pass's, so the planner does not learn from them.
+            teach = ahead is None
             check, ahead = self._queue_check(draft, catch_up, ahead), None
             if not draft and n + 1 < budget and self.pipelined:
                 ahead = self._queue_one(check.samples)  # this round's token is its first sample
             rows, top_signals = check.rows, check.top_signals
             samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
-            self._timed(self.ladder.tiers[-1].group.name, self._check_rows, self._check_prefill, check=True)
+            top_name = self.ladder.tiers[-1].group.name
+            self._timed(top_name, self._check_rows, self._check_prefill, check=True, teach=teach)
             kept = self._kept(draft, samples)
             # The round's seconds, less the drafter's first read of the prompt: paid once an answer.
             seconds = time.perf_counter() - round_started - self._prompt_read_s
@@ -219,15 +221,12 @@ class VerifyLoop:
     def _queue_check(self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None) -> _Queued:
         """The top tier's check of `draft`, its samples and its first row's signals, queued. After
         a one-row pass queued `ahead`, that pass is the check's first row and only the draft is fed."""
-        self._check_after_ahead = ahead is not None
         if ahead is None:
             rows = self._normalized(self._check(draft, catch_up))
             samples = self.sampler(rows)
             first = None if draft or not self.measure_signals else read_time_signals(rows[0])
         else:
             rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
-            for name, count in ahead.catch_up.items():
-                catch_up[name] = catch_up.get(name, 0) + count
             self._check_rows, self._check_prefill = 0, False
             if draft:
                 more = self._normalized(self._check(draft, catch_up, after_ahead=True))
@@ -235,7 +234,7 @@ class VerifyLoop:
                 samples = mx.concatenate([samples, self.sampler(more)])
             self._check_rows += 1  # the row queued ahead, read at the same sync
         mx.async_eval(samples, *([first.array] if first is not None else []))
-        return _Queued(rows, samples, first, catch_up)
+        return _Queued(rows, samples, first)
 
     def _queue_one(self, token: mx.array) -> _Queued:
         """The top tier's one-row pass over `token` (lazy: the sample a round with no draft takes)."""
@@ -243,7 +242,7 @@ class VerifyLoop:
         rows = top.group.score(token, 1, top.gear, self.prefill_step).astype(mx.float32)
         rows = self._normalized(rows)
         first = read_time_signals(rows[0]) if self.measure_signals else None
-        queued = _Queued(rows, self.sampler(rows), first, {})  # its own token: no catch-up
+        queued = _Queued(rows, self.sampler(rows), first)  # fed its own token: no catch-up
         mx.async_eval(queued.samples, *([first.array] if first is not None else []))
         return queued
 
@@ -263,17 +262,17 @@ class VerifyLoop:
         behind = len(self.ids) - self.ladder.tiers[0].group.seen
         return self.planner.plan(room, len(offered), behind), offered
 
-    def _timed(self, model: str, rows: int, prefill: bool, check: bool = False) -> None:
-        """Book the seconds since the last sync to one pass of `model` (and teach the planner)."""
+    def _timed(self, model: str, rows: int, prefill: bool, check: bool = False, teach: bool = True) -> None:
+        """Book the seconds since the last sync to one pass of `model` (and, where `teach`, teach
+        the planner)."""
         seconds = self.ledger.lap()
         self.ledger.add(model, rows, seconds, prefill=prefill)
         if prefill:  # a prompt's pass says nothing about a round's cost
             if not check:
                 self._prompt_read_s += seconds
             return
-        if check and self._check_after_ahead:
-            return  # its first row ran while the last token was read: its seconds are part of a pass
-        (self.planner.check if check else self.planner.draft).record(rows, seconds)
+        if teach:
+            (self.planner.check if check else self.planner.draft).record(rows, seconds)
 
     def _draft(
         self, room: int, eos, catch_up: dict[str, int]
