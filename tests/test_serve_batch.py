@@ -1,5 +1,6 @@
-"""`mlxswitch serve` on a single model: concurrent requests decode together (continuous batching),
-each gets the answer it gets alone, overflow is refused, and shutdown ends every stream.
+"""`mlxswitch serve` on a single model and on a verified pair: concurrent requests decode together
+(continuous batching), each gets the answer it gets alone, overflow is refused, and shutdown ends
+every stream.
 
 The real app under uvicorn in a thread on 127.0.0.1, on a tiny model loaded in-process.
 """
@@ -17,7 +18,7 @@ import pytest
 from loopback import running_server
 
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
-from mlxswitch.decoding.tiers import single_model_ladder
+from mlxswitch.decoding.tiers import pair_ladder, single_model_ladder
 from mlxswitch.models.sources import load_model
 from mlxswitch.routing.router import RouterConfig
 from mlxswitch.server import BatchWorker, ServeConfig, ServerLimits
@@ -26,13 +27,21 @@ CHAT = "/v1/chat/completions"
 PROMPTS = ["Tell me a long story", "Write about the sea", "Count to a hundred", "Name the stars"]
 
 
+VERIFIED = RouterConfig(up=(2.0,), policy="peek", window=1, min_run=1, verify=True, lookup=True)
+
+
 @contextlib.contextmanager
-def serving(tiny_pair, limits: ServerLimits, max_tokens: int = 400) -> Iterator[str]:
+def serving(tiny_pair, limits: ServerLimits, max_tokens: int = 400, pair: bool = False) -> Iterator[str]:
     loaded = load_model(str(tiny_pair[1]))
     settings = GenerationSettings(max_tokens=max_tokens)
     config = ServeConfig(model="tiny", settings=settings, limits=limits)
     worker = BatchWorker(limits.queue_size, limits.max_batch, limits.prompt_caches())
-    worker.open(lambda: ChatSession(single_model_ladder(loaded), RouterConfig(up=()), settings))
+    if pair:  # verified drafting, the large model drafting for itself: long drafts, all kept
+        worker.open(
+            lambda: ChatSession(pair_ladder(loaded, loaded), VERIFIED, settings, measure_signals=True)
+        )
+    else:
+        worker.open(lambda: ChatSession(single_model_ladder(loaded), RouterConfig(up=()), settings))
     with running_server(config, worker) as port:
         yield f"http://127.0.0.1:{port}"
 
@@ -65,8 +74,9 @@ def _ask(base: str, prompt: str, max_tokens: int) -> str:
     return response.json()["choices"][0]["message"]["content"]
 
 
-def test_concurrent_streams_decode_together_and_each_gets_its_own_answer(tiny_pair):
-    with serving(tiny_pair, ServerLimits(max_batch=4, queue_size=2)) as base:
+@pytest.mark.parametrize("pair", [False, True], ids=["single", "verified-pair"])
+def test_concurrent_streams_decode_together_and_each_gets_its_own_answer(tiny_pair, pair):
+    with serving(tiny_pair, ServerLimits(max_batch=4, queue_size=2), pair=pair) as base:
         alone = [_ask(base, prompt, 120) for prompt in PROMPTS]
         results = [dict() for _ in PROMPTS]
         threads = [

@@ -94,9 +94,13 @@ def serve(
             f"listening on {host}: other machines can reach this server"
             + ("" if api_key else "; anyone who can reach it may use it (set --api-key)")
         )
-    # One local model answers many requests together; routing decides per request which model
-    # computes the next position, which a batch cannot (decoding/batch.py).
-    batched = chosen.mode == "single" and chosen.cloud is None and limits.max_batch > 1
+    # One local model, or verified drafting on a pair, answers many requests together
+    # (decoding/batch.py, decoding/batch_verify.py); routed pairs and gears one at a time.
+    batched = (
+        (chosen.mode == "single" or (chosen.mode == "pair" and chosen.router.verify))
+        and chosen.cloud is None
+        and limits.max_batch > 1
+    )
     worker: Worker | BatchWorker = (
         BatchWorker(limits.queue_size, limits.max_batch, prompt_caches)
         if batched

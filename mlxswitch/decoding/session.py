@@ -286,21 +286,7 @@ class ChatSession:
         config = self.router_config
         loop: TokenLoop | VerifyLoop
         if config.verify and self.policy_factory is None:
-            loop = VerifyLoop(
-                ladder,
-                self.ids,
-                config.up[0],
-                sampler,
-                settings.prefill_step,
-                signal=config.signal,
-                normalize_for_sampler=0 < settings.top_p < 1,
-                top_logprobs=settings.top_logprobs,
-                planner=DraftPlanner(
-                    MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory, config.lookup
-                ),
-                lookup=config.lookup,
-                measure_signals=self.measure_signals,
-            )
+            loop = self.verify_loop(ladder, self.ids, settings, sampler)
         else:
             loop = TokenLoop(
                 ladder,
@@ -353,6 +339,30 @@ class ChatSession:
         if last is not None:
             yield last
         yield self.last_summary
+
+    def verify_loop(
+        self,
+        ladder: Ladder,
+        ids: list[int],
+        settings: GenerationSettings,
+        sampler: Callable[[mx.array], mx.array],
+    ) -> VerifyLoop:
+        """The verified-drafting loop of an answer onto `ids` on `ladder` (this session's, or a
+        fork of it that a server's batch decodes beside others), by the router's settings."""
+        config = self.router_config
+        return VerifyLoop(
+            ladder,
+            ids,
+            config.up[0],
+            sampler,
+            settings.prefill_step,
+            signal=config.signal,
+            normalize_for_sampler=0 < settings.top_p < 1,
+            top_logprobs=settings.top_logprobs,
+            planner=DraftPlanner(MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory, config.lookup),
+            lookup=config.lookup,
+            measure_signals=self.measure_signals,
+        )
 
     def hand_off(self, summary: AnswerSummary, on_text=None) -> dict | None:
         """With the cloud in answer mode: score the answer, re-ask it when unsure; the record.

@@ -21,8 +21,12 @@ from ..models.model_bytes import bytes_per_token
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
 from .drafting import DraftMemory
+from .packed import can_pack, packed_caches
 
 _UNCHECKED = object()  # a CacheGroup's split before it is checked
+# A pass of more rows (a prompt, a long catch-up) runs alone: a packed pass hands every row its
+# conversation's keys and values, which for hundreds of rows costs more memory than it saves.
+PACKED_MAX_ROWS = 64
 
 
 @dataclass(eq=False)
@@ -78,6 +82,11 @@ class CacheGroup:
         if split is None:
             return self.model.model(inputs[None], cache=self.cache)[0, -rows:]
         return split.head(split.body(inputs[None], cache=self.cache)[:, -rows:, :])[0]
+
+    def fork(self) -> CacheGroup:
+        """The same model with an empty cache of its own (another conversation at once); the
+        body/head split, once checked, is shared."""
+        return CacheGroup(self.model, self.name, self.prefill_gear, self.max_kv_size, _split=self._split)
 
     def checked_split(self) -> SplitModel | None:
         """This model's body/head split, checked once on it (heads.py); None for other layouts."""
@@ -153,6 +162,54 @@ def _rotating(cache: list, max_kv_size: int, name: str) -> list:
         raise UsageError(f"--max-kv-size cannot bound {name}'s cache ({kinds} layers); leave it out")
     # keep=4: mlx-lm's own choice, the first tokens stay (attention sinks).
     return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in cache]
+
+
+def score_together(
+    passes: list[tuple[CacheGroup, mx.array, int]], gear: int | None, chunk: int
+) -> list[mx.array]:
+    """Several conversations' passes on one model, each `(group, inputs, rows)` as
+    `CacheGroup.score` takes it (the groups hold different conversations of the same model):
+    their lazy logits, (rows, V) each. Those that fit run as one packed pass (packed.py), every
+    row through each linear layer in one product; a long one (a prompt) runs alone first."""
+    out: list[mx.array | None] = [None] * len(passes)
+    packed = []
+    for i, (group, inputs, rows) in enumerate(passes):
+        split = group.checked_split()
+        if (
+            len(passes) == 1
+            or inputs.size > min(PACKED_MAX_ROWS, chunk)
+            or split is None
+            or not can_pack(group.cache)
+        ):
+            out[i] = group.score(inputs, rows, gear, chunk)
+        else:
+            packed.append(i)
+    if len(packed) == 1:  # nothing to pack it with
+        group, inputs, rows = passes[packed[0]]
+        out[packed[0]] = group.score(inputs, rows, gear, chunk)
+    elif packed:
+        groups = [passes[i][0] for i in packed]
+        sizes = [int(passes[i][1].size) for i in packed]
+        caches = packed_caches([g.cache for g in groups], sizes)
+        ids = mx.concatenate([passes[i][1].reshape(-1) for i in packed])[:, None]
+        for g, n in zip(groups, sizes, strict=True):
+            g.seen += n
+        groups[0]._activate(gear)
+        split = groups[0].checked_split()
+        assert split is not None
+        hidden = split.body(ids, cache=caches)[:, 0, :]  # (R, D): row r is sequence r
+        wanted: list[int] = []
+        start = 0
+        for i, n in zip(packed, sizes, strict=True):
+            wanted += range(start + n - passes[i][2], start + n)
+            start += n
+        logits = split.head(hidden[mx.array(wanted)])
+        start = 0
+        for i in packed:
+            rows = passes[i][2]
+            out[i] = logits[start : start + rows]
+            start += rows
+    return [o for o in out if o is not None]
 
 
 @dataclass(eq=False)
@@ -258,6 +315,13 @@ class Ladder:
         """Empty every cache."""
         for group in self.groups:
             group.reset()
+
+    def fork(self) -> Ladder:
+        """The same tiers on the same models, with caches of their own: another conversation
+        decoded beside this one (a server's batch). What drafting learns is shared."""
+        forks = {id(g): g.fork() for g in self.groups}
+        tiers = [Tier(t.name, forks[id(t.group)], t.gear) for t in self.tiers]
+        return Ladder(tiers, self.description, self.note, self.probe, self.draft_memory, self._bottom_split)
 
 
 def single_model_ladder(model: LoadedModel, name: str = "model") -> Ladder:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -41,10 +41,25 @@ from .drafting import DraftPlanner, Plan
 from .ledger import PassLedger
 from .lookup import LookupIndex
 from .loop import Sampler, Step, token_and_top
-from .tiers import Ladder
+from .tiers import CacheGroup, Ladder
 
 # Bounds a round's rows (the check is one batched pass) and how long a stream waits for a check.
 MAX_DRAFT = 32
+
+
+@dataclass(frozen=True)
+class Score:
+    """A pass the loop needs: `group` over `inputs` (ids after those it holds), the lazy logits of
+    the last `rows` positions sent back. Whoever drives the loop runs it: at once (`steps`), or
+    packed with other answers' passes on the same model (decoding/batch_verify.py)."""
+
+    group: CacheGroup
+    inputs: mx.array
+    rows: int
+    gear: int | None
+
+
+Rounds = Generator[Step | Score, mx.array, None]
 
 
 @dataclass
@@ -100,7 +115,11 @@ class VerifyLoop:
         # only where the top tier has a cache of its own (a gear ladder's bottom gear would write
         # the draft into it before the check).
         self.pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
+        # Set by a driver that packs this answer's passes with others' (batch_verify.py): the
+        # last pass's seconds were not this answer's alone, so the planner learns nothing from it.
+        self.shared_pass = False
         self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
+        self._round_shared = False  # a pass of this round was shared with other answers
         # The top tier opens the answer: no tier reads the prompt's last position before it.
         self.initial_entropy: float | None = None
         self.initial_signal: float | None = None
@@ -108,6 +127,24 @@ class VerifyLoop:
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
+        rounds = self.rounds(budget)
+        chunk = self.prefill_step
+        try:
+            item = next(rounds)
+            while True:
+                if isinstance(item, Score):
+                    item = rounds.send(item.group.score(item.inputs, item.rows, item.gear, chunk))
+                else:
+                    yield item
+                    item = next(rounds)
+        except StopIteration:
+            return
+        finally:
+            rounds.close()
+
+    def rounds(self, budget: int) -> Rounds:
+        """`steps`, with each pass the loop needs yielded as a `Score` for the driver to run and
+        its logits sent back."""
         eos = self.ladder.tokenizer.eos_token_ids
         top_rung = len(self.ladder.tiers) - 1
         n = 0
@@ -129,24 +166,27 @@ class VerifyLoop:
             if plan.source == "lookup":
                 draft = offered[: plan.length]
             else:
-                draft, entropies, signals, ended_unsure = self._draft(plan.length, eos, catch_up)
+                draft, entropies, signals, ended_unsure = yield from self._draft(plan.length, eos, catch_up)
                 checked = self.planner.settle(entropies)
                 if checked < len(draft):  # the rest is dropped unchecked; the bottom tier computed it
                     draft, entropies, ended_unsure = draft[:checked], entropies[:checked], True
             # A check whose first row was queued ahead ran partly while the last token was read:
             # its seconds are not one pass's, so the planner does not learn from them.
             teach = ahead is None
-            check, ahead = self._queue_check(draft, catch_up, ahead), None
+            check, ahead = (yield from self._queue_check(draft, catch_up, ahead)), None
             if not draft and n + 1 < budget and self.pipelined:
-                ahead = self._queue_one(check.samples)  # this round's token is its first sample
+                ahead = yield from self._queue_one(check.samples)  # this round's token is its first sample
             rows, top_signals = check.rows, check.top_signals
             samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
             top_name = self.ladder.tiers[-1].group.name
             self._timed(top_name, self._check_rows, self._check_prefill, check=True, teach=teach)
             kept = self._kept(draft, samples)
-            # The round's seconds, less the drafter's first read of the prompt: paid once an answer.
+            # The round's seconds, less the drafter's first read of the prompt: paid once an answer
+            # (none where a pass of the round was shared with other answers).
             seconds = time.perf_counter() - round_started - self._prompt_read_s
-            self._prompt_read_s = 0.0
+            if self._round_shared:
+                seconds = math.nan
+            self._prompt_read_s, self._round_shared = 0.0, False
             self.planner.record_round(plan.source, len(draft), kept, entropies, seconds)
             keep = length + kept
             top_group = self.ladder.tiers[-1].group
@@ -218,28 +258,30 @@ class VerifyLoop:
             n += 1
             self.ledger.restart()  # the consumer's time between steps is not this loop's
 
-    def _queue_check(self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None) -> _Queued:
+    def _queue_check(
+        self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None
+    ) -> Generator[Score, mx.array, _Queued]:
         """The top tier's check of `draft`, its samples and its first row's signals, queued. After
         a one-row pass queued `ahead`, that pass is the check's first row and only the draft is fed."""
         if ahead is None:
-            rows = self._normalized(self._check(draft, catch_up))
+            rows = self._normalized((yield from self._check(draft, catch_up)))
             samples = self.sampler(rows)
             first = None if draft or not self.measure_signals else read_time_signals(rows[0])
         else:
             rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
             self._check_rows, self._check_prefill = 0, False
             if draft:
-                more = self._normalized(self._check(draft, catch_up, after_ahead=True))
+                more = self._normalized((yield from self._check(draft, catch_up, after_ahead=True)))
                 rows = mx.concatenate([rows, more])
                 samples = mx.concatenate([samples, self.sampler(more)])
             self._check_rows += 1  # the row queued ahead, read at the same sync
         mx.async_eval(samples, *([first.array] if first is not None else []))
         return _Queued(rows, samples, first)
 
-    def _queue_one(self, token: mx.array) -> _Queued:
+    def _queue_one(self, token: mx.array) -> Generator[Score, mx.array, _Queued]:
         """The top tier's one-row pass over `token` (lazy: the sample a round with no draft takes)."""
         top = self.ladder.tiers[-1]
-        rows = top.group.score(token, 1, top.gear, self.prefill_step).astype(mx.float32)
+        rows = (yield from self._score(top.group, token, 1, top.gear)).astype(mx.float32)
         rows = self._normalized(rows)
         first = read_time_signals(rows[0]) if self.measure_signals else None
         queued = _Queued(rows, self.sampler(rows), first)  # fed its own token: no catch-up
@@ -267,6 +309,8 @@ class VerifyLoop:
         the planner)."""
         seconds = self.ledger.lap()
         self.ledger.add(model, rows, seconds, prefill=prefill)
+        if self.shared_pass:  # packed with other answers' rows: not this answer's pass alone
+            self._round_shared, teach = True, False
         if prefill:  # a prompt's pass says nothing about a round's cost
             if not check:
                 self._prompt_read_s += seconds
@@ -276,7 +320,7 @@ class VerifyLoop:
 
     def _draft(
         self, room: int, eos, catch_up: dict[str, int]
-    ) -> tuple[list[int], list[float], list[float | None], bool]:
+    ) -> Generator[Score, mx.array, tuple[list[int], list[float], list[float | None], bool]]:
         """The bottom tier's draft from the end of `ids`: its ids, entropies and signals, and whether
         it ended at a position the bottom tier was unsure of (that position's signal is last).
         No room: no draft, and the bottom tier reads nothing. Generated ids it is fed that it did
@@ -292,7 +336,7 @@ class VerifyLoop:
         if group.seen >= length:  # it holds every id: the last one is fed again to predict the next
             group.rewind(length - 1)
         fed, prefill = length - group.seen, group.seen < self.prompt_tokens
-        logits, _ = group.feed(mx.array(self.ids[group.seen :]), bottom.gear, self.prefill_step)
+        logits = yield from self._score(group, mx.array(self.ids[group.seen :]), 1, bottom.gear)
         draft: list[int] = []
         entropies: list[float] = []
         signals: list[float | None] = []
@@ -305,7 +349,7 @@ class VerifyLoop:
         while True:
             token, lazy = current
             if queue_ahead and len(draft) + 1 < room:
-                current = self._lazy(group.feed(token, bottom.gear, self.prefill_step)[0])
+                current = self._lazy((yield from self._score(group, token, 1, bottom.gear)))
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
             self._timed(group.name, rows, prefill)
@@ -320,7 +364,7 @@ class VerifyLoop:
             if draft[-1] in eos or not self.planner.keep_drafting(entropies, room):
                 return draft, entropies, signals, False
             if not queue_ahead:
-                current = self._lazy(group.feed(token, bottom.gear, self.prefill_step)[0])
+                current = self._lazy((yield from self._score(group, token, 1, bottom.gear)))
 
     def _lazy(self, logits: mx.array):
         return self.sampler(self._normalized(logits)), read_time_signals(logits)
@@ -330,7 +374,9 @@ class VerifyLoop:
         mlx-lm's samplers other than top-p do not mind a shift)."""
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.normalize else logits
 
-    def _check(self, draft: list[int], catch_up: dict[str, int], after_ahead: bool = False) -> mx.array:
+    def _check(
+        self, draft: list[int], catch_up: dict[str, int], after_ahead: bool = False
+    ) -> Generator[Score, mx.array, mx.array]:
         """The top tier's logits at every drafted position and the one after (rows, V); the
         generated ids it was fed that it had not computed (its catch-up) go into `catch_up`.
         `after_ahead`: the top tier holds every id (a one-row pass was queued ahead, giving the
@@ -344,13 +390,20 @@ class VerifyLoop:
         inputs = self.ids[start:] + draft
         self._check_rows, self._check_prefill = len(inputs), start < self.prompt_tokens
         wanted = len(draft) + (0 if after_ahead else 1)
-        rows = group.score(mx.array(inputs), wanted, top.gear, self.prefill_step)
+        rows = yield from self._score(group, mx.array(inputs), wanted, top.gear)
         fed = length + len(draft) - max(start, self.prompt_tokens)
         if length - 1 >= max(start, self.prompt_tokens):
             fed -= 1  # the last id is its own token (every round ends with one): its next input
         if fed > 0:
             catch_up[group.name] = catch_up.get(group.name, 0) + fed
         return rows.astype(mx.float32)
+
+    @staticmethod
+    def _score(
+        group: CacheGroup, inputs: mx.array, rows: int, gear: int | None
+    ) -> Generator[Score, mx.array, mx.array]:
+        """One pass, run by the driver (see `Score`): its lazy logits, (rows, V)."""
+        return (yield Score(group, inputs, rows, gear))
 
     def _logprobs(self, rows: mx.array) -> np.ndarray | None:
         """The rows as NumPy log-probabilities (already normalized: asking for them turns it on)."""

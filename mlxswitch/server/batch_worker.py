@@ -1,4 +1,5 @@
-"""Many generations at once on one single-model session: the batch engine on one thread.
+"""Many generations at once on one session (one model, or verified drafting on a pair): the
+batch engine on one thread.
 
 The engine (decoding/batch.py) runs on the worker's one thread, as MLX streams require: that
 thread loops, taking in new requests and cancellations at step boundaries and stepping the
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..decoding.answer import AnswerSummary, TokenEvent
 from ..decoding.batch import BatchedAnswers
+from ..decoding.batch_verify import BatchedVerified, batch_engine
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
 from .worker import DONE, Prepare, QueuedJob, SessionOwner, refuse_if_closing, refuse_when_full
@@ -30,7 +32,7 @@ class BatchWorker(SessionOwner):
         self.max_batch = max_batch
         self.prompt_caches = prompt_caches
         self._session = None
-        self._engine: BatchedAnswers | None = None
+        self._engine: BatchedAnswers | BatchedVerified | None = None
         self.last_summary: AnswerSummary | None = None
         self.closing = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-batch")
@@ -46,7 +48,7 @@ class BatchWorker(SessionOwner):
 
         def opened() -> ChatSession:
             session = make_session()
-            self._engine = BatchedAnswers(session, self.max_batch, self.prompt_caches)
+            self._engine = batch_engine(session, self.max_batch, self.prompt_caches)
             return session
 
         self._session = self._executor.submit(opened).result()
@@ -127,7 +129,7 @@ class BatchWorker(SessionOwner):
                 for job in self._jobs.values():
                     job.fail(exc)
                 self._jobs = {}
-                self._engine = BatchedAnswers(self.session, self.max_batch, self.prompt_caches)
+                self._engine = batch_engine(self.session, self.max_batch, self.prompt_caches)
                 continue
             self._jobs = {uid: job for uid, job in self._jobs.items() if job.summary is None}
             self._decoding = engine.active

@@ -1,0 +1,219 @@
+"""Many verified-drafting answers decoded together on one pair: continuous batching with drafting.
+
+Each answer keeps everything one answer alone has: its own caches on the shared models (a fork
+of the session's ladder), its own VerifyLoop (planner, lookup index, samples) and AnswerBuilder;
+what drafting learns about the text and the machine is the ladder's, shared as it is between
+answers one at a time. The loop yields each pass it needs (`verify.Score`) instead of running it;
+a step runs every answer's pending pass, those on the same model packed into one call
+(`tiers.score_together`: a one-row step, a draft's check and a drafter's step side by side, each
+against its own cache), then moves each answer on to its next pass, handing its tokens' events
+to the callback it was added with. So in one step the 1.5B checks every answer that needs it,
+and the 0.5B drafts for every answer that is drafting. Answers join at step boundaries (a prompt
+is prefilled alone, as mlx-lm's batch does between steps) and leave whenever they end.
+
+A packed pass's seconds are not any one answer's: the planner learns pass costs and what its
+rounds made only from passes an answer had to itself, and otherwise plans from what it learned
+(the costs kept on this machine, or learned while one answer ran alone).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.generate import wired_limit
+
+from ..models.machine import process_peak_bytes
+from .answer import AnswerBuilder, AnswerSummary, TokenEvent
+from .batch import BatchedAnswers, SeededSampler, batchable
+from .prompt_caches import PromptCaches
+from .session import ChatSession, PreparedAnswer
+from .tiers import Ladder, score_together
+from .verify import Rounds, Score, VerifyLoop
+
+Deliver = Callable[[TokenEvent | AnswerSummary], None]
+
+
+def verified_batchable(session: ChatSession) -> bool:
+    """Whether the session's answers can be batched here: verified drafting on a pair (two
+    models, each with its own cache), no cloud, no bounded cache, no control policy."""
+    tiers = session.ladder.tiers
+    return (
+        session.router_config.verify
+        and session.cloud is None
+        and session.policy_factory is None
+        and session.settings.max_kv_size is None
+        and len(tiers) == 2
+        and tiers[0].group is not tiers[1].group
+    )
+
+
+@dataclass
+class _Answer:
+    prepared: PreparedAnswer
+    builder: AnswerBuilder
+    deliver: Deliver
+    ladder: Ladder | None = None  # its own caches, once admitted
+    loop: VerifyLoop | None = None
+    rounds: Rounds | None = None
+    pending: Score | None = None  # the pass it waits for
+
+
+class BatchedVerified:
+    """Verified-drafting answers decoded together (see the module's docstring); the interface of
+    batch.BatchedAnswers. Build and step it on one thread (MLX streams belong to their thread).
+    `max_batch` answers decode together; more wait and join as others finish."""
+
+    def __init__(self, session: ChatSession, max_batch: int, prompt_caches: PromptCaches | None = None):
+        if not verified_batchable(session):
+            raise ValueError("only verified drafting on a pair is batched here")
+        self.session, self.max_batch, self.prompt_caches = session, max_batch, prompt_caches
+        self._stream = mx.new_stream(mx.default_device())
+        self._answers: dict[int, _Answer] = {}  # admitted, in order of admission
+        self._waiting: deque[int] = deque()
+        self._next_uid = 0
+
+    @property
+    def active(self) -> int:
+        """Answers begun and not finished (decoding or waiting for a place)."""
+        return len(self._answers)
+
+    def add(self, prepared: PreparedAnswer, deliver: Deliver) -> int:
+        """Queue an answer; its events go to `deliver` as steps make them. Returns its handle."""
+        session = self.session
+        ladder = session.ladder
+        builder = AnswerBuilder(
+            prepared.prompt,
+            ladder.tokenizer,
+            prepared.settings.stop,
+            session.tier_names,
+            len(prepared.prompt_ids),
+            len(prepared.prompt_ids),  # until a kept conversation is taken (_admit)
+            [g.name for g in ladder.groups],
+            {t.name: t.bytes_per_token for t in ladder.tiers},
+            session.router_config.signal,
+        )
+        uid, self._next_uid = self._next_uid, self._next_uid + 1
+        self._answers[uid] = _Answer(prepared, builder, deliver)
+        self._waiting.append(uid)
+        return uid
+
+    def cancel(self, uid: int) -> None:
+        """End an answer now (its client left, or the server is closing): finish "interrupted"."""
+        if uid in self._answers:
+            self._end(uid, "interrupted")
+
+    def cancel_all(self) -> None:
+        """End every answer now, as `cancel` does."""
+        for uid in list(self._answers):
+            self.cancel(uid)
+
+    def step(self) -> None:
+        """One step: every answer's pending pass (packed per model), then each answer moves on."""
+        with wired_limit(self.session.ladder.weights(), [self._stream]), mx.stream(self._stream):
+            self._admit()
+            together: dict[tuple[int, int | None], list[int]] = {}
+            for uid, answer in self._answers.items():
+                if answer.pending is not None:
+                    key = (id(answer.pending.group.model), answer.pending.gear)
+                    together.setdefault(key, []).append(uid)
+            chunk = self.session.settings.prefill_step
+            for (_, gear), uids in together.items():
+                passes = [self._answers[uid].pending for uid in uids]
+                results = score_together(
+                    [(p.group, p.inputs, p.rows) for p in passes if p is not None], gear, chunk
+                )
+                for uid, logits in zip(uids, results, strict=True):
+                    answer = self._answers[uid]
+                    assert answer.loop is not None
+                    answer.loop.shared_pass = len(uids) > 1
+                    answer.pending = None
+                    self._advance(uid, logits)
+
+    def _admit(self) -> None:
+        """Give waiting answers a place while there is one: a fork of the ladder (its caches, a
+        kept conversation's where one is continued) and a loop, run to its first pass."""
+        decoding = len(self._answers) - len(self._waiting)
+        while self._waiting and decoding < self.max_batch:
+            uid = self._waiting.popleft()
+            answer = self._answers[uid]
+            prepared = answer.prepared
+            ladder = self.session.ladder.fork()
+            top = ladder.tiers[-1].group
+            if self.prompt_caches is not None:
+                # Kept conversations hold the top model's cache: the drafter reads what it needs
+                # when it first drafts, as it does for any answer.
+                taken = self.prompt_caches.take(prepared.prompt_ids)
+                if taken is not None:
+                    caches, reused = taken
+                    top.restore(caches, reused)
+                    answer.builder.prefilled = len(prepared.prompt_ids) - reused
+            settings = prepared.settings
+            sampler = self.session.sampler_for(settings)
+            if settings.seed is not None:
+                sampler = SeededSampler(sampler, settings.seed)
+            answer.ladder = ladder
+            answer.loop = self.session.verify_loop(ladder, list(prepared.prompt_ids), settings, sampler)
+            answer.rounds = answer.loop.rounds(prepared.budget)
+            decoding += 1
+            self._advance(uid, None)
+
+    def _advance(self, uid: int, logits: mx.array | None) -> None:
+        """Send an answer its pass's logits (None: start it) and run it to its next pass, handing
+        over its tokens' events on the way; end it where it ends."""
+        answer = self._answers[uid]
+        rounds = answer.rounds
+        assert rounds is not None and answer.loop is not None
+        try:
+            item = next(rounds) if logits is None else rounds.send(logits)
+            while not isinstance(item, Score):
+                event = answer.builder.add(item)
+                if event is not None:
+                    answer.deliver(event)
+                if answer.builder.stopped:
+                    self._end(uid, "stop")
+                    return
+                item = next(rounds)
+            answer.pending = item
+        except StopIteration:
+            self._end(uid, "stop" if answer.loop.ended_by_eos else "length")
+
+    def _end(self, uid: int, reason: str) -> None:
+        """Take an answer out, keep its conversation's cache, hand over its last event and summary."""
+        answer = self._answers.pop(uid)
+        if uid in self._waiting:
+            self._waiting.remove(uid)
+        loop = answer.loop
+        if answer.rounds is not None:
+            answer.rounds.close()
+        if answer.ladder is not None and loop is not None:
+            for group in answer.ladder.groups:  # no cache may claim ids the sequence does not have
+                group.rewind(len(loop.ids))
+            top = answer.ladder.tiers[-1].group
+            if self.prompt_caches is not None and reason != "interrupted":
+                # It holds the answer but its own last token (never fed): a next turn feeds that.
+                self.prompt_caches.keep(list(loop.ids[: top.seen]), top.cache)
+        last, summary = answer.builder.finish(
+            reason,
+            None if loop is None else loop.initial_entropy,
+            max(mx.get_peak_memory(), process_peak_bytes()) / 1e9,
+            loop is not None and loop.ended_by_eos,
+            None if loop is None else loop.initial_signal,
+        )
+        if loop is not None:
+            summary.passes = loop.ledger.record(summary.elapsed_s)
+        if last is not None:
+            answer.deliver(last)
+        answer.deliver(summary)
+
+
+def batch_engine(
+    session: ChatSession, max_batch: int, prompt_caches: PromptCaches | None = None
+) -> BatchedAnswers | BatchedVerified:
+    """The engine that batches the session's answers: mlx-lm's batch for one model (batch.py),
+    packed passes for verified drafting on a pair (this module); a ValueError for others."""
+    if batchable(session):
+        return BatchedAnswers(session, max_batch, prompt_caches)
+    return BatchedVerified(session, max_batch, prompt_caches)

@@ -1,0 +1,217 @@
+"""Continuous batching of verified drafting (decoding/batch_verify.py) and the packed pass it runs
+on (decoding/packed.py, tiers.score_together): the same logits as each conversation's own pass,
+the same answers as one at a time, requests joining mid-way and leaving early, and the planner
+not taught by seconds that were not one answer's."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import pytest
+
+from mlxswitch.decoding.answer import AnswerSummary, TokenEvent
+from mlxswitch.decoding.batch import BatchedAnswers
+from mlxswitch.decoding.batch_verify import BatchedVerified, batch_engine, verified_batchable
+from mlxswitch.decoding.drafting import DraftMemory
+from mlxswitch.decoding.prompt_caches import PromptCaches
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.decoding.tiers import Ladder, gear_ladder, pair_ladder, score_together, single_model_ladder
+from mlxswitch.models.sources import load_model
+from mlxswitch.routing.router import RouterConfig
+
+PROMPTS = ["Hello there", "Write a poem about the sea and the sky", "def add(a, b): return a + b", "Why?"]
+INF = math.inf
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    return load_model(str(tiny_pair[0])), load_model(str(tiny_pair[1]))
+
+
+def _verify(tau: float = 2.0, draft: str = "adaptive", lookup: bool = True) -> RouterConfig:
+    return RouterConfig(
+        up=(tau,), policy="peek", window=1, min_run=1, verify=True, draft=draft, lookup=lookup
+    )
+
+
+def _ladder(models, twin: bool) -> Ladder:
+    small, large = models
+    return pair_ladder(large if twin else small, large)
+
+
+def _session(ladder: Ladder, config: RouterConfig, max_tokens: int = 40) -> ChatSession:
+    return ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens), measure_signals=True)
+
+
+def _alone(
+    ladder: Ladder, config: RouterConfig, prompt: str, max_tokens: int = 40, **settings
+) -> AnswerSummary:
+    session = _session(ladder, config, max_tokens)
+    prepared = session.prepare_conversation(
+        [{"role": "user", "content": prompt}], GenerationSettings(max_tokens=max_tokens, **settings)
+    )
+    for _ in session.stream_prepared(prepared):
+        pass
+    assert session.last_summary is not None
+    return session.last_summary
+
+
+class _Collector:
+    def __init__(self):
+        self.events: list[TokenEvent] = []
+        self.summary: AnswerSummary | None = None
+
+    def __call__(self, item):
+        assert self.summary is None, "nothing may follow the summary"
+        if isinstance(item, AnswerSummary):
+            self.summary = item
+        else:
+            self.events.append(item)
+
+
+def _add(engine, session, prompt: str, **settings) -> _Collector:
+    collected = _Collector()
+    prepared = session.prepare_conversation(
+        [{"role": "user", "content": prompt}], GenerationSettings(**settings) if settings else None
+    )
+    engine.add(prepared, collected)
+    return collected
+
+
+def _run(engine, steps: int = 2000) -> None:
+    for _ in range(steps):
+        if not engine.active:
+            return
+        engine.step()
+    pytest.fail("the batch did not finish")
+
+
+def test_a_packed_pass_gives_each_conversation_the_logits_of_its_own_pass(models):
+    ladder = single_model_ladder(models[1])
+    histories = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16], [20]]
+    new = [[6], [3, 4, 5], [17, 18], [21, 22, 23, 24, 25, 26]]
+    rows = [1, 3, 2, 4]
+    alone, packed = [], []
+    for history, ids, n in zip(histories, new, rows, strict=True):
+        group = ladder.fork().groups[0]
+        group.score(mx.array(history), 1, None, 512)
+        alone.append(group.score(mx.array(ids), n, None, 512))
+        group = ladder.fork().groups[0]
+        group.score(mx.array(history), 1, None, 512)
+        packed.append(group)
+    together = score_together(
+        [(g, mx.array(ids), n) for g, ids, n in zip(packed, new, rows, strict=True)], None, 512
+    )
+    for want, got in zip(alone, together, strict=True):
+        assert got.shape == want.shape
+        assert mx.allclose(got, want, atol=1e-4).item()
+    # Each cache now holds its own conversation, and the next packed step reads only that.
+    nxt = score_together([(g, mx.array([5]), 1) for g in packed], None, 512)
+    for history, ids, group, got in zip(histories, new, packed, nxt, strict=True):
+        assert group.seen == len(history) + len(ids) + 1
+        whole = ladder.fork().groups[0].score(mx.array(history + ids + [5]), 1, None, 512)
+        assert mx.allclose(got, whole, atol=1e-4).item()
+
+
+@pytest.mark.parametrize("twin", [False, True])
+@pytest.mark.parametrize("draft", ["fixed", "adaptive"])
+def test_batched_verified_answers_are_the_answers_made_one_at_a_time(models, twin, draft):
+    config = _verify(draft=draft, lookup=draft == "adaptive")
+    top_alone = [_alone(_ladder(models, twin), RouterConfig(up=(-INF,)), p) for p in PROMPTS]
+    ladder = _ladder(models, twin)
+    session = _session(ladder, config)
+    engine = BatchedVerified(session, max_batch=3)  # one of the four waits for a place
+    got = [_add(engine, session, p) for p in PROMPTS[:2]]
+    engine.step()
+    engine.step()  # the others join mid-way, at a step boundary
+    got += [_add(engine, session, p) for p in PROMPTS[2:]]
+    _run(engine)
+    drafted = 0
+    for want, collected in zip(top_alone, got, strict=True):
+        summary = collected.summary
+        assert summary is not None
+        assert [e.id for e in summary.tokens] == [e.id for e in want.tokens]
+        assert [e.id for e in collected.events] == [e.id for e in want.tokens]  # each event once, in order
+        assert summary.text == want.text and summary.finish_reason == want.finish_reason
+        drafted += summary.tier_counts["small"] + summary.source_counts.get("lookup", 0)
+    if twin and draft == "fixed":
+        assert drafted > 0  # the drafter drafted and the top tier's packed checks kept it
+
+
+def test_a_cancelled_answer_leaves_and_the_others_go_on(models):
+    ladder = _ladder(models, twin=True)
+    session = _session(ladder, _verify(draft="fixed", lookup=False))
+    engine = BatchedVerified(session, max_batch=4)
+    left = _add(engine, session, PROMPTS[0])
+    stays = _add(engine, session, PROMPTS[1])
+    for _ in range(3):
+        engine.step()
+    engine.cancel(0)
+    assert left.summary is not None and left.summary.finish_reason == "interrupted"
+    _run(engine)
+    want = _alone(_ladder(models, twin=True), RouterConfig(up=(-INF,)), PROMPTS[1])
+    assert stays.summary is not None and [e.id for e in stays.summary.tokens] == [e.id for e in want.tokens]
+    engine.cancel(0)  # already gone: nothing happens
+
+
+def test_stop_strings_log_probabilities_and_a_kept_conversation(models):
+    config = _verify(draft="fixed", lookup=False)
+    want = _alone(_ladder(models, twin=False), config, PROMPTS[1], max_tokens=30)
+    stop = want.text[len(want.text) // 2 :][:3]
+    caches = PromptCaches(size=2)
+    session = _session(_ladder(models, twin=False), config, max_tokens=30)
+    engine = BatchedVerified(session, max_batch=2, prompt_caches=caches)
+    stopped = _add(engine, session, PROMPTS[1], max_tokens=30, stop=(stop,))
+    logged = _add(engine, session, PROMPTS[0], max_tokens=30, top_logprobs=2)
+    _run(engine)
+    assert stopped.summary is not None and stopped.summary.finish_reason == "stop"
+    assert stopped.summary.text == want.text[: want.text.find(stop)]
+    assert logged.summary is not None
+    assert all(e.logprob is not None and len(e.top_logprobs) == 2 for e in logged.summary.tokens)
+    # A conversation that goes on takes its kept cache: its history is not fed again.
+    turn = [
+        {"role": "user", "content": PROMPTS[0]},
+        {"role": "assistant", "content": logged.summary.text},
+        {"role": "user", "content": "More"},
+    ]
+    again = _Collector()
+    engine.add(session.prepare_conversation(turn), again)
+    _run(engine)
+    assert again.summary is not None
+    assert 0 < again.summary.prefilled_tokens < again.summary.prompt_tokens
+    alone = _session(_ladder(models, twin=False), config, max_tokens=30)
+    for _ in alone.stream_prepared(alone.prepare_conversation(turn)):
+        pass
+    assert alone.last_summary is not None
+    assert [e.id for e in again.summary.tokens] == [e.id for e in alone.last_summary.tokens]
+
+
+def test_the_planner_learns_no_seconds_from_a_shared_pass(models):
+    ladder = _ladder(models, twin=True)
+    ladder.draft_memory = DraftMemory()
+    session = _session(ladder, _verify(), max_tokens=12)
+    engine = BatchedVerified(session, max_batch=2)
+    # The same request twice: the two answers run side by side from the first pass to the last,
+    # every pass packed with the other's, so no pass was one answer's and nothing is learned.
+    _add(engine, session, PROMPTS[0])
+    _add(engine, session, PROMPTS[0])
+    _run(engine)
+    assert not ladder.draft_memory.check.known and not ladder.draft_memory.draft.known
+    # One answer alone has its passes to itself: the planner learns from them as it always does.
+    _add(engine, session, PROMPTS[0])
+    _run(engine)
+    assert ladder.draft_memory.check.known
+
+
+def test_which_sessions_batch_and_with_which_engine(models, tiny_gears_4_8):
+    pair = _session(_ladder(models, twin=False), _verify())
+    assert verified_batchable(pair) and isinstance(batch_engine(pair, 2), BatchedVerified)
+    one = ChatSession(single_model_ladder(models[1]), RouterConfig(up=()), GenerationSettings())
+    assert isinstance(batch_engine(one, 2), BatchedAnswers)
+    routed = ChatSession(_ladder(models, twin=False), RouterConfig(up=(1.5,)), GenerationSettings())
+    geared = ChatSession(gear_ladder(tiny_gears_4_8, [4, 8]), _verify(), GenerationSettings())
+    for session in (routed, geared):  # routing decides per position; gears share one cache
+        assert not verified_batchable(session)
+        with pytest.raises(ValueError):
+            batch_engine(session, 2)
