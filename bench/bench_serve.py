@@ -5,7 +5,8 @@
 
 The embedded SmolLM2 GGUF is loaded once and saved as an mlx-lm directory (same weights) for
 mlx_lm.server; mlxswitch serves it as each of --profiles (`embedded-plain`: one tier, the same
-model, answered in batches; `embedded`: the geared default, one answer at a time). All servers
+model, mlx-lm's batch; `embedded`: the geared default, packed passes). With --pair, the Qwen
+pair's profile against mlx_lm.server with --draft-model. All servers
 run at once on loopback; each round visits them in turn (the order rotates), and for each,
 every --clients level streams the same chat prompt with greedy
 decoding at the same moment. Per level: median time to first byte (first SSE chunk), and the

@@ -40,8 +40,8 @@ def serve(
         int,
         typer.Option(
             "--max-batch",
-            help="Answers decoded together on a single-model profile (continuous batching); 1: one at"
-            " a time. Pairs, verified drafting, gears and cloud tiers answer one at a time.",
+            help="Answers decoded together (continuous batching; routed, verified and geared"
+            " ladders too); 1: one at a time. A cloud tier or the probe signal answers one at a time.",
         ),
     ] = 8,
     max_body_bytes: Annotated[
@@ -74,6 +74,7 @@ def serve(
     from ..checks import profile_rows
     from ..draft_store import save_draft_costs
     from ..errors import UsageError
+    from ..routing.registry import SIGNAL_BY_NAME
     from ..server import BatchWorker, ServeConfig, ServerLimits, Worker, is_loopback, run
 
     chosen, settings = resolve(engine, max_tokens)
@@ -94,13 +95,10 @@ def serve(
             f"listening on {host}: other machines can reach this server"
             + ("" if api_key else "; anyone who can reach it may use it (set --api-key)")
         )
-    # One local model, or verified drafting on a pair, answers many requests together
-    # (decoding/batch.py, decoding/batch_verify.py); routed pairs and gears one at a time.
-    batched = (
-        (chosen.mode == "single" or (chosen.mode == "pair" and chosen.router.verify))
-        and chosen.cloud is None
-        and limits.max_batch > 1
-    )
+    # One local model, a routed or verified pair, gears: many requests decoded together
+    # (decoding/batch.py, decoding/batch_loops.py); a cloud tier or the probe, one at a time.
+    bottom_only = SIGNAL_BY_NAME[chosen.router.signal].bottom_only
+    batched = chosen.cloud is None and not bottom_only and limits.max_batch > 1
     worker: Worker | BatchWorker = (
         BatchWorker(limits.queue_size, limits.max_batch, prompt_caches)
         if batched

@@ -142,6 +142,12 @@ class BatchedAnswers:
         for uid in list(self._answers):
             self.cancel(uid)
 
+    def close(self) -> None:
+        """Wait for the work queued on the batch's stream (a process that exits while an MLX stream
+        still runs aborts) and give back the memory limit mlx-lm's batch set."""
+        self.generator.close()
+        mx.synchronize(self.generator.stream)
+
     def step(self) -> None:
         """One step of the batch: prompt chunks for joining answers, a token for decoding ones."""
         _, responses = self.generator.next()

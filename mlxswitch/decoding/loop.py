@@ -24,7 +24,7 @@ entropy; the next local token catches up on them in one batched feed, one rung b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -36,8 +36,9 @@ from ..routing.probe import Probe
 from ..routing.registry import SIGNAL_BY_NAME, uncertainty
 from ..routing.router import Decision
 from ..routing.signals import LazySignals, read_time_signals
-from ..routing.walk import Walk
+from ..routing.walk import Settled, Walk
 from .ledger import PassLedger
+from .passes import Score, run_alone, score
 from .tiers import CacheGroup, Ladder
 
 Sampler = Callable[[mx.array], mx.array]
@@ -125,8 +126,12 @@ def token_and_top(logprobs: np.ndarray, token: int, top: int) -> tuple[float, tu
     return float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best)
 
 
+Rounds = Generator[Step | Score, mx.array, None]  # a loop's steps and the passes it asks for
+
+
 class _LivePosition:
-    """One position computed on the tiers for the walk (routing/walk.py), lazily."""
+    """One position computed on the tiers for the walk (routing/walk.py), lazily; its methods
+    are generators that yield the passes they need (passes.py)."""
 
     def __init__(self, loop: TokenLoop, pending: _Pending, queue_next: bool):
         self.loop, self.pending, self.queue_next = loop, pending, queue_next
@@ -134,24 +139,24 @@ class _LivePosition:
         self.speculative: _Pending | None = None
         self.token = -1  # read in take()
 
-    def measure(self, rung: int, attempt: int) -> float | None:
+    def measure(self, rung: int, attempt: int) -> Generator[Score, mx.array, float | None]:
         """The routed signal of this position on `rung` (computed there first if it is another)."""
-        return self._on(rung).signal(self.loop.signal)
+        return (yield from self._on(rung)).signal(self.loop.signal)
 
-    def take(self, rung: int, attempt: int) -> float | None:
+    def take(self, rung: int, attempt: int) -> Generator[Score, mx.array, float | None]:
         """Queue the next position, then read this one's token and routed signal."""
-        pending = self._on(rung)
+        pending = yield from self._on(rung)
         if self.queue_next:
             # Queued before the policy decides (nothing is read before: the pipeline stays full).
-            self.speculative = self.loop._queue(pending, self.loop.policy.certain_next(rung))
+            self.speculative = yield from self.loop._queue(pending, self.loop.policy.certain_next(rung))
             if self.speculative is not None:
                 mx.async_eval(*self.speculative.arrays)
         self.token = int(pending.token.item())  # type: ignore[arg-type]  # mlx: int | float | complex
         return pending.signal(self.loop.signal)
 
-    def _on(self, rung: int) -> _Pending:
+    def _on(self, rung: int) -> Generator[Score, mx.array, _Pending]:
         if rung != self.pending.rung:  # a higher rung recomputes the same position
-            self.pending = self.loop._produce(rung)
+            self.pending = yield from self.loop._produce(rung)
             for name, count in self.pending.catch_up.items():
                 self.catch_up[name] = self.catch_up.get(name, 0) + count
         return self.pending
@@ -214,9 +219,15 @@ class TokenLoop:
         # built: queuing it would compute the next step before this token is yielded, so every
         # token (the first too, after the prefill) would reach the reader a step late.
         self.pipelined = current_route().lazy_passes
+        self.shared_pass = False  # set by a batch's driver: the last pass was packed with others'
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
+        return run_alone(self.rounds(budget), self.prefill_step)
+
+    def rounds(self, budget: int) -> Rounds:
+        """`steps`, with each pass the loop needs yielded as a `Score` for the driver to run and
+        its logits sent back."""
         eos = self.ladder.tokenizer.eos_token_ids
         walk = Walk(self.policy)
         self.ledger.restart()
@@ -228,7 +239,7 @@ class TokenLoop:
         else:
             # The bottom tier's signal at the end of the prompt seeds the policy.
             bottom_new = len(self.ids) - self._group(0).seen
-            first = self._produce(0)
+            first = yield from self._produce(0)
             self.initial_entropy = first.entropy()
             self.ledger.add(self._group(0).name, bottom_new, self.ledger.lap(), prefill=True)
             self.initial_signal = first.signal(self.signal)
@@ -241,11 +252,13 @@ class TokenLoop:
                 yield step
             decision = walk.resume(self.top_local)
         opening_new = len(self.ids) - self._group(decision.rung).seen
-        pending = first if first is not None and decision.rung == 0 else self._produce(decision.rung)
+        pending = (
+            first if first is not None and decision.rung == 0 else (yield from self._produce(decision.rung))
+        )
         mx.async_eval(*pending.arrays)
         while n < budget:
             position = _LivePosition(self, pending, queue_next=self.pipelined and n + 1 < budget)
-            settled = walk.step(pending.rung, position)
+            settled = yield from self._walk(walk, pending.rung, position)
             pending, speculative, decision = position.pending, position.speculative, settled.decision
             group = self._group(pending.rung)
             opening = n == 0 and pending.rung != 0  # the top tier's prefill opened the answer
@@ -297,11 +310,26 @@ class TokenLoop:
                 # The step the pipelined loop queues, built now: the token just made is this
                 # rung's next input (its group holds every id before it), not a catch-up (a
                 # cloud's token is one).
-                pending = self._produce(decision.rung, mx.array([self.ids[-1]]))
+                pending = yield from self._produce(decision.rung, mx.array([self.ids[-1]]))
             else:
-                pending = self._produce(decision.rung)
+                pending = yield from self._produce(decision.rung)
             mx.async_eval(*pending.arrays)
             guard = decision.guard
+
+    @staticmethod
+    def _walk(walk: Walk, rung: int, position: _LivePosition) -> Generator[Score, mx.array, Settled]:
+        """One position walked (Walk.stepping), the passes its measures and takes need yielded."""
+        walking = walk.stepping(rung)
+        ask = next(walking)
+        while True:
+            kind, at, attempt = ask
+            value = yield from (
+                position.measure(at, attempt) if kind == "measure" else position.take(at, attempt)
+            )
+            try:
+                ask = walking.send(value)
+            except StopIteration as done:
+                return done.value
 
     def _span(self, room: int) -> Iterator[Step]:
         """The cloud's continuation of the answer so far, at most `room` tokens, as Steps."""
@@ -312,17 +340,17 @@ class TokenLoop:
             self.ids.append(token)
             yield Step(token, rung, None, None, False, (rung,), (None,))
 
-    def _queue(self, made: _Pending, certain: int | None) -> _Pending | None:
+    def _queue(self, made: _Pending, certain: int | None) -> Generator[Score, mx.array, _Pending | None]:
         """The next position, queued before the policy decides, after the token `made` made: on
         the rung that made it (or the bottom rung for a bottom-only signal, where every position
         starts), or where the policy's next rung is `certain` (and its cache holds every id
         before this token). Nothing where gears share that cache and the next gear is uncertain."""
         if certain is not None and self._group(certain).seen == len(self.ids):
-            return self._produce(certain, made.token)
+            return (yield from self._produce(certain, made.token))
         rung = 0 if self.bottom_first else made.rung
-        return None if rung in self._shared else self._produce(rung, made.token)
+        return None if rung in self._shared else (yield from self._produce(rung, made.token))
 
-    def _produce(self, rung: int, token: mx.array | None = None) -> _Pending:
+    def _produce(self, rung: int, token: mx.array | None = None) -> Generator[Score, mx.array, _Pending]:
         """Lazily run rung's tier on the ids its group has not seen (or on `token`)."""
         tier = self.ladder.tiers[rung]
         group = tier.group
@@ -342,11 +370,13 @@ class TokenLoop:
             if fed > 0:
                 catch_up[group.name] = fed
             token = mx.array(self.ids[group.seen :])
-        # The probe reads the bottom rung's hidden state: only there is the model run in halves.
+        # The probe reads the bottom rung's hidden state: only there is the model run in halves,
+        # by the loop itself (a batch does not take a probe-routed ladder: batch_loops.py).
         probe = self.ladder.probe if rung == 0 and self.bottom_first else None
-        logits, hidden = group.feed(
-            token, tier.gear, self.prefill_step, self.ladder.bottom_split() if probe is not None else None
-        )
+        if probe is not None:
+            logits, hidden = group.feed(token, tier.gear, self.prefill_step, self.ladder.bottom_split())
+        else:
+            logits, hidden = (yield from score(group, token, 1, tier.gear)), None
         signals = read_time_signals(logits) if self.measures else None
         if self.normalize_for_sampler or self.top_logprobs is not None:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

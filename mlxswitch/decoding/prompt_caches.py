@@ -62,7 +62,9 @@ class PromptCaches:
         check_bounds(size, max_bytes)
         self.size = size
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()  # least recent first
+        # Keyed by (tier, ids): "" for a ladder's caches kept together (switch), else the tier whose
+        # cache alone is kept (take/keep: the batched server's answers). Least recent first.
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], _Entry] = OrderedDict()
         self._nbytes = 0
 
     def __len__(self) -> int:
@@ -76,7 +78,7 @@ class PromptCaches:
     @property
     def kept(self) -> list[tuple[int, ...]]:
         """The kept conversations' token ids, least recently used first."""
-        return list(self._entries)
+        return [ids for _, ids in self._entries]
 
     def switch(self, groups: Sequence[CacheGroup], held_ids: list[int], prompt_ids: list[int]) -> int | None:
         """Before answering `prompt_ids` with the caches holding `held_ids`: keep a copy of the
@@ -88,11 +90,11 @@ class PromptCaches:
         if self.size == 0 or self.max_bytes == 0 or not all(g.trimmable for g in groups):
             return None
         best, reused = None, shared
-        for ids in reversed(self._entries):  # the most recent wins a tie
+        for tier, ids in reversed(self._entries):  # the most recent wins a tie
             common = common_prefix_len(list(ids), prompt_ids)
-            if common > reused:
+            if tier == "" and common > reused:
                 best, reused = ids, common
-        taken = self._pop(best) if best is not None else None
+        taken = self._pop(("", best)) if best is not None else None
         if held - shared >= KEEP_MIN_DROPPED:
             self._keep(groups, held_ids[:held])
         if taken is None:
@@ -104,34 +106,37 @@ class PromptCaches:
             group.restore(mine, reused)
         return reused
 
-    def take(self, prompt_ids: list[int]) -> tuple[list, int] | None:
-        """For one model's answers (the batched server): caches holding the longest prefix of
-        `prompt_ids` that a kept conversation shares (all but the prompt's last id at most: it
-        must be fed), with its length; None when no kept one shares an id. A conversation the
-        prompt continues whole is handed over; one it shares only a beginning with (a system
-        prompt, say) is copied and stays kept, so concurrent requests all reuse that beginning."""
+    def take(self, prompt_ids: list[int], tier: str = "model") -> tuple[list, int] | None:
+        """For the batched server's answers, one tier's cache at a time (`tier`: its name): caches
+        holding the longest prefix of `prompt_ids` that a kept conversation of that tier shares
+        (all but the prompt's last id at most: it must be fed), with its length; None when none
+        shares an id. A conversation the prompt continues whole is handed over; one it shares
+        only a beginning with (a system prompt, say) is copied and stays kept, so concurrent
+        requests all reuse that beginning."""
         best, reused = None, 0
-        for ids in reversed(self._entries):  # the most recent wins a tie
+        for kept_tier, ids in reversed(self._entries):  # the most recent wins a tie
             common = min(common_prefix_len(list(ids), prompt_ids), len(prompt_ids) - 1)
-            if common > reused:
+            if kept_tier == tier and common > reused:
                 best, reused = ids, common
         if best is None:
             return None
+        key = (tier, best)
         if reused == len(best):
-            caches = self._pop(best).caches
+            caches = self._pop(key).caches
         else:
-            self._entries.move_to_end(best)
-            caches = copy.deepcopy(self._entries[best].caches)
+            self._entries.move_to_end(key)
+            caches = copy.deepcopy(self._entries[key].caches)
             trim_prompt_cache(caches, len(best) - reused)
         return caches, reused
 
-    def keep(self, ids: list[int], caches: list) -> None:
-        """For one model's answers: keep `caches` (handed over, not copied), holding `ids`."""
-        if self.size and self.max_bytes and can_trim_prompt_cache(caches):
-            self._store(tuple(ids), caches)
+    def keep(self, ids: list[int], caches: list, tier: str = "model") -> None:
+        """For the batched server's answers: keep one tier's `caches` (handed over, not copied),
+        holding `ids`. Each tier's cache is an entry of its own."""
+        if ids and self.size and self.max_bytes and can_trim_prompt_cache(caches):
+            self._store((tier, tuple(ids)), caches)
 
-    def _pop(self, ids: tuple[int, ...]) -> _Entry:
-        entry = self._entries.pop(ids)
+    def _pop(self, key: tuple[str, tuple[int, ...]]) -> _Entry:
+        entry = self._entries.pop(key)
         self._nbytes -= entry.nbytes
         return entry
 
@@ -144,11 +149,13 @@ class PromptCaches:
             mine = copy.deepcopy(group.cache)
             trim_prompt_cache(mine, group.seen - len(ids))  # to the tokens every group holds
             caches += mine
-        self._store(tuple(ids), caches)
+        self._store(("", tuple(ids)), caches)
 
-    def _store(self, key: tuple[int, ...], caches: list) -> None:
-        # A kept prefix of this conversation (or the same one) is redundant: this one trims to it.
-        for old in [k for k in self._entries if key[: len(k)] == k]:
+    def _store(self, key: tuple[str, tuple[int, ...]], caches: list) -> None:
+        # A kept prefix of this conversation (or the same one) of the same tier is redundant:
+        # this one trims to it.
+        tier, ids = key
+        for old in [k for k in self._entries if k[0] == tier and ids[: len(k[1])] == k[1]]:
             self._pop(old)
         entry = _Entry(caches, cache_nbytes(caches))
         self._entries[key] = entry

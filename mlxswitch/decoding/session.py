@@ -22,7 +22,7 @@ from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
 from .drafting import DraftPlanner
-from .loop import TokenLoop
+from .loop import CloudSpan, TokenLoop
 from .prompt_caches import PromptCaches
 from .tiers import Ladder
 from .verify import MAX_DRAFT, VerifyLoop
@@ -283,24 +283,7 @@ class ChatSession:
                 def span(answer_ids: list[int], room: int) -> list[int]:
                     return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
 
-        config = self.router_config
-        loop: TokenLoop | VerifyLoop
-        if config.verify and self.policy_factory is None:
-            loop = self.verify_loop(ladder, self.ids, settings, sampler)
-        else:
-            loop = TokenLoop(
-                ladder,
-                self.ids,
-                (self.policy_factory or make_policy)(config, len(self.tier_names)),
-                sampler,
-                settings.prefill_step,
-                cloud_span=span,
-                signal=config.signal,
-                normalize_for_sampler=0 < settings.top_p < 1,
-                top_logprobs=settings.top_logprobs,
-                pins_top=config.pins_top() and self.policy_factory is None,
-                measure_signals=self.measure_signals,
-            )
+        loop = self.answer_loop(ladder, self.ids, settings, sampler, span)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
@@ -340,27 +323,45 @@ class ChatSession:
             yield last
         yield self.last_summary
 
-    def verify_loop(
+    def answer_loop(
         self,
         ladder: Ladder,
         ids: list[int],
         settings: GenerationSettings,
         sampler: Callable[[mx.array], mx.array],
-    ) -> VerifyLoop:
-        """The verified-drafting loop of an answer onto `ids` on `ladder` (this session's, or a
-        fork of it that a server's batch decodes beside others), by the router's settings."""
+        cloud_span: CloudSpan | None = None,
+    ) -> TokenLoop | VerifyLoop:
+        """The loop that decodes an answer onto `ids` on `ladder` (this session's, or a fork of it
+        that a server's batch decodes beside others), by the router's settings: verified
+        drafting, or the token loop with the policy (and the cloud's spans, if given)."""
         config = self.router_config
-        return VerifyLoop(
+        if config.verify and self.policy_factory is None:
+            return VerifyLoop(
+                ladder,
+                ids,
+                config.up[0],
+                sampler,
+                settings.prefill_step,
+                signal=config.signal,
+                normalize_for_sampler=0 < settings.top_p < 1,
+                top_logprobs=settings.top_logprobs,
+                planner=DraftPlanner(
+                    MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory, config.lookup
+                ),
+                lookup=config.lookup,
+                measure_signals=self.measure_signals,
+            )
+        return TokenLoop(
             ladder,
             ids,
-            config.up[0],
+            (self.policy_factory or make_policy)(config, len(self.tier_names)),
             sampler,
             settings.prefill_step,
+            cloud_span=cloud_span,
             signal=config.signal,
             normalize_for_sampler=0 < settings.top_p < 1,
             top_logprobs=settings.top_logprobs,
-            planner=DraftPlanner(MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory, config.lookup),
-            lookup=config.lookup,
+            pins_top=config.pins_top() and self.policy_factory is None,
             measure_signals=self.measure_signals,
         )
 

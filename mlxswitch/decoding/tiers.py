@@ -164,23 +164,31 @@ def _rotating(cache: list, max_kv_size: int, name: str) -> list:
     return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in cache]
 
 
+def packed_ready(group: CacheGroup) -> bool:
+    """Whether a group's pass can join a packed one: its model splits into body and head, and
+    its cache is mlx-lm's plain one."""
+    return group.checked_split() is not None and can_pack(group.cache)
+
+
 def score_together(
     passes: list[tuple[CacheGroup, mx.array, int]], gear: int | None, chunk: int
 ) -> list[mx.array]:
     """Several conversations' passes on one model, each `(group, inputs, rows)` as
     `CacheGroup.score` takes it (the groups hold different conversations of the same model):
-    their lazy logits, (rows, V) each. Those that fit run as one packed pass (packed.py), every
-    row through each linear layer in one product; a long one (a prompt) runs alone first."""
+    their lazy logits, (rows, V) each, as each group's own `score` would give them. Each is first
+    prefilled as its own pass would be (a long input in chunks; at the prefill gear, all but the
+    rows it reads); the rest of those that fit run as one packed pass (packed.py), every row
+    through each linear layer in one product, and a long rest (a prompt) runs alone."""
     out: list[mx.array | None] = [None] * len(passes)
     packed = []
+    passes = list(passes)
     for i, (group, inputs, rows) in enumerate(passes):
-        split = group.checked_split()
-        if (
-            len(passes) == 1
-            or inputs.size > min(PACKED_MAX_ROWS, chunk)
-            or split is None
-            or not can_pack(group.cache)
-        ):
+        if len(passes) > 1 and packed_ready(group):
+            # What its own pass would prefill first (a long input; at the prefill gear, all but
+            # the rows read) is prefilled so here too: the rest may join the packed pass.
+            inputs = group._prefill(inputs, rows, chunk, gear)
+            passes[i] = (group, inputs, rows)
+        if len(passes) == 1 or inputs.size > PACKED_MAX_ROWS or not packed_ready(group):
             out[i] = group.score(inputs, rows, gear, chunk)
         else:
             packed.append(i)
@@ -209,7 +217,8 @@ def score_together(
             rows = passes[i][2]
             out[i] = logits[start : start + rows]
             start += rows
-    return [o for o in out if o is not None]
+    assert all(o is not None for o in out)
+    return cast(list[mx.array], out)
 
 
 @dataclass(eq=False)

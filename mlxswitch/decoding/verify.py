@@ -40,26 +40,12 @@ from ..routing.signals import LazySignals, read_time_signals
 from .drafting import DraftPlanner, Plan
 from .ledger import PassLedger
 from .lookup import LookupIndex
-from .loop import Sampler, Step, token_and_top
-from .tiers import CacheGroup, Ladder
+from .loop import Rounds, Sampler, Step, token_and_top
+from .passes import Score, run_alone, score
+from .tiers import Ladder
 
 # Bounds a round's rows (the check is one batched pass) and how long a stream waits for a check.
 MAX_DRAFT = 32
-
-
-@dataclass(frozen=True)
-class Score:
-    """A pass the loop needs: `group` over `inputs` (ids after those it holds), the lazy logits of
-    the last `rows` positions sent back. Whoever drives the loop runs it: at once (`steps`), or
-    packed with other answers' passes on the same model (decoding/batch_verify.py)."""
-
-    group: CacheGroup
-    inputs: mx.array
-    rows: int
-    gear: int | None
-
-
-Rounds = Generator[Step | Score, mx.array, None]
 
 
 @dataclass
@@ -115,7 +101,7 @@ class VerifyLoop:
         # only where the top tier has a cache of its own (a gear ladder's bottom gear would write
         # the draft into it before the check).
         self.pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
-        # Set by a driver that packs this answer's passes with others' (batch_verify.py): the
+        # Set by a driver that packs this answer's passes with others' (batch_loops.py): the
         # last pass's seconds were not this answer's alone, so the planner learns nothing from it.
         self.shared_pass = False
         self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
@@ -127,20 +113,7 @@ class VerifyLoop:
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
-        rounds = self.rounds(budget)
-        chunk = self.prefill_step
-        try:
-            item = next(rounds)
-            while True:
-                if isinstance(item, Score):
-                    item = rounds.send(item.group.score(item.inputs, item.rows, item.gear, chunk))
-                else:
-                    yield item
-                    item = next(rounds)
-        except StopIteration:
-            return
-        finally:
-            rounds.close()
+        return run_alone(self.rounds(budget), self.prefill_step)
 
     def rounds(self, budget: int) -> Rounds:
         """`steps`, with each pass the loop needs yielded as a `Score` for the driver to run and
@@ -281,7 +254,7 @@ class VerifyLoop:
     def _queue_one(self, token: mx.array) -> Generator[Score, mx.array, _Queued]:
         """The top tier's one-row pass over `token` (lazy: the sample a round with no draft takes)."""
         top = self.ladder.tiers[-1]
-        rows = (yield from self._score(top.group, token, 1, top.gear)).astype(mx.float32)
+        rows = (yield from score(top.group, token, 1, top.gear)).astype(mx.float32)
         rows = self._normalized(rows)
         first = read_time_signals(rows[0]) if self.measure_signals else None
         queued = _Queued(rows, self.sampler(rows), first)  # fed its own token: no catch-up
@@ -336,7 +309,7 @@ class VerifyLoop:
         if group.seen >= length:  # it holds every id: the last one is fed again to predict the next
             group.rewind(length - 1)
         fed, prefill = length - group.seen, group.seen < self.prompt_tokens
-        logits = yield from self._score(group, mx.array(self.ids[group.seen :]), 1, bottom.gear)
+        logits = yield from score(group, mx.array(self.ids[group.seen :]), 1, bottom.gear)
         draft: list[int] = []
         entropies: list[float] = []
         signals: list[float | None] = []
@@ -349,7 +322,7 @@ class VerifyLoop:
         while True:
             token, lazy = current
             if queue_ahead and len(draft) + 1 < room:
-                current = self._lazy((yield from self._score(group, token, 1, bottom.gear)))
+                current = self._lazy((yield from score(group, token, 1, bottom.gear)))
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
             self._timed(group.name, rows, prefill)
@@ -364,7 +337,7 @@ class VerifyLoop:
             if draft[-1] in eos or not self.planner.keep_drafting(entropies, room):
                 return draft, entropies, signals, False
             if not queue_ahead:
-                current = self._lazy((yield from self._score(group, token, 1, bottom.gear)))
+                current = self._lazy((yield from score(group, token, 1, bottom.gear)))
 
     def _lazy(self, logits: mx.array):
         return self.sampler(self._normalized(logits)), read_time_signals(logits)
@@ -390,20 +363,13 @@ class VerifyLoop:
         inputs = self.ids[start:] + draft
         self._check_rows, self._check_prefill = len(inputs), start < self.prompt_tokens
         wanted = len(draft) + (0 if after_ahead else 1)
-        rows = yield from self._score(group, mx.array(inputs), wanted, top.gear)
+        rows = yield from score(group, mx.array(inputs), wanted, top.gear)
         fed = length + len(draft) - max(start, self.prompt_tokens)
         if length - 1 >= max(start, self.prompt_tokens):
             fed -= 1  # the last id is its own token (every round ends with one): its next input
         if fed > 0:
             catch_up[group.name] = catch_up.get(group.name, 0) + fed
         return rows.astype(mx.float32)
-
-    @staticmethod
-    def _score(
-        group: CacheGroup, inputs: mx.array, rows: int, gear: int | None
-    ) -> Generator[Score, mx.array, mx.array]:
-        """One pass, run by the driver (see `Score`): its lazy logits, (rows, V)."""
-        return (yield Score(group, inputs, rows, gear))
 
     def _logprobs(self, rows: mx.array) -> np.ndarray | None:
         """The rows as NumPy log-probabilities (already normalized: asking for them turns it on)."""

@@ -10,12 +10,14 @@ telemetry check on recorded tries (`RecordedPosition`), so the three cannot drif
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from .policies import Policy, make_policy
 from .router import Decision, RouterConfig
+
+Ask = tuple[str, int, int]  # what the walk needs of a position: ("measure" | "take", rung, attempt)
 
 
 class Position(Protocol):
@@ -50,15 +52,29 @@ class Walk:
 
     def step(self, rung: int, position: Position) -> Settled:
         """Walk one position from `rung`: review up while the policy may, then commit the token."""
+        walking = self.stepping(rung)
+        ask = next(walking)
+        while True:
+            kind, at, attempt = ask
+            value = position.measure(at, attempt) if kind == "measure" else position.take(at, attempt)
+            try:
+                ask = walking.send(value)
+            except StopIteration as done:
+                return done.value
+
+    def stepping(self, rung: int) -> Generator[Ask, float | None, Settled]:
+        """`step` as a generator: it yields what it needs of the position, ("measure" or "take",
+        rung, attempt), is sent that signal back, and returns the Settled position (for a caller
+        whose position must itself yield to compute: the token loop in a server's batch)."""
         rungs, measured = [rung], []
         while self.policy.may_review(rungs[-1]):
-            value = position.measure(rungs[-1], len(rungs) - 1)
+            value = yield ("measure", rungs[-1], len(rungs) - 1)
             measured.append(value)
             higher = self.policy.review(rungs[-1], value)
             if higher is None:
                 break
             rungs.append(higher)
-        taken = position.take(rungs[-1], len(rungs) - 1)
+        taken = yield ("take", rungs[-1], len(rungs) - 1)
         return Settled(tuple(rungs), tuple(measured), taken, self.policy.commit(rungs[-1], taken))
 
     def resume(self, rung: int) -> Decision:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..decoding.answer import AnswerSummary, TokenEvent
 from ..decoding.batch import BatchedAnswers
-from ..decoding.batch_verify import BatchedVerified, batch_engine
+from ..decoding.batch_loops import BatchedLoops, batch_engine
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
 from .worker import DONE, Prepare, QueuedJob, SessionOwner, refuse_if_closing, refuse_when_full
@@ -32,7 +32,7 @@ class BatchWorker(SessionOwner):
         self.max_batch = max_batch
         self.prompt_caches = prompt_caches
         self._session = None
-        self._engine: BatchedAnswers | BatchedVerified | None = None
+        self._engine: BatchedAnswers | BatchedLoops | None = None
         self.last_summary: AnswerSummary | None = None
         self.closing = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-batch")
@@ -72,9 +72,10 @@ class BatchWorker(SessionOwner):
             self._wake.notify()
 
     def close(self) -> None:
-        """End every answer at the next step and let the thread go."""
+        """End every answer at the next step and wait for the thread to leave its loop (a step at
+        most): a process that exits while that thread is inside MLX aborts (SIGABRT)."""
         self.stop_generating()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
     async def run(self, prepare: Prepare) -> BatchJob:
         """Admit, prepare (render and check the prompt) and queue an answer; RequestError for a
@@ -121,6 +122,7 @@ class BatchWorker(SessionOwner):
                     engine.cancel(job.uid)
             if self.closing.is_set():
                 engine.cancel_all()
+                engine.close()  # nothing may be left running on its stream when the process exits
                 return
             self._decoding = engine.active
             try:

@@ -26,7 +26,7 @@ class ServerLimits:
 
     max_body_bytes: int = 1_000_000  # larger bodies are refused before they are parsed
     queue_size: int = 8  # requests waiting behind those generating; more get 429
-    max_batch: int = 8  # answers decoded together on a single-model profile (1: one at a time)
+    max_batch: int = 8  # answers decoded together, where the profile batches (1: one at a time)
     # Connections (guard.py): seconds a socket may sit idle, send its headers, send its body;
     # how many may be open (more: the idle and slow ones are closed); the grace at shutdown.
     idle_timeout_s: float = 5.0

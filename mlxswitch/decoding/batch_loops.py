@@ -1,15 +1,16 @@
-"""Many verified-drafting answers decoded together on one pair: continuous batching with drafting.
+"""Many routed or verified answers decoded together on one ladder: continuous batching with routing.
 
 Each answer keeps everything one answer alone has: its own caches on the shared models (a fork
-of the session's ladder), its own VerifyLoop (planner, lookup index, samples) and AnswerBuilder;
-what drafting learns about the text and the machine is the ladder's, shared as it is between
-answers one at a time. The loop yields each pass it needs (`verify.Score`) instead of running it;
-a step runs every answer's pending pass, those on the same model packed into one call
-(`tiers.score_together`: a one-row step, a draft's check and a drafter's step side by side, each
-against its own cache), then moves each answer on to its next pass, handing its tokens' events
-to the callback it was added with. So in one step the 1.5B checks every answer that needs it,
-and the 0.5B drafts for every answer that is drafting. Answers join at step boundaries (a prompt
-is prefilled alone, as mlx-lm's batch does between steps) and leave whenever they end.
+of the session's ladder), its own loop (the token loop's policy and router state, or verified
+drafting's planner, lookup index and samples) and AnswerBuilder; what drafting learns about the
+text and the machine is the ladder's, shared as it is between answers one at a time. A loop
+yields each pass it needs (`passes.Score`) instead of running it; a step runs every answer's
+pending pass, those on the same model and gear packed into one call (`tiers.score_together`: a
+one-row step, a catch-up, a draft's check and a drafter's step side by side, each against its
+own cache), then moves each answer on to its next pass, handing its tokens' events to the
+callback it was added with. So in one step the 1.5B computes for every answer that routed there
+or checks a draft, and the 0.5B for every answer on it. Answers join at step boundaries (a long
+prompt is prefilled alone, as mlx-lm's batch does between steps) and leave whenever they end.
 
 A packed pass's seconds are not any one answer's: the planner learns pass costs and what its
 rounds made only from passes an answer had to itself, and otherwise plans from what it learned
@@ -26,27 +27,30 @@ import mlx.core as mx
 from mlx_lm.generate import wired_limit
 
 from ..models.machine import process_peak_bytes
+from ..routing.registry import SIGNAL_BY_NAME
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .batch import BatchedAnswers, SeededSampler, batchable
+from .loop import Rounds, TokenLoop
+from .passes import Score
 from .prompt_caches import PromptCaches
 from .session import ChatSession, PreparedAnswer
 from .tiers import Ladder, score_together
-from .verify import Rounds, Score, VerifyLoop
+from .verify import VerifyLoop
 
 Deliver = Callable[[TokenEvent | AnswerSummary], None]
 
 
-def verified_batchable(session: ChatSession) -> bool:
-    """Whether the session's answers can be batched here: verified drafting on a pair (two
-    models, each with its own cache), no cloud, no bounded cache, no control policy."""
-    tiers = session.ladder.tiers
+def loops_batchable(session: ChatSession) -> bool:
+    """Whether the session's answers can be batched here: two tiers or more (a routed or verified
+    pair, gears), no cloud, no bounded cache, no control policy, no probe (it reads a hidden
+    state that a packed pass does not give)."""
     return (
-        session.router_config.verify
+        len(session.ladder.tiers) > 1
         and session.cloud is None
         and session.policy_factory is None
         and session.settings.max_kv_size is None
-        and len(tiers) == 2
-        and tiers[0].group is not tiers[1].group
+        and session.ladder.probe is None
+        and not SIGNAL_BY_NAME[session.router_config.signal].bottom_only
     )
 
 
@@ -56,19 +60,19 @@ class _Answer:
     builder: AnswerBuilder
     deliver: Deliver
     ladder: Ladder | None = None  # its own caches, once admitted
-    loop: VerifyLoop | None = None
+    loop: TokenLoop | VerifyLoop | None = None
     rounds: Rounds | None = None
     pending: Score | None = None  # the pass it waits for
 
 
-class BatchedVerified:
-    """Verified-drafting answers decoded together (see the module's docstring); the interface of
-    batch.BatchedAnswers. Build and step it on one thread (MLX streams belong to their thread).
+class BatchedLoops:
+    """Routed and verified answers decoded together (see the module's docstring); the interface
+    of batch.BatchedAnswers. Build and step it on one thread (MLX streams belong to their thread).
     `max_batch` answers decode together; more wait and join as others finish."""
 
     def __init__(self, session: ChatSession, max_batch: int, prompt_caches: PromptCaches | None = None):
-        if not verified_batchable(session):
-            raise ValueError("only verified drafting on a pair is batched here")
+        if not loops_batchable(session):
+            raise ValueError("only a ladder of two tiers or more, with no cloud or probe, is batched here")
         self.session, self.max_batch, self.prompt_caches = session, max_batch, prompt_caches
         self._stream = mx.new_stream(mx.default_device())
         self._answers: dict[int, _Answer] = {}  # admitted, in order of admission
@@ -110,6 +114,11 @@ class BatchedVerified:
         for uid in list(self._answers):
             self.cancel(uid)
 
+    def close(self) -> None:
+        """Wait for the work queued on the batch's stream (a process that exits while an MLX stream
+        still runs aborts)."""
+        mx.synchronize(self._stream)
+
     def step(self) -> None:
         """One step: every answer's pending pass (packed per model), then each answer moves on."""
         with wired_limit(self.session.ladder.weights(), [self._stream]), mx.stream(self._stream):
@@ -141,21 +150,24 @@ class BatchedVerified:
             answer = self._answers[uid]
             prepared = answer.prepared
             ladder = self.session.ladder.fork()
-            top = ladder.tiers[-1].group
             if self.prompt_caches is not None:
-                # Kept conversations hold the top model's cache: the drafter reads what it needs
-                # when it first drafts, as it does for any answer.
-                taken = self.prompt_caches.take(prepared.prompt_ids)
-                if taken is not None:
-                    caches, reused = taken
-                    top.restore(caches, reused)
-                    answer.builder.prefilled = len(prepared.prompt_ids) - reused
+                # Each tier's cache of a kept conversation is kept apart (a tier that had not
+                # read it, as the top one under peek, keeps none): each takes what it can.
+                for group in ladder.groups:
+                    taken = self.prompt_caches.take(prepared.prompt_ids, group.name)
+                    if taken is not None:
+                        caches, reused = taken
+                        group.restore(caches, reused)
+                        held = len(prepared.prompt_ids) - reused
+                        answer.builder.prefilled = min(answer.builder.prefilled, held)
             settings = prepared.settings
             sampler = self.session.sampler_for(settings)
             if settings.seed is not None:
                 sampler = SeededSampler(sampler, settings.seed)
             answer.ladder = ladder
-            answer.loop = self.session.verify_loop(ladder, list(prepared.prompt_ids), settings, sampler)
+            answer.loop = self.session.answer_loop(ladder, list(prepared.prompt_ids), settings, sampler)
+            # A step runs each answer's next pass with the others': none is queued ahead of it.
+            answer.loop.pipelined = False
             answer.rounds = answer.loop.rounds(prepared.budget)
             decoding += 1
             self._advance(uid, None)
@@ -191,10 +203,9 @@ class BatchedVerified:
         if answer.ladder is not None and loop is not None:
             for group in answer.ladder.groups:  # no cache may claim ids the sequence does not have
                 group.rewind(len(loop.ids))
-            top = answer.ladder.tiers[-1].group
             if self.prompt_caches is not None and reason != "interrupted":
-                # It holds the answer but its own last token (never fed): a next turn feeds that.
-                self.prompt_caches.keep(list(loop.ids[: top.seen]), top.cache)
+                for group in answer.ladder.groups:  # each holds the answer up to what it computed
+                    self.prompt_caches.keep(list(loop.ids[: group.seen]), group.cache, group.name)
         last, summary = answer.builder.finish(
             reason,
             None if loop is None else loop.initial_entropy,
@@ -211,9 +222,9 @@ class BatchedVerified:
 
 def batch_engine(
     session: ChatSession, max_batch: int, prompt_caches: PromptCaches | None = None
-) -> BatchedAnswers | BatchedVerified:
+) -> BatchedAnswers | BatchedLoops:
     """The engine that batches the session's answers: mlx-lm's batch for one model (batch.py),
-    packed passes for verified drafting on a pair (this module); a ValueError for others."""
+    packed passes for a ladder (this module); a ValueError for others."""
     if batchable(session):
         return BatchedAnswers(session, max_batch, prompt_caches)
-    return BatchedVerified(session, max_batch, prompt_caches)
+    return BatchedLoops(session, max_batch, prompt_caches)

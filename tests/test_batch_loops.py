@@ -1,4 +1,4 @@
-"""Continuous batching of verified drafting (decoding/batch_verify.py) and the packed pass it runs
+"""Continuous batching of verified drafting (decoding/batch_loops.py) and the packed pass it runs
 on (decoding/packed.py, tiers.score_together): the same logits as each conversation's own pass,
 the same answers as one at a time, requests joining mid-way and leaving early, and the planner
 not taught by seconds that were not one answer's."""
@@ -12,12 +12,13 @@ import pytest
 
 from mlxswitch.decoding.answer import AnswerSummary, TokenEvent
 from mlxswitch.decoding.batch import BatchedAnswers
-from mlxswitch.decoding.batch_verify import BatchedVerified, batch_engine, verified_batchable
+from mlxswitch.decoding.batch_loops import BatchedLoops, batch_engine, loops_batchable
 from mlxswitch.decoding.drafting import DraftMemory
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import Ladder, gear_ladder, pair_ladder, score_together, single_model_ladder
 from mlxswitch.models.sources import load_model
+from mlxswitch.routing.policies import make_policy
 from mlxswitch.routing.router import RouterConfig
 
 PROMPTS = ["Hello there", "Write a poem about the sea and the sky", "def add(a, b): return a + b", "Why?"]
@@ -114,35 +115,52 @@ def test_a_packed_pass_gives_each_conversation_the_logits_of_its_own_pass(models
         assert mx.allclose(got, whole, atol=1e-4).item()
 
 
-@pytest.mark.parametrize("twin", [False, True])
-@pytest.mark.parametrize("draft", ["fixed", "adaptive"])
-def test_batched_verified_answers_are_the_answers_made_one_at_a_time(models, twin, draft):
-    config = _verify(draft=draft, lookup=draft == "adaptive")
-    top_alone = [_alone(_ladder(models, twin), RouterConfig(up=(-INF,)), p) for p in PROMPTS]
-    ladder = _ladder(models, twin)
-    session = _session(ladder, config)
-    engine = BatchedVerified(session, max_batch=3)  # one of the four waits for a place
+def _ladder_named(models, gears, name: str) -> Ladder:
+    if name == "gears":
+        return gear_ladder(gears, [4, 8])
+    return _ladder(models, twin=name == "twin")
+
+
+ROUTED = RouterConfig(up=(1.5,), down=(1.0,), policy="peek", window=1, min_run=1)
+LADDERS_AND_RULES = [
+    ("pair", _verify(draft="adaptive", lookup=True)),
+    ("pair", _verify(draft="fixed", lookup=False)),
+    ("twin", _verify(draft="fixed", lookup=False)),  # drafts all kept: long packed checks
+    ("pair", ROUTED),  # the token loop: peek moves between the models per position
+    ("pair", RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2)),  # the threshold policy
+    ("gears", ROUTED),  # one model, one cache per answer, two gears packed apart
+    ("gears", _verify(draft="fixed", lookup=False)),
+]
+
+
+@pytest.mark.parametrize(("name", "config"), LADDERS_AND_RULES)
+def test_batched_answers_are_the_answers_made_one_at_a_time(models, tiny_gears_4_8, name, config):
+    alone = [_alone(_ladder_named(models, tiny_gears_4_8, name), config, p) for p in PROMPTS]
+    session = _session(_ladder_named(models, tiny_gears_4_8, name), config)
+    engine = BatchedLoops(session, max_batch=3)  # one of the four waits for a place
     got = [_add(engine, session, p) for p in PROMPTS[:2]]
     engine.step()
     engine.step()  # the others join mid-way, at a step boundary
     got += [_add(engine, session, p) for p in PROMPTS[2:]]
     _run(engine)
-    drafted = 0
-    for want, collected in zip(top_alone, got, strict=True):
+    tiers: dict[str, int] = {}
+    for want, collected in zip(alone, got, strict=True):
         summary = collected.summary
         assert summary is not None
         assert [e.id for e in summary.tokens] == [e.id for e in want.tokens]
         assert [e.id for e in collected.events] == [e.id for e in want.tokens]  # each event once, in order
+        assert [e.tier for e in summary.tokens] == [e.tier for e in want.tokens]  # the same routing
         assert summary.text == want.text and summary.finish_reason == want.finish_reason
-        drafted += summary.tier_counts["small"] + summary.source_counts.get("lookup", 0)
-    if twin and draft == "fixed":
-        assert drafted > 0  # the drafter drafted and the top tier's packed checks kept it
+        for tier, count in summary.tier_counts.items():
+            tiers[tier] = tiers.get(tier, 0) + count
+    if name == "twin" or config is ROUTED:
+        assert len([t for t, count in tiers.items() if count]) == 2  # both tiers made tokens
 
 
 def test_a_cancelled_answer_leaves_and_the_others_go_on(models):
     ladder = _ladder(models, twin=True)
     session = _session(ladder, _verify(draft="fixed", lookup=False))
-    engine = BatchedVerified(session, max_batch=4)
+    engine = BatchedLoops(session, max_batch=4)
     left = _add(engine, session, PROMPTS[0])
     stays = _add(engine, session, PROMPTS[1])
     for _ in range(3):
@@ -161,7 +179,7 @@ def test_stop_strings_log_probabilities_and_a_kept_conversation(models):
     stop = want.text[len(want.text) // 2 :][:3]
     caches = PromptCaches(size=2)
     session = _session(_ladder(models, twin=False), config, max_tokens=30)
-    engine = BatchedVerified(session, max_batch=2, prompt_caches=caches)
+    engine = BatchedLoops(session, max_batch=2, prompt_caches=caches)
     stopped = _add(engine, session, PROMPTS[1], max_tokens=30, stop=(stop,))
     logged = _add(engine, session, PROMPTS[0], max_tokens=30, top_logprobs=2)
     _run(engine)
@@ -191,7 +209,7 @@ def test_the_planner_learns_no_seconds_from_a_shared_pass(models):
     ladder = _ladder(models, twin=True)
     ladder.draft_memory = DraftMemory()
     session = _session(ladder, _verify(), max_tokens=12)
-    engine = BatchedVerified(session, max_batch=2)
+    engine = BatchedLoops(session, max_batch=2)
     # The same request twice: the two answers run side by side from the first pass to the last,
     # every pass packed with the other's, so no pass was one answer's and nothing is learned.
     _add(engine, session, PROMPTS[0])
@@ -206,12 +224,14 @@ def test_the_planner_learns_no_seconds_from_a_shared_pass(models):
 
 def test_which_sessions_batch_and_with_which_engine(models, tiny_gears_4_8):
     pair = _session(_ladder(models, twin=False), _verify())
-    assert verified_batchable(pair) and isinstance(batch_engine(pair, 2), BatchedVerified)
+    routed = ChatSession(_ladder(models, twin=False), ROUTED, GenerationSettings())
+    geared = ChatSession(gear_ladder(tiny_gears_4_8, [4, 8]), ROUTED, GenerationSettings())
+    for session in (pair, routed, geared):
+        assert loops_batchable(session) and isinstance(batch_engine(session, 2), BatchedLoops)
     one = ChatSession(single_model_ladder(models[1]), RouterConfig(up=()), GenerationSettings())
-    assert isinstance(batch_engine(one, 2), BatchedAnswers)
-    routed = ChatSession(_ladder(models, twin=False), RouterConfig(up=(1.5,)), GenerationSettings())
-    geared = ChatSession(gear_ladder(tiny_gears_4_8, [4, 8]), _verify(), GenerationSettings())
-    for session in (routed, geared):  # routing decides per position; gears share one cache
-        assert not verified_batchable(session)
-        with pytest.raises(ValueError):
-            batch_engine(session, 2)
+    assert not loops_batchable(one) and isinstance(batch_engine(one, 2), BatchedAnswers)
+    controlled = ChatSession(_ladder(models, twin=False), ROUTED, GenerationSettings())
+    controlled.policy_factory = lambda config, tiers: make_policy(config, tiers)  # the bench's controls
+    assert not loops_batchable(controlled)
+    with pytest.raises(ValueError):
+        BatchedLoops(controlled, 2)

@@ -1,0 +1,55 @@
+"""The passes a decoding loop asks for, and the driver that runs them as they come.
+
+The loops (loop.py, verify.py) do not call the model: they yield a `Score` for each pass they
+need and are sent its logits back. Alone, `run_alone` runs each at once, so an answer is the
+same code either way; in a server's batch (batch_loops.py) a step runs every answer's pending
+pass together, those on one model packed into one call (tiers.score_together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+import mlx.core as mx
+
+if TYPE_CHECKING:
+    from .tiers import CacheGroup
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Score:
+    """A pass a loop needs: `group` over `inputs` (ids after those it holds), the lazy logits of
+    the last `rows` positions, (rows, V), sent back."""
+
+    group: CacheGroup
+    inputs: mx.array
+    rows: int
+    gear: int | None
+
+
+def score(
+    group: CacheGroup, inputs: mx.array, rows: int, gear: int | None
+) -> Generator[Score, mx.array, mx.array]:
+    """One pass, run by the loop's driver: its lazy logits, (rows, V) (`yield from` it)."""
+    return (yield Score(group, inputs, rows, gear))
+
+
+def run_alone(rounds: Generator[T | Score, mx.array, None], chunk: int) -> Iterator[T]:
+    """Drive a loop alone: each pass it asks for runs at once (prefilled in `chunk`-id pieces);
+    everything else it yields (its Steps) is passed on. Closing this closes the loop."""
+    try:
+        item = next(rounds)
+        while True:
+            if isinstance(item, Score):
+                item = rounds.send(item.group.score(item.inputs, item.rows, item.gear, chunk))
+            else:
+                yield item
+                item = next(rounds)
+    except StopIteration:
+        return
+    finally:
+        rounds.close()
