@@ -203,3 +203,17 @@ def test_a_seeded_answer_is_the_same_whoever_shares_the_batch(loaded):
     assert len(ids) == 5
     assert ids[2] == ids[0]  # seed 7 beside three sampled neighbours: as alone
     assert ids[3] != ids[0]  # seed 8: another answer
+
+
+def test_each_tiers_cache_is_kept_and_taken_apart_and_bounded_per_tier():
+    caches = PromptCaches(size=2)
+    small, large = [_FakeCache(10)], [_FakeCache(6)]  # the large tier computed less of it
+    caches.keep(list(range(10)), small, "small")
+    caches.keep(list(range(6)), large, "large")
+    assert len(caches) == 2  # one conversation, an entry per tier
+    got = caches.take(list(range(12)), "large")
+    assert got is not None and got[0][0] is large[0] and got[1] == 6  # never the other tier's
+    assert caches.take(list(range(12)), "model") is None
+    for start in (100, 200, 300):  # three more conversations on the small tier: two are kept
+        caches.keep(list(range(start, start + 5)), [_FakeCache(5)], "small")
+    assert caches.kept == [tuple(range(200, 205)), tuple(range(300, 305))]

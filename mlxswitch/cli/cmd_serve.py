@@ -52,7 +52,8 @@ def serve(
         typer.Option(
             "--prompt-cache-size",
             help="Conversations whose KV caches are kept besides the one answering (least recently"
-            " used out first), so alternating clients do not prefill their history again; 0 keeps none.",
+            " used out first; on a batched ladder, per tier), so alternating clients do not prefill"
+            " their history again; 0 keeps none.",
         ),
     ] = 4,
     prompt_cache_bytes: Annotated[

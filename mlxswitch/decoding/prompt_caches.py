@@ -160,5 +160,8 @@ class PromptCaches:
         entry = _Entry(caches, cache_nbytes(caches))
         self._entries[key] = entry
         self._nbytes += entry.nbytes
-        while len(self._entries) > self.size or self._nbytes > self.max_bytes:
+        # `size` conversations per tier (a pair's conversation is an entry per tier it ran on).
+        while sum(k[0] == tier for k in self._entries) > self.size:
+            self._pop(next(k for k in self._entries if k[0] == tier))  # its least recently used
+        while self._nbytes > self.max_bytes:
             self._pop(next(iter(self._entries)))  # the least recently used
