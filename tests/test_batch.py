@@ -4,8 +4,9 @@ time, requests joining mid-way and leaving early, stop strings, prompt caches re
 from __future__ import annotations
 
 import pytest
+from batch_helpers import Collector, run_batch
 
-from mlxswitch.decoding.answer import AnswerSummary, TokenEvent
+from mlxswitch.decoding.answer import AnswerSummary
 from mlxswitch.decoding.batch import BatchedAnswers, batchable
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
@@ -38,41 +39,20 @@ def _alone(loaded, prompt: str, **settings) -> AnswerSummary:
     return session.last_summary
 
 
-class _Collector:
-    def __init__(self):
-        self.events: list[TokenEvent] = []
-        self.summary: AnswerSummary | None = None
-
-    def __call__(self, item):
-        assert self.summary is None, "nothing may follow the summary"
-        if isinstance(item, AnswerSummary):
-            self.summary = item
-        else:
-            self.events.append(item)
-
-
-def _run(engine: BatchedAnswers, steps: int = 500) -> None:
-    for _ in range(steps):
-        if not engine.active:
-            return
-        engine.step()
-    pytest.fail("the batch did not finish")
-
-
 def test_batched_answers_are_the_answers_made_one_at_a_time(loaded):
     alone = [_alone(loaded, p) for p in PROMPTS]
     session = _session(loaded)
     engine = BatchedAnswers(session, max_batch=3)  # one of the four waits for a free row
     got = []
     for prompt in PROMPTS[:2]:
-        got.append(_Collector())
+        got.append(Collector())
         engine.add(session.prepare_conversation([{"role": "user", "content": prompt}]), got[-1])
     engine.step()
     engine.step()  # the others join mid-way, at a step boundary
     for prompt in PROMPTS[2:]:
-        got.append(_Collector())
+        got.append(Collector())
         engine.add(session.prepare_conversation([{"role": "user", "content": prompt}]), got[-1])
-    _run(engine)
+    run_batch(engine)
     for want, collected in zip(alone, got, strict=True):
         summary = collected.summary
         assert summary is not None
@@ -88,14 +68,14 @@ def test_batched_answers_are_the_answers_made_one_at_a_time(loaded):
 def test_a_cancelled_answer_leaves_and_the_others_go_on(loaded):
     session = _session(loaded, max_tokens=20)
     engine = BatchedAnswers(session, max_batch=4)
-    left, stays = _Collector(), _Collector()
+    left, stays = Collector(), Collector()
     uid = engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[0]}]), left)
     engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[1]}]), stays)
     for _ in range(4):
         engine.step()
     engine.cancel(uid)
     assert left.summary is not None and left.summary.finish_reason == "interrupted"
-    _run(engine)
+    run_batch(engine)
     want = _alone(loaded, PROMPTS[1], max_tokens=20)
     assert stays.summary is not None and [e.id for e in stays.summary.tokens] == [e.id for e in want.tokens]
 
@@ -105,12 +85,12 @@ def test_stop_strings_and_log_probabilities_in_a_batch(loaded):
     stop = want.text[len(want.text) // 2 :][:3]
     session = _session(loaded, max_tokens=12)
     engine = BatchedAnswers(session, max_batch=2)
-    stopped, logged = _Collector(), _Collector()
+    stopped, logged = Collector(), Collector()
     settings = GenerationSettings(max_tokens=12, stop=(stop,))
     engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[1]}], settings), stopped)
     logs = GenerationSettings(max_tokens=12, top_logprobs=2)
     engine.add(session.prepare_conversation([{"role": "user", "content": PROMPTS[0]}], logs), logged)
-    _run(engine)
+    run_batch(engine)
     assert stopped.summary is not None and stopped.summary.finish_reason == "stop"
     assert stopped.summary.text == want.text[: want.text.find(stop)]
     assert logged.summary is not None
@@ -121,16 +101,16 @@ def test_a_conversation_that_goes_on_reuses_its_kept_cache(loaded):
     caches = PromptCaches(size=2)
     session = _session(loaded, max_tokens=6)
     engine = BatchedAnswers(session, max_batch=2, prompt_caches=caches)
-    first = _Collector()
+    first = Collector()
     turn = [{"role": "user", "content": PROMPTS[1]}]
     engine.add(session.prepare_conversation(turn), first)
-    _run(engine)
+    run_batch(engine)
     assert first.summary is not None and len(caches) == 1
     turn = turn + [{"role": "assistant", "content": first.summary.text}, {"role": "user", "content": "More"}]
-    second = _Collector()
+    second = Collector()
     prepared = session.prepare_conversation(turn)
     engine.add(prepared, second)
-    _run(engine)
+    run_batch(engine)
     assert second.summary is not None
     assert 0 < second.summary.prefilled_tokens < second.summary.prompt_tokens  # the history was not fed again
     alone = _session(loaded, max_tokens=6)
@@ -178,9 +158,9 @@ class _FakeCache:
         return n
 
 
-def _sampled(engine, session, prompt: str, seed: int | None) -> _Collector:
+def _sampled(engine, session, prompt: str, seed: int | None) -> Collector:
     settings = GenerationSettings(max_tokens=12, temperature=1.0, seed=seed)
-    collected = _Collector()
+    collected = Collector()
     engine.add(session.prepare_conversation([{"role": "user", "content": prompt}], settings), collected)
     return collected
 
@@ -191,14 +171,14 @@ def test_a_seeded_answer_is_the_same_whoever_shares_the_batch(loaded):
     session = _session(loaded)
     engine = BatchedAnswers(session, max_batch=4)
     alone = _sampled(engine, session, PROMPTS[1], seed=7)
-    _run(engine)
+    run_batch(engine)
     crowded = [
         _sampled(engine, session, PROMPTS[0], seed=None),
         _sampled(engine, session, PROMPTS[1], seed=7),
         _sampled(engine, session, PROMPTS[1], seed=8),
         _sampled(engine, session, PROMPTS[2], seed=None),
     ]
-    _run(engine)
+    run_batch(engine)
     ids = [[e.id for e in c.summary.tokens] for c in (alone, *crowded) if c.summary is not None]
     assert len(ids) == 5
     assert ids[2] == ids[0]  # seed 7 beside three sampled neighbours: as alone

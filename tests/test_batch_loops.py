@@ -9,8 +9,9 @@ import math
 
 import mlx.core as mx
 import pytest
+from batch_helpers import Collector, run_batch
 
-from mlxswitch.decoding.answer import AnswerSummary, TokenEvent
+from mlxswitch.decoding.answer import AnswerSummary
 from mlxswitch.decoding.batch import BatchedAnswers
 from mlxswitch.decoding.batch_loops import BatchedLoops, batch_engine, loops_batchable
 from mlxswitch.decoding.drafting import DraftMemory
@@ -58,34 +59,13 @@ def _alone(
     return session.last_summary
 
 
-class _Collector:
-    def __init__(self):
-        self.events: list[TokenEvent] = []
-        self.summary: AnswerSummary | None = None
-
-    def __call__(self, item):
-        assert self.summary is None, "nothing may follow the summary"
-        if isinstance(item, AnswerSummary):
-            self.summary = item
-        else:
-            self.events.append(item)
-
-
-def _add(engine, session, prompt: str, **settings) -> _Collector:
-    collected = _Collector()
+def _add(engine, session, prompt: str, **settings) -> Collector:
+    collected = Collector()
     prepared = session.prepare_conversation(
         [{"role": "user", "content": prompt}], GenerationSettings(**settings) if settings else None
     )
     engine.add(prepared, collected)
     return collected
-
-
-def _run(engine, steps: int = 2000) -> None:
-    for _ in range(steps):
-        if not engine.active:
-            return
-        engine.step()
-    pytest.fail("the batch did not finish")
 
 
 def test_a_packed_pass_gives_each_conversation_the_logits_of_its_own_pass(models):
@@ -142,7 +122,7 @@ def test_batched_answers_are_the_answers_made_one_at_a_time(models, tiny_gears_4
     engine.step()
     engine.step()  # the others join mid-way, at a step boundary
     got += [_add(engine, session, p) for p in PROMPTS[2:]]
-    _run(engine)
+    run_batch(engine)
     tiers: dict[str, int] = {}
     for want, collected in zip(alone, got, strict=True):
         summary = collected.summary
@@ -167,7 +147,7 @@ def test_a_cancelled_answer_leaves_and_the_others_go_on(models):
         engine.step()
     engine.cancel(0)
     assert left.summary is not None and left.summary.finish_reason == "interrupted"
-    _run(engine)
+    run_batch(engine)
     want = _alone(_ladder(models, twin=True), RouterConfig(up=(-INF,)), PROMPTS[1])
     assert stays.summary is not None and [e.id for e in stays.summary.tokens] == [e.id for e in want.tokens]
     engine.cancel(0)  # already gone: nothing happens
@@ -182,7 +162,7 @@ def test_stop_strings_log_probabilities_and_a_kept_conversation(models):
     engine = BatchedLoops(session, max_batch=2, prompt_caches=caches)
     stopped = _add(engine, session, PROMPTS[1], max_tokens=30, stop=(stop,))
     logged = _add(engine, session, PROMPTS[0], max_tokens=30, top_logprobs=2)
-    _run(engine)
+    run_batch(engine)
     assert stopped.summary is not None and stopped.summary.finish_reason == "stop"
     assert stopped.summary.text == want.text[: want.text.find(stop)]
     assert logged.summary is not None
@@ -193,9 +173,9 @@ def test_stop_strings_log_probabilities_and_a_kept_conversation(models):
         {"role": "assistant", "content": logged.summary.text},
         {"role": "user", "content": "More"},
     ]
-    again = _Collector()
+    again = Collector()
     engine.add(session.prepare_conversation(turn), again)
-    _run(engine)
+    run_batch(engine)
     assert again.summary is not None
     assert 0 < again.summary.prefilled_tokens < again.summary.prompt_tokens
     alone = _session(_ladder(models, twin=False), config, max_tokens=30)
@@ -214,11 +194,11 @@ def test_the_planner_learns_no_seconds_from_a_shared_pass(models):
     # every pass packed with the other's, so no pass was one answer's and nothing is learned.
     _add(engine, session, PROMPTS[0])
     _add(engine, session, PROMPTS[0])
-    _run(engine)
+    run_batch(engine)
     assert not ladder.draft_memory.check.known and not ladder.draft_memory.draft.known
     # One answer alone has its passes to itself: the planner learns from them as it always does.
     _add(engine, session, PROMPTS[0])
-    _run(engine)
+    run_batch(engine)
     assert ladder.draft_memory.check.known
 
 
