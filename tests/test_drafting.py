@@ -335,3 +335,14 @@ def test_lookup_drafts_stop_where_their_rounds_measured_slower_than_the_top_tier
     for _ in range(20):  # offered, checked, and cut at once: a 13-row check for one token
         planner.record_round("lookup", 12, 0, seconds=4.2)
     assert planner.plan(room=100, lookup_available=12).source != "lookup"
+
+
+def test_answers_that_share_a_memory_each_start_drafts_after_their_own_top_tier_token():
+    # A server's batch decodes answers side by side on one ladder's memory: one answer's sure
+    # token must not start another's model draft.
+    sure = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    unsure = DraftPlanner(32, memory=sure.memory)
+    sure.observe_top(SURE)
+    unsure.observe_top(UNSURE)
+    assert sure.plan(room=100).source == "model"
+    assert unsure.plan(room=100).length == 0

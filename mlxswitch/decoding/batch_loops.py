@@ -75,6 +75,7 @@ class BatchedLoops:
             raise ValueError("only a ladder of two tiers or more, with no cloud or probe, is batched here")
         self.session, self.max_batch, self.prompt_caches = session, max_batch, prompt_caches
         self._stream = mx.new_stream(mx.default_device())
+        self._weights = session.ladder.weights()  # every model, for mlx-lm's wired_limit
         self._answers: dict[int, _Answer] = {}  # admitted, in order of admission
         self._waiting: deque[int] = deque()
         self._next_uid = 0
@@ -121,7 +122,7 @@ class BatchedLoops:
 
     def step(self) -> None:
         """One step: every answer's pending pass (packed per model), then each answer moves on."""
-        with wired_limit(self.session.ladder.weights(), [self._stream]), mx.stream(self._stream):
+        with wired_limit(self._weights, [self._stream]), mx.stream(self._stream):
             self._admit()
             together: dict[tuple[int, int | None], list[int]] = {}
             for uid, answer in self._answers.items():

@@ -238,9 +238,6 @@ class DraftMemory:
     rounds: RoundYield = field(default_factory=RoundYield)  # what the drafter's rounds made
     lookup_rounds: RoundYield = field(default_factory=RoundYield)  # what the lookup's rounds made
     lookup: Acceptance = field(default_factory=Acceptance)
-    # The top tier's entropy (bits) on its latest own token: a model draft starts after a sure one.
-    # Or the function that measures it, called only if a plan gets that far (observe_top).
-    top_entropy: float | Callable[[], float] = math.nan
 
 
 def expected_tokens(p: float, k: int) -> float:
@@ -278,6 +275,10 @@ class DraftPlanner:
         self.check, self.draft = self.memory.check, self.memory.draft
         self.lookup = self.memory.lookup
         self.binned = self.memory.binned
+        # The top tier's entropy (bits) on this answer's latest own token: a model draft starts
+        # after a sure one. Or the function that measures it, called only if a plan gets that far
+        # (observe_top). The answer's own, not the memory's: answers decoded together share that.
+        self.top_entropy: float | Callable[[], float] = math.nan
 
     def plan(self, room: int, lookup_available: int = 0, behind: int = 0) -> Plan:
         """The draft for a round with `room` tokens left (lookup_available: n-gram tokens on offer;
@@ -326,9 +327,9 @@ class DraftPlanner:
     def _top_was_sure(self) -> bool:
         # The top tier's latest own token was sure enough to start a model draft after (nan, none
         # yet: not sure); a measuring function is called here, once, and its value kept.
-        entropy = self.memory.top_entropy
+        entropy = self.top_entropy
         if callable(entropy):
-            entropy = self.memory.top_entropy = entropy()
+            entropy = self.top_entropy = entropy()
         return entropy <= START_MAX_ENTROPY
 
     def _repays_catch_up(self, reading_s: float, answer_room: int, projected_gain: float) -> bool:
@@ -431,4 +432,4 @@ class DraftPlanner:
         a function that measures it, called only if a plan needs it (on a CPU the read costs about
         a millisecond over a 152k-id vocabulary, and most rounds are decided without it)."""
         if callable(entropy) or math.isfinite(entropy):
-            self.memory.top_entropy = entropy
+            self.top_entropy = entropy
