@@ -215,3 +215,16 @@ def test_which_sessions_batch_and_with_which_engine(models, tiny_gears_4_8):
     assert not loops_batchable(controlled)
     with pytest.raises(ValueError):
         BatchedLoops(controlled, 2)
+
+
+def test_forks_share_the_split_checked_once_per_model(models, monkeypatch):
+    # The check runs the model: a batch's answers must not each pay it on their first pass.
+    from mlxswitch.decoding import tiers
+
+    checks: list[str] = []
+    real = tiers.split_model
+    monkeypatch.setattr(tiers, "split_model", lambda model, name: checks.append(name) or real(model, name))
+    ladder = _ladder(models, twin=False)
+    for _ in range(4):
+        assert all(group.checked_split() is not None for group in ladder.fork().groups)
+    assert len(checks) == 2  # once for each model of the pair

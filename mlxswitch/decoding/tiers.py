@@ -85,8 +85,9 @@ class CacheGroup:
 
     def fork(self) -> CacheGroup:
         """The same model with an empty cache of its own (another conversation at once); the
-        body/head split, once checked, is shared."""
-        return CacheGroup(self.model, self.name, self.prefill_gear, self.max_kv_size, _split=self._split)
+        body/head split is checked once, here, and shared (the check runs the model)."""
+        split = self.checked_split()
+        return CacheGroup(self.model, self.name, self.prefill_gear, self.max_kv_size, _split=split)
 
     def checked_split(self) -> SplitModel | None:
         """This model's body/head split, checked once on it (heads.py); None for other layouts."""
