@@ -1,5 +1,5 @@
 """Continuous batching of verified drafting (decoding/batch_loops.py) and the packed pass it runs
-on (decoding/packed.py, tiers.score_together): the same logits as each conversation's own pass,
+on (decoding/packed.py, CacheGroup.score_together): the same logits as each conversation's own pass,
 the same answers as one at a time, requests joining mid-way and leaving early, and the planner
 not taught by seconds that were not one answer's."""
 
@@ -17,7 +17,7 @@ from mlxswitch.decoding.batch_loops import BatchedLoops, batch_engine, loops_bat
 from mlxswitch.decoding.drafting import DraftMemory
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
-from mlxswitch.decoding.tiers import Ladder, gear_ladder, pair_ladder, score_together, single_model_ladder
+from mlxswitch.decoding.tiers import CacheGroup, Ladder, gear_ladder, pair_ladder, single_model_ladder
 from mlxswitch.models.sources import load_model
 from mlxswitch.routing.policies import make_policy
 from mlxswitch.routing.router import RouterConfig
@@ -81,14 +81,14 @@ def test_a_packed_pass_gives_each_conversation_the_logits_of_its_own_pass(models
         group = ladder.fork().groups[0]
         group.score(mx.array(history), 1, None, 512)
         packed.append(group)
-    together = score_together(
+    together = CacheGroup.score_together(
         [(g, mx.array(ids), n) for g, ids, n in zip(packed, new, rows, strict=True)], None, 512
     )
     for want, got in zip(alone, together, strict=True):
         assert got.shape == want.shape
         assert mx.allclose(got, want, atol=1e-4).item()
     # Each cache now holds its own conversation, and the next packed step reads only that.
-    nxt = score_together([(g, mx.array([5]), 1) for g in packed], None, 512)
+    nxt = CacheGroup.score_together([(g, mx.array([5]), 1) for g in packed], None, 512)
     for history, ids, group, got in zip(histories, new, packed, nxt, strict=True):
         assert group.seen == len(history) + len(ids) + 1
         whole = ladder.fork().groups[0].score(mx.array(history + ids + [5]), 1, None, 512)

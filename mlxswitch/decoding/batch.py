@@ -21,12 +21,12 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import BatchGenerator
 
-from ..models.machine import process_peak_bytes
+from ..models.machine import peak_memory_gb
 from ..routing.signals import read_time_signals
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .loop import Step, token_and_top
 from .prompt_caches import PromptCaches
-from .session import ChatSession, PreparedAnswer
+from .session import ChatSession, GenerationSettings, PreparedAnswer
 
 Deliver = Callable[[TokenEvent | AnswerSummary], None]
 
@@ -54,6 +54,13 @@ class SeededSampler:
             return self.sampler(logprobs)
         finally:
             mx.random.seed(int.from_bytes(os.urandom(8), "little"))
+
+
+def batch_sampler(session: ChatSession, settings: GenerationSettings) -> Callable[[mx.array], mx.array]:
+    """A batched request's sampler: the session's for its settings, on a stream of its own where
+    it is seeded (SeededSampler)."""
+    sampler = session.sampler_for(settings)
+    return sampler if settings.seed is None else SeededSampler(sampler, settings.seed)
 
 
 @dataclass
@@ -106,19 +113,10 @@ class BatchedAnswers:
             if taken is not None:
                 caches, reused = taken
         settings = prepared.settings
-        sampler = self.session.sampler_for(settings)
-        if settings.seed is not None:
-            sampler = SeededSampler(sampler, settings.seed)
-        builder = AnswerBuilder(
-            prepared.prompt,
-            self.tokenizer,
-            settings.stop,
-            self.session.tier_names,
-            len(prompt_ids),
-            len(prompt_ids) - reused,
-            [self.tier.group.name],
-            {self.tier.name: self.tier.bytes_per_token},
-            "entropy",
+        sampler = batch_sampler(self.session, settings)
+        # The batch's steps carry each token's entropy, whatever signal the profile names.
+        builder = self.session.answer_builder(
+            prepared.prompt, prompt_ids, settings, len(prompt_ids) - reused, signal="entropy"
         )
         (uid,) = self.generator.insert(
             [prompt_ids[reused:]],
@@ -194,7 +192,7 @@ class BatchedAnswers:
         last, summary = answer.builder.finish(
             reason,
             answer.first_entropy,
-            max(mx.get_peak_memory(), process_peak_bytes()) / 1e9,
+            peak_memory_gb(),
             ended_by_eos,
         )
         if last is not None:

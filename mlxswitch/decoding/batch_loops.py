@@ -5,7 +5,7 @@ of the session's ladder), its own loop (the token loop's policy and router state
 drafting's planner, lookup index and samples) and AnswerBuilder; what drafting learns about the
 text and the machine is the ladder's, shared as it is between answers one at a time. A loop
 yields each pass it needs (`passes.Score`) instead of running it; a step runs every answer's
-pending pass, those on the same model and gear packed into one call (`tiers.score_together`: a
+pending pass, those on the same model and gear packed into one call (`CacheGroup.score_together`: a
 one-row step, a catch-up, a draft's check and a drafter's step side by side, each against its
 own cache), then moves each answer on to its next pass, handing its tokens' events to the
 callback it was added with. So in one step the 1.5B computes for every answer that routed there
@@ -26,15 +26,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import wired_limit
 
-from ..models.machine import process_peak_bytes
+from ..models.machine import peak_memory_gb
 from ..routing.registry import SIGNAL_BY_NAME
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
-from .batch import BatchedAnswers, SeededSampler, batchable
+from .batch import BatchedAnswers, batch_sampler, batchable
 from .loop import Rounds, TokenLoop
 from .passes import Score
 from .prompt_caches import PromptCaches
 from .session import ChatSession, PreparedAnswer
-from .tiers import Ladder, score_together
+from .tiers import CacheGroup, Ladder
 from .verify import VerifyLoop
 
 Deliver = Callable[[TokenEvent | AnswerSummary], None]
@@ -87,19 +87,9 @@ class BatchedLoops:
 
     def add(self, prepared: PreparedAnswer, deliver: Deliver) -> int:
         """Queue an answer; its events go to `deliver` as steps make them. Returns its handle."""
-        session = self.session
-        ladder = session.ladder
-        builder = AnswerBuilder(
-            prepared.prompt,
-            ladder.tokenizer,
-            prepared.settings.stop,
-            session.tier_names,
-            len(prepared.prompt_ids),
-            len(prepared.prompt_ids),  # until a kept conversation is taken (_admit)
-            [g.name for g in ladder.groups],
-            {t.name: t.bytes_per_token for t in ladder.tiers},
-            session.router_config.signal,
-        )
+        # All of the prompt prefilled, until a kept conversation is taken (_admit).
+        ids = prepared.prompt_ids
+        builder = self.session.answer_builder(prepared.prompt, ids, prepared.settings, len(ids))
         uid, self._next_uid = self._next_uid, self._next_uid + 1
         self._answers[uid] = _Answer(prepared, builder, deliver)
         self._waiting.append(uid)
@@ -132,7 +122,7 @@ class BatchedLoops:
             chunk = self.session.settings.prefill_step
             for (_, gear), uids in together.items():
                 passes = [self._answers[uid].pending for uid in uids]
-                results = score_together(
+                results = CacheGroup.score_together(
                     [(p.group, p.inputs, p.rows) for p in passes if p is not None], gear, chunk
                 )
                 for uid, logits in zip(uids, results, strict=True):
@@ -162,9 +152,7 @@ class BatchedLoops:
                         held = len(prepared.prompt_ids) - reused
                         answer.builder.prefilled = min(answer.builder.prefilled, held)
             settings = prepared.settings
-            sampler = self.session.sampler_for(settings)
-            if settings.seed is not None:
-                sampler = SeededSampler(sampler, settings.seed)
+            sampler = batch_sampler(self.session, settings)
             answer.ladder = ladder
             answer.loop = self.session.answer_loop(ladder, list(prepared.prompt_ids), settings, sampler)
             # A step runs each answer's next pass with the others': none is queued ahead of it.
@@ -202,15 +190,15 @@ class BatchedLoops:
         if answer.rounds is not None:
             answer.rounds.close()
         if answer.ladder is not None and loop is not None:
-            for group in answer.ladder.groups:  # no cache may claim ids the sequence does not have
-                group.rewind(len(loop.ids))
-            if self.prompt_caches is not None and reason != "interrupted":
-                for group in answer.ladder.groups:  # each holds the answer up to what it computed
-                    self.prompt_caches.keep(list(loop.ids[: group.seen]), group.cache, group.name)
+            kept = self.prompt_caches if reason != "interrupted" else None
+            for group in answer.ladder.groups:
+                group.rewind(len(loop.ids))  # no cache may claim ids the sequence does not have
+                if kept is not None:  # each holds the answer up to what it computed
+                    kept.keep(list(loop.ids[: group.seen]), group.cache, group.name)
         last, summary = answer.builder.finish(
             reason,
             None if loop is None else loop.initial_entropy,
-            max(mx.get_peak_memory(), process_peak_bytes()) / 1e9,
+            peak_memory_gb(),
             loop is not None and loop.ended_by_eos,
             None if loop is None else loop.initial_signal,
         )

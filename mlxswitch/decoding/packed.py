@@ -27,11 +27,13 @@ class PackedLayerCache:
     `caches`: each conversation's cache of this layer, in order; `sizes`: how many of the pass's
     rows each feeds (consecutive). Row r of the pass is sequence r of the batch."""
 
-    def __init__(self, caches: Sequence, sizes: Sequence[int], positions: mx.array, mask: mx.array):
+    def __init__(
+        self, caches: Sequence, sizes: Sequence[int], positions: mx.array, mask: mx.array, owner: mx.array
+    ):
         self.caches, self.sizes = list(caches), list(sizes)
         self.offset = positions  # (R,): each row's position in its own conversation
         self._mask = mask
-        self._owner = mx.array([i for i, n in enumerate(sizes) for _ in range(n)])
+        self._owner = owner  # (R,): each row's conversation
 
     def make_mask(self, *args, **kwargs) -> mx.array:
         """The (R, 1, 1, width) mask: a row sees its conversation's positions up to its own."""
@@ -66,9 +68,10 @@ def packed_caches(layer_caches: Sequence[Sequence], sizes: Sequence[int]) -> lis
     width = max(h + n for h, n in zip(held, sizes, strict=True))
     rows = mx.array(positions)
     mask = (mx.arange(width)[None, :] <= rows[:, None])[:, None, None, :]
+    owner = mx.array([i for i, n in enumerate(sizes) for _ in range(n)])  # the same for every layer
     layers = len(layer_caches[0])
     return [
-        PackedLayerCache([caches[layer] for caches in layer_caches], sizes, rows, mask)
+        PackedLayerCache([caches[layer] for caches in layer_caches], sizes, rows, mask, owner)
         for layer in range(layers)
     ]
 

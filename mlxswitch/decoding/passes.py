@@ -3,7 +3,7 @@
 The loops (loop.py, verify.py) do not call the model: they yield a `Score` for each pass they
 need and are sent its logits back. Alone, `run_alone` runs each at once, so an answer is the
 same code either way; in a server's batch (batch_loops.py) a step runs every answer's pending
-pass together, those on one model packed into one call (tiers.score_together).
+pass together, those on one model packed into one call (CacheGroup.score_together, tiers.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import PromptTooLongError, UsageError
-from ..models.machine import process_peak_bytes
+from ..models.machine import peak_memory_gb
 from ..routing.policies import Policy, make_policy
 from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
@@ -263,17 +263,7 @@ class ChatSession:
         if settings is not self.settings and settings.seed is not None:
             mx.random.seed(settings.seed)
         ladder, cloud = self.ladder, self.cloud
-        builder = AnswerBuilder(
-            prompt,
-            ladder.tokenizer,
-            settings.stop,
-            self.tier_names,
-            len(prompt_ids),
-            len(prompt_ids) - common + refed,
-            [g.name for g in ladder.groups],
-            {t.name: t.bytes_per_token for t in ladder.tiers},
-            self.router_config.signal,
-        )
+        builder = self.answer_builder(prompt, prompt_ids, settings, len(prompt_ids) - common + refed)
         span = None
         if cloud is not None:
             cloud.start_answer()
@@ -304,9 +294,7 @@ class ChatSession:
             last, self.last_summary = builder.finish(
                 reason,
                 loop.initial_entropy,
-                # MLX's own count misses NumPy copies (the CPU route's fp32 weights); the process's
-                # resident peak misses Metal buffers that are not mapped: the larger of the two.
-                max(mx.get_peak_memory(), process_peak_bytes()) / 1e9,
+                peak_memory_gb(),
                 loop.ended_by_eos,
                 loop.initial_signal,
             )
@@ -322,6 +310,29 @@ class ChatSession:
         if last is not None:
             yield last
         yield self.last_summary
+
+    def answer_builder(
+        self,
+        prompt: str,
+        prompt_ids: list[int],
+        settings: GenerationSettings,
+        prefilled: int,
+        signal: str | None = None,
+    ) -> AnswerBuilder:
+        """The builder of an answer to `prompt_ids` on this session's ladder (`prefilled`: the prompt
+        tokens its caches did not hold; `signal`: the routed signal's name, the router's if None)."""
+        ladder = self.ladder
+        return AnswerBuilder(
+            prompt,
+            ladder.tokenizer,
+            settings.stop,
+            self.tier_names,
+            len(prompt_ids),
+            prefilled,
+            [g.name for g in ladder.groups],
+            {t.name: t.bytes_per_token for t in ladder.tiers},
+            self.router_config.signal if signal is None else signal,
+        )
 
     def answer_loop(
         self,

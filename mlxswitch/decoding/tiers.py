@@ -33,7 +33,8 @@ PACKED_MAX_ROWS = 64
 class CacheGroup:
     """One model's KV cache and how many of the conversation's token ids it holds (`seen`).
 
-    The group owns its position: only `feed`, `rewind`, `restore` and `reset` move it. Gear tiers of one
+    The group owns its position: only `feed`, `score`, `score_together`, `rewind`, `restore` and
+    `reset` move it. Gear tiers of one
     model share a group; `prefill_gear` is the gear that writes lasting K/V for long inputs.
     """
 
@@ -82,6 +83,52 @@ class CacheGroup:
         if split is None:
             return self.model.model(inputs[None], cache=self.cache)[0, -rows:]
         return split.head(split.body(inputs[None], cache=self.cache)[:, -rows:, :])[0]
+
+    @staticmethod
+    def score_together(
+        passes: list[tuple[CacheGroup, mx.array, int]], gear: int | None, chunk: int
+    ) -> list[mx.array]:
+        """Several conversations' passes on one model, each `(group, inputs, rows)` as `score`
+        takes it (the groups hold different conversations of the same model): their lazy logits,
+        (rows, V) each, as each group's own `score` would give them. Each is first prefilled as
+        its own pass would be (a long input in chunks; at the prefill gear, all but the rows it
+        reads); the rest of those that fit run as one packed pass (packed.py), every row through
+        each linear layer in one product, and a long rest (a prompt) runs alone."""
+        out: list[mx.array | None] = [None] * len(passes)
+        packed: list[tuple[int, CacheGroup, mx.array, int]] = []
+        for i, (group, inputs, rows) in enumerate(passes):
+            if len(passes) > 1 and group.checked_split() is not None and can_pack(group.cache):
+                # What its own pass would prefill first is prefilled so here too.
+                inputs = group._prefill(inputs, rows, chunk, gear)
+                if inputs.size <= PACKED_MAX_ROWS:
+                    packed.append((i, group, inputs, rows))
+                    continue
+            out[i] = group.score(inputs, rows, gear, chunk)
+        if len(packed) == 1:  # nothing to pack it with
+            i, group, inputs, rows = packed[0]
+            out[i] = group.score(inputs, rows, gear, chunk)
+        elif packed:
+            sizes = [int(inputs.size) for _, _, inputs, _ in packed]
+            caches = packed_caches([group.cache for _, group, _, _ in packed], sizes)
+            ids = mx.concatenate([inputs.reshape(-1) for _, _, inputs, _ in packed])[:, None]
+            wanted: list[int] = []
+            start = 0
+            for (_, group, _, rows), n in zip(packed, sizes, strict=True):
+                group.seen += n
+                wanted += range(start + n - rows, start + n)
+                start += n
+            first = packed[0][1]
+            first._activate(gear)
+            split = first.checked_split()
+            assert split is not None
+            hidden = split.body(ids, cache=caches)[:, 0, :]  # (R, D): row r is sequence r
+            logits = split.head(hidden[mx.array(wanted)])
+            start = 0
+            for i, _, _, rows in packed:
+                out[i] = logits[start : start + rows]
+                start += rows
+        assert all(o is not None for o in out)
+        return cast(list[mx.array], out)
 
     def fork(self) -> CacheGroup:
         """The same model with an empty cache of its own (another conversation at once); the
@@ -163,63 +210,6 @@ def _rotating(cache: list, max_kv_size: int, name: str) -> list:
         raise UsageError(f"--max-kv-size cannot bound {name}'s cache ({kinds} layers); leave it out")
     # keep=4: mlx-lm's own choice, the first tokens stay (attention sinks).
     return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in cache]
-
-
-def packed_ready(group: CacheGroup) -> bool:
-    """Whether a group's pass can join a packed one: its model splits into body and head, and
-    its cache is mlx-lm's plain one."""
-    return group.checked_split() is not None and can_pack(group.cache)
-
-
-def score_together(
-    passes: list[tuple[CacheGroup, mx.array, int]], gear: int | None, chunk: int
-) -> list[mx.array]:
-    """Several conversations' passes on one model, each `(group, inputs, rows)` as
-    `CacheGroup.score` takes it (the groups hold different conversations of the same model):
-    their lazy logits, (rows, V) each, as each group's own `score` would give them. Each is first
-    prefilled as its own pass would be (a long input in chunks; at the prefill gear, all but the
-    rows it reads); the rest of those that fit run as one packed pass (packed.py), every row
-    through each linear layer in one product, and a long rest (a prompt) runs alone."""
-    out: list[mx.array | None] = [None] * len(passes)
-    packed = []
-    passes = list(passes)
-    for i, (group, inputs, rows) in enumerate(passes):
-        if len(passes) > 1 and packed_ready(group):
-            # What its own pass would prefill first (a long input; at the prefill gear, all but
-            # the rows read) is prefilled so here too: the rest may join the packed pass.
-            inputs = group._prefill(inputs, rows, chunk, gear)
-            passes[i] = (group, inputs, rows)
-        if len(passes) == 1 or inputs.size > PACKED_MAX_ROWS or not packed_ready(group):
-            out[i] = group.score(inputs, rows, gear, chunk)
-        else:
-            packed.append(i)
-    if len(packed) == 1:  # nothing to pack it with
-        group, inputs, rows = passes[packed[0]]
-        out[packed[0]] = group.score(inputs, rows, gear, chunk)
-    elif packed:
-        groups = [passes[i][0] for i in packed]
-        sizes = [int(passes[i][1].size) for i in packed]
-        caches = packed_caches([g.cache for g in groups], sizes)
-        ids = mx.concatenate([passes[i][1].reshape(-1) for i in packed])[:, None]
-        for g, n in zip(groups, sizes, strict=True):
-            g.seen += n
-        groups[0]._activate(gear)
-        split = groups[0].checked_split()
-        assert split is not None
-        hidden = split.body(ids, cache=caches)[:, 0, :]  # (R, D): row r is sequence r
-        wanted: list[int] = []
-        start = 0
-        for i, n in zip(packed, sizes, strict=True):
-            wanted += range(start + n - passes[i][2], start + n)
-            start += n
-        logits = split.head(hidden[mx.array(wanted)])
-        start = 0
-        for i in packed:
-            rows = passes[i][2]
-            out[i] = logits[start : start + rows]
-            start += rows
-    assert all(o is not None for o in out)
-    return cast(list[mx.array], out)
 
 
 @dataclass(eq=False)

@@ -39,6 +39,14 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def peak_memory_gb() -> float:
+    """An answer's reported peak: MLX's own count misses NumPy copies (the CPU route's fp32
+    weights), the process's resident peak misses Metal buffers that are not mapped: the larger."""
+    import mlx.core as mx
+
+    return max(mx.get_peak_memory(), process_peak_bytes()) / 1e9
+
+
 def process_peak_bytes() -> int:
     """The process's peak resident memory so far (NumPy copies, Python and MLX's buffers alike)."""
     import resource
