@@ -54,3 +54,17 @@ def process_peak_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS counts bytes, Linux KiB
+
+
+def release_thread_state() -> None:
+    """Run last on a thread that ran MLX, before it ends: drop its streams and compiled functions.
+
+    MLX keeps each thread's compiled functions in that thread's C++ storage, holding Python
+    objects; left to the thread's exit, their release needs the interpreter, and a thread
+    ending while the interpreter shuts down aborts the process (SIGABRT, "terminate called
+    without an active exception"). Cleared here, under the GIL, the exit has nothing to release.
+    """
+    import mlx.core as mx
+
+    mx.synchronize()
+    mx.clear_streams()

@@ -77,4 +77,4 @@ def run(
     try:
         server.run()
     finally:
-        worker.close()
+        worker.close(config.limits.shutdown_timeout_s)

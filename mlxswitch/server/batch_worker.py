@@ -71,11 +71,10 @@ class BatchWorker(SessionOwner):
         with self._wake:
             self._wake.notify()
 
-    def close(self) -> None:
-        """End every answer at the next step and wait for the thread to leave its loop (a step at
-        most): a process that exits while that thread is inside MLX aborts (SIGABRT)."""
+    def close(self, wait_s: float = 5.0) -> None:
+        """End every answer at the next step and let the thread go once it leaves its loop."""
         self.stop_generating()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._let_thread_go(wait_s)
 
     async def run(self, prepare: Prepare) -> BatchJob:
         """Admit, prepare (render and check the prompt) and queue an answer; RequestError for a

@@ -8,6 +8,7 @@ queue (asyncio.Lock wakes its waiters in order); a full queue is refused at once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Generator
@@ -17,6 +18,7 @@ from ..decoding.answer import AnswerSummary, TokenEvent
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
 from ..errors import RequestError
+from ..models.machine import release_thread_state
 
 Events = Generator[TokenEvent | AnswerSummary, None, None]
 Prepare = Callable[[ChatSession], PreparedAnswer]  # renders and checks a request's prompt
@@ -73,6 +75,15 @@ class SessionOwner:
     """What both workers share: the session, opened on the worker's own thread."""
 
     _session: ChatSession | None = None
+    _executor: ThreadPoolExecutor
+
+    def _let_thread_go(self, wait_s: float) -> None:
+        """After the last job, clear the thread's MLX state on it (release_thread_state), then let
+        it end; waits at most `wait_s` for what runs there now (an answer ends at its next step)."""
+        cleared = self._executor.submit(release_thread_state)
+        self._executor.shutdown(wait=False)
+        with contextlib.suppress(TimeoutError):  # a pass still running (a long prefill): exit beside it
+            cleared.result(timeout=wait_s)
 
     @property
     def ready(self) -> bool:
@@ -114,10 +125,10 @@ class Worker(SessionOwner):
         """Shutdown begins: the running generation ends at its next token, queued ones get 503."""
         self.closing.set()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 5.0) -> None:
         """End the running generation at its next token and let the thread go."""
         self.closing.set()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._let_thread_go(wait_s)
 
     @property
     def waiting(self) -> int:
