@@ -93,7 +93,10 @@ def one_client(base: str, model: str, tokens: int, out: list) -> None:
         "stream_options": {"include_usage": True},
     }
     started, first, count, usage = time.perf_counter(), None, 0, None
-    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=600) as response:
+    # No read deadline a server without batching can reach: a level ends only when every answer
+    # has, so no server is still decoding an abandoned request while the next one is timed.
+    timeout = httpx.Timeout(60, read=None)
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=timeout) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data:"):

@@ -1,8 +1,10 @@
 """Answers built from the loop's steps: streamed text, per-token events and the summary.
 
-An event is final when it is handed out: the newest one is held back until the next step
-arrives or the answer ends, because only then is its text complete (the detokenizer releases
-its last bytes, and a held-back stop-string prefix, at the end).
+An event is final when it is handed out. One whose text may still grow is held back until the
+next step arrives or the answer ends: a stop string's possible beginning is held back, and a
+detokenizer may hold bytes (an unfinished UTF-8 character, a lone space, a SentencePiece word)
+that only a later token or the end releases. The rest go out at once: the first token is not
+kept waiting for the second.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from itertools import pairwise
+
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 
 from ..json_numbers import json_float, rounded
 from .loop import Step
@@ -168,20 +172,29 @@ class TextAssembler:
     def __init__(self, tokenizer, stop: tuple[str, ...]):
         self.detokenizer = tokenizer.detokenizer
         self.detokenizer.reset()
+        # The byte-level BPE detokenizer writes out all it holds whenever a token adds text; the
+        # others (SentencePiece, naive) may hold text back after any token.
+        self.flushes_with_text = isinstance(self.detokenizer, BPEStreamingDetokenizer)
         self.stop = tuple(s for s in stop if s)
         self.emitted = 0
         self.text = ""
         self.stopped = False
+        self.settled = False  # after the latest token: nothing held back that the end would release
 
     def add(self, token: int) -> str:
         """Add a token; return the newly safe text (may be empty)."""
         self.detokenizer.add_token(token)
-        self.text += self.detokenizer.last_segment
+        segment = self.detokenizer.last_segment
+        self.text += segment
         for s in self.stop:
             at = self.text.find(s)
             if at >= 0:
                 self.text, self.stopped = self.text[:at], True
-        return self._release(final=self.stopped)
+        piece = self._release(final=self.stopped)
+        self.settled = self.stopped or (
+            self.flushes_with_text and bool(segment) and self.emitted == len(self.text)
+        )
+        return piece
 
     def finish(self) -> str:
         """Flush the detokenizer; return the remaining text."""
@@ -234,34 +247,37 @@ class AnswerBuilder:
         """Whether a stop string ended the text."""
         return self.text.stopped
 
-    def add(self, step: Step) -> TokenEvent | None:
-        """Take a step; return the previous token's event, now final (None for the first)."""
+    def add(self, step: Step) -> tuple[TokenEvent, ...]:
+        """Take a step; return the events now final: the held one, and this step's unless its
+        text may still grow (then it is held until the next step or the end)."""
         elapsed = time.perf_counter() - self.start
         for name, count in step.catch_up.items():
             self.catch_up[name] += count
         several = len(step.tried) > 1
         tried = tuple(self.tier_names[r] for r in step.tried) if several else ()
-        released, self._held = (
-            self._held,
-            TokenEvent(
-                len(self.events),
-                step.token,
-                self.text.add(step.token),
-                self.tier_names[step.rung],
-                step.rung,
-                step.entropy,
-                step.mean,
-                step.guard,
-                elapsed,
-                tried,
-                step.tried_signals if several else (),
-                step.signal if self.signal != "entropy" else None,
-                step.logprob,
-                step.top_logprobs,
-                step.source,
-            ),
+        event = TokenEvent(
+            len(self.events),
+            step.token,
+            self.text.add(step.token),
+            self.tier_names[step.rung],
+            step.rung,
+            step.entropy,
+            step.mean,
+            step.guard,
+            elapsed,
+            tried,
+            step.tried_signals if several else (),
+            step.signal if self.signal != "entropy" else None,
+            step.logprob,
+            step.top_logprobs,
+            step.source,
         )
-        self.events.append(self._held)
+        self.events.append(event)
+        released = () if self._held is None else (self._held,)
+        if self.text.settled:
+            self._held = None
+            return (*released, event)
+        self._held = event
         return released
 
     def finish(

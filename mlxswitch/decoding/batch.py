@@ -184,8 +184,7 @@ class BatchedAnswers:
         )
         # No router runs in a batch: no rolling mean (None), one tier tried.
         step = Step(response.token, 0, entropy, None, False, (0,), (entropy,), {}, logprob, top_logprobs)
-        event = answer.builder.add(step)
-        if event is not None:
+        for event in answer.builder.add(step):
             answer.deliver(event)
 
     def _finish(self, answer: _Answer, reason: str, ended_by_eos: bool) -> None:

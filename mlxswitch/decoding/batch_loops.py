@@ -170,8 +170,7 @@ class BatchedLoops:
         try:
             item = next(rounds) if logits is None else rounds.send(logits)
             while not isinstance(item, Score):
-                event = answer.builder.add(item)
-                if event is not None:
+                for event in answer.builder.add(item):
                     answer.deliver(event)
                 if answer.builder.stopped:
                     self._end(uid, "stop")

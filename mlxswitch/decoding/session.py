@@ -281,9 +281,7 @@ class ChatSession:
             # working set: hand it every model the ladder holds, not only the top one.
             with wired_limit(ladder.weights(), [self._stream]), mx.stream(self._stream):
                 for step in loop.steps(budget):
-                    event = builder.add(step)
-                    if event is not None:
-                        yield event
+                    yield from builder.add(step)
                     if builder.stopped:
                         break
             reason = "stop" if builder.stopped or loop.ended_by_eos else "length"
