@@ -192,16 +192,16 @@ def main() -> None:
             f"{statistics.median(x['tok_per_s'] for x in runs):>20.2f} "
             f"{statistics.median(x['tokens'] for x in runs):>7.0f}"
         )
-    top = max(levels)
-    if 1 in levels and top > 1:
-        print(f"\n{top} clients against 1, per server (medians): first byte ×, tokens/s together ×")
+    if 1 in levels and max(levels) > 1:
+        print("\nagainst 1 client, per server (medians): first byte ×, tokens/s together ×")
         for name in models:
-            one, many = rows[(name, 1)], rows[(name, top)]
-            ttfb = statistics.median(x["ttfb_s"] for x in many) / statistics.median(x["ttfb_s"] for x in one)
-            rate = statistics.median(x["tok_per_s"] for x in many) / statistics.median(
-                x["tok_per_s"] for x in one
-            )
-            print(f"{name:<28} first byte {ttfb:5.2f}×   tokens/s {rate:5.2f}×")
+            one_ttfb = statistics.median(x["ttfb_s"] for x in rows[(name, 1)])
+            one_rate = statistics.median(x["tok_per_s"] for x in rows[(name, 1)])
+            for clients in (c for c in levels if c > 1):
+                many = rows[(name, clients)]
+                ttfb = statistics.median(x["ttfb_s"] for x in many) / one_ttfb
+                rate = statistics.median(x["tok_per_s"] for x in many) / one_rate
+                print(f"{name:<28} {clients:>2} clients: first byte {ttfb:5.2f}×   tokens/s {rate:5.2f}×")
 
 
 if __name__ == "__main__":
