@@ -66,5 +66,7 @@ def release_thread_state() -> None:
     """
     import mlx.core as mx
 
-    mx.synchronize()
-    mx.clear_streams()
+    try:
+        mx.synchronize()  # nothing may still run on the streams dropped below
+    finally:
+        mx.clear_streams()
