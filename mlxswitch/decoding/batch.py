@@ -141,8 +141,8 @@ class BatchedAnswers:
             self.cancel(uid)
 
     def close(self) -> None:
-        """Wait for the work queued on the batch's stream (a process that exits while an MLX stream
-        still runs aborts) and give back the memory limit mlx-lm's batch set."""
+        """Wait for the work queued on the batch's stream (the worker thread drops its streams
+        next: models.machine.release_thread_state) and give back the memory limit mlx-lm's batch set."""
         self.generator.close()
         mx.synchronize(self.generator.stream)
 

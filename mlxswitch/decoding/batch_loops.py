@@ -106,8 +106,8 @@ class BatchedLoops:
             self.cancel(uid)
 
     def close(self) -> None:
-        """Wait for the work queued on the batch's stream (a process that exits while an MLX stream
-        still runs aborts)."""
+        """Wait for the work queued on the batch's stream (the worker thread drops its streams
+        next: models.machine.release_thread_state)."""
         mx.synchronize(self._stream)
 
     def step(self) -> None:

@@ -121,7 +121,7 @@ class BatchWorker(SessionOwner):
                     engine.cancel(job.uid)
             if self.closing.is_set():
                 engine.cancel_all()
-                engine.close()  # nothing may be left running on its stream when the process exits
+                engine.close()  # its stream idle before the thread drops its streams (release_thread_state)
                 return
             self._decoding = engine.active
             try:
