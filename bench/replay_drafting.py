@@ -15,8 +15,10 @@ time against the top tier alone's (its prefill, then one-row passes). It is a mo
 not a measurement: no timing noise, no Python between passes; compare its decisions with a real
 run's (bench/bench_everyday.py --report) before trusting a rule it prefers.
 
-Answers: the large arm's in bench/results/everyday-pair.jsonl (35 everyday prompts, 64 tokens)
-and the 1.5B alone's in bench/results/humaneval-pair-v6.jsonl (20 held-out HumanEval problems).
+Answers: by default the large arm's in bench/results/everyday-pair.jsonl (35 everyday prompts,
+64 tokens) and the 1.5B alone's in bench/results/humaneval-pair-v6.jsonl (20 held-out HumanEval
+problems); --everyday PROMPTS RECORDS traces another set's large arm (its suite is the prompt
+file's name), and several --traces files replay together, priced by the first one's costs.
 After a drafted token the check cuts, the drafter's later tokens are off the answer: their
 signals are taken from the teacher-forced pass at the same position (they only decide how long
 the already-failed draft runs).
@@ -41,30 +43,35 @@ PROFILE = "qwen2.5-coder-0.5b-1.5b"
 TIMED_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24, 28, 33, 48, 64, 96, 128, 192, 256)
 
 
-def _answers() -> list[dict]:
-    """(id, category, prompt text, answer ids, ended, budget) of every recorded top-tier answer."""
+def _answers(everyday: list[tuple[str, str]], humaneval: bool) -> list[dict]:
+    """(id, suite, category, prompt text, answer ids, ended, budget) of every recorded top-tier
+    answer: the large arm's of each (prompts, records) pair, and the 1.5B alone's on HumanEval."""
     from mlxswitch.bench.humaneval.problems import instruction, load_problems
 
-    texts = {}
-    for line in EVERYDAY_PROMPTS.read_text().splitlines():
-        if line.strip():
-            p = json.loads(line)
-            texts[p["id"]] = p["prompt"]
     out = []
-    for line in EVERYDAY_RECORDS.read_text().splitlines():
-        r = json.loads(line)
-        if r["arm"] == "large":
-            ended = r["stats"]["generated"] < 64
-            out.append(
-                dict(
-                    id=r["prompt"],
-                    category=r["category"],
-                    prompt=texts[r["prompt"]],
-                    ids=r["ids"],
-                    ended=ended,
-                    budget=64,
+    for prompts_path, records_path in everyday:
+        texts = {}
+        for line in Path(prompts_path).read_text().splitlines():
+            if line.strip():
+                p = json.loads(line)
+                texts[p["id"]] = p["prompt"]
+        for line in Path(records_path).read_text().splitlines():
+            r = json.loads(line)
+            if r["arm"] == "large":
+                ended = r["stats"]["generated"] < 64
+                out.append(
+                    dict(
+                        id=r["prompt"],
+                        suite=Path(prompts_path).stem,
+                        category=r["category"],
+                        prompt=texts[r["prompt"]],
+                        ids=r["ids"],
+                        ended=ended,
+                        budget=64,
+                    )
                 )
-            )
+    if not humaneval:
+        return out
     problems = {p.task_id: p for p in load_problems()}
     for line in HUMANEVAL_RECORDS.read_text().splitlines():
         r = json.loads(line)
@@ -75,6 +82,7 @@ def _answers() -> list[dict]:
             out.append(
                 dict(
                     id=r["task_id"],
+                    suite="humaneval",
                     category="humaneval",
                     prompt=instruction(problems[r["task_id"]]),
                     ids=ids,
@@ -85,7 +93,7 @@ def _answers() -> list[dict]:
     return out
 
 
-def collect(path: Path) -> None:
+def collect(path: Path, everyday: list[tuple[str, str]], humaneval: bool) -> None:
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
@@ -100,12 +108,13 @@ def collect(path: Path) -> None:
     session = ChatSession(ladder, RouterConfig(up=(float("inf"),)), GenerationSettings(max_tokens=1))
     eos = sorted(ladder.tokenizer.eos_token_ids)
     traces = []
-    answers = _answers()
+    answers = _answers(everyday, humaneval)
     for i, a in enumerate(answers):
         prompt_ids = session.render([{"role": "user", "content": a["prompt"]}])
         answer = a["ids"] + ([eos[0]] if a["ended"] else [])
         entry = dict(
             id=a["id"],
+            suite=a["suite"],
             category=a["category"],
             prompt_ids=prompt_ids,
             prompt_tokens=len(prompt_ids),
@@ -208,7 +217,7 @@ def replay(
         seq.extend(answer[len(seq) - p0 : n])
         if n:
             offered = index.draft(seq, min(budget - n, planner.max_draft)) if lookup else []
-            plan = planner.plan(budget - n, len(offered), length - bottom_seen)
+            plan = planner.plan(budget - n, len(offered), length - bottom_seen, index.found_at >= p0)
         else:
             offered, plan = [], Plan(0, "none", math.nan)
         seconds, prompt_read = 0.0, 0.0
@@ -284,11 +293,15 @@ def simulate(args: argparse.Namespace) -> None:
     from mlxswitch.decoding.drafting import DraftMemory, DraftPlanner, PassCosts
     from mlxswitch.decoding.verify import MAX_DRAFT
 
-    data = json.loads(Path(args.traces).read_text())
+    data = json.loads(Path(args.traces[0]).read_text())
+    for extra in args.traces[1:]:  # more answers, traced by the same run's models; the first's costs
+        data["traces"] += json.loads(Path(extra).read_text())["traces"]
     small, large = Costs(data["costs"]["small"]), Costs(data["costs"]["large"])
     print(f"pass costs (s): large 1 row {large(1):.3f}, 8 rows {large(8):.3f}; small 1 row {small(1):.3f}")
-    for suite in ("everyday", "humaneval"):
-        traces = [t for t in data["traces"] if (t["category"] == "humaneval") == (suite == "humaneval")]
+    for t in data["traces"]:  # traces from before suites were named: everyday.jsonl's or HumanEval's
+        t.setdefault("suite", "humaneval" if t["category"] == "humaneval" else "everyday")
+    for suite in dict.fromkeys(t["suite"] for t in data["traces"]):
+        traces = [t for t in data["traces"] if t["suite"] == suite]
         # One ladder's memory across the suite's answers, as the benches keep it; warm: with the
         # pass costs an earlier run kept (draft_store), as a chat on a machine used before starts.
         memory = DraftMemory()
@@ -345,8 +358,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--traces", required=True)
+    parser.add_argument(
+        "--traces", required=True, action="append", help="trace file (again: more answers, the first's costs)"
+    )
     parser.add_argument("--collect", action="store_true", help="load the pair and trace the recorded answers")
+    parser.add_argument(
+        "--everyday",
+        nargs=2,
+        action="append",
+        metavar=("PROMPTS", "RECORDS"),
+        help="with --collect: an everyday prompt set and a bench_everyday record of its large arm "
+        "(again for more; default: everyday.jsonl and everyday-pair.jsonl)",
+    )
+    parser.add_argument("--no-humaneval", action="store_true", help="with --collect: leave HumanEval out")
     parser.add_argument("--fixed", action="store_true", help="replay the fixed rule, not the planner")
     parser.add_argument(
         "--no-lookup", action="store_true", help="model drafts only (a profile with lookup off)"
@@ -356,7 +380,8 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.collect:
-        collect(Path(args.traces))
+        everyday = args.everyday or [(str(EVERYDAY_PROMPTS), str(EVERYDAY_RECORDS))]
+        collect(Path(args.traces[0]), everyday, not args.no_humaneval)
     else:
         simulate(args)
 

@@ -9,6 +9,7 @@ import pytest
 
 from mlxswitch.decoding.drafting import (
     BIN_PRIORS,
+    LOOKUP_FIRST,
     Acceptance,
     BinnedAcceptance,
     DraftMemory,
@@ -244,6 +245,50 @@ def test_free_lookup_drafts_win_where_the_drafter_does_not_pay():
     plan = planner.plan(room=100, lookup_available=12)
     assert plan.source == "lookup" and plan.length >= 8
     assert planner.plan(room=100, lookup_available=0).source != "lookup"
+
+
+def _lookup_planner() -> DraftPlanner:
+    # Lookup drafts that have paid and are kept: the kept share alone would take every offer whole.
+    planner = _planner(CPU_CHECK, draft_s=CPU_DRAFT)
+    for _ in range(6):
+        planner.record_round("lookup", 12, 12, seconds=2.0)
+    planner.lookup_bound = LOOKUP_FIRST  # a new answer's
+    return planner
+
+
+def test_a_copy_starts_short_and_doubles_while_its_drafts_are_kept_whole():
+    planner = _lookup_planner()
+    assert planner.plan(room=100, lookup_available=30).length == LOOKUP_FIRST
+    planner.record_round("lookup", LOOKUP_FIRST, LOOKUP_FIRST, seconds=1.0)
+    assert planner.plan(room=100, lookup_available=30).length == 2 * LOOKUP_FIRST
+    planner.record_round("lookup", 2 * LOOKUP_FIRST, 2 * LOOKUP_FIRST, seconds=1.0)
+    assert planner.plan(room=100, lookup_available=30).length == min(30, 4 * LOOKUP_FIRST)
+    # A cut draft: the copy has left the text, and the next starts short again.
+    planner.record_round("lookup", 28, 3, seconds=1.0)
+    assert planner.plan(room=100, lookup_available=30).length == LOOKUP_FIRST
+    # The bound is the answer's own: another answer on the same memory starts short.
+    planner.record_round("lookup", LOOKUP_FIRST, LOOKUP_FIRST, seconds=1.0)
+    other = DraftPlanner(32, memory=planner.memory)
+    assert other.plan(room=100, lookup_available=30).length == LOOKUP_FIRST
+
+
+def test_a_new_copy_of_the_answers_own_text_is_not_drafted_but_a_kept_copy_goes_on():
+    planner = _lookup_planner()
+    assert planner.plan(room=100, lookup_available=30, lookup_in_answer=True).source != "lookup"
+    assert planner.plan(room=100, lookup_available=30, lookup_in_answer=False).source == "lookup"
+    planner.record_round("lookup", LOOKUP_FIRST, LOOKUP_FIRST, seconds=1.0)
+    plan = planner.plan(room=100, lookup_available=30, lookup_in_answer=True)
+    assert plan.source == "lookup" and plan.length == 2 * LOOKUP_FIRST
+    planner.record_round("lookup", 2 * LOOKUP_FIRST, 0, seconds=1.0)
+    assert planner.plan(room=100, lookup_available=30, lookup_in_answer=True).source != "lookup"
+
+
+def test_the_lookup_index_says_where_its_draft_was_found():
+    index = LookupIndex(ngram=3, min_ngram=2)
+    ids = [1, 2, 3, 4, 9, 1, 2, 3]
+    assert index.draft(ids, 2) == [4, 9] and index.found_at == 3
+    ids += [7]
+    assert index.draft(ids, 2) == [] and index.found_at == -1
 
 
 def test_the_fixed_rule_drafts_up_to_the_longest_draft():

@@ -216,6 +216,8 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
         return original(self, budget)
 
     class OracleIndex:
+        found_at = -1  # offered as if copied from the prompt: the planner takes it as such
+
         def draft(self, ids, max_tokens):
             return oracle(ids, 0, max_tokens)
 

@@ -22,7 +22,8 @@ A round goes (DraftPlanner):
   rest of the answer, at the gain drafting has measured, can repay what the drafter must read
   first and one round that comes to nothing;
   else the top tier decodes alone (or checks a free prompt-lookup draft, lookup.py: n-gram tokens that
-  followed an earlier occurrence of the answer's tail, with their own kept share);
+  followed an earlier occurrence of the answer's tail, with their own kept share; a new copy is
+  drafted only from the prompt, and short until a draft of it is kept whole: LOOKUP_FIRST);
 - keep_drafting: after each drafted token, drafting goes on while some longer draft, its next
   tokens as sure as the last one, promises a better rate for the round than stopping there;
 - settle: the check takes the prefix with the best rate, the drafting seconds already spent
@@ -72,6 +73,12 @@ START_MAX_ENTROPY = 0.5  # a model draft starts only after a top-tier token this
 # The measured gain of the drafter's rounds starts at a prior worth a couple of tokens, decays by
 # ROUND_DECAY a drafted round (about the last ten decide); below 1, no model draft is started.
 PRIOR_ROUND_TOKENS, PRIOR_ROUND_GAIN, ROUND_DECAY = 4.0, 1.2, 0.9
+# A lookup draft is at most LOOKUP_FIRST tokens until one is kept whole in this answer; each one
+# kept whole doubles the next's bound, a cut one resets it. The kept share prices a copy's tokens
+# as if each were as likely as the last, but a copy's first tokens are where it fails, and a long
+# check costs several one-row passes on a CPU: a 25-token draft that kept 1 cost 1.3 s
+# (everyday-heldout2-pair-v12). 7 tokens: an 8-row check, which costs a CPU what a 4-row one does.
+LOOKUP_FIRST = 7
 # Per round without that kind of draft, the measured gain moves back toward the prior: slowly,
 # since trying again is what a loss costs (a CPU's multi-row check for a token or two): from a
 # gain of 0.75 about 85 rounds pass before the next try, from 0.95 about 20.
@@ -279,10 +286,16 @@ class DraftPlanner:
         # after a sure one. Or the function that measures it, called only if a plan gets that far
         # (observe_top). The answer's own, not the memory's: answers decoded together share that.
         self.top_entropy: float | Callable[[], float] = math.nan
+        # The longest lookup draft this answer may check next (LOOKUP_FIRST, doubled by each kept
+        # whole): the answer's own, as its copy runs are.
+        self.lookup_bound = LOOKUP_FIRST
 
-    def plan(self, room: int, lookup_available: int = 0, behind: int = 0) -> Plan:
+    def plan(
+        self, room: int, lookup_available: int = 0, behind: int = 0, lookup_in_answer: bool = False
+    ) -> Plan:
         """The draft for a round with `room` tokens left (lookup_available: n-gram tokens on offer;
-        behind: ids the drafter must read before it drafts)."""
+        behind: ids the drafter must read before it drafts; lookup_in_answer: the offer copies
+        the answer itself, not the prompt)."""
         answer_room = room
         room = min(room, self.max_draft)
         if room <= 0:
@@ -298,7 +311,11 @@ class DraftPlanner:
         best = Plan(0, "none", alone.tokens_per_s * MIN_GAIN)
         p_lookup = self.lookup.p
         # Lookup drafts too are offered only while their rounds, measured, beat the top tier alone.
-        offered = lookup_available if self.memory.lookup_rounds.gain > 1.0 else 0
+        offered = min(lookup_available, self.lookup_bound) if self.memory.lookup_rounds.gain > 1.0 else 0
+        if lookup_in_answer and self.lookup_bound <= LOOKUP_FIRST:
+            # A new copy of the answer's own text: kept too seldom to pay (lookup.py). One goes on
+            # only from a copy whose last draft was kept whole.
+            offered = 0
         for k in range(1, min(room, offered) + 1):
             rate = self._rate(k, p_lookup, 0.0)
             if rate > best.tokens_per_s:
@@ -420,6 +437,7 @@ class DraftPlanner:
                 rounds.record(kept + 1, seconds / top_s)
         if source == "lookup" and drafted > 0:
             memory.lookup.record(drafted, kept)
+            self.lookup_bound = 2 * self.lookup_bound if kept == drafted else LOOKUP_FIRST
         else:
             memory.lookup.idle()
         if source == "model" and drafted > 0 and entropies:

@@ -275,7 +275,8 @@ class VerifyLoop:
         """This round's draft plan, and the prompt lookup's offer it was chosen against."""
         offered = self._lookup.draft(self.ids, min(room, self.planner.max_draft)) if self.lookup else []
         behind = len(self.ids) - self.ladder.tiers[0].group.seen
-        return self.planner.plan(room, len(offered), behind), offered
+        in_answer = self._lookup.found_at >= self.prompt_tokens
+        return self.planner.plan(room, len(offered), behind, in_answer), offered
 
     def _timed(self, model: str, rows: int, prefill: bool, check: bool = False, teach: bool = True) -> None:
         """Book the seconds since the last sync to one pass of `model` (and, where `teach`, teach
