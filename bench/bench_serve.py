@@ -55,10 +55,12 @@ def save_mlx_dir(spec: str, out: Path) -> Path:
     return out
 
 
-def start(name: str, command: list[str], port: int, logs: Path) -> tuple[str, subprocess.Popen, str]:
+def start(
+    name: str, command: list[str], port: int, logs: Path, env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen, str]:
     """Start one server and wait (bounded) until it answers."""
     with open(logs / f"{name}.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
         if proc.poll() is not None:
@@ -143,6 +145,11 @@ def main() -> None:
         action="store_true",
         help="the Qwen pair: mlx_lm.server with --draft-model against --profiles (default: the pair's)",
     )
+    parser.add_argument(
+        "--baseline",
+        help="a checkout of another commit (git worktree add): its `mlxswitch serve` of each profile "
+        "runs in the same rounds, named mlxswitch@<its commit>, for a before-and-after on this machine",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
     if args.pair and args.profiles == parser.get_default("profiles"):
@@ -159,14 +166,21 @@ def main() -> None:
         env_home = tmp / "home"
         env_home.mkdir()
         os.environ["MLXSWITCH_HOME"] = str(env_home)
-        ports = [free_port() for _ in range(1 + len(profiles))]
+        variants: list[tuple[str, dict[str, str] | None]] = [("mlxswitch", None)]
+        if args.baseline:
+            rev = subprocess.run(
+                ["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
+            variants.append((f"mlxswitch@{rev}", {**os.environ, "PYTHONPATH": str(Path(args.baseline))}))
+        ports = [free_port() for _ in range(1 + len(profiles) * len(variants))]
         mlx_lm = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(ports[0])]
         servers = [start("mlx_lm.server", [*mlx_lm, *extra, "--log-level", "WARNING"], ports[0], tmp)]
         models = {"mlx_lm.server": str(model_dir)}
-        for profile, port in zip(profiles, ports[1:], strict=True):
-            name = f"mlxswitch {profile}"
+        runs = [(label, env, profile) for profile in profiles for label, env in variants]
+        for (label, env, profile), port in zip(runs, ports[1:], strict=True):
+            name = f"{label} {profile}"
             command = [sys.executable, "-m", "mlxswitch", "serve", "--profile", profile, "--port", str(port)]
-            servers.append(start(name, [*command, "--log-level", "warning"], port, tmp))
+            servers.append(start(name, [*command, "--log-level", "warning"], port, tmp, env))
             models[name] = profile
         try:
             for name, _, base in servers:  # warm-up: the first request pays one-time costs

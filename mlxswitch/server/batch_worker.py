@@ -7,11 +7,6 @@ batch while any answer is active; it sleeps when none is. A request's prompt is 
 checked on the event loop's thread pool first (the tokenizer, no MLX), so a refusal is a 4xx
 before anything is queued. Up to `max_batch` answers decode together; `queue_size` more may
 wait for a row; beyond that a request is refused at once (429).
-
-Requests that arrive together are prefilled together: when the batch is idle and a request
-joins, the worker waits (at most JOIN_WAIT_S) for the requests already admitted and still being
-rendered, so that one prefill takes them all rather than the first alone and the rest a step
-later (a step of mlx-lm's batch is a prefill of the first's prompt, then of the others').
 """
 
 from __future__ import annotations
@@ -27,8 +22,6 @@ from ..decoding.batch_loops import BatchedLoops, batch_engine
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
 from .worker import DONE, Prepare, QueuedJob, SessionOwner, refuse_if_closing, refuse_when_full
-
-JOIN_WAIT_S = 0.05  # the longest an idle batch waits for requests being rendered to join it
 
 
 class BatchWorker(SessionOwner):
@@ -47,7 +40,6 @@ class BatchWorker(SessionOwner):
         self._joining: list[tuple[PreparedAnswer, BatchJob]] = []
         self._leaving: list[BatchJob] = []
         self._admitted = 0  # answers begun and not finished, waiting ones included
-        self._preparing = 0  # admitted requests whose prompts are being rendered and checked
         self._decoding = 0  # answers in the engine (read by /health)
         self._jobs: dict[int, BatchJob] = {}  # the engine's answers by handle (worker thread only)
 
@@ -91,19 +83,13 @@ class BatchWorker(SessionOwner):
         refuse_when_full(self._admitted, self.max_batch + self.queue_size, self.queue_size)
         self._admitted += 1
         job = BatchJob(self)
-        with self._wake:
-            self._preparing += 1
         try:
             prepared = await asyncio.to_thread(prepare, self.session)
             refuse_if_closing(self.closing)
         except BaseException:
-            with self._wake:
-                self._preparing -= 1
-                self._wake.notify()
             job.release()
             raise
         with self._wake:
-            self._preparing -= 1
             self._joining.append((prepared, job))
             self._wake.notify()
         return job
@@ -121,8 +107,6 @@ class BatchWorker(SessionOwner):
             with self._wake:
                 while not (self._joining or self._leaving or engine.active or self.closing.is_set()):
                     self._wake.wait()
-                if not engine.active:  # nobody decoding waits: let requests that came together join together
-                    self._wake.wait_for(lambda: not self._preparing or self.closing.is_set(), JOIN_WAIT_S)
                 joining, self._joining = self._joining, []
                 leaving, self._leaving = self._leaving, []
             for prepared, job in joining:
