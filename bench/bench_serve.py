@@ -1,7 +1,7 @@
 """`mlxswitch serve` against `mlx_lm.server` on the same model: time to first byte and tokens/s.
 
     uv run python bench/bench_serve.py [--tokens 32] [--rounds 2] [--clients 1,2,4,8]
-                                       [--profiles embedded-plain,embedded]
+                                       [--profiles embedded-plain,embedded] [--baseline DIR]
 
 The embedded SmolLM2 GGUF is loaded once and saved as an mlx-lm directory (same weights) for
 mlx_lm.server; mlxswitch serves it as each of --profiles (`embedded-plain`: one tier, the same
@@ -11,6 +11,8 @@ run at once on loopback; each round visits them in turn (the order rotates), and
 every --clients level streams the same chat prompt with greedy
 decoding at the same moment. Per level: median time to first byte (first SSE chunk), and the
 tokens/s the clients got together (all completion tokens / wall time from first request to last).
+With --baseline DIR (a `git worktree` of another commit), that checkout's `mlxswitch serve` runs
+each profile in the same rounds too: a before-and-after measured side by side.
 """
 
 from __future__ import annotations
