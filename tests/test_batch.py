@@ -3,14 +3,16 @@ time, requests joining mid-way and leaving early, stop strings, prompt caches re
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 from batch_helpers import Collector, run_batch
 
 from mlxswitch.decoding.answer import AnswerSummary
-from mlxswitch.decoding.batch import BatchedAnswers, batchable
+from mlxswitch.decoding.batch import BatchedAnswers, LastRowLogits, batchable
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import pair_ladder, single_model_ladder
+from mlxswitch.models.heads import SplitModel
 from mlxswitch.models.sources import load_model
 from mlxswitch.routing.router import RouterConfig
 
@@ -63,6 +65,27 @@ def test_batched_answers_are_the_answers_made_one_at_a_time(loaded):
         for mine, theirs in zip(summary.tokens, want.tokens, strict=True):
             assert mine.entropy == pytest.approx(theirs.entropy, abs=1e-3)
             assert mine.tier == theirs.tier
+
+
+def test_the_batch_computes_the_output_head_for_the_last_position_only(loaded):
+    """mlx-lm's batch reads only the last position's logits, so the head runs on it alone: the
+    same logits there as the whole model's, one row where the whole model gives every one."""
+    engine = BatchedAnswers(_session(loaded), max_batch=2)
+    assert isinstance(engine.generator.model, LastRowLogits)
+    split = engine.tier.group.checked_split()
+    assert split is not None
+    heads: list[tuple[int, ...]] = []
+
+    def head(hidden: mx.array) -> mx.array:
+        heads.append(tuple(hidden.shape))
+        return split.head(hidden)
+
+    model = LastRowLogits(loaded.model, SplitModel(split.body, head, split.hidden_size))
+    ids = mx.array([[1, 2, 3, 4, 5, 6]])
+    whole = loaded.model(ids)
+    got = model(ids)
+    assert got.shape == (1, 1, whole.shape[-1]) and heads == [(1, 1, split.hidden_size)]
+    assert mx.allclose(got[:, -1], whole[:, -1], rtol=1e-4, atol=1e-4).item()
 
 
 def test_a_cancelled_answer_leaves_and_the_others_go_on(loaded):

@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import BatchGenerator
 
+from ..models.heads import SplitModel
 from ..models.machine import peak_memory_gb
 from ..routing.signals import read_time_signals
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
@@ -63,6 +66,24 @@ def batch_sampler(session: ChatSession, settings: GenerationSettings) -> Callabl
     return sampler if settings.seed is None else SeededSampler(sampler, settings.seed)
 
 
+class LastRowLogits:
+    """The model as mlx-lm's batch calls it, its output head applied to the last position only.
+
+    The batch reads no other position (a prompt chunk's logits are dropped, a step reads
+    `[:, -1]`), and on the CPU's NumPy route a head that is built is computed: every prompt row
+    through SmolLM2's 49k-id head was a fifth of a prefill. Anything else is the model's own."""
+
+    def __init__(self, model, split: SplitModel):
+        self._model, self._split = model, split
+
+    def __call__(self, inputs: mx.array, cache=None) -> mx.array:
+        hidden = self._split.body(inputs, cache=cache)
+        return self._split.head(hidden[:, -1:, :])
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+
 @dataclass
 class _Answer:
     prepared: PreparedAnswer
@@ -88,8 +109,10 @@ class BatchedAnswers:
         self.tier = ladder.tiers[0]
         self.eos = set(self.tokenizer.eos_token_ids)
         settings = session.settings
+        split = self.tier.group.checked_split()  # None: a layout whose head we cannot apply alone
+        model = self.tier.model.model if split is None else LastRowLogits(self.tier.model.model, split)
         self.generator = BatchGenerator(
-            self.tier.model.model,
+            cast(nn.Module, model),  # the batch only calls it and reads its layers
             max_tokens=settings.max_tokens,
             stop_tokens=[[t] for t in sorted(self.eos)],
             completion_batch_size=max_batch,
