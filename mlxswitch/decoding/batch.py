@@ -71,8 +71,8 @@ class LastRowLogits:
 
     The batch reads no other position (a prompt chunk's logits are dropped, a step reads
     `[:, -1]`), and on the CPU's NumPy route a head that is built is computed: every prompt row
-    through SmolLM2's 49k-id head, a fifth of a row's FLOPs (prefill steps took ~12% longer: bench/results/
-    batch-steps-embedded.txt). Anything else is the model's own."""
+    went through SmolLM2's 49k-id head, a fifth of a row's FLOPs, and prefill steps took ~12%
+    longer (bench/results/batch-steps-embedded.txt). Anything else is the model's own."""
 
     def __init__(self, model, split: SplitModel):
         self._model, self._split = model, split
