@@ -89,8 +89,9 @@ class Arm:
 
 
 def forced_config(num_tiers: int, rung: int) -> RouterConfig:
-    """A router that keeps every token on one rung (-inf below it, inf above)."""
-    return RouterConfig(up=tuple(-INF if i < rung else INF for i in range(num_tiers - 1)))
+    """A router that keeps every token on one rung (-inf below it, inf above): that tier alone,
+    plain decoding (no prompt lookup)."""
+    return RouterConfig(up=tuple(-INF if i < rung else INF for i in range(num_tiers - 1)), lookup=False)
 
 
 def sweep_config(policy: str, tau: float, num_tiers: int) -> RouterConfig:

@@ -82,8 +82,10 @@ LookupOpt = Annotated[
     bool | None,
     typer.Option(
         "--lookup/--no-lookup",
-        help="With --verify --draft adaptive: drafts may also come free from the text itself (the "
-        "tokens that followed the answer's last words earlier in the prompt or answer).",
+        help="Drafts may also come free from the text itself (the tokens that followed the answer's "
+        "last words earlier in the prompt or answer), checked by the tier that makes the token: the "
+        "large tier with --verify, the tier the router chose otherwise. Answers are unchanged; only "
+        "the time is. Default: the profile's (on).",
     ),
 ]
 ThreadsOpt = Annotated[

@@ -52,6 +52,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+# Bounds a round's rows (a check is one batched pass) and how long a stream waits for a check.
+MAX_DRAFT = 32
 # Row counts whose check seconds are kept separately; above the last, linear in the rows.
 _SMOOTHING = 0.3  # weight of a new timing in a pass's moving average
 PRIOR_KEPT, PRIOR_REJECTED = 3.0, 1.0  # pseudo-counts: a draft token is kept with p = 0.75 at first
@@ -272,8 +274,12 @@ class DraftPlanner:
         adaptive: bool = True,
         memory: DraftMemory | None = None,
         with_lookup: bool = False,
+        model_drafts: bool = True,
     ):
         self.max_draft = max_draft
+        # False: lookup drafts only (a routed token loop's rung checks them with its own model;
+        # there is no drafter below it to draft with).
+        self.model_drafts = model_drafts
         self.adaptive = adaptive  # False: always draft up to max_draft (the fixed rule, for comparison)
         # Prompt lookup on: model drafts compete with free ones and fall behind while those are
         # kept, so a model draft pays its whole reading in the round it starts (see plan).
@@ -320,7 +326,7 @@ class DraftPlanner:
             rate = self._rate(k, p_lookup, 0.0)
             if rate > best.tokens_per_s:
                 best = Plan(k, "lookup", rate)
-        if best.source == "none" and self.memory.rounds.gain > 1.0:
+        if best.source == "none" and self.model_drafts and self.memory.rounds.gain > 1.0:
             # A draft of the drafter's surest tokens only: the best any model draft can do. Beside
             # lookup, what the drafter must read first (the ids it has not seen) is in this round's
             # price; without it, the prompt's read is repaid from the rest of the answer (below).

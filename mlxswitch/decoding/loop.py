@@ -16,6 +16,17 @@ next step is queued only where the policy's next rung is certain. All of this on
 stay lazy until read (`Route.lazy_passes`): on the CPU's NumPy route a step computes as it is
 built, so there the next one is built after this token is yielded.
 
+Prompt lookup (lookup.py), where it is on: a rung about to compute the next position may compute
+it together with an n-gram draft's positions, in one pass of len(draft) + 1 rows (the rung's
+`DraftPlanner` decides, from that rung's measured pass costs and kept share, as verified drafting
+does for the top tier). The rows are then walked through the policy one by one, as if each had
+been computed alone: a row stands while the token taken before it is the drafted one and the
+policy stays on that rung; at the first that does not, the rest are dropped and the rung's cache
+trimmed to the ids taken. Every token is still sampled from the rung the policy chose, given the
+same prefix, so the answer is the one decoding without lookup gives (up to the rounding of a
+batched pass): what lookup changes is the time. Not on gears sharing one cache (the draft would
+sit in the other gears' cache) nor for the probe (it reads one hidden state per position).
+
 A rung above the ladder's tiers is the cloud: `cloud_span(answer_ids, room)` returns the ids of
 a continuation (re-tokenized; maybe none), which are appended to the sequence as Steps without
 entropy; the next local token catches up on them in one batched feed, one rung below.
@@ -37,7 +48,9 @@ from ..routing.registry import SIGNAL_BY_NAME, uncertainty
 from ..routing.router import Decision
 from ..routing.signals import LazySignals, read_time_signals
 from ..routing.walk import Settled, Walk
+from .drafting import MAX_DRAFT, DraftPlanner
 from .ledger import PassLedger
+from .lookup import LookupIndex
 from .passes import Score, run_alone, score
 from .tiers import CacheGroup, Ladder
 
@@ -129,6 +142,18 @@ def token_and_top(logprobs: np.ndarray, token: int, top: int) -> tuple[float, tu
 Rounds = Generator[Step | Score, mx.array, None]  # a loop's steps and the passes it asks for
 
 
+@dataclass
+class _LookupRows:
+    """One rung's pass over the next position and a lookup draft's: the rows not yet walked."""
+
+    rung: int
+    draft: list[int]
+    rows: list[_Pending]  # row j: the position after the draft's first j ids (row 0 is walked first)
+    pass_rows: int  # ids the pass was fed
+    used: int = 0  # rows walked so far
+    seconds: float = 0.0  # the round's, its walked rows' laps summed
+
+
 class _LivePosition:
     """One position computed on the tiers for the walk (routing/walk.py), lazily; its methods
     are generators that yield the passes they need (passes.py)."""
@@ -178,6 +203,7 @@ class TokenLoop:
         top_logprobs: int | None = None,
         pins_top: bool = False,
         measure_signals: bool = False,
+        lookup: bool = False,
     ):
         self.ladder = ladder
         # The top tier makes every token (RouterConfig.pins_top): the bottom tier never reads the
@@ -220,6 +246,10 @@ class TokenLoop:
         # token (the first too, after the prefill) would reach the reader a step late.
         self.pipelined = current_route().lazy_passes
         self.shared_pass = False  # set by a batch's driver: the last pass was packed with others'
+        # Prompt lookup checked by the rung that makes the token (the module's docstring): the
+        # sequence's n-grams, and each rung's planner (its bound on a copy is this answer's).
+        self._lookup = LookupIndex() if lookup and routed and not self.bottom_first else None
+        self._planners: dict[int, DraftPlanner] = {}
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
@@ -256,15 +286,39 @@ class TokenLoop:
             first if first is not None and decision.rung == 0 else (yield from self._produce(decision.rung))
         )
         mx.async_eval(*pending.arrays)
+        lookup_rows: _LookupRows | None = None  # the rows of a lookup pass still being walked
         while n < budget:
-            position = _LivePosition(self, pending, queue_next=self.pipelined and n + 1 < budget)
+            # No step is queued ahead where lookup may draft the next one: its pass holds it.
+            queue_next = self.pipelined and n + 1 < budget and not self._lookup_on(pending.rung)
+            position = _LivePosition(self, pending, queue_next=queue_next)
             settled = yield from self._walk(walk, pending.rung, position)
             pending, speculative, decision = position.pending, position.speculative, settled.decision
             group = self._group(pending.rung)
             opening = n == 0 and pending.rung != 0  # the top tier's prefill opened the answer
-            rows = opening_new if opening else 1 + position.catch_up.get(group.name, 0)
-            self.ledger.add(group.name, rows, self.ledger.lap(), prefill=opening)
+            seconds = self.ledger.lap()
+            on_rows = lookup_rows is not None and pending.rung == lookup_rows.rung
+            if on_rows and lookup_rows is not None and lookup_rows.used:
+                pass  # a row its pass computed already: these seconds are the rest's (Python)
+            else:
+                rows = (
+                    lookup_rows.pass_rows
+                    if on_rows and lookup_rows is not None
+                    else opening_new
+                    if opening
+                    else 1 + position.catch_up.get(group.name, 0)
+                )
+                self.ledger.add(group.name, rows, seconds, prefill=opening)
+                planner = self._planner(pending.rung)
+                if planner is not None and n and len(settled.rungs) == 1 and not self.shared_pass:
+                    planner.check.record(rows, seconds)  # what this rung's passes cost, by rows
             self.ids.append(position.token)
+            source = None
+            if lookup_rows is not None:
+                lookup_rows.seconds += math.nan if self.shared_pass else seconds
+                more = n + 1 < budget and position.token not in eos
+                source, carry_on = self._row_walked(lookup_rows, position.token, decision.rung, more)
+                if not carry_on:
+                    lookup_rows = None
             if position.token in eos:
                 self.ended_by_eos = True
                 return
@@ -285,6 +339,7 @@ class TokenLoop:
                 position.catch_up,
                 logprob,
                 top,
+                source,
             )
             self.ledger.restart()  # the consumer's time between steps is not this loop's
             if n and n % CLEAR_CACHE_EVERY == 0:
@@ -292,6 +347,10 @@ class TokenLoop:
             n += 1
             if n >= budget:
                 return
+            guard = decision.guard
+            if lookup_rows is not None:  # the token taken was the drafted one: the next row stands
+                pending = lookup_rows.rows[lookup_rows.used]
+                continue
             if speculative is not None and decision.rung == speculative.rung:
                 pending, guard = speculative, False
                 continue
@@ -305,8 +364,13 @@ class TokenLoop:
                 if n >= budget:
                     return
                 decision = walk.resume(self.top_local)
+                guard = decision.guard
             following = self._group(decision.rung)
-            if not self.pipelined and not spanned and following.seen == len(self.ids) - 1:
+            draft = [] if spanned else self._lookup_draft(decision.rung, budget - n)
+            if draft:
+                lookup_rows = yield from self._produce_rows(decision.rung, draft)
+                pending = lookup_rows.rows[0]
+            elif not position.queue_next and not spanned and following.seen == len(self.ids) - 1:
                 # The step the pipelined loop queues, built now: the token just made is this
                 # rung's next input (its group holds every id before it), not a catch-up (a
                 # cloud's token is one).
@@ -314,7 +378,6 @@ class TokenLoop:
             else:
                 pending = yield from self._produce(decision.rung)
             mx.async_eval(*pending.arrays)
-            guard = decision.guard
 
     @staticmethod
     def _walk(walk: Walk, rung: int, position: _LivePosition) -> Generator[Score, mx.array, Settled]:
@@ -377,11 +440,93 @@ class TokenLoop:
             logits, hidden = group.feed(token, tier.gear, self.prefill_step, self.ladder.bottom_split())
         else:
             logits, hidden = (yield from score(group, token, 1, tier.gear)), None
+        return self._pending(rung, logits, catch_up, hidden, probe)
+
+    def _pending(
+        self,
+        rung: int,
+        logits: mx.array,
+        catch_up: dict[str, int],
+        hidden: mx.array | None = None,
+        probe: Probe | None = None,
+    ) -> _Pending:
+        """A position's token sampled from rung's logits (1, V), lazily, with what is measured of it."""
         signals = read_time_signals(logits) if self.measures else None
         if self.normalize_for_sampler or self.top_logprobs is not None:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         logprobs = logits if self.top_logprobs is not None else None
         return _Pending(rung, self.sampler(logits), signals, catch_up, hidden, probe, logprobs=logprobs)
+
+    def _planner(self, rung: int) -> DraftPlanner | None:
+        """The planner of lookup drafts `rung` checks itself; None where lookup is off there."""
+        if self._lookup is None or rung in self._shared or rung > self.top_local:
+            return None
+        if rung not in self._planners:
+            memory = self.ladder.lookup_memory(rung)
+            self._planners[rung] = DraftPlanner(
+                MAX_DRAFT, memory=memory, with_lookup=True, model_drafts=False
+            )
+        return self._planners[rung]
+
+    def _lookup_on(self, rung: int) -> bool:
+        """Whether lookup drafts may be checked on `rung` now (their rounds have paid there)."""
+        planner = self._planner(rung)
+        return planner is not None and planner.memory.lookup_rounds.gain > 1.0
+
+    def _lookup_draft(self, rung: int, room: int) -> list[int]:
+        """The lookup draft `rung` checks with the next position, as its planner prices it ([]: none)."""
+        planner = self._planner(rung)
+        if planner is None or self._lookup is None or not self._group(rung).trimmable:
+            return []
+        offered = self._lookup.draft(self.ids, min(room - 1, MAX_DRAFT))
+        in_answer = self._lookup.found_at >= self.prompt_tokens
+        plan = planner.plan(room - 1, len(offered), 0, in_answer)
+        if plan.source != "lookup":
+            planner.record_round("none", 0, 0)
+            return []
+        return offered[: plan.length]
+
+    def _produce_rows(self, rung: int, draft: list[int]) -> Generator[Score, mx.array, _LookupRows]:
+        """Lazily run rung's tier on the ids its group has not seen and `draft` after them: the
+        next position's row, and one after each drafted id."""
+        tier = self.ladder.tiers[rung]
+        group = tier.group
+        if self._parked is not None and self._parked[0].rung == rung:
+            self._parked = None  # its position is computed again here, with the draft's
+        if group.seen >= len(self.ids):
+            group.rewind(len(self.ids) - 1)
+        catch_up = {}
+        # Generated ids this group did not compute itself; the token just made is its next input.
+        fed = len(self.ids) - max(group.seen, self.prompt_tokens)
+        if fed > 1:
+            catch_up[group.name] = fed
+        inputs = self.ids[group.seen :] + draft
+        logits = yield from score(group, mx.array(inputs), len(draft) + 1, tier.gear)
+        rows = [
+            self._pending(rung, logits[j : j + 1], catch_up if j == 0 else {}) for j in range(len(draft) + 1)
+        ]
+        return _LookupRows(rung, draft, rows, len(inputs))
+
+    def _row_walked(
+        self, rows: _LookupRows, token: int, next_rung: int, more: bool
+    ) -> tuple[str | None, bool]:
+        """A row of a lookup pass walked, `token` taken: its source ("lookup" where the draft
+        proposed it), and whether the next row stands (the token was the drafted one, the policy
+        stays on the rung, `more` tokens are wanted). Where it does not, the rung's cache keeps
+        only ids taken, and the planner learns what the round kept."""
+        j = rows.used
+        rows.used += 1
+        drafted = len(rows.draft)
+        matched = j < drafted and token == rows.draft[j]
+        if matched and more and next_rung == rows.rung:
+            return "lookup", True
+        group = self._group(rows.rung)
+        group.rewind(min(group.seen, len(self.ids) if matched else len(self.ids) - 1))
+        # Stopped while the copy held (a move, the end): the round counts as kept whole so far.
+        planner = self._planner(rows.rung)
+        assert planner is not None
+        planner.record_round("lookup", j if matched else drafted, j, seconds=rows.seconds)
+        return ("lookup" if matched else None), False
 
     def _group(self, rung: int) -> CacheGroup:
         return self.ladder.tiers[rung].group

@@ -21,11 +21,11 @@ from ..routing.policies import Policy, make_policy
 from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
-from .drafting import DraftPlanner
+from .drafting import MAX_DRAFT, DraftPlanner
 from .loop import CloudSpan, TokenLoop
 from .prompt_caches import PromptCaches
 from .tiers import Ladder
-from .verify import MAX_DRAFT, VerifyLoop
+from .verify import VerifyLoop
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
@@ -372,6 +372,7 @@ class ChatSession:
             top_logprobs=settings.top_logprobs,
             pins_top=config.pins_top() and self.policy_factory is None,
             measure_signals=self.measure_signals,
+            lookup=config.lookup,
         )
 
     def hand_off(self, summary: AnswerSummary, on_text=None) -> dict | None:

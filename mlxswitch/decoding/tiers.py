@@ -252,6 +252,9 @@ class Ladder:
     probe: Probe | None = None  # the learned signal (attach_probe)
     # What verified drafting learned here (pass costs, kept shares), kept across answers.
     draft_memory: DraftMemory = field(default_factory=DraftMemory)
+    # What each rung learned checking prompt-lookup drafts itself (the token loop's lookup):
+    # its pass costs and kept shares, by rung.
+    rung_memory: dict[int, DraftMemory] = field(default_factory=dict)
     _bottom_split: SplitModel | None = field(default=None, repr=False)
 
     def bottom_split(self) -> SplitModel:
@@ -321,7 +324,19 @@ class Ladder:
         decoded beside this one (a server's batch). What drafting learns is shared."""
         forks = {id(g): g.fork() for g in self.groups}
         tiers = [Tier(t.name, forks[id(t.group)], t.gear) for t in self.tiers]
-        return Ladder(tiers, self.description, self.note, self.probe, self.draft_memory, self._bottom_split)
+        return Ladder(
+            tiers,
+            self.description,
+            self.note,
+            self.probe,
+            self.draft_memory,
+            self.rung_memory,
+            self._bottom_split,
+        )
+
+    def lookup_memory(self, rung: int) -> DraftMemory:
+        """What `rung` learned checking lookup drafts on this ladder (shared by its forks)."""
+        return self.rung_memory.setdefault(rung, DraftMemory())
 
 
 def single_model_ladder(model: LoadedModel, name: str = "model") -> Ladder:

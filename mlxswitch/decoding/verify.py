@@ -37,15 +37,12 @@ import numpy as np
 from ..kernels.route import current_route
 from ..routing.registry import uncertainty
 from ..routing.signals import LazySignals, read_time_signals
-from .drafting import DraftPlanner, Plan
+from .drafting import MAX_DRAFT, DraftPlanner, Plan
 from .ledger import PassLedger
 from .lookup import LookupIndex
 from .loop import Rounds, Sampler, Step, token_and_top
 from .passes import Score, run_alone, score
 from .tiers import Ladder
-
-# Bounds a round's rows (the check is one batched pass) and how long a stream waits for a check.
-MAX_DRAFT = 32
 
 
 @dataclass

@@ -91,7 +91,8 @@ class RouterConfig:
     verify: bool = False
     # With verify: how long each draft is ("adaptive": what pays, from measured pass costs and the
     # kept share, decoding/drafting.py; "fixed": up to the longest draft, while the drafter is
-    # sure) and whether drafts may come from the sequence itself (prompt lookup).
+    # sure). Whether drafts may come from the sequence itself (prompt lookup), checked by the
+    # top tier with verify, else by the rung the policy chose (decoding/loop.py).
     draft: str = "adaptive"
     lookup: bool = True
 
@@ -223,7 +224,8 @@ class RouterConfig:
             "min_run": self.min_run,
             "normalize": self.normalize,
             "verify": self.verify,
-            **({"draft": self.draft, "lookup": self.lookup} if self.verify else {}),
+            **({"draft": self.draft} if self.verify else {}),
+            "lookup": self.lookup,
         }
 
     def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> RouterConfig:

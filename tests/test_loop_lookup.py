@@ -1,0 +1,128 @@
+"""Prompt lookup inside the token loop (decoding/loop.py): the rung the policy chose checks an
+n-gram draft in one pass, and the answer is the one decoding without lookup gives."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlxswitch.bench.runner import forced_config
+from mlxswitch.decoding import loop
+from mlxswitch.decoding.session import ChatSession, GenerationSettings
+from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
+from mlxswitch.models.sources import load_model
+from mlxswitch.routing.policies import make_policy
+from mlxswitch.routing.router import RouterConfig
+
+PROMPTS = ["What is the capital of France?", "def add(a, b):"]
+INF = math.inf
+# Peek deciding each position alone, peek holding the strong tier (hysteresis), and ead; each at
+# a threshold that sends some positions up and keeps others down on the tiny pair.
+CONFIGS = {
+    "peek": dict(up=(2.0,), window=1, min_run=1, policy="peek"),
+    "peek-held": dict(up=(2.0,), down=(1.5,), window=2, min_run=2, policy="peek"),
+    "ead": dict(up=(2.0,), window=2, min_run=2, policy="ead"),
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    small, large = tiny_pair
+    return pair_ladder(load_model(str(small)), load_model(str(large)))
+
+
+def _conversation(ladder, config: RouterConfig, max_tokens: int = 40):
+    """Both prompts asked in one conversation (the second reuses the first's caches), and the
+    sequence after each answer. What the rungs learned before is forgotten: each run starts alike."""
+    ladder.rung_memory.clear()
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens), measure_signals=True)
+    answers, sequences = [], []
+    for prompt in PROMPTS:
+        answers.append(session.ask(prompt))
+        sequences.append(list(session.ids))
+    ladder.reset()
+    return answers, sequences
+
+
+def _oracle(sequences: list[list[int]], corrupt_every: int):
+    """A lookup index that offers the rest of a known sequence, every n-th id wrong."""
+
+    class OracleIndex:
+        found_at = -1  # offered as if copied from the prompt: the planner takes it as such
+
+        def draft(self, ids, max_tokens):
+            for full in sequences:
+                if len(ids) < len(full) and full[: len(ids)] == ids:
+                    at = len(ids)
+                    offer = full[at : at + max_tokens]
+                    if corrupt_every:
+                        offer = [
+                            t if (at + j) % corrupt_every else (t + 1) % 300 for j, t in enumerate(offer)
+                        ]
+                    return offer
+            return []
+
+    return OracleIndex
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("corrupt_every", [0, 4])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_lookup_checked_by_the_chosen_rung_changes_no_token_and_no_route(
+    pair, monkeypatch, name, corrupt_every, lazy
+):
+    """Offered the answer itself (every 4th id wrong, or none), the loop checks drafts on the rung
+    the policy chose: every token, and the rungs that computed each position, are those of decoding
+    without lookup; the second answer of the conversation too (the trimmed caches hold its prefix)."""
+    from mlxswitch.kernels.route import kernels_override
+
+    with kernels_override("mx" if lazy else "auto"):
+        plain, sequences = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=False))
+        monkeypatch.setattr(loop, "LookupIndex", _oracle(sequences, corrupt_every))
+        looked, _ = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=True))
+    marked = 0
+    for alone, ours in zip(plain, looked, strict=True):
+        assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
+        assert [e.tier for e in ours.tokens] == [e.tier for e in alone.tokens]
+        assert [e.tried for e in ours.tokens] == [e.tried for e in alone.tokens]
+        assert ours.finish_reason == alone.finish_reason
+        marked += sum(e.source == "lookup" for e in ours.tokens)
+    assert marked, "no lookup draft was checked"
+    assert {e.tier for a in looked for e in a.tokens} == {"small", "large"}
+
+
+def test_a_lookup_pass_is_booked_once_with_its_rows(pair, monkeypatch):
+    """The pass over a draft is one pass of its rows; the rows walked after its first add none."""
+    _, sequences = _conversation(pair, RouterConfig(**CONFIGS["peek"], lookup=False))
+    monkeypatch.setattr(loop, "LookupIndex", _oracle(sequences, 0))
+    (answer, _), _ = _conversation(pair, RouterConfig(**CONFIGS["peek"], lookup=True))
+    multi_row = {key: e for key, e in answer.passes.items() if key != "rest_s" and not key.endswith(" 1")}
+    assert any(key.startswith("small ") and "prefill" not in key for key in multi_row)
+    passes = sum(e["passes"] for key, e in answer.passes.items() if key != "rest_s" and "prefill" not in key)
+    assert passes < answer.generated  # rows of one pass made several tokens
+    total = sum(e["seconds"] for key, e in answer.passes.items() if key != "rest_s")
+    assert total + answer.passes["rest_s"] == pytest.approx(answer.elapsed_s, abs=0.02)
+
+
+def test_lookup_stays_off_where_one_tier_decodes_alone_and_where_rows_cannot_stand(pair, tiny_gears_4_8):
+    """A tier alone (a forced arm, the top tier pinned) decodes plainly; gears sharing one cache
+    and the probe's bottom-only signal never check lookup drafts."""
+
+    def planners(ladder, config: RouterConfig) -> list[bool]:
+        token_loop = loop.TokenLoop(
+            ladder,
+            [1, 2, 3],
+            make_policy(config, len(ladder.tiers)),
+            lambda x: x,
+            signal=config.signal,
+            pins_top=config.pins_top(),
+            lookup=config.lookup,
+        )
+        return [token_loop._planner(r) is not None for r in range(len(ladder.tiers))]
+
+    assert planners(pair, RouterConfig(**CONFIGS["peek"])) == [True, True]
+    assert planners(pair, forced_config(2, 0)) == [False, False]
+    assert planners(pair, RouterConfig(up=(-INF,))) == [False, False]
+    gears = gear_ladder(tiny_gears_4_8, [4, 8])
+    assert planners(gears, RouterConfig(**CONFIGS["peek"])) == [False, False]
