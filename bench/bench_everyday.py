@@ -13,7 +13,10 @@ an Apple-silicon projection of the same pass counts (labelled: not a measurement
 
 Arms: `large` (the top tier alone), `small` (the bottom tier alone: the floor's draft side),
 `fixed` (verified drafting with the earlier rule: drafts up to 32 tokens while the drafter is
-sure), `adaptive` (verified drafting as the profile ships it: lengths that pay, prompt lookup).
+sure), `adaptive` (verified drafting as the profile ships it: lengths that pay, prompt lookup);
+`peek` and `peek-plain` (lossy: peek deciding each position alone at `--peek-tau`, as HumanEval's
+calibrated arm, with and without prompt lookup checked by the tier the policy chose; their
+answers must be the same, token for token).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlxswitch.api import build_ladder, resolve_profile
+from mlxswitch.bench.humaneval.arms import calibrated_config
 from mlxswitch.decoding.drafting import DraftMemory, PassCosts
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.kernels._common import set_blas_threads
@@ -37,18 +41,23 @@ from mlxswitch.routing.router import RouterConfig
 ROOT = Path(__file__).resolve().parent
 PROMPTS = ROOT / "prompts" / "everyday.jsonl"
 ARMS = ("large", "small", "fixed", "adaptive")
+PEEK_ARMS = ("peek", "peek-plain")
 INF = float("inf")
 # Apple-silicon projection: a pass of a few rows reads each weight once and is bandwidth-bound.
 # M3 Max (400 GB/s peak) at 70% attainable, as bench/results README's projection assumes.
 PROJECTED_GBPS = 400 * 0.7
 
 
-def arm_config(arm: str, profile_router: RouterConfig) -> RouterConfig:
+def arm_config(arm: str, profile_router: RouterConfig, peek_tau: float | None = None) -> RouterConfig:
     """The router configuration of an arm (the profile's threshold for the verified arms)."""
     if arm == "large":
         return RouterConfig(up=(-INF,))
     if arm == "small":
-        return RouterConfig(up=(INF,))
+        return RouterConfig(up=(INF,), lookup=False)
+    if arm in PEEK_ARMS:
+        if peek_tau is None:
+            raise SystemExit(f"error: the {arm} arm needs --peek-tau")
+        return replace(calibrated_config("entropy", peek_tau, 2), lookup=arm == "peek")
     rule = "fixed" if arm == "fixed" else "adaptive"
     return replace(profile_router, verify=True, draft=rule, lookup=arm == "adaptive")
 
@@ -77,6 +86,10 @@ def run(args: argparse.Namespace) -> None:
     ladder = build_ladder(profile, progress=lambda m: print(m, file=sys.stderr))
     settings = GenerationSettings(max_tokens=args.max_tokens, temperature=0.0)
     arms = args.arms.split(",")
+    for arm in arms:
+        if arm not in ARMS + PEEK_ARMS:
+            raise SystemExit(f"error: unknown arm {arm!r} (choose among {', '.join(ARMS + PEEK_ARMS)})")
+        arm_config(arm, profile.router, args.peek_tau)  # a peek arm without its threshold stops here
     todo = sum((p["id"], a) not in done for p in prompts for a in arms)
     print(
         f"{todo} answers to make ({len(done)} in the records); route {current_route().record()}",
@@ -90,6 +103,7 @@ def run(args: argparse.Namespace) -> None:
         arm: DraftMemory(check=PassCosts(dict(kept.check.seconds)), draft=PassCosts(dict(kept.draft.seconds)))
         for arm in arms
     }
+    rung_memories: dict[str, dict] = {arm: {} for arm in arms}  # what each arm's rungs learned (lookup)
     print(f"pass costs kept from earlier runs: {'yes' if kept.check.known else 'none'}", file=sys.stderr)
     with records_path.open("a") as out:
         for index, prompt in enumerate(prompts):
@@ -97,8 +111,8 @@ def run(args: argparse.Namespace) -> None:
             for arm in order:
                 if (prompt["id"], arm) in done:
                     continue
-                ladder.draft_memory = memories[arm]
-                session = ChatSession(ladder, arm_config(arm, profile.router), settings)
+                ladder.draft_memory, ladder.rung_memory = memories[arm], rung_memories[arm]
+                session = ChatSession(ladder, arm_config(arm, profile.router, args.peek_tau), settings)
                 started = time.perf_counter()
                 summary = session.ask(prompt["prompt"])
                 wall = time.perf_counter() - started
@@ -228,6 +242,12 @@ def report(args: argparse.Namespace) -> None:
         for a in arms:
             same = sum(by[(p, a)]["ids"] == by[(p, "large")]["ids"] for p in prompts)
             print(f"  {a:9s} {same}/{len(prompts)}")
+    if set(PEEK_ARMS) <= set(arms):
+        same = sum(by[(p, "peek")]["ids"] == by[(p, "peek-plain")]["ids"] for p in prompts)
+        print(
+            "peek's answers token for token peek-plain's (lookup changes the time only): "
+            f"{same}/{len(prompts)}"
+        )
     print()
     print("where the seconds went, summed over the prompts (passes, rows, seconds):")
     per_pass = _bytes_per_pass(records)
@@ -299,6 +319,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--categories", default="")
+    parser.add_argument(
+        "--peek-tau",
+        type=float,
+        default=None,
+        help="the peek arms' threshold (bits: HumanEval's calibrated τ)",
+    )
     parser.add_argument("--prompts", default=str(PROMPTS), help="JSON Lines of id, category, prompt")
     parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: every core)")
     parser.add_argument("--report", action="store_true")

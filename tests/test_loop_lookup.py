@@ -4,6 +4,7 @@ n-gram draft in one pass, and the answer is the one decoding without lookup give
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
@@ -126,3 +127,72 @@ def test_lookup_stays_off_where_one_tier_decodes_alone_and_where_rows_cannot_sta
     assert planners(pair, RouterConfig(up=(-INF,))) == [False, False]
     gears = gear_ladder(tiny_gears_4_8, [4, 8])
     assert planners(gears, RouterConfig(**CONFIGS["peek"])) == [False, False]
+
+
+SAMPLES = 300
+X = 17  # the id lookup offers for the second position, whatever came first
+
+
+class _OffersX:
+    """A lookup index that offers one fixed id for the answer's second position."""
+
+    found_at = -1
+
+    def __init__(self):
+        self.prompt_tokens: int | None = None
+
+    def draft(self, ids, max_tokens):
+        if self.prompt_tokens is None:
+            self.prompt_tokens = len(ids) - 1  # the first call comes after the first token
+        return [X] if len(ids) == self.prompt_tokens + 1 else []
+
+
+class _KeepsTheDraftedId(loop.TokenLoop):
+    """A planted bias: a row after a drafted id takes that id, unchecked."""
+
+    def _produce_rows(self, rung, draft):
+        rows = yield from super()._produce_rows(rung, draft)
+        import mlx.core as mx
+
+        rows.rows[0].token = mx.array([draft[0]])
+        return rows
+
+
+def _second_tokens(ladder, monkeypatch, lookup: bool, seed: int, loop_class=loop.TokenLoop):
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    monkeypatch.setattr(loop, "LookupIndex", _OffersX)
+    config = RouterConfig(**CONFIGS["peek"], lookup=lookup)
+    session = ChatSession(ladder, config)
+    prompt_ids = session.render([{"role": "user", "content": PROMPTS[0]}])
+    sampler = make_sampler(temp=2.0)
+    mx.random.seed(seed)
+    counts: Counter = Counter()
+    for _ in range(SAMPLES):
+        ladder.reset()
+        ladder.rung_memory.clear()
+        for rung in (0, 1):  # timed passes, so that the planner drafts from the second position on
+            ladder.lookup_memory(rung).check.record(1, 0.01)
+        token_loop = loop_class(
+            ladder, list(prompt_ids), make_policy(config, 2), sampler, lookup=lookup, signal=config.signal
+        )
+        tokens = [step.token for step in token_loop.steps(3)]  # room for a one-id draft
+        counts[tokens[1] if len(tokens) > 1 else -1] += 1
+    return counts
+
+
+def test_sampled_tokens_with_lookup_follow_the_chosen_tiers_distribution_and_a_planted_bias_is_caught(
+    pair, monkeypatch
+):
+    """Sampling, a row of a lookup pass is sampled from the tier's own distribution at that
+    position: the second token's distribution is the one without lookup (chi-square), and a loop
+    that keeps the drafted id unchecked is caught by the same test."""
+    from test_verify_sampling import _chi_square_p
+
+    plain = _second_tokens(pair, monkeypatch, lookup=False, seed=1)
+    assert len(plain) > 3, "the test needs a spread distribution to have power"
+    looked = _second_tokens(pair, monkeypatch, lookup=True, seed=2)
+    assert _chi_square_p(looked, plain) > 1e-3
+    biased = _second_tokens(pair, monkeypatch, lookup=True, seed=2, loop_class=_KeepsTheDraftedId)
+    assert _chi_square_p(biased, plain) < 1e-3

@@ -24,8 +24,10 @@ been computed alone: a row stands while the token taken before it is the drafted
 policy stays on that rung; at the first that does not, the rest are dropped and the rung's cache
 trimmed to the ids taken. Every token is still sampled from the rung the policy chose, given the
 same prefix, so the answer is the one decoding without lookup gives (up to the rounding of a
-batched pass): what lookup changes is the time. Not on gears sharing one cache (the draft would
-sit in the other gears' cache) nor for the probe (it reads one hidden state per position).
+batched pass): what lookup changes is the time. Where passes stay lazy, the step queued ahead is
+the round's first row and a second pass feeds only the draft, so the pipeline stays full. Not on
+gears sharing one cache (the draft would sit in the other gears' cache) nor for the probe (it
+reads one hidden state per position).
 
 A rung above the ladder's tiers is the cloud: `cloud_span(answer_ids, room)` returns the ids of
 a continuation (re-tokenized; maybe none), which are appended to the sequence as Steps without
@@ -288,8 +290,8 @@ class TokenLoop:
         mx.async_eval(*pending.arrays)
         lookup_rows: _LookupRows | None = None  # the rows of a lookup pass still being walked
         while n < budget:
-            # No step is queued ahead where lookup may draft the next one: its pass holds it.
-            queue_next = self.pipelined and n + 1 < budget and not self._lookup_on(pending.rung)
+            # Within a lookup round the next position's row is computed already.
+            queue_next = self.pipelined and n + 1 < budget and lookup_rows is None
             position = _LivePosition(self, pending, queue_next=queue_next)
             settled = yield from self._walk(walk, pending.rung, position)
             pending, speculative, decision = position.pending, position.speculative, settled.decision
@@ -352,6 +354,9 @@ class TokenLoop:
                 pending = lookup_rows.rows[lookup_rows.used]
                 continue
             if speculative is not None and decision.rung == speculative.rung:
+                draft = self._lookup_draft(decision.rung, budget - n)
+                if draft:  # the queued step is the round's first row; the draft's rows follow it
+                    lookup_rows = yield from self._rows_after(speculative, draft)
                 pending, guard = speculative, False
                 continue
             if speculative is not None:  # a move: park the queued step (see the module's docstring)
@@ -468,11 +473,6 @@ class TokenLoop:
             )
         return self._planners[rung]
 
-    def _lookup_on(self, rung: int) -> bool:
-        """Whether lookup drafts may be checked on `rung` now (their rounds have paid there)."""
-        planner = self._planner(rung)
-        return planner is not None and planner.memory.lookup_rounds.gain > 1.0
-
     def _lookup_draft(self, rung: int, room: int) -> list[int]:
         """The lookup draft `rung` checks with the next position, as its planner prices it ([]: none)."""
         planner = self._planner(rung)
@@ -506,6 +506,15 @@ class TokenLoop:
             self._pending(rung, logits[j : j + 1], catch_up if j == 0 else {}) for j in range(len(draft) + 1)
         ]
         return _LookupRows(rung, draft, rows, len(inputs))
+
+    def _rows_after(self, first: _Pending, draft: list[int]) -> Generator[Score, mx.array, _LookupRows]:
+        """A lookup round whose first row is a step queued ahead (lazy passes): its rung's group
+        holds every id, so only the draft is fed, in one pass, for the rows after it."""
+        tier = self.ladder.tiers[first.rung]
+        assert tier.group.seen == len(self.ids)  # the queued step fed the token just taken
+        logits = yield from score(tier.group, mx.array(draft), len(draft), tier.gear)
+        rows = [first] + [self._pending(first.rung, logits[j : j + 1], {}) for j in range(len(draft))]
+        return _LookupRows(first.rung, draft, rows, len(draft) + 1)
 
     def _row_walked(
         self, rows: _LookupRows, token: int, next_rung: int, more: bool
