@@ -152,6 +152,12 @@ def main() -> None:
         help="a checkout of another commit (git worktree add): its `mlxswitch serve` of each profile "
         "runs in the same rounds, named mlxswitch@<its commit>, for a before-and-after on this machine",
     )
+    parser.add_argument(
+        "--no-mlx-lm",
+        action="store_true",
+        help="serve mlxswitch only (more rounds of it where mlx_lm.server has been measured: on the "
+        "pair one round of mlx_lm.server takes ~40 minutes here)",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
     if args.pair and args.profiles == parser.get_default("profiles"):
@@ -160,11 +166,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        if args.pair:  # mlx_lm.server turns batching off when a draft model is loaded
+        servers: list[tuple[str, subprocess.Popen, str]] = []
+        models: dict[str, str] = {}
+        port = free_port()
+        if args.no_mlx_lm:
+            pass
+        elif args.pair:  # mlx_lm.server turns batching off when a draft model is loaded
             model_dir = save_mlx_dir(f"package:{PAIR[1]}", tmp / "large-mlx")
             extra = ["--draft-model", str(save_mlx_dir(f"package:{PAIR[0]}", tmp / "small-mlx"))]
         else:
             model_dir, extra = save_mlx_dir("embedded", tmp / "smollm2-mlx"), []
+        if not args.no_mlx_lm:
+            mlx_lm = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(port)]
+            servers.append(start("mlx_lm.server", [*mlx_lm, *extra, "--log-level", "WARNING"], port, tmp))
+            models["mlx_lm.server"] = str(model_dir)
         env_home = tmp / "home"
         env_home.mkdir()
         os.environ["MLXSWITCH_HOME"] = str(env_home)
@@ -174,12 +189,9 @@ def main() -> None:
                 ["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
             ).stdout.strip()
             variants.append((f"mlxswitch@{rev}", {**os.environ, "PYTHONPATH": str(Path(args.baseline))}))
-        ports = [free_port() for _ in range(1 + len(profiles) * len(variants))]
-        mlx_lm = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(ports[0])]
-        servers = [start("mlx_lm.server", [*mlx_lm, *extra, "--log-level", "WARNING"], ports[0], tmp)]
-        models = {"mlx_lm.server": str(model_dir)}
         runs = [(label, env, profile) for profile in profiles for label, env in variants]
-        for (label, env, profile), port in zip(runs, ports[1:], strict=True):
+        ports = [free_port() for _ in runs]
+        for (label, env, profile), port in zip(runs, ports, strict=True):
             name = f"{label} {profile}"
             command = [sys.executable, "-m", "mlxswitch", "serve", "--profile", profile, "--port", str(port)]
             servers.append(start(name, [*command, "--log-level", "warning"], port, tmp, env))
