@@ -196,3 +196,44 @@ def test_sampled_tokens_with_lookup_follow_the_chosen_tiers_distribution_and_a_p
     assert _chi_square_p(looked, plain) > 1e-3
     biased = _second_tokens(pair, monkeypatch, lookup=True, seed=2, loop_class=_KeepsTheDraftedId)
     assert _chi_square_p(biased, plain) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def twin(tiny_pair):
+    """The large model below itself: a review takes the lower rung's token, so guesses hold."""
+    large = load_model(str(tiny_pair[1]))
+    return pair_ladder(large, large)
+
+
+@pytest.mark.parametrize("ladder_name", ["pair", "twin"])
+@pytest.mark.parametrize("name", ["peek", "peek-held"])
+def test_a_reviews_guessed_row_changes_no_token_and_saves_the_next_pass(
+    request, monkeypatch, name, ladder_name
+):
+    """A review's pass that also computes the next position on the lower rung's token (forced to
+    pay here): the tokens and routes are those without it; on the twin, where the guesses hold,
+    guessed rows were used and each one took no pass of its own."""
+    pair = request.getfixturevalue(ladder_name)
+    plain, _ = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=False))
+    monkeypatch.setattr(loop, "GUESS_USED", 100.0)
+    used: list[bool] = []
+    settle = loop.TokenLoop._settle_guesses
+
+    def spy(self):
+        used.extend(self.ids[-1] == guess for _, guess, _ in self._guessed)
+        settle(self)
+
+    monkeypatch.setattr(loop.TokenLoop, "_settle_guesses", spy)
+    guessed, _ = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=True))
+    for alone, ours in zip(plain, guessed, strict=True):
+        assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
+        assert [e.tried for e in ours.tokens] == [e.tried for e in alone.tokens]
+    assert used, "no review made a guess"
+    if ladder_name == "pair":
+        return
+    assert any(used), "no guess was ever the token taken"
+    for alone, ours in zip(plain, guessed, strict=True):
+        large = [
+            sum(e["passes"] for k, e in a.passes.items() if k.startswith("large ")) for a in (alone, ours)
+        ]
+        assert large[1] < large[0]
