@@ -429,18 +429,25 @@ class DraftPlanner:
         return expected_tokens(p, k) / cost if cost > 0 else math.nan
 
     def record_round(
-        self, source: str, drafted: int, kept: int, entropies: Sequence[float] = (), seconds: float = math.nan
+        self,
+        source: str,
+        drafted: int,
+        kept: int,
+        entropies: Sequence[float] = (),
+        seconds: float = math.nan,
+        tokens: int | None = None,
     ) -> None:
         """What the check kept of a round's draft (source "none": no draft was made; entropies:
         the drafter's at each checked model-drafted token; seconds: the round's, from its plan to
-        its check read, the drafter's catch-up included)."""
+        its check read, the drafter's catch-up included; tokens: the positions those seconds made,
+        kept + 1 unless given)."""
         memory = self.memory
         top_s = self.check.estimate(1)
         for kind, rounds in (("model", memory.rounds), ("lookup", memory.lookup_rounds)):
             if source != kind:
                 rounds.idle()
             elif math.isfinite(seconds) and top_s > 0:
-                rounds.record(kept + 1, seconds / top_s)
+                rounds.record(kept + 1 if tokens is None else tokens, seconds / top_s)
         if source == "lookup" and drafted > 0:
             memory.lookup.record(drafted, kept)
             self.lookup_bound = 2 * self.lookup_bound if kept == drafted else LOOKUP_FIRST

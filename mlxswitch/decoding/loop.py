@@ -159,7 +159,10 @@ class _LookupRows:
     rows: list[_Pending]  # row j: the position after the draft's first j ids (row 0 is walked first)
     pass_rows: int  # ids the pass was fed
     used: int = 0  # rows walked so far
-    seconds: float = 0.0  # the round's, its walked rows' laps summed
+    # The rung's own seconds in the round: its pass (timed where passes compute as they are built;
+    # nan elsewhere: the planner does not learn from it) and the laps of rows it made after the
+    # first. A row another rung reviewed is not the round's cost: it is paid with or without lookup.
+    seconds: float = math.nan
 
 
 class _LivePosition:
@@ -337,7 +340,8 @@ class TokenLoop:
                 self._settle_guesses()
             source = None
             if lookup_rows is not None:
-                lookup_rows.seconds += math.nan if self.shared_pass else seconds
+                if lookup_rows.used and pending.rung == lookup_rows.rung:
+                    lookup_rows.seconds += math.nan if self.shared_pass else seconds
                 more = n + 1 < budget and position.token not in eos
                 source, carry_on = self._row_walked(lookup_rows, position.token, decision.rung, more)
                 if not carry_on:
@@ -570,20 +574,31 @@ class TokenLoop:
         if fed > 1:
             catch_up[group.name] = fed
         inputs = self.ids[group.seen :] + draft
+        started = time.perf_counter()
         logits = yield from score(group, mx.array(inputs), len(draft) + 1, tier.gear)
+        seconds = math.nan
+        if not self.pipelined and not self.shared_pass:  # it computed as it was built: timed
+            mx.eval(logits)
+            seconds = time.perf_counter() - started
         rows = [
             self._pending(rung, logits[j : j + 1], catch_up if j == 0 else {}) for j in range(len(draft) + 1)
         ]
-        return _LookupRows(rung, draft, rows, len(inputs))
+        return _LookupRows(rung, draft, rows, len(inputs), seconds=seconds)
 
     def _rows_after(self, first: _Pending, draft: list[int]) -> Generator[Score, mx.array, _LookupRows]:
-        """A lookup round whose first row is a step queued ahead (lazy passes): its rung's group
-        holds every id, so only the draft is fed, in one pass, for the rows after it."""
+        """A lookup round whose first row was computed ahead (a step queued on lazy passes, or a
+        review's guessed row): its rung's group holds every id, so only the draft is fed, in one
+        pass, for the rows after it."""
         tier = self.ladder.tiers[first.rung]
         assert tier.group.seen == len(self.ids)  # the queued step fed the token just taken
+        started = time.perf_counter()
         logits = yield from score(tier.group, mx.array(draft), len(draft), tier.gear)
+        seconds = math.nan  # on lazy passes the first row's step overlapped: not timed
+        if not self.pipelined and not self.shared_pass:  # a guessed row's: only the draft's pass
+            mx.eval(logits)
+            seconds = time.perf_counter() - started
         rows = [first] + [self._pending(first.rung, logits[j : j + 1], {}) for j in range(len(draft))]
-        return _LookupRows(first.rung, draft, rows, len(draft) + 1)
+        return _LookupRows(first.rung, draft, rows, len(draft) + 1, seconds=seconds)
 
     def _row_walked(
         self, rows: _LookupRows, token: int, next_rung: int, more: bool
@@ -603,7 +618,7 @@ class TokenLoop:
         # Stopped while the copy held (a move, the end): the round counts as kept whole so far.
         planner = self._planner(rows.rung)
         assert planner is not None
-        planner.record_round("lookup", j if matched else drafted, j, seconds=rows.seconds)
+        planner.record_round("lookup", j if matched else drafted, j, seconds=rows.seconds, tokens=rows.used)
         return ("lookup" if matched else None), False
 
     def _group(self, rung: int) -> CacheGroup:
