@@ -193,8 +193,8 @@ class _LivePosition:
 
     def _on(self, rung: int) -> Generator[Score, mx.array, _Pending]:
         if rung != self.pending.rung:  # a higher rung recomputes the same position
-            below = self.pending
-            guess = int(below.token.item()) if self.guess_next else None  # type: ignore[arg-type]
+            # The lower rung's token here: the guess a review's pass may compute the next row on.
+            guess = int(self.pending.token.item()) if self.guess_next else None  # type: ignore[arg-type]
             self.pending = yield from self.loop._produce(rung, guess=guess)
             for name, count in self.pending.catch_up.items():
                 self.catch_up[name] = self.catch_up.get(name, 0) + count
@@ -315,7 +315,8 @@ class TokenLoop:
             opening = n == 0 and pending.rung != 0  # the top tier's prefill opened the answer
             seconds = self.ledger.lap()
             on_rows = lookup_rows is not None and pending.rung == lookup_rows.rung
-            if on_rows and lookup_rows is not None and lookup_rows.used or pending.ahead and not on_rows:
+            walked_row = on_rows and lookup_rows is not None and lookup_rows.used > 0
+            if walked_row or (pending.ahead and not on_rows):
                 pass  # a row an earlier pass computed: these seconds are the rest's (Python)
             else:
                 rows = (
