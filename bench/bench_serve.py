@@ -168,15 +168,13 @@ def main() -> None:
         tmp = Path(tmp)
         servers: list[tuple[str, subprocess.Popen, str]] = []
         models: dict[str, str] = {}
-        port = free_port()
-        if args.no_mlx_lm:
-            pass
-        elif args.pair:  # mlx_lm.server turns batching off when a draft model is loaded
-            model_dir = save_mlx_dir(f"package:{PAIR[1]}", tmp / "large-mlx")
-            extra = ["--draft-model", str(save_mlx_dir(f"package:{PAIR[0]}", tmp / "small-mlx"))]
-        else:
-            model_dir, extra = save_mlx_dir("embedded", tmp / "smollm2-mlx"), []
         if not args.no_mlx_lm:
+            port = free_port()
+            if args.pair:  # mlx_lm.server turns batching off when a draft model is loaded
+                model_dir = save_mlx_dir(f"package:{PAIR[1]}", tmp / "large-mlx")
+                extra = ["--draft-model", str(save_mlx_dir(f"package:{PAIR[0]}", tmp / "small-mlx"))]
+            else:
+                model_dir, extra = save_mlx_dir("embedded", tmp / "smollm2-mlx"), []
             mlx_lm = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(port)]
             servers.append(start("mlx_lm.server", [*mlx_lm, *extra, "--log-level", "WARNING"], port, tmp))
             models["mlx_lm.server"] = str(model_dir)

@@ -454,11 +454,9 @@ class TokenLoop:
         group = tier.group
         catch_up = {}
         if token is None:
-            if self._parked is not None:
-                parked, seen = self._parked
-                if parked.rung == rung and seen == group.seen == len(self.ids):
-                    self._parked = None
-                    return parked
+            parked = self._take_parked(rung)
+            if parked is not None:
+                return parked
             if group.seen >= len(self.ids):
                 # It holds every id already (a step queued at another gear of this cache) but this
                 # position must be computed here: drop the newest id (trimmed, or started over).
@@ -476,14 +474,13 @@ class TokenLoop:
         elif guess is not None:
             # A review, where passes compute as they are built: timed (its rung's planner prices
             # the guessed row from it), and with the guess where that pays.
-            started, rows = time.perf_counter(), int(token.size)
+            rows = int(token.size)
             guessing = self._guess_pays(rung, rows)
             inputs = mx.concatenate([token, mx.array([guess])]) if guessing else token
-            logits = yield from score(group, inputs, 1 + guessing, tier.gear)
-            mx.eval(logits)
+            logits, seconds = yield from self._timed_score(group, inputs, 1 + guessing, tier.gear)
             planner = self._planner(rung)
-            if planner is not None and not self.shared_pass:
-                planner.check.record(rows + guessing, time.perf_counter() - started)
+            if planner is not None:
+                planner.check.record(rows + guessing, seconds)  # (nan: not learned)
             if not guessing:
                 return self._pending(rung, logits, catch_up)
             ahead = self._pending(rung, logits[1:2], {})
@@ -493,6 +490,29 @@ class TokenLoop:
         else:
             logits, hidden = (yield from score(group, token, 1, tier.gear)), None
         return self._pending(rung, logits, catch_up, hidden, probe)
+
+    def _take_parked(self, rung: int) -> _Pending | None:
+        """The parked step of `rung` (a queued step after a move, or a review's guessed row),
+        taken if it computed the position now due: its group holds every id and nothing more."""
+        if self._parked is None:
+            return None
+        parked, seen = self._parked
+        if parked.rung != rung or not seen == self._group(rung).seen == len(self.ids):
+            return None
+        self._parked = None
+        return parked
+
+    def _timed_score(
+        self, group: CacheGroup, inputs: mx.array, rows: int, gear: int | None
+    ) -> Generator[Score, mx.array, tuple[mx.array, float]]:
+        """One pass (passes.score), and its seconds where passes compute as they are built and it
+        ran alone (nan elsewhere: a queued or packed pass's time is not its own)."""
+        started = time.perf_counter()
+        logits = yield from score(group, inputs, rows, gear)
+        if self.pipelined or self.shared_pass:
+            return logits, math.nan
+        mx.eval(logits)
+        return logits, time.perf_counter() - started
 
     def _guess_pays(self, rung: int, rows: int) -> bool:
         """Whether a review's pass of `rows` rows should take one more, the next position given
@@ -562,11 +582,9 @@ class TokenLoop:
         next position's row, and one after each drafted id."""
         tier = self.ladder.tiers[rung]
         group = tier.group
-        if self._parked is not None and self._parked[0].rung == rung:
-            parked, seen = self._parked
-            self._parked = None
-            if seen == group.seen == len(self.ids):  # its row is the round's first
-                return (yield from self._rows_after(parked, draft))
+        parked = self._take_parked(rung)
+        if parked is not None:  # its row is the round's first
+            return (yield from self._rows_after(parked, draft))
         if group.seen >= len(self.ids):
             group.rewind(len(self.ids) - 1)
         catch_up = {}
@@ -575,12 +593,7 @@ class TokenLoop:
         if fed > 1:
             catch_up[group.name] = fed
         inputs = self.ids[group.seen :] + draft
-        started = time.perf_counter()
-        logits = yield from score(group, mx.array(inputs), len(draft) + 1, tier.gear)
-        seconds = math.nan
-        if not self.pipelined and not self.shared_pass:  # it computed as it was built: timed
-            mx.eval(logits)
-            seconds = time.perf_counter() - started
+        logits, seconds = yield from self._timed_score(group, mx.array(inputs), len(draft) + 1, tier.gear)
         rows = [
             self._pending(rung, logits[j : j + 1], catch_up if j == 0 else {}) for j in range(len(draft) + 1)
         ]
@@ -592,12 +605,8 @@ class TokenLoop:
         pass, for the rows after it."""
         tier = self.ladder.tiers[first.rung]
         assert tier.group.seen == len(self.ids)  # the queued step fed the token just taken
-        started = time.perf_counter()
-        logits = yield from score(tier.group, mx.array(draft), len(draft), tier.gear)
-        seconds = math.nan  # on lazy passes the first row's step overlapped: not timed
-        if not self.pipelined and not self.shared_pass:  # a guessed row's: only the draft's pass
-            mx.eval(logits)
-            seconds = time.perf_counter() - started
+        # Timed, where it is, as the draft's pass alone: a guessed first row was paid in its review.
+        logits, seconds = yield from self._timed_score(tier.group, mx.array(draft), len(draft), tier.gear)
         rows = [first] + [self._pending(first.rung, logits[j : j + 1], {}) for j in range(len(draft))]
         return _LookupRows(first.rung, draft, rows, len(draft) + 1, seconds=seconds)
 
