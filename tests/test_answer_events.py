@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
 
 from mlxswitch.decoding.answer import AnswerBuilder
-from mlxswitch.decoding.loop import Step
+from mlxswitch.decoding.steps import Step
 from mlxswitch.models.sources import load_model
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from mlxswitch.bench.runner import forced_config
-from mlxswitch.decoding import loop
+from mlxswitch.decoding import lookup_rounds, loop
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
 from mlxswitch.models.sources import load_model
@@ -80,7 +80,7 @@ def test_lookup_checked_by_the_chosen_rung_changes_no_token_and_no_route(
 
     with kernels_override("mx" if lazy else "auto"):
         plain, sequences = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=False))
-        monkeypatch.setattr(loop, "LookupIndex", _oracle(sequences, corrupt_every))
+        monkeypatch.setattr(lookup_rounds, "LookupIndex", _oracle(sequences, corrupt_every))
         looked, _ = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=True))
     marked = 0
     for alone, ours in zip(plain, looked, strict=True):
@@ -96,7 +96,7 @@ def test_lookup_checked_by_the_chosen_rung_changes_no_token_and_no_route(
 def test_a_lookup_pass_is_booked_once_with_its_rows(pair, monkeypatch):
     """The pass over a draft is one pass of its rows; the rows walked after its first add none."""
     _, sequences = _conversation(pair, RouterConfig(**CONFIGS["peek"], lookup=False))
-    monkeypatch.setattr(loop, "LookupIndex", _oracle(sequences, 0))
+    monkeypatch.setattr(lookup_rounds, "LookupIndex", _oracle(sequences, 0))
     (answer, _), _ = _conversation(pair, RouterConfig(**CONFIGS["peek"], lookup=True))
     multi_row = {key: e for key, e in answer.passes.items() if key != "rest_s" and not key.endswith(" 1")}
     assert any(key.startswith("small ") and "prefill" not in key for key in multi_row)
@@ -120,7 +120,8 @@ def test_lookup_stays_off_where_one_tier_decodes_alone_and_where_rows_cannot_sta
             pins_top=config.pins_top(),
             lookup=config.lookup,
         )
-        return [token_loop._planner(r) is not None for r in range(len(ladder.tiers))]
+        lookup = token_loop.lookup
+        return [lookup is not None and lookup.planner(r) is not None for r in range(len(ladder.tiers))]
 
     assert planners(pair, RouterConfig(**CONFIGS["peek"])) == [True, True]
     assert planners(pair, forced_config(2, 0)) == [False, False]
@@ -162,7 +163,7 @@ def _second_tokens(ladder, monkeypatch, lookup: bool, seed: int, loop_class=loop
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
-    monkeypatch.setattr(loop, "LookupIndex", _OffersX)
+    monkeypatch.setattr(lookup_rounds, "LookupIndex", _OffersX)
     config = RouterConfig(**CONFIGS["peek"], lookup=lookup)
     session = ChatSession(ladder, config)
     prompt_ids = session.render([{"role": "user", "content": PROMPTS[0]}])

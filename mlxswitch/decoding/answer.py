@@ -16,7 +16,7 @@ from itertools import pairwise
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 
 from ..json_numbers import json_float, rounded
-from .loop import Step
+from .steps import Step
 
 FINISH_REASONS = ("stop", "length", "interrupted")
 

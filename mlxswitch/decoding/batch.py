@@ -27,9 +27,9 @@ from ..models.heads import SplitModel
 from ..models.machine import peak_memory_gb
 from ..routing.signals import read_time_signals
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
-from .loop import Step, token_and_top
 from .prompt_caches import PromptCaches
 from .session import ChatSession, GenerationSettings, PreparedAnswer
+from .steps import Step, token_and_top
 
 Deliver = Callable[[TokenEvent | AnswerSummary], None]
 

@@ -30,10 +30,11 @@ from ..models.machine import peak_memory_gb
 from ..routing.registry import SIGNAL_BY_NAME
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .batch import BatchedAnswers, batch_sampler, batchable
-from .loop import Rounds, TokenLoop
+from .loop import TokenLoop
 from .passes import Score
 from .prompt_caches import PromptCaches
 from .session import ChatSession, PreparedAnswer
+from .steps import Rounds
 from .tiers import CacheGroup, Ladder
 from .verify import VerifyLoop
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -51,13 +51,13 @@ from ..routing.registry import SIGNAL_BY_NAME, uncertainty
 from ..routing.router import Decision
 from ..routing.signals import LazySignals, read_time_signals
 from ..routing.walk import Settled, Walk
-from .drafting import MAX_DRAFT, DraftPlanner
+from .drafting import DraftPlanner
 from .ledger import PassLedger
-from .lookup import LookupIndex
+from .lookup_rounds import LookupRows, RungLookup
 from .passes import Score, run_alone, score
+from .steps import Rounds, Sampler, Step, token_and_top
 from .tiers import CacheGroup, Ladder
 
-Sampler = Callable[[mx.array], mx.array]
 # How often a review's guessed row is used (the guess was the token taken, and the same rung
 # computes the next position): 0.81 of reviews were followed by that rung in HumanEval v10's
 # `peek`, each kept only if the guess is right; a guess is made where its extra row costs less.
@@ -65,28 +65,6 @@ GUESS_USED = 0.5
 CloudSpan = Callable[[list[int], int], list[int]]
 # mlx-lm's habit: give the buffer cache back every 256 generated tokens.
 CLEAR_CACHE_EVERY = 256
-
-
-@dataclass(frozen=True)
-class Step:
-    """One generated token and how it was made."""
-
-    token: int
-    rung: int  # the tier whose token was taken
-    entropy: float | None  # bits, of the distribution it was sampled from (None: cloud, or not measured)
-    mean: float | None  # the policy's rolling mean after this token (None: cloud)
-    guard: bool  # this token's tier was chosen by the catastrophic guard
-    tried: tuple[int, ...]  # rungs that computed this position, in order; the last made the token
-    tried_signals: tuple[float | None, ...]  # the routed signal each of them measured
-    catch_up: dict[str, int] = field(default_factory=dict)  # ids fed per cache group to catch up
-    logprob: float | None = None  # the token's log-probability (natural log), when asked for
-    top_logprobs: tuple[tuple[int, float], ...] = ()  # the likeliest ids and theirs, when asked for
-    source: str | None = None  # what proposed a checked token other than a tier ("lookup"), if any
-
-    @property
-    def signal(self) -> float | None:
-        """The routed signal of the token taken (its entropy, unless routing reads another)."""
-        return self.tried_signals[-1]
 
 
 @dataclass
@@ -138,31 +116,6 @@ class _Pending:
         if self.logprobs is None:
             return None, ()
         return token_and_top(np.asarray(self.logprobs.astype(mx.float32)).reshape(-1), token, top)
-
-
-def token_and_top(logprobs: np.ndarray, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
-    """From one distribution's log-probabilities: the token's, and the `top` likeliest ids with theirs."""
-    best = np.argpartition(-logprobs, top - 1)[:top] if top else np.array([], dtype=np.int64)
-    best = best[np.argsort(-logprobs[best])]
-    return float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best)
-
-
-Rounds = Generator[Step | Score, mx.array, None]  # a loop's steps and the passes it asks for
-
-
-@dataclass
-class _LookupRows:
-    """One rung's pass over the next position and a lookup draft's: the rows not yet walked."""
-
-    rung: int
-    draft: list[int]
-    rows: list[_Pending]  # row j: the position after the draft's first j ids (row 0 is walked first)
-    pass_rows: int  # ids the pass was fed
-    used: int = 0  # rows walked so far
-    # The rung's own seconds in the round: its pass (timed where passes compute as they are built;
-    # nan elsewhere: the planner does not learn from it) and the laps of rows it made after the
-    # first. A row another rung reviewed is not the round's cost: it is paid with or without lookup.
-    seconds: float = math.nan
 
 
 class _LivePosition:
@@ -260,10 +213,10 @@ class TokenLoop:
         # token (the first too, after the prefill) would reach the reader a step late.
         self.pipelined = current_route().lazy_passes
         self.shared_pass = False  # set by a batch's driver: the last pass was packed with others'
-        # Prompt lookup checked by the rung that makes the token (the module's docstring): the
-        # sequence's n-grams, and each rung's planner (its bound on a copy is this answer's).
-        self._lookup = LookupIndex() if lookup and routed and not self.bottom_first else None
-        self._planners: dict[int, DraftPlanner] = {}
+        # Prompt lookup checked by the rung that makes the token (the module's docstring).
+        self.lookup = (
+            RungLookup(ladder, self._shared) if lookup and routed and not self.bottom_first else None
+        )
         # Rows a review's pass computed for the next position on a guess: (rung, guess, row).
         self._guessed: list[tuple[int, int, _Pending]] = []
 
@@ -302,7 +255,7 @@ class TokenLoop:
             first if first is not None and decision.rung == 0 else (yield from self._produce(decision.rung))
         )
         mx.async_eval(*pending.arrays)
-        lookup_rows: _LookupRows | None = None  # the rows of a lookup pass still being walked
+        lookup_rows: LookupRows[_Pending] | None = None  # the rows of a lookup pass still being walked
         while n < budget:
             # Within a lookup round the next position's row is computed already.
             queue_next = self.pipelined and n + 1 < budget and lookup_rows is None
@@ -555,29 +508,13 @@ class TokenLoop:
 
     def _planner(self, rung: int) -> DraftPlanner | None:
         """The planner of lookup drafts `rung` checks itself; None where lookup is off there."""
-        if self._lookup is None or rung in self._shared or rung > self.top_local:
-            return None
-        if rung not in self._planners:
-            memory = self.ladder.lookup_memory(rung)
-            self._planners[rung] = DraftPlanner(
-                MAX_DRAFT, memory=memory, with_lookup=True, model_drafts=False
-            )
-        return self._planners[rung]
+        return None if self.lookup is None else self.lookup.planner(rung)
 
     def _lookup_draft(self, rung: int, room: int) -> list[int]:
-        """The lookup draft `rung` checks with the next position, as its planner prices it ([]: none)."""
-        planner = self._planner(rung)
-        if planner is None or self._lookup is None or not self._group(rung).trimmable:
-            return []
-        offered = self._lookup.draft(self.ids, min(room - 1, MAX_DRAFT))
-        in_answer = self._lookup.found_at >= self.prompt_tokens
-        plan = planner.plan(room - 1, len(offered), 0, in_answer)
-        if plan.source != "lookup":
-            planner.record_round("none", 0, 0)
-            return []
-        return offered[: plan.length]
+        """The lookup draft `rung` checks with the next position ([]: none)."""
+        return [] if self.lookup is None else self.lookup.draft(self.ids, self.prompt_tokens, rung, room)
 
-    def _produce_rows(self, rung: int, draft: list[int]) -> Generator[Score, mx.array, _LookupRows]:
+    def _produce_rows(self, rung: int, draft: list[int]) -> Generator[Score, mx.array, LookupRows[_Pending]]:
         """Lazily run rung's tier on the ids its group has not seen and `draft` after them: the
         next position's row, and one after each drafted id."""
         tier = self.ladder.tiers[rung]
@@ -597,9 +534,11 @@ class TokenLoop:
         rows = [
             self._pending(rung, logits[j : j + 1], catch_up if j == 0 else {}) for j in range(len(draft) + 1)
         ]
-        return _LookupRows(rung, draft, rows, len(inputs), seconds=seconds)
+        return LookupRows(rung, draft, rows, len(inputs), seconds=seconds)
 
-    def _rows_after(self, first: _Pending, draft: list[int]) -> Generator[Score, mx.array, _LookupRows]:
+    def _rows_after(
+        self, first: _Pending, draft: list[int]
+    ) -> Generator[Score, mx.array, LookupRows[_Pending]]:
         """A lookup round whose first row was computed ahead (a step queued on lazy passes, or a
         review's guessed row): its rung's group holds every id, so only the draft is fed, in one
         pass, for the rows after it."""
@@ -608,28 +547,19 @@ class TokenLoop:
         # Timed, where it is, as the draft's pass alone: a guessed first row was paid in its review.
         logits, seconds = yield from self._timed_score(tier.group, mx.array(draft), len(draft), tier.gear)
         rows = [first] + [self._pending(first.rung, logits[j : j + 1], {}) for j in range(len(draft))]
-        return _LookupRows(first.rung, draft, rows, len(draft) + 1, seconds=seconds)
+        return LookupRows(first.rung, draft, rows, len(draft) + 1, seconds=seconds)
 
     def _row_walked(
-        self, rows: _LookupRows, token: int, next_rung: int, more: bool
+        self, rows: LookupRows[_Pending], token: int, next_rung: int, more: bool
     ) -> tuple[str | None, bool]:
-        """A row of a lookup pass walked, `token` taken: its source ("lookup" where the draft
-        proposed it), and whether the next row stands (the token was the drafted one, the policy
-        stays on the rung, `more` tokens are wanted). Where it does not, the rung's cache keeps
-        only ids taken, and the planner learns what the round kept."""
-        j = rows.used
-        rows.used += 1
-        drafted = len(rows.draft)
-        matched = j < drafted and token == rows.draft[j]
-        if matched and more and next_rung == rows.rung:
-            return "lookup", True
-        group = self._group(rows.rung)
-        group.rewind(min(group.seen, len(self.ids) if matched else len(self.ids) - 1))
-        # Stopped while the copy held (a move, the end): the round counts as kept whole so far.
-        planner = self._planner(rows.rung)
-        assert planner is not None
-        planner.record_round("lookup", j if matched else drafted, j, seconds=rows.seconds, tokens=rows.used)
-        return ("lookup" if matched else None), False
+        """A row of a lookup pass walked (RungLookup.walked): the token's source and whether the
+        next row stands; where it does not, the rung's cache keeps only ids taken."""
+        assert self.lookup is not None
+        walked = self.lookup.walked(rows, token, next_rung, more, len(self.ids))
+        if walked.keep is not None:
+            group = self._group(rows.rung)
+            group.rewind(min(group.seen, walked.keep))
+        return walked.source, walked.stands
 
     def _group(self, rung: int) -> CacheGroup:
         return self.ladder.tiers[rung].group

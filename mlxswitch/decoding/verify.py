@@ -40,8 +40,8 @@ from ..routing.signals import LazySignals, read_time_signals
 from .drafting import MAX_DRAFT, DraftPlanner, Plan
 from .ledger import PassLedger
 from .lookup import LookupIndex
-from .loop import Rounds, Sampler, Step, token_and_top
 from .passes import Score, run_alone, score
+from .steps import Rounds, Sampler, Step, token_and_top
 from .tiers import Ladder
 
 
