@@ -236,9 +236,9 @@ class Headline:
         b = self.bar_measured()
         if b is None:
             return [
-                "  - The issue measured its bar on fp32 weights and MLX's own kernels. That configuration "
-                "(`speculative-fp32`) gives no figure here yet: on MLX's bundled reference BLAS it takes "
-                'minutes over one prompt ("HumanEval" below says why).'
+                "  - The issue measured its bar on fp32 weights and MLX's own kernels (`speculative-fp32`); "
+                "that arm was not in this run: on MLX's bundled reference BLAS it takes minutes over one "
+                'prompt ("HumanEval" below says why).'
             ]
         fp32, mine, top = b.speculative_fp32, b.profile, b.top
         return [
@@ -452,6 +452,35 @@ class Headline:
         parities = {int(t.split("/")[-1]) % 2 for t in self.record["problems"]}
         return {frozenset({1}): "held-out ", frozenset({0}): "calibration "}.get(frozenset(parities), "")
 
+    def drafting_bullets(self, p: dict) -> list[str]:
+        """Where verified drafting's drafts came from: the small model's, and prompt lookup's where
+        the run had it on, with how many of the answer's tokens each gave (every one checked)."""
+        router = self.profile_router()
+        if not router.get("lookup"):
+            return [
+                f"  - The {self.small} drafts while its {router['signal']} stays under "
+                f"{self.tau(router)} bits, up to {MAX_DRAFT} tokens.",
+                f"  - The {self.large} made {_f(p['side_by_side']['top_share'])} of the tokens itself and "
+                "checked all the others.",
+            ]
+        seconds = p.get("seconds") or {}
+        tokens = seconds.get("tokens")
+        looked = (seconds.get("sources") or {}).get("lookup", 0)
+        drafted = round(tokens * (1 - p["side_by_side"]["top_share"])) if tokens else None
+        out = [
+            f"  - Each round drafts up to {MAX_DRAFT} tokens where the planner expects a draft to pay "
+            "(the pass costs it measured, the share of drafts kept): the tokens that followed an earlier "
+            f"occurrence of the answer's last 4–8 (prompt lookup), or the {self.small}'s while it is sure; "
+            f"elsewhere the {self.large} decodes alone.",
+        ]
+        if tokens:
+            out.append(
+                f"  - Of its {tokens:,} tokens, {looked:,} were prompt-lookup drafts and {drafted:,} the "
+                f"{self.small}'s, every one checked by the {self.large}; the {self.large} sampled the "
+                f"other {tokens - looked - drafted:,} itself."
+            )
+        return out
+
     def bullets(self) -> str:
         out = []
         p, spec, top = self.profile, self.speculative, self.top
@@ -460,12 +489,9 @@ class Headline:
             out += [
                 '- **How.** Verified drafting (`--verify`; see "Verified drafting" in '
                 "[routing.md](routing.md#verified-drafting---verify-the-answer-is-the-large-tiers)).",
-                f"  - The {self.small} drafts while its {self.profile_router()['signal']} stays under "
-                f"{self.tau(self.profile_router())} bits, up to {MAX_DRAFT} tokens.",
+                *self.drafting_bullets(p),
                 f"  - The {self.large} checks the whole draft in one batched pass and keeps it up to the "
                 "first token it disagrees with.",
-                f"  - The {self.large} made {_f(mine['top_share'])} of the tokens itself and checked all the "
-                "others.",
                 f"  - On {mine['reproduces_top']}/{mine['problems']} problems the answers were token for "
                 f"token the {self.large}'s own.",
             ]
@@ -475,9 +501,9 @@ class Headline:
                 "same run.",
                 f"  - It decodes {_f(spec['side_by_side']['decode_tok_per_s'])} tok/s on our CPU routes, "
                 f"against {_f(top['side_by_side']['decode_tok_per_s'])} for the {self.large} alone: "
-                "its check of 2 drafted tokens is a 3-row pass, and OpenBLAS's sgemm made a 3-row "
-                "product cost 3.5–8× a 1-row one (`bench/results/small-rows-qwen1.5b.txt`; since "
-                "commit `12e769e` 2–3 rows take one mat-vec a row, after these records were made).",
+                "it drafts 2 tokens every round, kept or not, and checks them in a 3-row pass, which on "
+                f"this CPU costs about 2.3 one-row passes of the {self.large} "
+                "(`bench/results/threads-layout-qwen.txt`).",
                 f"  - Per problem: verified drafting {_f(self.seconds(p), 0)} s, mlx-lm's speculative "
                 f"decoding {_f(self.seconds(spec), 0)} s, the {self.large} alone {_f(self.seconds(top), 0)}"
                 " s.",
@@ -517,7 +543,8 @@ class Headline:
         per_problem = self.record["run_seconds_per_problem"]
         if per_problem:
             total = len(self.record["problems"])
-            hours = f"{per_problem * total / 3600:.0f} hours"
+            run_s = per_problem * total
+            hours = f"{run_s / 3600:.0f} hours" if run_s >= 7200 else f"{run_s / 60:.0f} minutes"
             minutes = f"{per_problem / 60:.0f} minutes"
             measured = (
                 f"{hours} of decoding for the run's {total} problems, {minutes} a problem (the sum "
@@ -530,7 +557,17 @@ class Headline:
                 f"- **How long a run takes.** All arms together took {measured}. The same command "
                 "resumes a stopped run, and `--shard I/N` splits it over processes.",
             ]
-        if p and p.get("verified") and p.get("projection"):
+        projected = [(arm.get("seconds") or {}).get("projection", {}).get("seconds", {}) for arm in (p, top)]
+        if p and p.get("verified") and all("M3 Max" in x for x in projected):
+            mine_s, top_s = (x["M3 Max"] for x in projected)
+            out += [
+                "- **Apple silicon** (a projection, not a measurement: the same passes, each reading its "
+                "model's weights once, at M3 Max peak bandwidth). Verified drafting's passes over the "
+                f"{len(self.complete)} problems would take {mine_s:.1f} s and the {self.large} alone's "
+                f"{top_s:.1f} s ({top_s / mine_s:.2f}×): there a batched check costs about what one "
+                "token does, so this CPU's cost of checking does not carry over.",
+            ]
+        elif p and p.get("verified") and p.get("projection"):
             bound = p["projection"]["tok_per_s_bound"]["M3 Max"]
             top_bound = top["projection"]["tok_per_s_bound"]["M3 Max"]
             out += [
