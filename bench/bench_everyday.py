@@ -32,7 +32,7 @@ from pathlib import Path
 
 from mlxswitch.api import build_ladder, resolve_profile
 from mlxswitch.bench.humaneval.arms import calibrated_config
-from mlxswitch.decoding.drafting import DraftMemory, PassCosts
+from mlxswitch.decoding.draft_memory import DraftMemory, PassCosts
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.kernels._common import set_blas_threads
 from mlxswitch.kernels.route import current_route

@@ -290,7 +290,8 @@ def replay(
 
 
 def simulate(args: argparse.Namespace) -> None:
-    from mlxswitch.decoding.drafting import DraftMemory, DraftPlanner, PassCosts
+    from mlxswitch.decoding.draft_memory import DraftMemory, PassCosts
+    from mlxswitch.decoding.drafting import DraftPlanner
     from mlxswitch.decoding.verify import MAX_DRAFT
 
     data = json.loads(Path(args.traces[0]).read_text())

@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .decoding.drafting import DraftMemory, PassCosts
+from .decoding.draft_memory import DraftMemory, PassCosts
 from .decoding.tiers import Ladder
 from .errors import OutputError
 from .files import atomic_file

@@ -14,7 +14,7 @@ from batch_helpers import Collector, run_batch
 from mlxswitch.decoding.answer import AnswerSummary
 from mlxswitch.decoding.batch import BatchedAnswers
 from mlxswitch.decoding.batch_loops import BatchedLoops, batch_engine, loops_batchable
-from mlxswitch.decoding.drafting import DraftMemory
+from mlxswitch.decoding.draft_memory import DraftMemory
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import CacheGroup, Ladder, gear_ladder, pair_ladder, single_model_ladder

@@ -1,4 +1,5 @@
-"""The draft planner and the prompt lookup (decoding/drafting.py): decisions on hand-made costs."""
+"""The draft planner, what it learns and the prompt lookup (decoding/drafting.py, draft_memory.py,
+lookup.py): decisions on hand-made costs."""
 
 from __future__ import annotations
 
@@ -7,17 +8,15 @@ import random
 
 import pytest
 
-from mlxswitch.decoding.drafting import (
+from mlxswitch.decoding.draft_memory import (
     BIN_PRIORS,
-    LOOKUP_FIRST,
     Acceptance,
     BinnedAcceptance,
     DraftMemory,
-    DraftPlanner,
     PassCosts,
     entropy_bin,
-    expected_tokens,
 )
+from mlxswitch.decoding.drafting import LOOKUP_FIRST, DraftPlanner, expected_tokens
 from mlxswitch.decoding.lookup import LookupIndex, lookup_draft
 
 SURE, UNSURE = 0.05, 2.0  # the drafter's (or the top tier's) entropy at a token, bits

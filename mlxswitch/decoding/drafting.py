@@ -39,214 +39,29 @@ pair's recorded answers (bench/replay_drafting.py), the 0.5B's rounds here make 
 the 1.5B's one-row rate (HumanEval, drafter in step), lookup rounds 3.7×: where lookup drafts
 are on offer the drafter falls behind, and the reading that costs keeps it from starting.
 
-Pass costs are measured by row count as the answers go (PassCosts) and kept, with the kept
-shares, on the ladder (DraftMemory); a bin's evidence and a kind's measured gain fade toward
-their priors while nothing is drafted (IDLE_DECAY), so drafting is tried again after a stretch
-where it did not pay.
+What the planner reads (pass costs by row count, kept shares by entropy bin, what each kind of
+round made) is learned as the answers go and kept on the ladder: draft_memory.py.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .draft_memory import DraftMemory
 
 # Bounds a round's rows (a check is one batched pass) and how long a stream waits for a check.
 MAX_DRAFT = 32
-# Row counts whose check seconds are kept separately; above the last, linear in the rows.
-_SMOOTHING = 0.3  # weight of a new timing in a pass's moving average
-PRIOR_KEPT, PRIOR_REJECTED = 3.0, 1.0  # pseudo-counts: a draft token is kept with p = 0.75 at first
-DECAY = 0.8  # per drafted round: about the last five rounds decide
-IDLE_DECAY = 0.93  # per round without a draft: what was seen fades, and the prior returns
-# Until a second row count has been timed, each extra row of a check is priced at this share of a
-# one-row check: between a Mac (≈ 0) and one CPU core (≈ 0.2 a row measured here), optimistic.
-PRIOR_ROW_SHARE = 0.1
-MATRIX_ROWS = 4  # from here up a CPU's pass is one matrix product, not a mat-vec per row
 PRIOR_DRAFT_SHARE = 0.25  # an untimed drafter's step, as a share of the top tier's one-row pass
 MIN_GAIN = 1.05  # the least expected speed-up over the top tier alone that a draft must promise
-# The drafter's entropy (bits) at a drafted token, binned: upper edges, and each bin's prior kept
-# share (a guess, weighted as BIN_PRIOR_WEIGHT tokens, that the checks soon replace).
-ENTROPY_BINS = (0.1, 0.3, 0.7, 1.5)
-BIN_PRIORS = (0.97, 0.9, 0.75, 0.5, 0.3)
-BIN_PRIOR_WEIGHT = 2.0
-BIN_DECAY = 0.95  # per checked token in the bin: about its last twenty decide
 START_MAX_ENTROPY = 0.5  # a model draft starts only after a top-tier token this sure (bits)
-# The measured gain of the drafter's rounds starts at a prior worth a couple of tokens, decays by
-# ROUND_DECAY a drafted round (about the last ten decide); below 1, no model draft is started.
-PRIOR_ROUND_TOKENS, PRIOR_ROUND_GAIN, ROUND_DECAY = 4.0, 1.2, 0.9
 # A lookup draft is at most LOOKUP_FIRST tokens until one is kept whole in this answer; each one
 # kept whole doubles the next's bound, a cut one resets it. The kept share prices a copy's tokens
 # as if each were as likely as the last, but a copy's first tokens are where it fails, and a long
 # check costs several one-row passes on a CPU: a 25-token draft that kept 1 cost 1.3 s
 # (everyday-heldout2-pair-v12). 7 tokens: an 8-row check, which costs a CPU what a 4-row one does.
 LOOKUP_FIRST = 7
-# Per round without that kind of draft, the measured gain moves back toward the prior: slowly,
-# since trying again is what a loss costs (a CPU's multi-row check for a token or two): from a
-# gain of 0.75 about 85 rounds pass before the next try, from 0.95 about 20.
-ROUND_IDLE_DECAY = 0.99
-
-
-@dataclass
-class PassCosts:
-    """Moving averages of one model's pass seconds by row count, and a line through them."""
-
-    seconds: dict[int, float] = field(default_factory=dict)
-
-    def record(self, rows: int, seconds: float) -> None:
-        """Fold one timed pass of `rows` rows into its row count's average."""
-        if rows < 1 or not math.isfinite(seconds) or seconds < 0:
-            return
-        old = self.seconds.get(rows)
-        self.seconds[rows] = seconds if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * seconds
-
-    @property
-    def known(self) -> bool:
-        """Whether any pass has been timed."""
-        return bool(self.seconds)
-
-    def estimate(self, rows: int) -> float:
-        """Seconds for a pass of `rows` rows: the timed average; else that of the next timed row
-        count above; else, beyond the largest timed count, a line from it (nan before any).
-
-        Not interpolated: on a CPU the cost is far from linear in the rows (one mat-vec a row up
-        to 3, then a matrix product that costs as much at 8 rows as at 5: bench/results/
-        threads-qwen.txt), and a line from one row to ten priced 5 rows at 2/3 of their cost."""
-        if rows in self.seconds:
-            return self.seconds[rows]
-        if not self.seconds:
-            return math.nan
-        above = [n for n in self.seconds if n > rows]
-        if above:
-            return self.seconds[min(above)]
-        largest = max(self.seconds)
-        return self.seconds[largest] + self._slope() * (rows - largest)
-
-    def _slope(self) -> float:
-        # The seconds each row adds beyond the largest timed count: least squares over the timed
-        # counts from MATRIX_ROWS up (the matrix-product regime), never below 0. Until two such
-        # are timed, the prior share of a one-row pass: optimistic, so that a long check is tried
-        # once rather than priced out by the mat-vec slope of 2 or 3 rows (a row each).
-        counts = sorted(n for n in self.seconds if n >= MATRIX_ROWS)
-        if len(counts) < 2:
-            smallest = min(self.seconds)
-            return PRIOR_ROW_SHARE * self.seconds[smallest] / (1 + PRIOR_ROW_SHARE * (smallest - 1))
-        mean_n = sum(counts) / len(counts)
-        mean_t = sum(self.seconds[n] for n in counts) / len(counts)
-        var = sum((n - mean_n) ** 2 for n in counts)
-        cov = sum((n - mean_n) * (self.seconds[n] - mean_t) for n in counts)
-        return max(0.0, cov / var)
-
-
-@dataclass
-class Acceptance:
-    """Decayed counts of drafted tokens kept and drafts cut short by the check."""
-
-    kept: float = 0.0
-    rejected: float = 0.0
-
-    @property
-    def p(self) -> float:
-        """The chance a drafted token is kept once the ones before it were (prior included)."""
-        return (self.kept + PRIOR_KEPT) / (self.kept + self.rejected + PRIOR_KEPT + PRIOR_REJECTED)
-
-    def record(self, drafted: int, kept: int) -> None:
-        """One checked draft: `kept` of its `drafted` tokens survived the check."""
-        self.kept = DECAY * self.kept + kept
-        self.rejected = DECAY * self.rejected + (1 if kept < drafted else 0)
-
-    def idle(self) -> None:
-        """A round with no draft of this kind: the evidence fades toward the prior."""
-        self.kept *= IDLE_DECAY
-        self.rejected *= IDLE_DECAY
-
-
-def entropy_bin(entropy: float) -> int:
-    """The bin of a drafted token by the drafter's entropy there (bits; nan: the least sure)."""
-    return bisect.bisect_left(ENTROPY_BINS, entropy) if math.isfinite(entropy) else len(ENTROPY_BINS)
-
-
-@dataclass
-class BinnedAcceptance:
-    """Per entropy bin, decayed counts of the drafter's checked tokens the check kept and cut."""
-
-    kept: list[float] = field(default_factory=lambda: [0.0] * len(BIN_PRIORS))
-    cut: list[float] = field(default_factory=lambda: [0.0] * len(BIN_PRIORS))
-
-    def q(self, entropy: float) -> float:
-        """The chance a token drafted at this entropy is kept, once those before it were."""
-        b = entropy_bin(entropy)
-        prior = BIN_PRIOR_WEIGHT * BIN_PRIORS[b]
-        return (self.kept[b] + prior) / (self.kept[b] + self.cut[b] + BIN_PRIOR_WEIGHT)
-
-    @property
-    def surest(self) -> float:
-        """The kept share of the surest bin: what a draft can at best expect."""
-        return self.q(0.0)
-
-    def record(self, entropies: Sequence[float], kept: int) -> None:
-        """One checked draft (the drafter's entropy at each token): the first `kept` survived, the
-        next (if any) was cut; those after it were checked against another prefix and say nothing."""
-        for i, entropy in enumerate(entropies[: kept + 1]):
-            b = entropy_bin(entropy)
-            self.kept[b] *= BIN_DECAY
-            self.cut[b] *= BIN_DECAY
-            if i < kept:
-                self.kept[b] += 1
-            else:
-                self.cut[b] += 1
-
-    def idle(self) -> None:
-        """A round with no model draft: the evidence fades toward the priors."""
-        self.kept = [k * IDLE_DECAY for k in self.kept]
-        self.cut = [c * IDLE_DECAY for c in self.cut]
-
-
-@dataclass
-class RoundYield:
-    """Decayed totals of what the drafter's rounds made: tokens, and their seconds counted in the
-    top tier's one-row passes. Their ratio is the measured gain of drafting over the top tier
-    alone, everything included that the plan leaves out (catch-ups, dropped drafts, Python)."""
-
-    tokens: float = PRIOR_ROUND_TOKENS
-    steps: float = PRIOR_ROUND_TOKENS / PRIOR_ROUND_GAIN
-    rounds: float = 1.0  # the prior counts as one round
-
-    @property
-    def gain(self) -> float:
-        """Tokens per one-row pass's worth of seconds: above 1, the drafter's rounds paid."""
-        return self.tokens / self.steps
-
-    @property
-    def saving(self) -> float:
-        """One-row passes a recent round saved on average (negative: it cost more than it made)."""
-        return (self.tokens - self.steps) / self.rounds
-
-    def record(self, tokens: int, steps: float) -> None:
-        """One model-drafted round: `tokens` made in `steps` one-row passes' worth of seconds."""
-        self.tokens = ROUND_DECAY * self.tokens + tokens
-        self.steps = ROUND_DECAY * self.steps + steps
-        self.rounds = ROUND_DECAY * self.rounds + 1
-
-    def idle(self) -> None:
-        """A round without the drafter: the totals fade toward the prior's gain."""
-        prior_steps = PRIOR_ROUND_TOKENS / PRIOR_ROUND_GAIN
-        self.tokens = ROUND_IDLE_DECAY * self.tokens + (1 - ROUND_IDLE_DECAY) * PRIOR_ROUND_TOKENS
-        self.steps = ROUND_IDLE_DECAY * self.steps + (1 - ROUND_IDLE_DECAY) * prior_steps
-        self.rounds = ROUND_IDLE_DECAY * self.rounds + (1 - ROUND_IDLE_DECAY)
-
-
-@dataclass
-class DraftMemory:
-    """What verified drafting learned on one ladder, kept across its answers: what the passes cost
-    here (the machine's) and how much of each kind of draft the check kept (the text's, decayed)."""
-
-    check: PassCosts = field(default_factory=PassCosts)  # the top tier's passes
-    draft: PassCosts = field(default_factory=PassCosts)  # the bottom tier's passes
-    binned: BinnedAcceptance = field(default_factory=BinnedAcceptance)  # per token, by entropy
-    rounds: RoundYield = field(default_factory=RoundYield)  # what the drafter's rounds made
-    lookup_rounds: RoundYield = field(default_factory=RoundYield)  # what the lookup's rounds made
-    lookup: Acceptance = field(default_factory=Acceptance)
 
 
 def expected_tokens(p: float, k: int) -> float:

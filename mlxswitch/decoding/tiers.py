@@ -20,7 +20,7 @@ from ..models.heads import SplitModel, split_model
 from ..models.model_bytes import bytes_per_token
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
-from .drafting import DraftMemory
+from .draft_memory import DraftMemory
 from .packed import can_pack, packed_caches
 
 _UNCHECKED = object()  # a CacheGroup's split before it is checked
