@@ -9,7 +9,10 @@ that drift hits all alike. One JSON line per (prompt, arm) is appended as it fin
 the same command again skips what the records hold. `--report` prints, per category and arm, the
 seconds per answer against the large model alone, the answers identical to its own, and where
 every second went (passes by model and row count, prefill, the rest), with each arm's floor and
-an Apple-silicon projection of the same pass counts (labelled: not a measurement).
+an Apple-silicon projection of the same pass counts (labelled: not a measurement). `--also
+RECORDS` (repeatable) adds another round of the same prompts, best run with the arms listed in
+another order (`--arms adaptive,large` after `large,adaptive`), so that each arm goes first on
+every prompt once: the report then ends with the wall-clock table pooled over the rounds.
 
 Arms: `large` (the top tier alone), `small` (the bottom tier alone: the floor's draft side),
 `fixed` (verified drafting with the earlier rule: drafts up to 32 tokens while the drafter is
@@ -310,6 +313,32 @@ def report(args: argparse.Namespace) -> None:
     firsts = {a: statistics.median(by[(p, a)]["stats"]["first_token_s"] or 0 for p in prompts) for a in arms}
     print()
     print("first token, median s: " + ", ".join(f"{a} {v:.2f}" for a, v in firsts.items()))
+    if args.also:
+        pooled_wall([records, *(load_records(Path(path)) for path in args.also)], arms)
+
+
+def pooled_wall(rounds: list[list[dict]], arms: list[str]) -> None:
+    """The wall-clock table over several rounds of the same prompts: each arm's seconds summed
+    over every round, on the prompts every round answered with every arm."""
+    by = [{(r["prompt"], r["arm"]): r for r in records} for records in rounds]
+    prompts = sorted(set.intersection(*({p for p, _ in b if all((p, a) in b for a in arms)} for b in by)))
+    category = {p: by[0][(p, arms[0])]["category"] for p in prompts}
+    print()
+    print(f"pooled over {len(rounds)} rounds ({len(prompts)} prompts each): seconds per answer, wall")
+    print(f"{'category':10s}" + "".join(f"{a:>17s}" for a in arms))
+    for cat in [*sorted(set(category.values())), "all"]:
+        chosen = [p for p in prompts if cat == "all" or category[p] == cat]
+        base = sum(b[(p, "large")]["wall_s"] for b in by for p in chosen) if "large" in arms else None
+        line = f"{cat:10s}"
+        for a in arms:
+            total = sum(b[(p, a)]["wall_s"] for b in by for p in chosen)
+            ratio = f" ({total / base:.3f}×)" if base else ""
+            line += f"{total / (len(chosen) * len(by)):8.1f}{ratio:>9s}"
+        print(line)
+    if "large" in arms:
+        for a in arms:
+            same = sum(b[(p, a)]["ids"] == b[(p, "large")]["ids"] for b in by for p in prompts)
+            print(f"  {a}: answers token for token the large model's own {same}/{len(prompts) * len(by)}")
 
 
 def main() -> None:
@@ -328,6 +357,12 @@ def main() -> None:
     parser.add_argument("--prompts", default=str(PROMPTS), help="JSON Lines of id, category, prompt")
     parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: every core)")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="with --report: another round's records of the same prompts, pooled at the end",
+    )
     args = parser.parse_args()
     if args.report:
         report(args)

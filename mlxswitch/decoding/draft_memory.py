@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# Row counts whose check seconds are kept separately; above the last, linear in the rows.
+# Each row count's pass seconds are a moving average (PassCosts); beyond the largest timed count, a line.
 _SMOOTHING = 0.3  # weight of a new timing in a pass's moving average
 PRIOR_KEPT, PRIOR_REJECTED = 3.0, 1.0  # pseudo-counts: a draft token is kept with p = 0.75 at first
 DECAY = 0.8  # per drafted round: about the last five rounds decide
