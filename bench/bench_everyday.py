@@ -224,21 +224,10 @@ def report(args: argparse.Namespace) -> None:
     arms = [a for a in args.arms.split(",") if any(r["arm"] == a for r in records)]
     by = {(r["prompt"], r["arm"]): r for r in records}
     prompts = sorted({r["prompt"] for r in records if all((r["prompt"], a) in by for a in arms)})
-    categories = sorted({by[(p, arms[0])]["category"] for p in prompts})
     print(f"{len(prompts)} prompts answered by every arm ({', '.join(arms)}); greedy")
     print()
     print("seconds per answer (wall, prompt included), and the time against the large model alone")
-    header = f"{'category':10s}" + "".join(f"{a:>17s}" for a in arms)
-    print(header)
-    for cat in [*categories, "all"]:
-        chosen = [p for p in prompts if cat == "all" or by[(p, arms[0])]["category"] == cat]
-        line = f"{cat:10s}"
-        base = sum(by[(p, "large")]["wall_s"] for p in chosen) if "large" in arms else None
-        for a in arms:
-            total = sum(by[(p, a)]["wall_s"] for p in chosen)
-            ratio = f" ({total / base:.3f}×)" if base else ""
-            line += f"{total / len(chosen):8.1f}{ratio:>9s}"
-        print(line)
+    wall_table([by], prompts, arms)
     if "large" in arms:
         print()
         print("answers token for token the large model's own:")
@@ -317,24 +306,30 @@ def report(args: argparse.Namespace) -> None:
         pooled_wall([records, *(load_records(Path(path)) for path in args.also)], arms)
 
 
+def wall_table(rounds: list[dict], prompts: list[str], arms: list[str]) -> None:
+    """Per category and arm, the seconds per answer over the rounds (each a dict of records by
+    (prompt, arm)), and against the large model alone's where it is an arm."""
+    print(f"{'category':10s}" + "".join(f"{a:>17s}" for a in arms))
+    category = {p: rounds[0][(p, arms[0])]["category"] for p in prompts}
+    for cat in [*sorted(set(category.values())), "all"]:
+        chosen = [p for p in prompts if cat == "all" or category[p] == cat]
+        base = sum(b[(p, "large")]["wall_s"] for b in rounds for p in chosen) if "large" in arms else None
+        line = f"{cat:10s}"
+        for a in arms:
+            total = sum(b[(p, a)]["wall_s"] for b in rounds for p in chosen)
+            ratio = f" ({total / base:.3f}×)" if base else ""
+            line += f"{total / (len(chosen) * len(rounds)):8.1f}{ratio:>9s}"
+        print(line)
+
+
 def pooled_wall(rounds: list[list[dict]], arms: list[str]) -> None:
     """The wall-clock table over several rounds of the same prompts: each arm's seconds summed
     over every round, on the prompts every round answered with every arm."""
     by = [{(r["prompt"], r["arm"]): r for r in records} for records in rounds]
     prompts = sorted(set.intersection(*({p for p, _ in b if all((p, a) in b for a in arms)} for b in by)))
-    category = {p: by[0][(p, arms[0])]["category"] for p in prompts}
     print()
     print(f"pooled over {len(rounds)} rounds ({len(prompts)} prompts each): seconds per answer, wall")
-    print(f"{'category':10s}" + "".join(f"{a:>17s}" for a in arms))
-    for cat in [*sorted(set(category.values())), "all"]:
-        chosen = [p for p in prompts if cat == "all" or category[p] == cat]
-        base = sum(b[(p, "large")]["wall_s"] for b in by for p in chosen) if "large" in arms else None
-        line = f"{cat:10s}"
-        for a in arms:
-            total = sum(b[(p, a)]["wall_s"] for b in by for p in chosen)
-            ratio = f" ({total / base:.3f}×)" if base else ""
-            line += f"{total / (len(chosen) * len(by)):8.1f}{ratio:>9s}"
-        print(line)
+    wall_table(by, prompts, arms)
     if "large" in arms:
         for a in arms:
             same = sum(b[(p, a)]["ids"] == b[(p, "large")]["ids"] for b in by for p in prompts)
