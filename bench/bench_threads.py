@@ -1,6 +1,6 @@
 """BLAS threads on the CPU route: one vs every core, by row count, on a model's own layer shapes.
 
-    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7] [--padding | --layout]
+    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7] [--padding | --layout | --panels]
 
 The resident fp32 route multiplies rows by each layer's weight, kept transposed (in × out),
 through NumPy's OpenBLAS (kernels/nested_cpu.py). A one-row step is a mat-vec (memory-bound), a
@@ -11,6 +11,8 @@ With --padding it compares instead, on every core, products whose rows are zero-
 multiple of nested_cpu.SGEMM_ROW_MULTIPLE (the route's) against the same products unpadded.
 With --layout it compares, on every core, the route (Wᵀ kept) against the out × in layout it kept
 before (`out_by_in_rows_times` here), each with its own sgemv/sgemm rule.
+With --panels it compares, on every core, NumPy's BLAS on Wᵀ (MLXSWITCH_KERNELS=blas) against the
+compiled panel kernel on W in panels (kernels/panel_cpu.py, the route under "auto").
 Run it alone: a timing taken while another process shares the cores is not a measurement.
 """
 
@@ -24,6 +26,7 @@ import numpy as np
 from mlxswitch.kernels import nested_cpu
 from mlxswitch.kernels._common import _openblas_threads, available_cores
 from mlxswitch.kernels.nested_cpu import resident_rows_times, sgemm_rows
+from mlxswitch.kernels.panel_cpu import build_panel_kernel, panel_copy
 
 # (out, in) of one decoder layer's linears and the head: Qwen2.5-Coder-1.5B and -0.5B.
 SHAPES = {
@@ -51,6 +54,9 @@ SHAPES = {
 ROWS = (1, 2, 3, 4, 5, 8, 12, 16, 24, 33, 64)
 PADDING_ROWS = (1, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 16, 17, 19, 20, 24, 33, 36)
 LAYOUT_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 24, 33, 48, 64)
+OPENBLAS_SPIN_S = 0.3  # longer than OpenBLAS's workers spin after a product before they sleep
+BACK_TO_BACK = 3
+PANEL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 33, 47, 64, 128)
 # The rule of the out × in layout the resident route kept before: one sgemv a row up to 3 rows,
 # where its sgemm was slow (bench/bench_small_rows.py, bench/results/small-rows-qwen1.5b.txt).
 OUT_BY_IN_GEMV_MAX_ROWS = 3
@@ -93,6 +99,37 @@ def compare_layout(weights, rounds: int, rng) -> None:
         print(f"{rows:5d}{1e3 * old:12.2f}{old / one:9.2f}{1e3 * new:12.2f}{new / one:9.2f}{old / new:7.2f}")
 
 
+def compare_panels(weights, rounds: int, rng) -> None:
+    """NumPy's BLAS on Wᵀ against the panel kernel, every core, interleaved, best of rounds."""
+    build = build_panel_kernel()
+    if build.kernel is None:
+        raise SystemExit(f"the panel kernel did not build: {build.detail}")
+    kernel, threads = build.kernel, available_cores()
+    panels = [panel_copy(lambda r0, r1, w=w: w[r0:r1], *w.shape) for w in weights]
+    weights_t = [np.ascontiguousarray(w.T) for w in weights]
+    xs = {r: [rng.standard_normal((r, w.shape[1]), dtype=np.float32) for w in weights] for r in PANEL_ROWS}
+    arms = {
+        "blas": (weights_t, resident_rows_times),
+        "panels": (panels, lambda x, p: kernel.times(x, p, threads)),
+    }
+    best = {(a, r): float("inf") for a in arms for r in PANEL_ROWS}
+    for _ in range(rounds):
+        for rows in PANEL_ROWS:
+            for arm, (ws, product) in arms.items():
+                # OpenBLAS's workers spin for a while after a product and would take the panel
+                # threads' cores; a decoding step on the panel route makes no BLAS call at all.
+                # Then passes back to back, as decoding runs them (the first wakes the threads).
+                time.sleep(OPENBLAS_SPIN_S)
+                for _ in range(BACK_TO_BACK):
+                    best[(arm, rows)] = min(best[(arm, rows)], _time_rows(ws, xs, rows, product))
+    print(f"kernel: {build.detail}")
+    print(f"{'rows':>5s}{'blas ms':>10s}{'× 1 row':>9s}{'panels ms':>11s}{'× 1 row':>9s}{'gain':>7s}")
+    one = best[("blas", 1)]
+    for rows in PANEL_ROWS:
+        old, new = best[("blas", rows)], best[("panels", rows)]
+        print(f"{rows:5d}{1e3 * old:10.2f}{old / one:9.2f}{1e3 * new:11.2f}{new / one:9.2f}{old / new:7.2f}")
+
+
 def compare_padding(weights, rounds: int, rng) -> None:
     """Padded (the route) against unpadded products on every core, interleaved, best of rounds."""
     multiple = nested_cpu.SGEMM_ROW_MULTIPLE
@@ -122,6 +159,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--padding", action="store_true", help="padded against unpadded rows, every core")
     parser.add_argument("--layout", action="store_true", help="Wᵀ kept (the route) against W, every core")
+    parser.add_argument("--panels", action="store_true", help="BLAS on Wᵀ against the panel kernel")
     args = parser.parse_args()
     threads = _openblas_threads()
     if threads is None:
@@ -129,13 +167,14 @@ def main() -> None:
     _, set_threads = threads
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(shape, dtype=np.float32) for shape in SHAPES[args.shapes]]
-    if args.padding or args.layout:
+    if args.padding or args.layout or args.panels:
         set_threads(available_cores())
         print(
             f"shapes {args.shapes}: one decoder layer's linears + 1/8 of the head; best of {args.rounds}; "
             f"{available_cores()} threads"
         )
-        (compare_padding if args.padding else compare_layout)(weights, args.rounds, rng)
+        compare = compare_padding if args.padding else compare_layout if args.layout else compare_panels
+        compare(weights, args.rounds, rng)
         return
     weights = [np.ascontiguousarray(w.T) for w in weights]  # the route's layout
     counts = sorted({1, available_cores()})

@@ -1,5 +1,6 @@
 """The fast routes change no token and no tier: greedy output and routing with and without
-MLXSWITCH_KERNELS=reference (the multi-row matmul route, and signals read by NumPy on a CPU)."""
+MLXSWITCH_KERNELS=reference (the multi-row matmul route, and signals read by NumPy on a CPU), and
+with the compiled panel kernel ("auto") or NumPy's BLAS ("blas") on the resident weights."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_tiny_ladders_give_the_same_tokens_on_every_route(tiny_pair, monkeypatch
     else:
         profile = resolve_profile(model=large, gears="4,8", tau="1.5", window=2, min_run=2)
     fast = _answers(profile, monkeypatch, "auto", 16)
+    assert fast == _answers(profile, monkeypatch, "blas", 16)
     assert fast == _answers(profile, monkeypatch, "reference", 16)
     assert fast == _answers(profile, monkeypatch, "mx", 16)
     assert len({tier for answer in fast for _, tier in answer}) == 2  # both tiers decided something

@@ -29,6 +29,7 @@ FIELDS = [
     "kernels",
     "signals",
     "plain_linears",
+    "resident_product",
     "nested",
     "multi_row",
     "blas_threads",
@@ -51,6 +52,18 @@ def test_the_cpu_routes_are_what_each_setting_always_took():
     assert _fields(route_for("cpu", "mx")) == ("mx-ops", "rows", "reference", "mx-dense", "float32")
     assert _fields(route_for("cpu", "reference")) == ("mx-ops", "rows", "reference", "reference", "float32")
     assert route_for("cpu").numpy_allowed and not route_for("cpu", "mx").numpy_allowed
+
+
+def test_the_panel_kernel_is_taken_only_where_it_built_and_the_setting_allows():
+    assert route_for("cpu", "auto", panel_kernel=True).resident_product == "panel-kernel"
+    assert route_for("cpu", "auto", panel_kernel=False).resident_product == "numpy-blas"
+    # "blas": the NumPy routes of "auto" with the kernel ruled out.
+    blas = route_for("cpu", "blas", panel_kernel=True)
+    assert blas.resident_product == "numpy-blas" and blas.numpy_allowed
+    assert _fields(blas) == _fields(route_for("cpu", "auto"))
+    for kernels in ("mx", "reference"):
+        assert route_for("cpu", kernels, panel_kernel=True).resident_product == "none"
+    assert route_for("metal", panel_kernel=True).resident_product == "none"
 
 
 @pytest.mark.parametrize("kernels", ["auto", "mx", "reference"])

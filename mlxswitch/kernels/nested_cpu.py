@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from ._common import blas_threads
+from .panel_cpu import PanelWeight, panel_copy, panel_kernel
 from .route import current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
@@ -244,16 +245,31 @@ def describe_cpu_rule() -> str:
     return f"dense fp32 + MLX matmul: {floors}; fewer planes: reference"
 
 
-def resident_dense_matmul(x: mx.array, weight_t: np.ndarray, bias: mx.array | None = None) -> mx.array | None:
-    """x · Wᵀ (+ bias) on a resident fp32 copy of Wᵀ (`weight_t`: in × out, contiguous; see
-    RESIDENT_GEMV_MAX_ROWS), by NumPy's BLAS: the CPU route at every row count for
-    a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
+def resident_copy(weight_rows, out_dims: int, in_dims: int) -> np.ndarray | PanelWeight:
+    """The resident fp32 copy of W the route multiplies: panels where the route has the panel
+    kernel, else Wᵀ for NumPy's BLAS (`weight_rows(r0, r1)`: rows r0..r1 of W as fp32 NumPy)."""
+    if current_route().resident_product == "panel-kernel":
+        return panel_copy(weight_rows, out_dims, in_dims)
+    return transposed_copy(weight_rows, out_dims, in_dims)
+
+
+def resident_dense_matmul(
+    x: mx.array, weight: np.ndarray | PanelWeight, bias: mx.array | None = None
+) -> mx.array | None:
+    """x · Wᵀ (+ bias) on a resident fp32 copy (resident_copy): panels by the panel kernel, or Wᵀ
+    (in × out, contiguous; see RESIDENT_GEMV_MAX_ROWS) by NumPy's BLAS. The CPU route at every row
+    count for a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
     bench/results/row-routes-qwen1.5b.txt). None where evaluation is refused (mx.compile)."""
     xs = _numpy_rows(x)
     if xs is None:
         return None
-    with blas_threads(xs.shape[0]):
-        y = _from_rows(resident_rows_times(xs, weight_t), x)
+    if isinstance(weight, PanelWeight):
+        kernel = panel_kernel()
+        assert kernel is not None, "panels are built only where the kernel is"
+        y = _from_rows(kernel.times(xs, weight, current_route().blas_threads), x)
+    else:
+        with blas_threads(xs.shape[0]):
+            y = _from_rows(resident_rows_times(xs, weight), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
 

@@ -8,6 +8,8 @@ that flips the setting); `kernels_override()` runs a block on another setting.
 
 MLXSWITCH_KERNELS values:
   "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
+  "blas": as "auto", but resident CPU weights go through NumPy's BLAS, not the compiled panel
+        kernel (to rule the kernel out, or to compare the two);
   "reference": every dispatcher returns its plain-mx reference (to rule the kernels out of a bug);
   "mx": only MLX computes (no NumPy route), results stay lazy and traceable: on a CPU, the
         route a Mac takes, minus its Metal kernels (docs/platforms.md).
@@ -22,8 +24,10 @@ from dataclasses import asdict, dataclass, replace
 
 import mlx.core as mx
 
+from .panel_cpu import build_panel_kernel
+
 KERNELS_ENV = "MLXSWITCH_KERNELS"
-SETTINGS = ("auto", "reference", "mx")
+SETTINGS = ("auto", "blas", "reference", "mx")
 BACKENDS = ("metal", "cuda", "cpu")
 
 
@@ -67,8 +71,13 @@ _WORDS = {
     },
     "plain_linears": {
         "mlx-module": "MLX's own nn.QuantizedLinear",
-        "resident-fp32": "resident fp32 NumPy copy + BLAS where it fits, else the rows route",
+        "resident-fp32": "resident fp32 NumPy copy where it fits (see resident_product), else the rows route",
         "rows": "rows route (MLX's quantized matmul below the multi-row floor)",
+    },
+    "resident_product": {
+        "panel-kernel": "compiled C panel kernel: each weight read once for 1-6 rows (checked on load)",
+        "numpy-blas": "NumPy's BLAS (sgemv, padded sgemm)",
+        "none": "no resident copies",
     },
     "nested": {
         "metal-kernel": "fused Metal mat-vec for 2+ planes, ≤ 4 rows (checked on first use); "
@@ -95,6 +104,8 @@ class Route:
     plain_linears: a plain quantized linear — "mlx-module" (MLX's own nn.QuantizedLinear),
         "resident-fp32" (a resident fp32 NumPy copy through BLAS where it fits in memory, else
         "rows") or "rows" (our module: the multi-row route, MLX's quantized matmul otherwise).
+    resident_product: a product on a resident fp32 copy — "panel-kernel" (the compiled
+        panel_rows.c, where it built and passed its check), "numpy-blas" or "none" (no copies).
     nested: a nested-gear product of few rows — "metal-kernel" (the fused mat-vec for 2+ planes,
         checked on first use) or "reference" (one quantized_matmul a plane).
     multi_row: a product of many rows — "numpy-blas" (dequantized fp32 + NumPy's BLAS),
@@ -108,6 +119,7 @@ class Route:
     kernels: str
     signals: str
     plain_linears: str
+    resident_product: str
     nested: str
     multi_row: str
     blas_threads: int
@@ -125,8 +137,8 @@ class Route:
 
     @property
     def numpy_allowed(self) -> bool:
-        """Whether a dispatcher may hand work to NumPy (a CPU with MLXSWITCH_KERNELS=auto)."""
-        return self.backend == "cpu" and self.kernels == "auto"
+        """Whether a dispatcher may hand work to NumPy (a CPU with MLXSWITCH_KERNELS=auto or blas)."""
+        return self.backend == "cpu" and self.kernels in ("auto", "blas")
 
     @property
     def lazy_passes(self) -> bool:
@@ -152,6 +164,9 @@ class Route:
                 text = f"{value} ({KERNELS_ENV})"
             elif key == "metal":
                 text = "available" if value else "not available"
+            elif key == "resident_product" and self.numpy_allowed and self.kernels == "auto":
+                # Why the kernel is (or is not) in use: compiler and flags, or what failed.
+                text = f"{_WORDS[key][value]}; build: {build_panel_kernel().detail}"
             else:
                 text = _WORDS.get(key, {}).get(value, str(value))
             lines.append((key, text))
@@ -159,15 +174,21 @@ class Route:
 
 
 def route_for(
-    backend: str, kernels: str = "auto", *, metal: bool | None = None, blas_threads: int = 1
+    backend: str,
+    kernels: str = "auto",
+    *,
+    metal: bool | None = None,
+    blas_threads: int = 1,
+    panel_kernel: bool = False,
 ) -> Route:
-    """The route a machine with `backend` takes under a kernels setting (pure: reads no device)."""
+    """The route a machine with `backend` takes under a kernels setting (pure: reads no device);
+    `panel_kernel`: whether the compiled panel kernel built and passed its check here."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     kernels = parse_kernels_setting(kernels)
     metal = backend == "metal" if metal is None else metal
     reference = kernels == "reference"
-    numpy = backend == "cpu" and kernels == "auto"
+    numpy = backend == "cpu" and kernels in ("auto", "blas")
     if backend == "cpu":
         signals = "numpy" if numpy else "mx-ops"
         # Our module on every plain linear (the same arrays): its multi-row route is the CPU's win.
@@ -177,6 +198,10 @@ def route_for(
         # A GPU: MLX's own modules and ops; only the Metal kernels are ours.
         signals = "metal-kernel" if backend == "metal" and metal and not reference else "mx-ops"
         plain, multi_row = "mlx-module", "reference"
+    if plain != "resident-fp32":
+        resident = "none"
+    else:
+        resident = "panel-kernel" if panel_kernel and kernels == "auto" else "numpy-blas"
     nested = "metal-kernel" if backend == "metal" and metal and not reference else "reference"
     return Route(
         backend=backend,
@@ -184,6 +209,7 @@ def route_for(
         kernels=kernels,
         signals=signals,
         plain_linears=plain,
+        resident_product=resident,
         nested=nested,
         multi_row=multi_row,
         blas_threads=blas_threads,
@@ -206,10 +232,12 @@ def resolve_route(
         # Every core by default: two threads were faster at every row count on a quiet machine
         # (bench/results/threads-qwen.txt); --threads (set_blas_threads) overrides it.
         blas_threads = _ROUTE.blas_threads if _ROUTE is not None else available_cores()
-    if backend is None:
-        route = route_for(detect_backend(), setting, metal=_metal_available(), blas_threads=blas_threads)
-    else:
-        route = route_for(backend, setting, blas_threads=blas_threads)
+    # A named backend is a machine the test imagines: its Metal is the backend's own.
+    metal = _metal_available() if backend is None else None
+    backend = detect_backend() if backend is None else backend
+    # The kernel is compiled (once a process) only where the route would use it.
+    panel = backend == "cpu" and setting == "auto" and build_panel_kernel().kernel is not None
+    route = route_for(backend, setting, metal=metal, blas_threads=blas_threads, panel_kernel=panel)
     use_route(route)
     return route
 

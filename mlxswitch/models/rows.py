@@ -14,7 +14,8 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels.nested import quantized_matmul_rows
-from ..kernels.nested_cpu import resident_dense_matmul, transposed_copy
+from ..kernels.nested_cpu import resident_copy, resident_dense_matmul
+from ..kernels.panel_cpu import PanelWeight
 from ..kernels.route import current_route
 from .machine import available_memory_bytes
 
@@ -22,7 +23,8 @@ from .machine import available_memory_bytes
 class RowsQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose product takes the dispatcher's route (same arrays, same results)."""
 
-    dense: np.ndarray | None = None  # the resident fp32 Wᵀ (in × out), when the CPU route keeps one
+    # The resident fp32 copy, when the CPU route keeps one: panels (the panel kernel) or Wᵀ (BLAS).
+    dense: np.ndarray | PanelWeight | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): on the resident fp32 weight, else many rows through one dequantized
@@ -43,8 +45,8 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
         )
 
     def keep_dense(self) -> None:
-        """Dequantize the weight once into a resident fp32 NumPy copy of Wᵀ (not a parameter;
-        transposed: the layout BLAS multiplies fastest, see nested_cpu.RESIDENT_GEMV_MAX_ROWS)."""
+        """Dequantize the weight once into the resident fp32 NumPy copy the route multiplies (not a
+        parameter): panels for the panel kernel, else Wᵀ (nested_cpu.resident_copy)."""
         biases = self.get("biases")
 
         def weight_rows(r0: int, r1: int) -> np.ndarray:
@@ -60,14 +62,14 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
 
         out_dims = self["weight"].shape[0]
         in_dims = self["weight"].shape[1] * 32 // self.bits
-        self.dense = transposed_copy(weight_rows, out_dims, in_dims)
+        self.dense = resident_copy(weight_rows, out_dims, in_dims)
 
 
 class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
     """nn.QuantizedEmbedding whose output-head product (`as_linear`, a tied head) takes the resident
     fp32 route like the linears; looking ids up stays MLX's own (a few rows dequantized)."""
 
-    dense: np.ndarray | None = None
+    dense: np.ndarray | PanelWeight | None = None
 
     def as_linear(self, x: mx.array) -> mx.array:
         """x · Wᵀ: on the resident fp32 weight when the route keeps one, else MLX's quantized matmul
