@@ -29,7 +29,13 @@ def store_path(ladder: Ladder) -> Path:
     key = json.dumps(
         {
             "models": [(g.model.source, g.model.precision, g.model.linears) for g in ladder.groups],
-            "route": [route.backend, route.kernels, route.blas_threads, route.compute_dtype],
+            "route": [
+                route.backend,
+                route.kernels,
+                route.resident_product,
+                route.blas_threads,
+                route.compute_dtype,
+            ],
         },
         sort_keys=True,
     )
