@@ -501,9 +501,9 @@ class Headline:
                 "same run.",
                 f"  - It decodes {_f(spec['side_by_side']['decode_tok_per_s'])} tok/s on our CPU routes, "
                 f"against {_f(top['side_by_side']['decode_tok_per_s'])} for the {self.large} alone: "
-                "it drafts 2 tokens every round, kept or not, and checks them in a 3-row pass, which on "
-                f"this CPU costs about 2.6 one-row passes of the {self.large} "
-                "(one layer's linears, `bench/results/threads-layout-qwen.txt`).",
+                "it drafts 2 tokens every round, kept or not, and checks them in a 3-row pass "
+                f"(what a pass of k rows of the {self.large} costs on this CPU: "
+                "`bench/results/model-rows-qwen.txt`).",
                 f"  - Per problem: verified drafting {_f(self.seconds(p), 0)} s, mlx-lm's speculative "
                 f"decoding {_f(self.seconds(spec), 0)} s, the {self.large} alone {_f(self.seconds(top), 0)}"
                 " s.",

@@ -59,8 +59,11 @@ def route_line(session: ChatSession) -> str:
     """The route in one line, said once under the chat's banner."""
     route = current_route()
     models = ", ".join(f"{g.name} {g.model.linears or '?'}" for g in session.ladder.groups)
-    threads = f" · BLAS threads {route.blas_threads} (multi-row)" if route.backend == "cpu" else ""
-    return f"route: {route.backend} · linears: {models} · signals {route.signals}{threads}"
+    product = {"panel-kernel": "panel kernel", "numpy-blas": "NumPy BLAS"}.get(route.resident_product)
+    resident = any(g.model.linears == "resident-fp32" for g in session.ladder.groups)
+    products = f" · fp32 copies by the {product}" if product and resident else ""
+    threads = f" · threads {route.blas_threads}" if route.backend == "cpu" else ""
+    return f"route: {route.backend} · linears: {models}{products} · signals {route.signals}{threads}"
 
 
 def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:

@@ -98,12 +98,13 @@ class Route:
 
     backend: "metal" | "cuda" | "cpu" — the default device's backend.
     metal: whether Metal is present (its kernels can run on a GPU stream, whatever the default).
-    kernels: the MLXSWITCH_KERNELS setting ("auto" | "reference" | "mx").
+    kernels: the MLXSWITCH_KERNELS setting ("auto" | "blas" | "reference" | "mx").
     signals: per-token entropy/varentropy/margin — "metal-kernel" (checked on first use, the mx
         reference on a mismatch), "numpy" (eager, from the logits) or "mx-ops" (the reference).
     plain_linears: a plain quantized linear — "mlx-module" (MLX's own nn.QuantizedLinear),
-        "resident-fp32" (a resident fp32 NumPy copy through BLAS where it fits in memory, else
-        "rows") or "rows" (our module: the multi-row route, MLX's quantized matmul otherwise).
+        "resident-fp32" (a resident fp32 NumPy copy where it fits in memory, multiplied as
+        resident_product says; else "rows") or "rows" (our module: the multi-row route, MLX's
+        quantized matmul otherwise).
     resident_product: a product on a resident fp32 copy — "panel-kernel" (the compiled
         panel_rows.c, where it built and passed its check), "numpy-blas" or "none" (no copies).
     nested: a nested-gear product of few rows — "metal-kernel" (the fused mat-vec for 2+ planes,
