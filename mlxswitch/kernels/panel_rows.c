@@ -8,8 +8,8 @@
  * row on a 2-core x86 (bench/results/panel-rows-qwen.txt); a k-row pass here costs about one.
  * Plain C with GCC/Clang vector extensions: compiled on first use for this machine
  * (-march=native) and checked against NumPy before any model uses it. Threads: OpenMP, whose
- * workers spin between the ~200 products of a step (a Python thread pool's wake-ups cost more
- * than the products gain); built without it, one thread.
+ * workers spin between the ~200 products of a step (a Python thread pool, woken per product, took
+ * a one-row layer set 1.19x BLAS's time where OpenMP took 0.81x); built without it, one thread.
  */
 #include <string.h>
 #ifdef _OPENMP
