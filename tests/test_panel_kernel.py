@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxswitch.kernels import panel_cpu, route
+from mlxswitch.kernels import panel_cpu
 from mlxswitch.kernels.panel_cpu import PANEL, build_panel_kernel, check_kernel, panel_copy
 from mlxswitch.kernels.route import resolve_route
 
@@ -62,7 +62,6 @@ def _rebuilt(monkeypatch, **patches):
     for name, value in patches.items():
         monkeypatch.setattr(panel_cpu, name, value)
     build_panel_kernel.cache_clear()
-    monkeypatch.setattr(route, "build_panel_kernel", build_panel_kernel)
     return build_panel_kernel()
 
 
@@ -74,6 +73,17 @@ def test_without_a_compiler_the_resident_route_keeps_blas_and_says_why(monkeypat
         resolved = resolve_route("auto", "cpu")
         assert resolved.resident_product == "numpy-blas"
         assert "no C compiler" in dict(resolved.describe())["resident_product"]
+    finally:
+        build_panel_kernel.cache_clear()
+
+
+def test_a_kernel_without_its_functions_falls_back(monkeypatch, tmp_path):
+    empty = tmp_path / "empty.c"
+    empty.write_text("int nothing_here(void) { return 0; }\n")
+    try:
+        build = _rebuilt(monkeypatch, SOURCE=empty)
+        assert build.kernel is None and "lacks a function" in build.detail
+        assert resolve_route("auto", "cpu").resident_product == "numpy-blas"
     finally:
         build_panel_kernel.cache_clear()
 

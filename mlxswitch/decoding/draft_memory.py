@@ -22,7 +22,9 @@ IDLE_DECAY = 0.93  # per round without a draft: what was seen fades, and the pri
 # Until a second row count has been timed, each extra row of a check is priced at this share of a
 # one-row check: between a Mac (≈ 0) and one CPU core (≈ 0.2 a row measured here), optimistic.
 PRIOR_ROW_SHARE = 0.1
-MATRIX_ROWS = 4  # from here up a CPU's pass is one matrix product, not a mat-vec per row
+# From here up a CPU's pass is one matrix product on NumPy's BLAS (not a mat-vec a row), and on
+# the panel kernel past the few rows that cost about one: the regime a line fits.
+MATRIX_ROWS = 4
 # The drafter's entropy (bits) at a drafted token, binned: upper edges, and each bin's prior kept
 # share (a guess, weighted as BIN_PRIOR_WEIGHT tokens, that the checks soon replace).
 ENTROPY_BINS = (0.1, 0.3, 0.7, 1.5)
@@ -60,9 +62,11 @@ class PassCosts:
         """Seconds for a pass of `rows` rows: the timed average; else that of the next timed row
         count above; else, beyond the largest timed count, a line from it (nan before any).
 
-        Not interpolated: on a CPU the cost is far from linear in the rows (one mat-vec a row up
-        to 3, then a matrix product that costs as much at 8 rows as at 5: bench/results/
-        threads-qwen.txt), and a line from one row to ten priced 5 rows at 2/3 of their cost."""
+        Not interpolated: on a CPU the cost is far from linear in the rows (on NumPy's BLAS one
+        mat-vec a row up to 3, then a matrix product that costs as much at 8 rows as at 5:
+        bench/results/threads-qwen.txt; on the panel kernel about one row up to 3, then steps of
+        6 rows: model-rows-qwen.txt), and a line from one row to ten priced 5 rows at 2/3 of
+        their cost."""
         if rows in self.seconds:
             return self.seconds[rows]
         if not self.seconds:

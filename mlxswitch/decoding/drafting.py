@@ -32,7 +32,8 @@ A round goes (DraftPlanner):
 Each kind of draft must also have paid, measured: the tokens its recent rounds made over their
 seconds (catch-ups, dropped drafts and Python included; the drafter's one read of the prompt
 excepted), in one-row passes of the top tier (RoundYield). Below 1, no such draft is started.
-So on a CPU where a 16-row check costs 3.4 one-row passes and the 0.5B 0.41 of the 1.5B, drafts
+So on a CPU where a 16-row check costs 3.4 one-row passes (NumPy's BLAS; 2.2 on the panel kernel,
+bench/results/model-rows-qwen.txt) and the 0.5B 0.41 of the 1.5B, drafts
 are made only through stretches the drafter is sure of, and the top tier decodes alone
 elsewhere; on a Mac, where a check costs about one row, drafts run long. Replayed on the Qwen
 pair's recorded answers (bench/replay_drafting.py), the 0.5B's rounds here make at best 1.25×
@@ -60,7 +61,8 @@ START_MAX_ENTROPY = 0.5  # a model draft starts only after a top-tier token this
 # kept whole doubles the next's bound, a cut one resets it. The kept share prices a copy's tokens
 # as if each were as likely as the last, but a copy's first tokens are where it fails, and a long
 # check costs several one-row passes on a CPU: a 25-token draft that kept 1 cost 1.3 s
-# (everyday-heldout2-pair-v12). 7 tokens: an 8-row check, which costs a CPU what a 4-row one does.
+# (everyday-heldout2-pair-v12). 7 tokens: an 8-row check, which on NumPy's BLAS costs what a 4-row
+# one does (on the panel kernel 1.6 against 1.2 one-row passes: model-rows-qwen.txt).
 LOOKUP_FIRST = 7
 
 

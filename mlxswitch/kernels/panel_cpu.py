@@ -100,19 +100,23 @@ class PanelBuild:
 
 
 def _compile(compiler: str, workdir: Path) -> tuple[ctypes.CDLL, tuple[str, ...]] | str:
-    errors: list[list[str]] = []
-    for flags in COMPILE_FLAGS:
-        target = workdir / f"panel_rows{len(errors)}.so"
+    last_error = "no message"
+    for attempt, flags in enumerate(COMPILE_FLAGS):
+        target = workdir / f"panel_rows{attempt}.so"
         command = [compiler, *flags, "-shared", "-fPIC", "-o", str(target), str(SOURCE)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as error:
             return f"{compiler} did not run ({error})"
-        if done.returncode == 0:
+        if done.returncode != 0:
+            last_error = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            continue
+        try:
             # Loaded before the directory goes: the mapping outlives the file.
             return ctypes.CDLL(str(target)), flags
-        errors.append(done.stderr.strip().splitlines()[-1:] or ["no message"])
-    return f"{compiler} failed ({errors[-1][0]})"
+        except OSError as error:
+            return f"the compiled kernel did not load ({error})"
+    return f"{compiler} failed ({last_error})"
 
 
 def check_kernel(kernel: PanelKernel) -> str | None:
@@ -142,9 +146,13 @@ def build_panel_kernel() -> PanelBuild:
     if isinstance(built, str):
         return PanelBuild(None, built)
     library, flags = built
-    if int(library.panel_width()) != PANEL:
-        return PanelBuild(None, f"panel_rows.c reads panels of {library.panel_width()} columns, not {PANEL}")
-    kernel = PanelKernel(library, flags)
+    try:
+        width = int(library.panel_width())
+        kernel = PanelKernel(library, flags)
+    except AttributeError as error:  # a source without the functions this module calls
+        return PanelBuild(None, f"the compiled kernel lacks a function ({error})")
+    if width != PANEL:
+        return PanelBuild(None, f"panel_rows.c reads panels of {width} columns, not {PANEL}")
     mismatch = check_kernel(kernel)
     if mismatch is not None:
         return PanelBuild(None, f"check failed: {mismatch}")
