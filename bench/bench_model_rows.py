@@ -1,7 +1,7 @@
 """A whole model's pass by row count, on the route this process resolved: what a check costs.
 
-    MLXSWITCH_KERNELS=blas uv run --extra qwen-coder python bench/bench_model_rows.py [--model NAME]
-    uv run --extra qwen-coder python bench/bench_model_rows.py [--model NAME]
+    uv run --extra qwen-coder python bench/bench_model_rows.py [--model NAME]           # quantized kernel
+    MLXSWITCH_KERNELS=fp32 uv run --extra qwen-coder python bench/bench_model_rows.py   # fp32 copies
 
 After a 96-token prefill, passes of k rows are fed on the KV cache and trimmed off again, the row
 counts interleaved round by round; the median of the rounds is printed, and each as a multiple of
@@ -11,6 +11,7 @@ the one-row pass (a decoding step). Run the settings one after another, alone.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 
@@ -29,7 +30,10 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="a packaged model's name")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    model = load_model(f"package:{args.model}").model
+    started = time.perf_counter()
+    loaded = load_model(f"package:{args.model}")
+    load_seconds = time.perf_counter() - started
+    model = loaded.model
     cache = make_prompt_cache(model)
     ids = mx.array([PROMPT_IDS])
     started = time.perf_counter()
@@ -44,9 +48,11 @@ def main() -> None:
             trim_prompt_cache(cache, rows)
     route = current_route()
     print(
-        f"{args.model}: kernels={route.kernels}, resident product {route.resident_product}, "
-        f"{route.blas_threads} threads; median of {args.rounds} rounds"
+        f"{args.model}: kernels={route.kernels}, linears {loaded.linears}, resident product "
+        f"{route.resident_product}, {route.blas_threads} threads; median of {args.rounds} rounds"
     )
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
+    print(f"load {load_seconds:.1f} s (conversion cached), peak RSS {peak_rss:.2f} GB")
     print(f"prefill of {len(PROMPT_IDS)} tokens: {1e3 * prefill:.0f} ms")
     one = statistics.median(seconds[1])
     print(f"{'rows':>5s}{'ms':>9s}{'× 1 row':>9s}")

@@ -32,6 +32,7 @@ def store_path(ladder: Ladder) -> Path:
             "route": [
                 route.backend,
                 route.kernels,
+                route.plain_linears,
                 route.resident_product,
                 route.blas_threads,
                 route.compute_dtype,

@@ -70,7 +70,7 @@ def test_without_a_compiler_the_resident_route_keeps_blas_and_says_why(monkeypat
         monkeypatch.setattr(panel_cpu.shutil, "which", lambda name: None)
         build = _rebuilt(monkeypatch)
         assert build.kernel is None and "no C compiler" in build.detail
-        resolved = resolve_route("auto", "cpu")
+        resolved = resolve_route("fp32", "cpu")
         assert resolved.resident_product == "numpy-blas"
         assert "no C compiler" in dict(resolved.describe())["resident_product"]
     finally:
@@ -83,7 +83,7 @@ def test_a_kernel_without_its_functions_falls_back(monkeypatch, tmp_path):
     try:
         build = _rebuilt(monkeypatch, SOURCE=empty)
         assert build.kernel is None and "lacks a function" in build.detail
-        assert resolve_route("auto", "cpu").resident_product == "numpy-blas"
+        assert resolve_route("fp32", "cpu").resident_product == "numpy-blas"
     finally:
         build_panel_kernel.cache_clear()
 
@@ -94,7 +94,7 @@ def test_a_source_that_does_not_compile_falls_back(monkeypatch, tmp_path):
     try:
         build = _rebuilt(monkeypatch, SOURCE=broken)
         assert build.kernel is None and "failed" in build.detail
-        assert resolve_route("auto", "cpu").resident_product == "numpy-blas"
+        assert resolve_route("fp32", "cpu").resident_product == "numpy-blas"
     finally:
         build_panel_kernel.cache_clear()
 
@@ -111,13 +111,13 @@ def test_a_model_on_the_panel_route_gives_the_blas_routes_logits():
 
     ids = mx.array([[5, 17, 42, 7, 9, 11, 3]])
     logits = {}
-    for setting in ("auto", "blas"):
+    for setting in ("fp32", "blas"):
         resolve_route(setting, "cpu")
         model = make_model(llama_config(vocab_size=300, tie=True), seed=3)
         nn.quantize(model, group_size=32, bits=4)
         mx.eval(model.parameters())
         assert rows.use_fast_rows(model) == "resident-fp32"
         kept = [m.dense for _, m in model.named_modules() if type(m) is RowsQuantizedLinear]
-        assert kept and all(isinstance(d, PanelWeight) == (setting == "auto") for d in kept)
+        assert kept and all(isinstance(d, PanelWeight) == (setting == "fp32") for d in kept)
         logits[setting] = np.array(model(ids))
-    assert np.allclose(logits["auto"], logits["blas"], rtol=1e-4, atol=1e-4)
+    assert np.allclose(logits["fp32"], logits["blas"], rtol=1e-4, atol=1e-4)

@@ -54,6 +54,18 @@ def test_the_cpu_routes_are_what_each_setting_always_took():
     assert route_for("cpu").numpy_allowed and not route_for("cpu", "mx").numpy_allowed
 
 
+def test_the_quantized_kernel_is_the_cpu_default_where_it_built():
+    quant = route_for("cpu", "auto", quant_kernel=True, panel_kernel=False)
+    assert _fields(quant) == ("numpy", "quant-kernel", "quant-kernel", "numpy-blas", "float32")
+    assert quant.resident_product == "none"  # no fp32 copies at all
+    # Other settings rule it out: fp32 keeps resident copies on the panel kernel, as before.
+    fp32 = route_for("cpu", "fp32", quant_kernel=True, panel_kernel=True)
+    assert (fp32.plain_linears, fp32.resident_product) == ("resident-fp32", "panel-kernel")
+    for kernels in ("blas", "mx", "reference"):
+        assert route_for("cpu", kernels, quant_kernel=True).plain_linears != "quant-kernel"
+    assert route_for("metal", quant_kernel=True).plain_linears == "mlx-module"
+
+
 def test_the_panel_kernel_is_taken_only_where_it_built_and_the_setting_allows():
     assert route_for("cpu", "auto", panel_kernel=True).resident_product == "panel-kernel"
     assert route_for("cpu", "auto", panel_kernel=False).resident_product == "numpy-blas"
@@ -165,11 +177,15 @@ def test_on_cuda_plain_quantized_linears_stay_mlx_modules():
     assert all(type(m) is nn.QuantizedLinear for m in model.layers)
     assert not rows.keeps_dense_weights(10)
     assert compute_dtype() is None  # the checkpoint's own dtype
-    resolve_route("auto", "cpu")  # and on this CPU every one takes the rows route
+    resolve_route("auto", "cpu")  # and on this CPU every one takes the quantized kernel: no copy
+    model = _quantized_model()
+    assert rows.use_fast_rows(model) == "quant-kernel"
+    assert all(type(m) is rows.RowsQuantizedLinear and m.quant and m.dense is None for m in model.layers)
+    assert compute_dtype() == mx.float32
+    resolve_route("fp32", "cpu")  # or, asked for, resident fp32 copies
     model = _quantized_model()
     assert rows.use_fast_rows(model) == "resident-fp32"  # tiny: its fp32 copies fit
-    assert all(type(m) is rows.RowsQuantizedLinear for m in model.layers)
-    assert compute_dtype() == mx.float32
+    assert all(type(m) is rows.RowsQuantizedLinear and m.dense is not None for m in model.layers)
 
 
 def test_on_cuda_nested_gears_and_signals_take_mlx_ops(monkeypatch):
@@ -194,7 +210,7 @@ def test_on_cuda_nested_gears_and_signals_take_mlx_ops(monkeypatch):
 
 
 def test_a_model_whose_fp32_copies_do_not_fit_keeps_its_planes_and_says_so(monkeypatch):
-    resolve_route("auto", "cpu")
+    resolve_route("fp32", "cpu")
     monkeypatch.setattr(rows, "available_memory_bytes", lambda: 1000)
     model = _quantized_model()
     assert rows.use_fast_rows(model) == "rows"
@@ -202,18 +218,22 @@ def test_a_model_whose_fp32_copies_do_not_fit_keeps_its_planes_and_says_so(monke
     assert rows.use_fast_rows(nn.Sequential(nn.Linear(4, 4))) == "none"
 
 
-def test_a_tied_quantized_head_takes_the_resident_route_and_gives_the_same_logits():
+@pytest.mark.parametrize("kernels", ["auto", "fp32"])
+def test_a_tied_quantized_head_takes_the_cpu_route_and_gives_the_same_logits(kernels):
     from tinymodels import llama_config, make_model
 
-    resolve_route("auto", "cpu")
+    resolve_route(kernels, "cpu")
     model = make_model(llama_config(vocab_size=300, tie=True), seed=3)
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     ids = mx.array([[5, 17, 42, 7]])
     want = np.array(model(ids))  # MLX's quantized matmul for the tied head
-    assert rows.use_fast_rows(model) == "resident-fp32"
+    assert rows.use_fast_rows(model) == {"auto": "quant-kernel", "fp32": "resident-fp32"}[kernels]
     embed = model.model.embed_tokens
-    assert type(embed) is rows.RowsQuantizedEmbedding and embed.dense is not None
+    assert type(embed) is rows.RowsQuantizedEmbedding
+    assert (embed.quant is not None) == (kernels == "auto") and (embed.dense is not None) == (
+        kernels == "fp32"
+    )
     assert np.allclose(np.array(model(ids)), want, rtol=1e-4, atol=1e-4)
     untied = make_model(llama_config(vocab_size=300), seed=3)
     nn.quantize(untied, group_size=32, bits=4)

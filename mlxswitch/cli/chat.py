@@ -62,6 +62,8 @@ def route_line(session: ChatSession) -> str:
     product = {"panel-kernel": "panel kernel", "numpy-blas": "NumPy BLAS"}.get(route.resident_product)
     resident = any(g.model.linears == "resident-fp32" for g in session.ladder.groups)
     products = f" · fp32 copies by the {product}" if product and resident else ""
+    if any(g.model.linears == "quant-kernel" for g in session.ladder.groups):
+        products = " · stored codes by the quantized kernel (no fp32 copies)"
     threads = f" · threads {route.blas_threads}" if route.backend == "cpu" else ""
     return f"route: {route.backend} · linears: {models}{products} · signals {route.signals}{threads}"
 

@@ -13,7 +13,16 @@ import mlx.core as mx
 from ..resources import metal_source
 from ._common import KernelCheck, relative_max_error
 from ._common import on_gpu as on_gpu  # re-exported: bench/bench_kernels.py reads it here
-from .nested_cpu import _active, _promoted, cpu_route, dense_nested_matmul, describe_cpu_rule, result_dtype
+from .nested_cpu import (
+    _active,
+    _promoted,
+    cpu_route,
+    dense_nested_matmul,
+    describe_cpu_rule,
+    quant_matmul,
+    result_dtype,
+)
+from .quant_cpu import quant_views
 from .route import current_route
 
 # Bump whenever metal/nested_qmv.metal or the launch changes: MLX caches compiled libraries by name.
@@ -280,6 +289,12 @@ def nested_matmul(x, planes, plane_bits, group_size, active, bias=None) -> mx.ar
             if _CHECKED[key]:
                 return metal_nested_matmul(x, planes, plane_bits, group_size, active, bias)
         return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)
+    if route.nested == "quant-kernel":
+        used, bits = _active(planes, plane_bits, active)
+        views = quant_views(used, bits, group_size)
+        y = None if views is None else quant_matmul(x, views.weights, bias)
+        if y is not None:
+            return y
     cpu = cpu_route(rows, active)
     if cpu == "reference":
         return reference_nested_matmul(x, planes, plane_bits, group_size, active, bias)

@@ -9,6 +9,7 @@ and the Metal launch (kernels/nested.py, which holds the dispatcher) share live 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from functools import cache
 
 import mlx.core as mx
@@ -16,6 +17,7 @@ import numpy as np
 
 from ._common import blas_threads
 from .panel_cpu import PanelWeight, panel_copy, panel_kernel
+from .quant_cpu import QuantWeight, quant_weights_times
 from .route import current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
@@ -270,6 +272,20 @@ def resident_dense_matmul(
     else:
         with blas_threads(xs.shape[0]):
             y = _from_rows(resident_rows_times(xs, weight), x)
+    y = y if y.dtype == x.dtype else y.astype(x.dtype)
+    return y if bias is None else y + bias
+
+
+def quant_matmul(
+    x: mx.array, weights: Sequence[QuantWeight], bias: mx.array | None = None
+) -> mx.array | None:
+    """x · (Σ weights)ᵀ (+ bias) by the compiled quantized kernel on the stored codes (the CPU
+    route of every quantized linear and nested gear where it built). None where evaluation is
+    refused (mx.compile): the caller stays in MLX."""
+    xs = _numpy_rows(x)
+    if xs is None:
+        return None
+    y = _from_rows(quant_weights_times(xs, weights, current_route().blas_threads), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
 

@@ -8,8 +8,8 @@ of a few drafted tokens costs about one decoding step, as it does on Apple silic
 CPU route of its own to reuse (MLX's CPU matmul uses its bundled reference BLAS).
 
 The kernel is compiled on first use with the machine's C compiler (`cc`, -O3 -march=native
--fopenmp: OpenMP threads split the panels) into a temporary directory, loaded with ctypes, and
-checked against NumPy before any model uses it. Without a compiler, or on a failed check,
+-fopenmp: OpenMP threads split the panels) into the per-machine kernel cache (cbuild.py), loaded
+with ctypes, and checked against NumPy before any model uses it. Without a compiler, or on a failed check,
 `panel_kernel()` is None and the resident route keeps NumPy's BLAS (kernels/route.py says which).
 """
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import numpy as np
+
+from .cbuild import compile_cached
 
 PANEL = 64  # output columns a panel holds; panel_rows.c reads the same (checked on load)
 SOURCE = Path(__file__).with_name("panel_rows.c")
@@ -99,26 +99,6 @@ class PanelBuild:
     detail: str
 
 
-def _compile(compiler: str, workdir: Path) -> tuple[ctypes.CDLL, tuple[str, ...]] | str:
-    last_error = "no message"
-    for attempt, flags in enumerate(COMPILE_FLAGS):
-        target = workdir / f"panel_rows{attempt}.so"
-        command = [compiler, *flags, "-shared", "-fPIC", "-o", str(target), str(SOURCE)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.SubprocessError) as error:
-            return f"{compiler} did not run ({error})"
-        if done.returncode != 0:
-            last_error = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            continue
-        try:
-            # Loaded before the directory goes: the mapping outlives the file.
-            return ctypes.CDLL(str(target)), flags
-        except OSError as error:
-            return f"the compiled kernel did not load ({error})"
-    return f"{compiler} failed ({last_error})"
-
-
 def check_kernel(kernel: PanelKernel) -> str | None:
     """None when the kernel equals NumPy on odd shapes at every row grouping, else what differed."""
     rng = np.random.default_rng(0)
@@ -141,11 +121,10 @@ def build_panel_kernel() -> PanelBuild:
     compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         return PanelBuild(None, "no C compiler (cc, gcc or clang) on PATH")
-    with tempfile.TemporaryDirectory(prefix="mlxswitch-kernel-") as workdir:
-        built = _compile(compiler, Path(workdir))
+    built = compile_cached(SOURCE, compiler, COMPILE_FLAGS)
     if isinstance(built, str):
         return PanelBuild(None, built)
-    library, flags = built
+    library, flags, cached = built
     try:
         width = int(library.panel_width())
         kernel = PanelKernel(library, flags)
@@ -157,7 +136,10 @@ def build_panel_kernel() -> PanelBuild:
     if mismatch is not None:
         return PanelBuild(None, f"check failed: {mismatch}")
     threads = "OpenMP threads" if kernel.threaded else "one thread (no OpenMP)"
-    return PanelBuild(kernel, f"{Path(compiler).name} {' '.join(flags)}, {threads}, checked against NumPy")
+    where = "cached build" if cached else "compiled now"
+    return PanelBuild(
+        kernel, f"{Path(compiler).name} {' '.join(flags)} ({where}), {threads}, checked against NumPy"
+    )
 
 
 def panel_kernel() -> PanelKernel | None:

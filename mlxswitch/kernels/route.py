@@ -8,8 +8,10 @@ that flips the setting); `kernels_override()` runs a block on another setting.
 
 MLXSWITCH_KERNELS values:
   "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
-  "blas": as "auto", but resident CPU weights go through NumPy's BLAS, not the compiled panel
-        kernel (to rule the kernel out, or to compare the two);
+        on a CPU, quantized weights are multiplied as stored by the compiled quantized kernel;
+  "fp32": on a CPU, plain quantized linears keep a resident fp32 copy multiplied by the compiled
+        panel kernel (4 bytes a weight: the route before the quantized kernel, for A/B runs);
+  "blas": as "fp32", but the fp32 copies go through NumPy's BLAS, not the panel kernel;
   "reference": every dispatcher returns its plain-mx reference (to rule the kernels out of a bug);
   "mx": only MLX computes (no NumPy route), results stay lazy and traceable: on a CPU, the
         route a Mac takes, minus its Metal kernels (docs/platforms.md).
@@ -25,9 +27,10 @@ from dataclasses import asdict, dataclass, replace
 import mlx.core as mx
 
 from .panel_cpu import build_panel_kernel
+from .quant_cpu import build_quant_kernel
 
 KERNELS_ENV = "MLXSWITCH_KERNELS"
-SETTINGS = ("auto", "blas", "reference", "mx")
+SETTINGS = ("auto", "fp32", "blas", "reference", "mx")
 BACKENDS = ("metal", "cuda", "cpu")
 
 
@@ -71,6 +74,7 @@ _WORDS = {
     },
     "plain_linears": {
         "mlx-module": "MLX's own nn.QuantizedLinear",
+        "quant-kernel": "compiled quantized kernel on the stored codes (no fp32 copy; checked on load)",
         "resident-fp32": "resident fp32 NumPy copy where it fits (see resident_product), else the rows route",
         "rows": "rows route (MLX's quantized matmul below the multi-row floor)",
     },
@@ -80,6 +84,7 @@ _WORDS = {
         "none": "no resident copies",
     },
     "nested": {
+        "quant-kernel": "compiled quantized kernel, one product a plane",
         "metal-kernel": "fused Metal mat-vec for 2+ planes, ≤ 4 rows (checked on first use); "
         "else quantized_matmul a plane",
         "reference": "quantized_matmul a plane (many rows on a CPU: multi_row)",
@@ -102,13 +107,15 @@ class Route:
     signals: per-token entropy/varentropy/margin — "metal-kernel" (checked on first use, the mx
         reference on a mismatch), "numpy" (eager, from the logits) or "mx-ops" (the reference).
     plain_linears: a plain quantized linear — "mlx-module" (MLX's own nn.QuantizedLinear),
-        "resident-fp32" (a resident fp32 NumPy copy where it fits in memory, multiplied as
+        "quant-kernel" (the compiled quant_rows.c on the stored codes, where it built and passed
+        its check), "resident-fp32" (a resident fp32 NumPy copy where it fits in memory, multiplied as
         resident_product says; else "rows") or "rows" (our module: the multi-row route, MLX's
         quantized matmul otherwise).
     resident_product: a product on a resident fp32 copy — "panel-kernel" (the compiled
         panel_rows.c, where it built and passed its check), "numpy-blas" or "none" (no copies).
-    nested: a nested-gear product of few rows — "metal-kernel" (the fused mat-vec for 2+ planes,
-        checked on first use) or "reference" (one quantized_matmul a plane).
+    nested: a nested-gear product — "quant-kernel" (a CPU: the compiled kernel, one product a
+        plane, any row count), "metal-kernel" (the fused mat-vec for 2+ planes and few rows,
+        checked on first use) or "reference" (one quantized_matmul a plane, or multi_row's rule).
     multi_row: a product of many rows — "numpy-blas" (dequantized fp32 + NumPy's BLAS),
         "mx-dense" (dequantized fp32 + MLX's matmul where it pays) or "reference".
     blas_threads: the BLAS threads a NumPy product of THREADED_MIN_ROWS+ rows may use (--threads).
@@ -139,7 +146,7 @@ class Route:
     @property
     def numpy_allowed(self) -> bool:
         """Whether a dispatcher may hand work to NumPy (a CPU with MLXSWITCH_KERNELS=auto or blas)."""
-        return self.backend == "cpu" and self.kernels in ("auto", "blas")
+        return self.backend == "cpu" and self.kernels in ("auto", "fp32", "blas")
 
     @property
     def lazy_passes(self) -> bool:
@@ -165,8 +172,10 @@ class Route:
                 text = f"{value} ({KERNELS_ENV})"
             elif key == "metal":
                 text = "available" if value else "not available"
-            elif key == "resident_product" and self.numpy_allowed and self.kernels == "auto":
-                # Why the kernel is (or is not) in use: compiler and flags, or what failed.
+            elif key == "plain_linears" and self.numpy_allowed and self.kernels == "auto":
+                # Why the quantized kernel is (or is not) in use: compiler and flags, or what failed.
+                text = f"{_WORDS[key][value]}; build: {build_quant_kernel().detail}"
+            elif key == "resident_product" and value != "none" and self.kernels in ("auto", "fp32"):
                 text = f"{_WORDS[key][value]}; build: {build_panel_kernel().detail}"
             else:
                 text = _WORDS.get(key, {}).get(value, str(value))
@@ -181,19 +190,22 @@ def route_for(
     metal: bool | None = None,
     blas_threads: int = 1,
     panel_kernel: bool = False,
+    quant_kernel: bool = False,
 ) -> Route:
     """The route a machine with `backend` takes under a kernels setting (pure: reads no device);
-    `panel_kernel`: whether the compiled panel kernel built and passed its check here."""
+    `panel_kernel`, `quant_kernel`: whether each compiled kernel built and passed its check here."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     kernels = parse_kernels_setting(kernels)
     metal = backend == "metal" if metal is None else metal
     reference = kernels == "reference"
-    numpy = backend == "cpu" and kernels in ("auto", "blas")
+    numpy = backend == "cpu" and kernels in ("auto", "fp32", "blas")
+    quantized = backend == "cpu" and kernels == "auto" and quant_kernel
     if backend == "cpu":
         signals = "numpy" if numpy else "mx-ops"
-        # Our module on every plain linear (the same arrays): its multi-row route is the CPU's win.
-        plain = "resident-fp32" if numpy else "rows"
+        # Our module on every plain linear (the same arrays): the quantized kernel reads them as
+        # stored; without it, resident fp32 copies (where NumPy may run) or the multi-row route.
+        plain = "quant-kernel" if quantized else "resident-fp32" if numpy else "rows"
         multi_row = "reference" if reference else "numpy-blas" if numpy else "mx-dense"
     else:
         # A GPU: MLX's own modules and ops; only the Metal kernels are ours.
@@ -202,8 +214,11 @@ def route_for(
     if plain != "resident-fp32":
         resident = "none"
     else:
-        resident = "panel-kernel" if panel_kernel and kernels == "auto" else "numpy-blas"
-    nested = "metal-kernel" if backend == "metal" and metal and not reference else "reference"
+        resident = "panel-kernel" if panel_kernel and kernels in ("auto", "fp32") else "numpy-blas"
+    if quantized:
+        nested = "quant-kernel"
+    else:
+        nested = "metal-kernel" if backend == "metal" and metal and not reference else "reference"
     return Route(
         backend=backend,
         metal=metal,
@@ -236,9 +251,18 @@ def resolve_route(
     # A named backend is a machine the test imagines: its Metal is the backend's own.
     metal = _metal_available() if backend is None else None
     backend = detect_backend() if backend is None else backend
-    # The kernel is compiled (once a process) only where the route would use it.
-    panel = backend == "cpu" and setting == "auto" and build_panel_kernel().kernel is not None
-    route = route_for(backend, setting, metal=metal, blas_threads=blas_threads, panel_kernel=panel)
+    # A kernel is compiled (or loaded from the machine's cache) only where the route would use it:
+    # the panel kernel only where the quantized one is not in use.
+    quant = backend == "cpu" and setting == "auto" and build_quant_kernel().kernel is not None
+    panel = (
+        backend == "cpu"
+        and setting in ("auto", "fp32")
+        and not quant
+        and build_panel_kernel().kernel is not None
+    )
+    route = route_for(
+        backend, setting, metal=metal, blas_threads=blas_threads, panel_kernel=panel, quant_kernel=quant
+    )
     use_route(route)
     return route
 

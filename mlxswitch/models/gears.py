@@ -16,6 +16,9 @@ import mlx.nn as nn
 
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
+from ..kernels.nested_cpu import quant_matmul
+from ..kernels.quant_cpu import QuantViews, quant_views
+from ..kernels.route import current_route
 from .arrays import flat_parameters
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
@@ -190,6 +193,18 @@ class NestedLinear(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · (Σ active planes)ᵀ (+ bias), by the fastest checked route (kernels/nested.py)."""
+        if current_route().nested == "quant-kernel":
+            # The kernel's views of the planes, built once and kept on the layer.
+            if not hasattr(self, "quant_planes"):
+                # None where a plane does not fit the kernel: the dispatcher's route below.
+                self.quant_planes = quant_views(self.planes, self.plane_bits, self.group_size)
+            views: QuantViews | None = self.quant_planes
+            if views is not None:
+                y = quant_matmul(
+                    x, views.weights[: self.gear_state.active_planes], self.bias if "bias" in self else None
+                )
+                if y is not None:
+                    return y
         return nested_matmul(
             x,
             self.planes,

@@ -1,10 +1,12 @@
-"""Plain quantized linears on the CPU routes: prefill, catch-up and decode at BLAS speed.
+"""Plain quantized linears on the CPU routes: prefill, catch-up and decode without MLX's scalar
+quantized mat-vec.
 
-The route (kernels/route.py, its `plain_linears`) decides. On a CPU with NumPy routes
-(MLXSWITCH_KERNELS=auto) each plain quantized linear keeps a resident fp32 copy of its weight
-(4 bytes a parameter beside the ~0.6 of its planes) where the copies fit, and every product goes
-through NumPy's BLAS; on other CPU settings the planes are used as they are. On a GPU plain
-quantized linears stay MLX's own nn.QuantizedLinear modules (only nested gears get ours).
+The route (kernels/route.py, its `plain_linears`) decides. On a CPU with the compiled quantized
+kernel (MLXSWITCH_KERNELS=auto, where it built) every plain quantized linear and a tied output
+head are multiplied on their stored codes: no copy. With MLXSWITCH_KERNELS=fp32 or blas (or no C
+compiler) each keeps a resident fp32 copy of its weight (4 bytes a parameter beside the ~0.6 of
+its codes) where the copies fit. On other CPU settings the codes are used through MLX. On a GPU
+plain quantized linears stay MLX's own nn.QuantizedLinear modules (only nested gears get ours).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels.nested import quantized_matmul_rows
-from ..kernels.nested_cpu import resident_copy, resident_dense_matmul
+from ..kernels.nested_cpu import quant_matmul, resident_copy, resident_dense_matmul
 from ..kernels.panel_cpu import PanelWeight
+from ..kernels.quant_cpu import QuantViews, quant_views
 from ..kernels.route import current_route
 from .machine import available_memory_bytes
 
@@ -25,10 +28,17 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
 
     # The resident fp32 copy, when the CPU route keeps one: panels (the panel kernel) or Wᵀ (BLAS).
     dense: np.ndarray | PanelWeight | None = None
+    # The quantized kernel's view of the stored codes, when the route multiplies them in place.
+    quant: QuantViews | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
-        """x · Wᵀ (+ bias): on the resident fp32 weight, else many rows through one dequantized
-        product and few through MLX's quantized matmul (kernels/nested.py, kernels/nested_cpu.py)."""
+        """x · Wᵀ (+ bias): by the quantized kernel on the stored codes, or on the resident fp32
+        weight, else many rows through one dequantized product and few through MLX's quantized
+        matmul (kernels/nested.py, kernels/nested_cpu.py)."""
+        if self.quant is not None and current_route().plain_linears == "quant-kernel":
+            y = quant_matmul(x, self.quant.weights, self.get("bias"))
+            if y is not None:
+                return y
         if self.dense is not None and current_route().plain_linears == "resident-fp32":
             y = resident_dense_matmul(x, self.dense, self.get("bias"))
             if y is not None:
@@ -43,6 +53,15 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
             self.get("bias"),
             mode=self.mode,
         )
+
+    def keep_quantized(self) -> bool:
+        """Take the quantized kernel's view of the stored codes (no copy for 4- and 8-bit codes
+        with fp32 scales); False where the layer's shape or mode does not fit the kernel."""
+        if self.mode != "affine" or self.get("biases") is None:
+            return False
+        plane = {"weight": self["weight"], "scales": self["scales"], "biases": self["biases"]}
+        self.quant = quant_views([plane], (self.bits,), self.group_size)
+        return self.quant is not None
 
     def keep_dense(self) -> None:
         """Dequantize the weight once into the resident fp32 NumPy copy the route multiplies (not a
@@ -70,10 +89,16 @@ class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
     fp32 route like the linears; looking ids up stays MLX's own (a few rows dequantized)."""
 
     dense: np.ndarray | PanelWeight | None = None
+    quant: QuantViews | None = None
 
     def as_linear(self, x: mx.array) -> mx.array:
-        """x · Wᵀ: on the resident fp32 weight when the route keeps one, else MLX's quantized matmul
-        (a scalar loop on x86 that cost SmolLM2-135M a third of its step, growing with the rows)."""
+        """x · Wᵀ: by the quantized kernel, or on the resident fp32 weight when the route keeps one,
+        else MLX's quantized matmul (a scalar loop on x86 that cost SmolLM2-135M a third of its
+        step, growing with the rows)."""
+        if self.quant is not None and current_route().plain_linears == "quant-kernel":
+            y = quant_matmul(x, self.quant.weights)
+            if y is not None:
+                return y
         if self.dense is not None and current_route().plain_linears == "resident-fp32":
             y = resident_dense_matmul(x, self.dense)
             if y is not None:
@@ -81,6 +106,7 @@ class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x)
 
     keep_dense = RowsQuantizedLinear.keep_dense
+    keep_quantized = RowsQuantizedLinear.keep_quantized
 
 
 def _tied_head(model: nn.Module) -> nn.QuantizedEmbedding | None:
@@ -106,14 +132,28 @@ def keeps_dense_weights(params: int) -> bool:
 
 def use_fast_rows(model: nn.Module) -> str:
     """Give every plain nn.QuantizedLinear the CPU routes; which route its linears took:
-    "mlx-module" (the route keeps MLX's own: a GPU), "resident-fp32" (fp32 copies kept),
-    "rows" (the planes only: no NumPy route, or the copies do not fit) or "none" (no plain layer)."""
-    if current_route().plain_linears == "mlx-module":
+    "mlx-module" (the route keeps MLX's own: a GPU), "quant-kernel" (multiplied on the stored
+    codes), "resident-fp32" (fp32 copies kept), "rows" (the planes only: no NumPy route, or the
+    copies do not fit) or "none" (no plain layer)."""
+    route = current_route().plain_linears
+    if route == "mlx-module":
         return "mlx-module"
     plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
     head = _tied_head(model)
     if not plain:
         return "none"
+    if route == "quant-kernel":
+        # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
+        # Changing the class leaves the parameters, and so loading and saving, untouched.
+        taken = 0
+        for module in plain:
+            module.__class__ = RowsQuantizedLinear
+            taken += module.keep_quantized()
+        if head is not None:
+            head.__class__ = RowsQuantizedEmbedding
+            head.keep_quantized()
+        # A layer the kernel cannot take (another mode, an odd group) keeps the multi-row route.
+        return "quant-kernel" if taken == len(plain) else "rows"
     dense = keeps_dense_weights(sum(m.weight.size * 32 // m.bits for m in plain + ([head] if head else [])))
     for module in plain:
         # Only the exact class: a subclass (or another library's layer) keeps its own __call__.

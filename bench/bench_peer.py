@@ -1,0 +1,228 @@
+"""mlxswitch beside llama.cpp on the same GGUF files: one OpenAI-compatible client, same threads.
+
+    uv run --extra qwen-coder python bench/bench_peer.py [--llama-bin DIR] [--rounds 1]
+        [--configs llama-1.5b,llama-ngram,llama-draft,ours-1.5b,ours-pair] [--tokens 128]
+
+Needs llama.cpp's `llama-server` on PATH or in --llama-bin (../shared/peer/build-llama-server.sh
+builds one; docs/benchmarks.md says how); without one the llama.cpp configs are skipped with one
+line. The Qwen2.5-Coder GGUFs are the `qwen-coder` extra's parts, joined into a temporary folder.
+Servers run one at a time (load timed until /v1/models answers); each streams the same greedy
+chat requests in turn: everyday requests (one per category of everyday-heldout7), HumanEval-style
+completions, and an edit request (a ~130-line module pasted with "rename one function, return the
+whole file"). Rounds rotate the config order. Per config and workload: seconds, completion tokens,
+tokens/s, median first token; per config: load seconds and peak RSS (VmHWM); and which answers
+are identical to the 1.5B alone's on the same program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from bench_serve import free_port, start, stop
+
+HERE = Path(__file__).parent
+SMALL, LARGE = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
+PAIR_PROFILE = "qwen2.5-coder-0.5b-1.5b"
+CONFIGS = ("llama-1.5b", "llama-ngram", "llama-draft", "ours-1.5b", "ours-pair")
+HUMANEVAL_STYLE = (
+    'def has_close_elements(numbers: list[float], threshold: float) -> bool:\n    """Check if in '
+    "given list of numbers, are any two numbers closer to each other than given threshold.\n    "
+    '>>> has_close_elements([1.0, 2.0, 3.0], 0.5)\n    False\n    """\n',
+    'def separate_paren_groups(paren_string: str) -> list[str]:\n    """Input to this function '
+    "is a string containing multiple groups of nested parentheses. Separate those groups into "
+    'separate strings and return the list of those.\n    >>> separate_paren_groups("( ) (( )) '
+    "(( )( ))\")\n    ['()', '(())', '(()())']\n    \"\"\"\n",
+    'def below_zero(operations: list[int]) -> bool:\n    """You are given a list of deposit and '
+    "withdrawal operations on a bank account that starts with zero balance. Detect if at any "
+    'point the balance falls below zero.\n    >>> below_zero([1, 2, -4, 5])\n    True\n    """\n',
+)
+
+
+def edit_request() -> str:
+    """A ~130-line module pasted with a request to rename one function and return it whole."""
+    blocks = []
+    for n in range(12):
+        blocks.append(
+            f"def load_record_{n}(path: str) -> dict:\n"
+            f'    """Read record {n} from a JSON file and check its fields."""\n'
+            f"    with open(path) as handle:\n"
+            f"        data = json.load(handle)\n"
+            f"    if 'id' not in data:\n"
+            f"        raise ValueError('record {n} has no id')\n"
+            f"    data['score'] = compute_score(data.get('values', []))\n"
+            f"    return data\n"
+        )
+    module = (
+        "import json\n\n\ndef compute_score(values: list[float]) -> float:\n"
+        '    """The mean of the values, 0 when there are none."""\n'
+        "    return sum(values) / len(values) if values else 0.0\n\n\n" + "\n\n".join(blocks)
+    )
+    return (
+        "Rename the function compute_score to mean_score everywhere in this module and return the "
+        f"whole module, nothing else.\n\n```python\n{module}```"
+    )
+
+
+def workloads() -> dict[str, list[str]]:
+    """Workload name → prompts."""
+    everyday, seen = [], set()
+    for line in (HERE / "prompts" / "everyday-heldout7.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        if item["category"] not in seen:
+            seen.add(item["category"])
+            everyday.append(item["prompt"])
+    humaneval = [f"Complete this Python function.\n\n```python\n{p}```" for p in HUMANEVAL_STYLE]
+    return {"everyday": everyday, "humaneval": humaneval, "edit": [edit_request()]}
+
+
+def ask(base: str, model: str, prompt: str, tokens: int) -> dict:
+    """Stream one greedy answer: first token seconds, completion tokens, seconds, text."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started, first, text, usage = time.perf_counter(), None, [], None
+    with httpx.stream(
+        "POST", f"{base}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=None)
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    first = first or time.perf_counter()
+                    text.append(piece)
+    done = time.perf_counter()
+    return {
+        "first_s": (first or done) - started,
+        "tokens": usage["completion_tokens"] if usage else len(text),
+        "seconds": done - started,
+        "text": "".join(text),
+    }
+
+
+def peak_rss_gb(pid: int) -> float:
+    """A process's peak resident memory (VmHWM), in GB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return float("nan")
+
+
+def command(config: str, ggufs: dict[str, Path], llama: Path | None, port: int) -> list[str] | None:
+    """The server command of a config (None: llama.cpp absent)."""
+    if config.startswith("llama"):
+        if llama is None:
+            return None
+        base = [str(llama / "llama-server"), "-m", str(ggufs[LARGE]), "-t", "2", "-c", "4096"]
+        base += ["--port", str(port)]
+        if config == "llama-ngram":
+            base += ["--spec-type", "ngram-mod"]
+        if config == "llama-draft":
+            base += ["-md", str(ggufs[SMALL]), "--spec-type", "draft-simple", "--spec-draft-n-max", "3"]
+        return base
+    served = ["--model", f"package:{LARGE}"] if config == "ours-1.5b" else ["--profile", PAIR_PROFILE]
+    return [
+        sys.executable,
+        "-m",
+        "mlxswitch",
+        "serve",
+        *served,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+
+
+def join_ggufs(folder: Path) -> dict[str, Path]:
+    """The pair's GGUFs, joined from the installed wheel parts (checked by size and sha256)."""
+    from mlxswitch.models.packaged import CATALOGUE, join_parts
+
+    return {name: join_parts(CATALOGUE[name], folder / f"{name}.gguf") for name in (SMALL, LARGE)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--llama-bin", type=Path, default=None, help="folder holding llama-server")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=128, help="max tokens (the edit request: 3×)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    args = parser.parse_args()
+    found = shutil.which("llama-server")
+    llama = args.llama_bin or (Path(found).parent if found else None)
+    if llama is not None and not (llama / "llama-server").exists():
+        sys.exit(f"error: no llama-server in {llama}")
+    if llama is None:
+        print("llama.cpp: no llama-server on PATH or --llama-bin; its configs are skipped")
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{llama}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    configs = [c for c in args.configs.split(",") if llama is not None or not c.startswith("llama")]
+    work = workloads()
+    results: dict[str, dict] = {
+        c: {"load_s": [], "rss_gb": [], "runs": {w: [] for w in work}} for c in configs
+    }
+    with tempfile.TemporaryDirectory(prefix="mlxswitch-peer-") as tmp:
+        ggufs = join_ggufs(Path(tmp))
+        for round_index in range(args.rounds):
+            order = configs[round_index % len(configs) :] + configs[: round_index % len(configs)]
+            for config in order:
+                port = free_port()
+                started = time.perf_counter()
+                server = start(config, command(config, ggufs, llama, port) or [], port, Path(tmp), env)
+                results[config]["load_s"].append(time.perf_counter() - started)
+                for name, prompts in work.items():
+                    tokens = args.tokens * (3 if name == "edit" else 1)
+                    for prompt in prompts:
+                        results[config]["runs"][name].append(ask(server[2], LARGE, prompt, tokens))
+                results[config]["rss_gb"].append(peak_rss_gb(server[1].pid))
+                stop([server])
+                print(f"round {round_index + 1}: {config} done", file=sys.stderr)
+    report(results, work)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+def report(results: dict[str, dict], work: dict[str, list[str]]) -> None:
+    """One table per workload, then load and memory per config."""
+    base = {"llama": "llama-1.5b", "ours": "ours-1.5b"}
+    for name in work:
+        print(f"\n## {name}")
+        print(f"{'config':<13}{'s':>8}{'tokens':>8}{'tok/s':>8}{'first s':>9}{'same as its 1.5B':>18}")
+        for config, data in results.items():
+            runs = data["runs"][name]
+            seconds = sum(r["seconds"] for r in runs)
+            tokens = sum(r["tokens"] for r in runs)
+            reference = results.get(base[config.split("-")[0]], {}).get("runs", {}).get(name, [])
+            same = sum(a["text"] == b["text"] for a, b in zip(runs, reference, strict=False))
+            print(
+                f"{config:<13}{seconds:8.1f}{tokens:8d}{tokens / seconds:8.2f}"
+                f"{statistics.median(r['first_s'] for r in runs):9.2f}{f'{same}/{len(runs)}':>18}"
+            )
+    print(f"\n{'config':<13}{'load s':>8}{'peak RSS GB':>13}")
+    for config, data in results.items():
+        print(f"{config:<13}{statistics.median(data['load_s']):8.1f}{max(data['rss_gb']):13.2f}")
+
+
+if __name__ == "__main__":
+    main()

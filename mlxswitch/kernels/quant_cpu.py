@@ -1,0 +1,247 @@
+"""MLX affine-quantized weights multiplied as they are stored, by a small C kernel (quant_rows.c).
+
+Why our own: MLX's CPU quantized matmul is a scalar loop on x86 (0.4-1.1 GB/s), so the CPU route
+used to keep a resident fp32 copy of every quantized weight: 4 bytes a weight read per token
+where the model holds ~0.6-1.2, and 6-8 GB resident for the Qwen 1.5B. This kernel reads the
+packed codes, scales and biases in place (no copy at all for 4- and 8-bit codes with fp32
+scales, which is what a CPU load makes), unpacks them in registers and reads each byte once for
+up to 4 rows; many rows go through a small dequantized panel kept in cache. mlx-lm has no CPU
+route of its own to reuse.
+
+Life cycle as the panel kernel's: compiled on first use with the machine's C compiler into the
+per-machine cache (cbuild.py), loaded with ctypes and checked against a float64 product before
+any model uses it. Without a compiler, or on a failed check, `quant_kernel()` is None and the
+route falls back (kernels/route.py says which and why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from .cbuild import compile_cached
+
+SOURCE = Path(__file__).with_name("quant_rows.c")
+# Tried in order: a compiler may refuse -march=native or lack OpenMP (then one thread).
+COMPILE_FLAGS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-fopenmp"),
+    ("-O3", "-march=native"),
+    ("-O3",),
+)
+# From this many rows the kernel dequantizes a small panel of outputs into cache and multiplies
+# every row on it (prefill, long checks); below, it unpacks codes in registers for 4 rows at a time.
+MANY_ROWS_FROM = 12
+DIRECT_BITS = (4, 8)  # read in place; other widths are unpacked to one code a byte at load
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
+
+
+def _fp32_view(values: mx.array) -> np.ndarray:
+    """A float array as contiguous fp32 NumPy: a view of MLX's buffer where it is fp32 already."""
+    if values.dtype != mx.float32:
+        values = values.astype(mx.float32)
+    mx.eval(values)
+    return np.ascontiguousarray(np.asarray(values))
+
+
+def unpack_codes(weight: np.ndarray, bits: int, in_dims: int) -> np.ndarray:
+    """MLX's packed codes (rows × words, values from the low bits up) as one uint8 code a weight."""
+    raw = np.ascontiguousarray(weight).view(np.uint8)
+    out = np.empty((raw.shape[0], in_dims), dtype=np.uint8)
+    step = max(1, (1 << 22) // max(1, in_dims))  # bounded temporaries on an embedding
+    for r0 in range(0, raw.shape[0], step):
+        planes = np.unpackbits(raw[r0 : r0 + step], axis=-1, bitorder="little")
+        planes = planes.reshape(planes.shape[0], in_dims, bits)
+        out[r0 : r0 + step] = np.packbits(planes, axis=-1, bitorder="little")[..., 0]
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class QuantWeight:
+    """One affine-quantized W (out × in) as the kernel reads it: codes (4-bit packed, or one byte
+    a code), fp32 scales and biases (out × groups). `keep` holds the MLX arrays the views read."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    biases: np.ndarray
+    bits: int
+    group_size: int
+    out_dims: int
+    in_dims: int
+    keep: tuple = ()
+
+    @classmethod
+    def from_arrays(
+        cls, weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
+    ) -> QuantWeight:
+        """The kernel's view of MLX's triple (copies only what is not 4/8-bit codes or fp32)."""
+        if bits not in SUPPORTED_BITS:
+            raise ValueError(f"{bits}-bit codes are not supported (supported: {SUPPORTED_BITS})")
+        mx.eval(weight)
+        out_dims, in_dims = weight.shape[0], weight.shape[1] * 32 // bits
+        packed = np.asarray(weight)
+        if bits in DIRECT_BITS:
+            codes, kernel_bits = packed.view(np.uint8), bits
+        else:
+            codes, kernel_bits = unpack_codes(packed, bits, in_dims), 8
+        s, b = _fp32_view(scales), _fp32_view(biases)
+        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, (weight, scales, biases))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads: codes, scales and biases."""
+        return self.codes.nbytes + self.scales.nbytes + self.biases.nbytes
+
+    def fits_kernel(self) -> bool:
+        """Whether the kernel takes this shape (a group of 16 or more inputs dividing the row)."""
+        g = self.group_size
+        return g >= 16 and g % 16 == 0 and self.in_dims % g == 0
+
+
+@dataclass(frozen=True, eq=False)
+class QuantViews:
+    """The kernel's views of a layer's planes, kept on the layer (a plain attribute, never a
+    parameter) so that a step does not rebuild them."""
+
+    weights: tuple[QuantWeight, ...]
+
+
+def quant_views(planes: Sequence[dict], plane_bits: Sequence[int], group_size: int) -> QuantViews | None:
+    """The kernel's views of MLX planes ({"weight", "scales", "biases"}), or None where a plane
+    has no biases or a shape the kernel does not take."""
+    weights = []
+    for plane, bits in zip(planes, plane_bits, strict=True):
+        if plane.get("biases") is None or bits not in SUPPORTED_BITS:
+            return None
+        view = QuantWeight.from_arrays(plane["weight"], plane["scales"], plane["biases"], group_size, bits)
+        if not view.fits_kernel():
+            return None
+        weights.append(view)
+    return QuantViews(tuple(weights))
+
+
+class QuantKernel:
+    """The compiled quant_rows.c: `times(xs, weight, threads)` is xs · Wᵀ."""
+
+    def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...]):
+        self._library = library  # kept: the function below lives in it
+        self._rows = library.quant_rows
+        self._rows.argtypes = (
+            [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
+        )
+        self._rows.restype = ctypes.c_int
+        self.flags = flags
+        self.threaded = bool(library.quant_threaded())
+
+    def times(
+        self, xs: np.ndarray, weight: QuantWeight, threads: int = 1, many_from: int | None = None
+    ) -> np.ndarray:
+        """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the panel path runs)."""
+        xs = np.ascontiguousarray(xs, dtype=np.float32)
+        rows, in_dims = xs.shape
+        if in_dims != weight.in_dims:
+            raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
+        y = np.empty((rows, weight.out_dims), dtype=np.float32)
+        done = self._rows(
+            xs.ctypes.data,
+            weight.codes.ctypes.data,
+            weight.scales.ctypes.data,
+            weight.biases.ctypes.data,
+            y.ctypes.data,
+            rows,
+            in_dims,
+            weight.out_dims,
+            weight.group_size,
+            weight.bits,
+            threads,
+            MANY_ROWS_FROM if many_from is None else many_from,
+        )
+        if done < 1:
+            raise MemoryError("the quantized kernel could not get its scratch memory")
+        return y
+
+
+@dataclass(frozen=True)
+class QuantBuild:
+    """What building the kernel gave: the kernel, or None and why not (for `mlxswitch doctor`)."""
+
+    kernel: QuantKernel | None
+    detail: str
+
+
+def _random_weight(rng, out_dims: int, in_dims: int, bits: int, group_size: int):
+    """A random quantized weight and its truth: MLX's own dequantization, in float64."""
+    w = mx.array(rng.standard_normal((out_dims, in_dims)).astype(np.float32))
+    q, s, b = mx.quantize(w, group_size=group_size, bits=bits)
+    truth = np.array(mx.dequantize(q, s, b, group_size=group_size, bits=bits)).astype(np.float64)
+    return QuantWeight.from_arrays(q, s, b, group_size, bits), truth
+
+
+def check_kernel(kernel: QuantKernel) -> str | None:
+    """None when the kernel equals a float64 product of MLX's dequantized W on odd shapes, at
+    every bit width, group size and row grouping, on 1 and 2 threads, by both paths; else what
+    differed."""
+    rng = np.random.default_rng(0)
+    for bits in SUPPORTED_BITS:
+        for group_size in (32, 64):
+            weight, truth = _random_weight(rng, 19, 3 * group_size, bits, group_size)
+            for rows in (1, 2, 3, 4, 5, 9, 13):
+                xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
+                want = xs.astype(np.float64) @ truth.T
+                for many_from in (1 << 30, 1):
+                    for threads in (1, 2):
+                        got = kernel.times(xs, weight, threads, many_from)
+                        scale = max(float(np.abs(want).max()), 1e-30)
+                        if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-5 * scale:
+                            path = "panel" if many_from == 1 else "register"
+                            return (
+                                f"{bits}-bit, group {group_size}, {rows} rows, {path} path, "
+                                f"{threads} threads differed from a float64 product"
+                            )
+    return None
+
+
+@cache
+def build_quant_kernel() -> QuantBuild:
+    """Compile (or load from the per-machine cache), load and check the kernel once per process."""
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        return QuantBuild(None, "no C compiler (cc, gcc or clang) on PATH")
+    built = compile_cached(SOURCE, compiler, COMPILE_FLAGS)
+    if isinstance(built, str):
+        return QuantBuild(None, built)
+    library, flags, cached = built
+    try:
+        kernel = QuantKernel(library, flags)
+    except AttributeError as error:  # a source without the functions this module calls
+        return QuantBuild(None, f"the compiled kernel lacks a function ({error})")
+    mismatch = check_kernel(kernel)
+    if mismatch is not None:
+        return QuantBuild(None, f"check failed: {mismatch}")
+    threads = "OpenMP threads" if kernel.threaded else "one thread (no OpenMP)"
+    where = "cached build" if cached else "compiled now"
+    return QuantBuild(
+        kernel, f"{Path(compiler).name} {' '.join(flags)} ({where}), {threads}, checked against float64"
+    )
+
+
+def quant_kernel() -> QuantKernel | None:
+    """The checked kernel, or None where it could not be built (see build_quant_kernel)."""
+    return build_quant_kernel().kernel
+
+
+def quant_weights_times(xs: np.ndarray, weights: Sequence[QuantWeight], threads: int) -> np.ndarray:
+    """xs · (Σ weights)ᵀ: one kernel product a weight (a nested gear's planes), summed in fp32."""
+    kernel = quant_kernel()
+    assert kernel is not None, "quantized views are used only where the kernel is"
+    y = kernel.times(xs, weights[0], threads)
+    for weight in weights[1:]:
+        y += kernel.times(xs, weight, threads)
+    return y

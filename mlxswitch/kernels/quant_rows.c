@@ -1,0 +1,335 @@
+/* x · Wᵀ on an MLX affine-quantized weight as it is stored: no fp32 copy of W anywhere.
+ *
+ * W (out × in) is MLX's triple: packed codes (row o's codes at w + o·in·bits/8, little-endian
+ * words, values from the low bits up), and per group of `gs` inputs a scale and a bias, so that
+ * W[o, i] = scales[o, g]·q[o, i] + biases[o, g]. Bits 4 and 8 are read in place; other widths are
+ * unpacked by the loader into one code a byte and read as 8 (kernels/quant_cpu.py).
+ *
+ * Few rows (a decoding step, a check of a few drafted tokens): an output's 16 codes at a time are
+ * unpacked, converted and dequantized in registers (w = s·q + b) and multiplied into up to 4 rows,
+ * in tiles of outputs × rows sized so that the accumulators hide the multiply-add latency and
+ * stay in AVX2's 16 registers. Each code byte is read once for up to 4 rows.
+ * Many rows (prefill, long checks): a block of PANEL outputs is dequantized into a small fp32
+ * panel that stays in cache, and the rows are multiplied on it 6 at a time.
+ * AVX2 intrinsics on x86 (GCC/Clang vector extensions elsewhere), compiled on first use for this
+ * machine and checked against a float64 product before any model uses it. Threads: OpenMP over
+ * outputs; each output is computed by one thread in a fixed order, so any thread count gives the
+ * same bits.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LANES 8        /* floats a vector holds */
+#define ROW_GROUP 4    /* rows sharing one unpack of the codes */
+#define PANEL 16       /* outputs a dequantized tile holds (many-row path) */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* x86 with AVX2: intrinsics, since GCC scalarizes a byte → int vector conversion and does not
+ * contract vector-extension multiply-adds. */
+#include <immintrin.h>
+typedef __m256 vf;
+typedef __m256i vi;
+static inline vf zero(void) { return _mm256_setzero_ps(); }
+static inline vf splat(float x) { return _mm256_set1_ps(x); }
+static inline vf loadf(const float *p) { return _mm256_loadu_ps(p); }
+static inline void storef(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vi load_codes(const uint8_t *p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline vi low4(vi v) { return _mm256_and_si256(v, _mm256_set1_epi32(15)); }
+static inline vi high4(vi v) { return _mm256_srli_epi32(v, 4); }
+static inline vf to_float(vi v) { return _mm256_cvtepi32_ps(v); }
+static inline float hsum(vf v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#else
+/* Elsewhere: GCC/Clang vector extensions (correct everywhere; slower where not contracted). */
+typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef uint8_t vb __attribute__((vector_size(LANES)));
+static inline vf zero(void) { return (vf){0}; }
+static inline vf splat(float x) { return (vf){0} + x; }
+static inline vf loadf(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void storef(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf fmadd(vf a, vf b, vf c) { return a * b + c; }
+static inline vi load_codes(const uint8_t *p) {
+    vb v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, vi);
+}
+static inline vi low4(vi v) { return v & 15; }
+static inline vi high4(vi v) { return v >> 4; }
+static inline vf to_float(vi v) { return __builtin_convertvector(v, vf); }
+static inline float hsum(vf v) {
+    float s = 0.f;
+    for (int k = 0; k < LANES; k++) s += v[k];
+    return s;
+}
+#endif
+
+/* x's columns in the order a 4-bit row's bytes give them: per 16 inputs, the even ones (low
+ * nibbles of 8 bytes), then the odd ones (high nibbles). */
+static void split_nibble_order(const float *x, float *out, long rows, long n_in) {
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < n_in; c += 16)
+            for (int k = 0; k < 8; k++) {
+                out[r * n_in + c + k] = x[r * n_in + c + 2 * k];
+                out[r * n_in + c + 8 + k] = x[r * n_in + c + 2 * k + 1];
+            }
+}
+
+/* The 16 weights of output row `codes` at inputs c..c+15, dequantized in registers (w = s·q + b),
+ * in the order split_nibble_order (4-bit) or the natural order (8-bit) gives x. */
+static inline void dequantize16(const uint8_t *codes, long c, int bits, vf s, vf b, vf *w0, vf *w1) {
+    if (bits == 4) {
+        vi packed = load_codes(codes + c / 2);
+        *w0 = fmadd(to_float(low4(packed)), s, b);
+        *w1 = fmadd(to_float(high4(packed)), s, b);
+    } else {
+        *w0 = fmadd(to_float(load_codes(codes + c)), s, b);
+        *w1 = fmadd(to_float(load_codes(codes + c + 8)), s, b);
+    }
+}
+
+/* An O × K tile: outputs o..o+O-1 times K rows (compile-time counts, so the O·K accumulators
+ * stay in registers). Each output's codes are dequantized once in registers for the K rows;
+ * O·K independent accumulators keep the multiply-adds from waiting on each other. */
+#define TILE(O, K, S)                                                                            \
+    static void tile_##O##x##K(const float *xs, const uint8_t *w, const float *scales,          \
+                               const float *biases, float *y, long n_in, long n_out, long gs,   \
+                               int bits) {                                                       \
+        long groups = n_in / gs, row_bytes = n_in * bits / 8;                                    \
+        vf acc[O][K][S];                                                                         \
+        for (int o = 0; o < O; o++)                                                              \
+            for (int r = 0; r < K; r++)                                                          \
+                for (int h = 0; h < S; h++) acc[o][r][h] = zero();                               \
+        for (long g = 0; g < groups; g++) {                                                      \
+            for (long c = g * gs; c < (g + 1) * gs; c += 16) {                                   \
+                for (int o = 0; o < O; o++) {                                                    \
+                    vf w0, w1;                                                                   \
+                    dequantize16(w + o * row_bytes, c, bits, splat(scales[o * groups + g]),      \
+                                 splat(biases[o * groups + g]), &w0, &w1);                       \
+                    for (int r = 0; r < K; r++) {                                                \
+                        acc[o][r][0] = fmadd(w0, loadf(xs + r * n_in + c), acc[o][r][0]);        \
+                        acc[o][r][S - 1] = fmadd(w1, loadf(xs + r * n_in + c + 8), acc[o][r][S - 1]); \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int o = 0; o < O; o++)                                                              \
+            for (int r = 0; r < K; r++) {                                                        \
+                vf sum = acc[o][r][0];                                                           \
+                for (int h = 1; h < S; h++) sum = sum + acc[o][r][h];                            \
+                y[r * n_out + o] = hsum(sum);                                                    \
+            }                                                                                    \
+    }
+
+/* O·K·S independent accumulators (S: one for each half of a 16-input chunk, or one for both):
+ * enough to hide the multiply-add latency, few enough to stay in AVX2's 16 registers. */
+TILE(4, 1, 1)
+TILE(2, 2, 2)
+TILE(1, 3, 2)
+TILE(1, 4, 2)
+TILE(1, 1, 2)
+TILE(1, 2, 2)
+
+typedef void (*tile_fn)(const float *, const uint8_t *, const float *, const float *, float *,
+                        long, long, long, int);
+static const tile_fn WIDE[ROW_GROUP + 1] = {0, tile_4x1, tile_2x2, tile_1x3, tile_1x4};
+static const int WIDTH[ROW_GROUP + 1] = {0, 4, 2, 1, 1};
+static const tile_fn NARROW[ROW_GROUP + 1] = {0, tile_1x1, tile_1x2, tile_1x3, tile_1x4};
+
+/* Outputs o0..o0+width of W dequantized into `tile` (width rows of n_in floats, in the order the
+ * codes unpack in: x in the same order multiplies it), 16 weights at a time in registers. */
+static void dequantize_tile(const uint8_t *w, const float *scales, const float *biases,
+                            float *tile, long o0, long width, long n_in, long gs, int bits) {
+    long groups = n_in / gs, row_bytes = n_in * bits / 8;
+    for (long j = 0; j < width; j++) {
+        const uint8_t *codes = w + (o0 + j) * row_bytes;
+        const float *s = scales + (o0 + j) * groups, *b = biases + (o0 + j) * groups;
+        float *out = tile + j * n_in;
+        for (long c = 0; c < n_in; c += 16) {
+            vf w0, w1;
+            dequantize16(codes, c, bits, splat(s[c / gs]), splat(b[c / gs]), &w0, &w1);
+            storef(out + c, w0);
+            storef(out + c + 8, w1);
+        }
+    }
+}
+
+/* The tile's PANEL outputs as a panel (n_in × PANEL: input i's PANEL weights contiguous), an
+ * 8 × 8 block at a time; rows past `width` are zero. */
+static void tile_to_panel(float *tile, float *panel, long width, long n_in) {
+    if (width < PANEL) memset(tile + width * n_in, 0, sizeof(float) * (PANEL - width) * n_in);
+    for (long j0 = 0; j0 < PANEL; j0 += 8)
+        for (long i0 = 0; i0 < n_in; i0 += 8) {
+#if defined(__AVX2__) && defined(__FMA__)
+            __m256 r[8], t[8];
+            for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(tile + (j0 + k) * n_in + i0);
+            for (int k = 0; k < 8; k += 2) {
+                t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+                t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+            }
+            for (int k = 0; k < 8; k += 4) {
+                r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+                r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+                r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+                r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+            }
+            /* r[0..3]: columns 0,1,2,3 of rows 0-3 | 4-7 halves; pair the 128-bit halves */
+            static const int order[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+            for (int k = 0; k < 4; k++) {
+                __m256 lo = _mm256_permute2f128_ps(r[order[k]], r[4 + order[k]], 0x20);
+                __m256 hi = _mm256_permute2f128_ps(r[order[k]], r[4 + order[k]], 0x31);
+                _mm256_storeu_ps(panel + (i0 + k) * PANEL + j0, lo);
+                _mm256_storeu_ps(panel + (i0 + 4 + k) * PANEL + j0, hi);
+            }
+#else
+            for (int k = 0; k < 8; k++)
+                for (int i = 0; i < 8; i++)
+                    panel[(i0 + i) * PANEL + j0 + k] = tile[(j0 + k) * n_in + i0 + i];
+#endif
+        }
+}
+
+#define PVECS (PANEL / LANES)
+/* K rows (x in the panel's input order) times one panel: K·PVECS accumulators, each weight of
+ * the panel read once for the K rows. */
+#define PANEL_TIMES(K)                                                                           \
+    static void panel_rows_##K(const float *x, const float *panel, float *y, long n_in,         \
+                               long n_out) {                                                     \
+        vf acc[K][PVECS];                                                                        \
+        for (int r = 0; r < K; r++)                                                              \
+            for (int v = 0; v < PVECS; v++) acc[r][v] = zero();                                  \
+        const float *p = panel;                                                                  \
+        for (long i = 0; i < n_in; i++, p += PANEL) {                                            \
+            vf col[PVECS];                                                                       \
+            for (int v = 0; v < PVECS; v++) col[v] = loadf(p + v * LANES);                       \
+            for (int r = 0; r < K; r++) {                                                        \
+                vf xi = splat(x[r * n_in + i]);                                                  \
+                for (int v = 0; v < PVECS; v++) acc[r][v] = fmadd(xi, col[v], acc[r][v]);        \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < K; r++)                                                              \
+            for (int v = 0; v < PVECS; v++) storef(y + r * n_out + v * LANES, acc[r][v]);        \
+    }
+
+#define PANEL_ROWS 6 /* rows multiplied per read of a panel: 12 accumulators in registers */
+PANEL_TIMES(1)
+PANEL_TIMES(2)
+PANEL_TIMES(3)
+PANEL_TIMES(4)
+PANEL_TIMES(5)
+PANEL_TIMES(6)
+
+typedef void (*panel_fn)(const float *, const float *, float *, long, long);
+static const panel_fn PANEL_FN[PANEL_ROWS + 1] = {0,           panel_rows_1, panel_rows_2,
+                                                  panel_rows_3, panel_rows_4, panel_rows_5,
+                                                  panel_rows_6};
+
+/* The many-row path: each thread dequantizes PANEL outputs at a time (in registers, into a
+ * tile), lays them out as a panel that stays in cache, and multiplies every row on it. */
+static int many_rows(const float *xs, const uint8_t *w, const float *scales, const float *biases,
+                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads) {
+    long blocks = (n_out + PANEL - 1) / PANEL;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+    {
+        float *tile = malloc(sizeof(float) * n_in * PANEL);
+        float *panel = malloc(sizeof(float) * n_in * PANEL);
+        float out[PANEL_ROWS * PANEL];
+        if (!tile || !panel) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (long blk = 0; blk < blocks; blk++) {
+            if (!tile || !panel) continue;
+            long o0 = blk * PANEL, width = n_out - o0 < PANEL ? n_out - o0 : PANEL;
+            dequantize_tile(w, scales, biases, tile, o0, width, n_in, gs, bits);
+            tile_to_panel(tile, panel, width, n_in);
+            for (long r = 0; r < rows; r += PANEL_ROWS) {
+                long k = rows - r < PANEL_ROWS ? rows - r : PANEL_ROWS;
+                PANEL_FN[k](xs + r * n_in, panel, out, n_in, PANEL);
+                for (long rr = 0; rr < k; rr++)
+                    memcpy(y + (r + rr) * n_out + o0, out + rr * PANEL, sizeof(float) * width);
+            }
+        }
+        free(tile);
+        free(panel);
+    }
+    return failed ? -1 : 0;
+}
+
+/* y (rows × n_out) = x (rows × n_in) · Wᵀ for bits 4 or 8 (codes one a byte), group size `gs`
+ * (a multiple of 16 dividing n_in). From `many_from` rows on, the
+ * dequantized-panel path. Returns the threads used, or -1 on a bad argument or no memory. */
+int quant_rows(const float *x, const void *codes, const float *scales, const float *biases,
+               float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
+               long many_from) {
+    const uint8_t *w = codes;
+    if (!biases || (bits != 4 && bits != 8) || gs < 16 || gs % 16 || n_in % gs || rows < 1) return -1;
+    if (threads < 1) threads = 1;
+#ifndef _OPENMP
+    threads = 1;
+#endif
+    long groups = n_in / gs;
+    float *xs = malloc(sizeof(float) * rows * n_in);
+    if (!xs) return -1;
+    if (bits == 4)
+        split_nibble_order(x, xs, rows, n_in);
+    else
+        memcpy(xs, x, sizeof(float) * rows * n_in);
+    long row_bytes = n_in * bits / 8;
+    if (rows >= many_from) {
+        int failed = many_rows(xs, w, scales, biases, y, rows, n_in, n_out, gs, bits, threads);
+        free(xs);
+        return failed ? -1 : threads;
+    }
+    /* Threads split the outputs in tiles; the rows go 4 at a time through each tile. */
+    long width = WIDTH[rows < ROW_GROUP ? rows : ROW_GROUP];
+    long tiles = n_out / width;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (long t = 0; t <= tiles; t++) {
+        long o = t * width, count = t < tiles ? width : n_out - tiles * width;
+        for (long r = 0; r < rows; r += ROW_GROUP) {
+            long k = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
+            for (long done = 0; done < count;) {
+                /* a full tile where it fits this group of rows, else one output at a time */
+                int wide = count - done >= WIDTH[k];
+                tile_fn fn = wide ? WIDE[k] : NARROW[k];
+                long oo = o + done;
+                fn(xs + r * n_in, w + oo * row_bytes, scales + oo * groups, biases + oo * groups,
+                   y + r * n_out + oo, n_in, n_out, gs, bits);
+                done += wide ? WIDTH[k] : 1;
+            }
+        }
+    }
+    free(xs);
+    return threads;
+}
+
+/* Whether this build runs products on more than one thread. */
+int quant_threaded(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,200 @@
+"""The compiled quantized kernel (mlxswitch/kernels/quant_cpu.py, quant_rows.c): equal to a float64
+product of MLX's own dequantized weight at every bit width, group size, row grouping, path and
+thread count; its life cycle (cached build, check, fall-backs that say why); the models and
+nested gears that run on it give the reference's logits."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxswitch.kernels import cbuild, quant_cpu
+from mlxswitch.kernels.quant_cpu import (
+    SUPPORTED_BITS,
+    QuantWeight,
+    build_quant_kernel,
+    check_kernel,
+    quant_views,
+    unpack_codes,
+)
+from mlxswitch.kernels.route import resolve_route
+
+KERNEL = build_quant_kernel().kernel
+needs_kernel = pytest.mark.skipif(
+    KERNEL is None, reason=f"no quantized kernel: {build_quant_kernel().detail}"
+)
+
+
+def _weight(out_dims, in_dims, bits, group_size, seed=0, scale_dtype=mx.float32):
+    rng = np.random.default_rng(seed)
+    w = mx.array(rng.standard_normal((out_dims, in_dims)).astype(np.float32))
+    q, s, b = mx.quantize(w, group_size=group_size, bits=bits)
+    s, b = s.astype(scale_dtype), b.astype(scale_dtype)
+    # The truth in fp32 arithmetic from the stored scales (a half dequantization rounds its output).
+    wide = (s.astype(mx.float32), b.astype(mx.float32))
+    truth = np.array(mx.dequantize(q, *wide, group_size=group_size, bits=bits))
+    return QuantWeight.from_arrays(q, s, b, group_size, bits), truth.astype(np.float64)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_the_kernel_equals_a_float64_product_of_mlx_dequantized_weight(bits, group_size):
+    weight, truth = _weight(21, 2 * group_size, bits, group_size, seed=bits)  # odd output count
+    rng = np.random.default_rng(group_size)
+    for rows in (1, 2, 3, 4, 5, 8, 11, 12, 13, 25):
+        xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
+        want = xs.astype(np.float64) @ truth.T
+        for many_from in (1 << 30, 1, None):  # registers, dequantized panel, the default rule
+            got = KERNEL.times(xs, weight, 2, many_from)
+            assert got.shape == want.shape
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, many_from)
+
+
+@needs_kernel
+def test_one_and_two_threads_give_the_same_bits():
+    weight, _ = _weight(301, 256, 4, 32)
+    xs = np.random.default_rng(1).standard_normal((7, 256)).astype(np.float32)
+    for many_from in (1 << 30, 1):
+        assert np.array_equal(KERNEL.times(xs, weight, 1, many_from), KERNEL.times(xs, weight, 2, many_from))
+
+
+@needs_kernel
+def test_half_precision_scales_are_widened_once_and_give_the_same_products():
+    weight, truth = _weight(16, 64, 4, 32, scale_dtype=mx.float16)
+    assert weight.scales.dtype == np.float32 and weight.biases.dtype == np.float32
+    xs = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
+    want = xs.astype(np.float64) @ truth.T
+    assert np.allclose(KERNEL.times(xs, weight), want, rtol=1e-5, atol=1e-5)
+
+
+def test_4_and_8_bit_codes_are_read_in_place_and_other_widths_unpacked_once():
+    for bits in (4, 8):
+        q, s, b = mx.quantize(mx.ones((16, 64)), group_size=32, bits=bits)
+        view = QuantWeight.from_arrays(q, s, b, 32, bits)
+        assert np.shares_memory(view.codes, np.asarray(q)) and view.bits == bits
+        assert view.nbytes == q.nbytes + s.nbytes + b.nbytes  # fp32 scales: no copy either
+    for bits in (2, 3, 5, 6):
+        w = mx.array(np.random.default_rng(bits).standard_normal((8, 64)).astype(np.float32))
+        q, s, b = mx.quantize(w, group_size=32, bits=bits)
+        codes = unpack_codes(np.asarray(q), bits, 64)
+        rebuilt = codes.reshape(8, 2, 32) * np.asarray(s)[..., None] + np.asarray(b)[..., None]
+        assert np.allclose(rebuilt.reshape(8, 64), np.array(mx.dequantize(q, s, b, group_size=32, bits=bits)))
+
+
+def test_shapes_the_kernel_does_not_take_get_no_view():
+    q, s, b = mx.quantize(mx.ones((8, 64)), group_size=32, bits=4)
+    assert quant_views([{"weight": q, "scales": s, "biases": None}], (4,), 32) is None
+    assert quant_views([{"weight": q, "scales": s, "biases": b}], (4,), 32) is not None
+
+
+@needs_kernel
+def test_the_check_catches_a_wrong_row():
+    class OffByOne:
+        def times(self, xs, weight, threads=1, many_from=None):
+            y = KERNEL.times(xs, weight, threads, many_from)
+            y[-1, -1] += 1e-2
+            return y
+
+    assert "differed" in check_kernel(OffByOne())
+
+
+def _rebuilt(monkeypatch, **patches):
+    for name, value in patches.items():
+        monkeypatch.setattr(quant_cpu, name, value)
+    build_quant_kernel.cache_clear()
+    return build_quant_kernel()
+
+
+def test_without_a_compiler_the_route_keeps_fp32_copies_and_says_why(monkeypatch):
+    try:
+        monkeypatch.setattr(quant_cpu.shutil, "which", lambda name: None)
+        build = _rebuilt(monkeypatch)
+        assert build.kernel is None and "no C compiler" in build.detail
+        resolved = resolve_route("auto", "cpu")
+        assert resolved.plain_linears == "resident-fp32"
+        assert "no C compiler" in dict(resolved.describe())["plain_linears"]
+    finally:
+        build_quant_kernel.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("this is not C\n", "failed"), ("int nothing_here(void) { return 0; }\n", "lacks a function")],
+)
+def test_a_source_that_does_not_build_or_lacks_the_kernel_falls_back(monkeypatch, tmp_path, text, said):
+    source = tmp_path / "quant_rows.c"
+    source.write_text(text)
+    try:
+        build = _rebuilt(monkeypatch, SOURCE=source)
+        assert build.kernel is None and said in build.detail
+        assert resolve_route("auto", "cpu").plain_linears != "quant-kernel"
+    finally:
+        build_quant_kernel.cache_clear()
+
+
+@needs_kernel
+def test_a_later_process_loads_the_cached_library_instead_of_compiling(monkeypatch):
+    build_quant_kernel.cache_clear()
+    try:
+        first = build_quant_kernel()
+        assert first.kernel is not None  # compiled into this test's own cache directory
+        assert list(cbuild.kernels_cache().glob("quant_rows-*.so"))
+        build_quant_kernel.cache_clear()
+        monkeypatch.setattr(cbuild.subprocess, "run", _no_compiler_run)
+        again = build_quant_kernel()
+        assert again.kernel is not None and "cached build" in again.detail
+    finally:
+        build_quant_kernel.cache_clear()
+
+
+_REAL_RUN = cbuild.subprocess.run
+
+
+def _no_compiler_run(command, **kwargs):
+    if "--version" in command:  # the cache key asks the compiler's version: that is allowed
+        return _REAL_RUN(command, **kwargs)
+    raise AssertionError(f"compiled again: {command}")
+
+
+@needs_kernel
+def test_a_source_change_compiles_a_new_library(tmp_path):
+    source = tmp_path / "k.c"
+    source.write_text("int quant_threaded(void) { return 0; }\n")
+    first = cbuild.library_key(source, "cc", ("-O3",))
+    source.write_text("int quant_threaded(void) { return 1; }\n")
+    assert cbuild.library_key(source, "cc", ("-O3",)) != first
+    assert cbuild.library_key(source, "cc", ("-O2",)) != cbuild.library_key(source, "cc", ("-O3",))
+
+
+@needs_kernel
+def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models import rows
+    from mlxswitch.models.gears import nest_model
+
+    ids = mx.array([[5, 17, 42, 7, 99, 3]])
+    logits = {}
+    for kernels in ("reference", "auto"):
+        resolve_route(kernels, "cpu")
+        model = make_model(llama_config(vocab_size=300, tie=True), seed=5)
+        nn.quantize(model, group_size=32, bits=4)
+        mx.eval(model.parameters())
+        linears = rows.use_fast_rows(model)
+        logits[kernels] = np.array(model(ids))
+        if kernels == "auto":
+            assert linears == "quant-kernel"
+    assert np.allclose(logits["auto"], logits["reference"], rtol=1e-4, atol=1e-4)
+    geared = {}
+    for kernels in ("reference", "auto"):
+        resolve_route(kernels, "cpu")
+        model = make_model(llama_config(vocab_size=300), seed=6)
+        state = nest_model(model, (4, 4, 8), 32)
+        for gear in (4, 8, 16):
+            state.set(gear)
+            geared[kernels, gear] = np.array(model(ids))
+    for gear in (4, 8, 16):
+        assert np.allclose(geared["auto", gear], geared["reference", gear], rtol=1e-4, atol=1e-4)
