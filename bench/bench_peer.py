@@ -8,7 +8,7 @@ builds one; docs/benchmarks.md says how); without one the llama.cpp configs are 
 line. The Qwen2.5-Coder GGUFs are the `qwen-coder` extra's parts, joined into a temporary folder.
 Servers run one at a time (load timed until /v1/models answers); each streams the same greedy
 chat requests in turn: everyday requests (one per category of everyday-heldout7), HumanEval-style
-completions, and an edit request (a ~130-line module pasted with "rename one function, return the
+completions, and an edit request (a ~125-line module pasted with "rename one function, return the
 whole file"). Rounds rotate the config order. Per config and workload: seconds, completion tokens,
 tokens/s, median first token; per config: load seconds and peak RSS (VmHWM); and which answers
 are identical to the 1.5B alone's on the same program.
@@ -121,6 +121,21 @@ def ask(base: str, model: str, prompt: str, tokens: int) -> dict:
     }
 
 
+def wait_ready(base: str, limit_s: float = 600) -> None:
+    """Until the server has its model loaded: llama-server answers /v1/models while it still
+    loads (503 on requests), so /health must say 200; a server without /health is ready."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        try:
+            status = httpx.get(f"{base}/health", timeout=5).status_code
+        except httpx.HTTPError:
+            status = 503
+        if status != 503:
+            return
+        time.sleep(0.2)
+    sys.exit(f"error: {base} did not load its model in {limit_s:.0f} s")
+
+
 def peak_rss_gb(pid: int) -> float:
     """A process's peak resident memory (VmHWM), in GB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -190,17 +205,20 @@ def main() -> None:
                 port = free_port()
                 started = time.perf_counter()
                 server = start(config, command(config, ggufs, llama, port) or [], port, Path(tmp), env)
+                wait_ready(server[2])
                 results[config]["load_s"].append(time.perf_counter() - started)
+                # the name the server itself lists (llama-server answers any; ours its profile's)
+                model = httpx.get(f"{server[2]}/v1/models", timeout=30).json()["data"][0]["id"]
                 for name, prompts in work.items():
                     tokens = args.tokens * (3 if name == "edit" else 1)
                     for prompt in prompts:
-                        results[config]["runs"][name].append(ask(server[2], LARGE, prompt, tokens))
+                        results[config]["runs"][name].append(ask(server[2], model, prompt, tokens))
                 results[config]["rss_gb"].append(peak_rss_gb(server[1].pid))
                 stop([server])
                 print(f"round {round_index + 1}: {config} done", file=sys.stderr)
+                if args.json:  # kept as it grows: a later failure loses nothing measured
+                    args.json.write_text(json.dumps(results, indent=1))
     report(results, work)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
 
 
 def report(results: dict[str, dict], work: dict[str, list[str]]) -> None:

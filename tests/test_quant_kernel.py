@@ -198,3 +198,36 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
             geared[kernels, gear] = np.array(model(ids))
     for gear in (4, 8, 16):
         assert np.allclose(geared["auto", gear], geared["reference", gear], rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size):
+    from mlxswitch.kernels.quant_cpu import int8_applies, int8_reference
+
+    weight, truth = _weight(37, 3 * group_size, 4, group_size, seed=group_size)
+    rng = np.random.default_rng(3)
+    for rows in (1, 2, 3, 4, 5, 9):
+        xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
+        got = KERNEL.times(xs, weight, 2, int8=True)
+        assert int8_applies(weight, rows)
+        # x rounded as the C rounds it: the same numbers up to fp32 summation order...
+        want = int8_reference(xs, weight, truth)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        # ...and within x's 8-bit rounding of the exact product (coarser for larger groups)
+        exact = xs.astype(np.float64) @ truth.T
+        assert np.abs(got - exact).max() <= 5e-2 * np.abs(exact).max()
+    # 8-bit codes and many rows are not taken: the exact fp32 path answers
+    eight, truth8 = _weight(8, 64, 8, 32)
+    xs = rng.standard_normal((2, 64)).astype(np.float32)
+    assert np.array_equal(KERNEL.times(xs, eight, int8=True), KERNEL.times(xs, eight))
+
+
+def test_the_int8_setting_is_the_quantized_route_with_int8_activations():
+    from mlxswitch.kernels.route import route_for
+
+    assert route_for("cpu", "int8", quant_kernel=True).quant_activations == "int8"
+    assert route_for("cpu", "auto", quant_kernel=True).quant_activations == "fp32"
+    assert route_for("cpu", "int8", quant_kernel=True).plain_linears == "quant-kernel"
+    assert route_for("cpu", "fp32", quant_kernel=True).quant_activations == "none"
+    assert route_for("metal", "int8", quant_kernel=True).quant_activations == "none"

@@ -29,6 +29,7 @@ FIELDS = [
     "kernels",
     "signals",
     "plain_linears",
+    "quant_activations",
     "resident_product",
     "nested",
     "multi_row",

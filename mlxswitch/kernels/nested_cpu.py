@@ -285,7 +285,9 @@ def quant_matmul(
     xs = _numpy_rows(x)
     if xs is None:
         return None
-    y = _from_rows(quant_weights_times(xs, weights, current_route().blas_threads), x)
+    route = current_route()
+    int8 = route.quant_activations == "int8"
+    y = _from_rows(quant_weights_times(xs, weights, route.blas_threads, int8), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
 

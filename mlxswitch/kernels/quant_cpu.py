@@ -133,23 +133,31 @@ class QuantKernel:
     def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...]):
         self._library = library  # kept: the function below lives in it
         self._rows = library.quant_rows
-        self._rows.argtypes = (
-            [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
-        )
-        self._rows.restype = ctypes.c_int
+        self._rows_int8 = library.quant_rows_int8
+        for function in (self._rows, self._rows_int8):
+            function.argtypes = (
+                [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
+            )
+            function.restype = ctypes.c_int
         self.flags = flags
         self.threaded = bool(library.quant_threaded())
 
     def times(
-        self, xs: np.ndarray, weight: QuantWeight, threads: int = 1, many_from: int | None = None
+        self,
+        xs: np.ndarray,
+        weight: QuantWeight,
+        threads: int = 1,
+        many_from: int | None = None,
+        int8: bool = False,
     ) -> np.ndarray:
-        """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the panel path runs)."""
+        """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the panel path runs;
+        int8: x rounded to int8 per group where the kernel has that path, see int8_reference)."""
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         rows, in_dims = xs.shape
         if in_dims != weight.in_dims:
             raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
         y = np.empty((rows, weight.out_dims), dtype=np.float32)
-        done = self._rows(
+        done = (self._rows_int8 if int8 else self._rows)(
             xs.ctypes.data,
             weight.codes.ctypes.data,
             weight.scales.ctypes.data,
@@ -184,6 +192,28 @@ def _random_weight(rng, out_dims: int, in_dims: int, bits: int, group_size: int)
     return QuantWeight.from_arrays(q, s, b, group_size, bits), truth
 
 
+def int8_applies(weight: QuantWeight, rows: int) -> bool:
+    """Whether the kernel's int8-activation path takes this product (else it is the fp32 one)."""
+    g = weight.group_size
+    return weight.bits == 4 and g % 32 == 0 and rows < MANY_ROWS_FROM
+
+
+def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray) -> np.ndarray:
+    """What the int8 path computes, in float64: x rounded per group as quant_rows.c rounds it
+    (step = peak/127, codes = rint(x·(127/peak)) in fp32), times the scaled codes, plus the biases
+    times the exact group sums of x. `truth` is W = s·q + b in float64."""
+    rows, g = xs.shape[0], weight.group_size
+    grouped = xs.astype(np.float32).reshape(rows, -1, g)
+    peak = np.abs(grouped).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(peak > 0, np.float32(127) / peak, np.float32(0)).astype(np.float32)
+    codes = np.rint(grouped * inverse)
+    step = (peak / np.float32(127)).astype(np.float32)
+    rounded = (codes * step.astype(np.float64)).reshape(rows, -1)
+    bias = np.repeat(weight.biases.astype(np.float64), g, axis=1)
+    return rounded @ (truth - bias).T + xs.astype(np.float64) @ bias.T
+
+
 def check_kernel(kernel: QuantKernel) -> str | None:
     """None when the kernel equals a float64 product of MLX's dequantized W on odd shapes, at
     every bit width, group size and row grouping, on 1 and 2 threads, by both paths; else what
@@ -205,6 +235,13 @@ def check_kernel(kernel: QuantKernel) -> str | None:
                                 f"{bits}-bit, group {group_size}, {rows} rows, {path} path, "
                                 f"{threads} threads differed from a float64 product"
                             )
+                if int8_applies(weight, rows):
+                    exact = int8_reference(xs, weight, truth)
+                    got = kernel.times(xs, weight, 2, None, int8=True)
+                    if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
+                        return (
+                            f"int8 activations, group {group_size}, {rows} rows differed from their reference"
+                        )
     return None
 
 
@@ -237,11 +274,14 @@ def quant_kernel() -> QuantKernel | None:
     return build_quant_kernel().kernel
 
 
-def quant_weights_times(xs: np.ndarray, weights: Sequence[QuantWeight], threads: int) -> np.ndarray:
-    """xs · (Σ weights)ᵀ: one kernel product a weight (a nested gear's planes), summed in fp32."""
+def quant_weights_times(
+    xs: np.ndarray, weights: Sequence[QuantWeight], threads: int, int8: bool = False
+) -> np.ndarray:
+    """xs · (Σ weights)ᵀ: one kernel product a weight (a nested gear's planes), summed in fp32
+    (int8: the kernel's int8-activation path where it applies)."""
     kernel = quant_kernel()
     assert kernel is not None, "quantized views are used only where the kernel is"
-    y = kernel.times(xs, weights[0], threads)
+    y = kernel.times(xs, weights[0], threads, int8=int8)
     for weight in weights[1:]:
-        y += kernel.times(xs, weight, threads)
+        y += kernel.times(xs, weight, threads, int8=int8)
     return y

@@ -333,3 +333,146 @@ int quant_threaded(void) {
     return 0;
 #endif
 }
+
+/* ---- int8 activations (opt-in: not exact) ----------------------------------------------------
+ * As llama.cpp multiplies its 4-bit blocks: each row's x is quantized per weight group to int8
+ * with one fp32 step dx (x ≈ dx·xq), so a group's Σ q·x becomes dx·Σ q·xq, summed exactly in
+ * integers (u8 × s8 pairs, then pairs of int16), and the output is
+ *   y[r, o] = Σ_g s[o, g]·dx[r, g]·Σ_i q[o, i]·xq[r, i]  +  b[o, g]·Σ_i x[r, i]
+ * with the bias term on the exact sums of x. About half the instructions of the fp32 path per
+ * weight; the error is x's rounding to 8 bits (kernels/quant_cpu.py measures it). 4-bit codes,
+ * groups a multiple of 32, few rows; anything else goes the fp32 way. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define Q8TILE(O, K)                                                                             \
+    static void i8tile_##O##x##K(const int8_t *xq, const float *dx, const float *xsum,          \
+                                 const uint8_t *w, const float *scales, const float *biases,    \
+                                 float *y, long n_in, long n_out, long gs) {                     \
+        long groups = n_in / gs, row_bytes = n_in / 2;                                           \
+        const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                \
+        __m256 acc[O][K];                                                                        \
+        for (int o = 0; o < O; o++)                                                              \
+            for (int r = 0; r < K; r++) acc[o][r] = _mm256_setzero_ps();                         \
+        for (long g = 0; g < groups; g++) {                                                      \
+            __m256i sum[O][K];                                                                   \
+            for (int o = 0; o < O; o++)                                                          \
+                for (int r = 0; r < K; r++) sum[o][r] = _mm256_setzero_si256();                  \
+            for (long c = g * gs; c < (g + 1) * gs; c += 32) {                                   \
+                for (int o = 0; o < O; o++) {                                                    \
+                    __m128i v = _mm_loadu_si128((const __m128i *)(w + o * row_bytes + c / 2));   \
+                    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nibble); \
+                    for (int r = 0; r < K; r++) {                                                \
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * n_in + c));   \
+                        __m256i pairs = _mm256_maddubs_epi16(q, xv);                             \
+                        sum[o][r] = _mm256_add_epi32(sum[o][r], _mm256_madd_epi16(pairs, ones)); \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+            for (int o = 0; o < O; o++)                                                          \
+                for (int r = 0; r < K; r++) {                                                    \
+                    __m256 step = _mm256_set1_ps(scales[o * groups + g] * dx[r * groups + g]);   \
+                    acc[o][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[o][r]), step, acc[o][r]); \
+                }                                                                                \
+        }                                                                                        \
+        for (int o = 0; o < O; o++)                                                              \
+            for (int r = 0; r < K; r++) {                                                        \
+                const float *b = biases + o * groups, *xs = xsum + r * groups;                   \
+                __m256 bv = _mm256_setzero_ps();                                                 \
+                long g = 0;                                                                      \
+                for (; g + 8 <= groups; g += 8)                                                  \
+                    bv = _mm256_fmadd_ps(_mm256_loadu_ps(b + g), _mm256_loadu_ps(xs + g), bv);   \
+                float bias = hsum(bv);                                                           \
+                for (; g < groups; g++) bias += b[g] * xs[g];                                    \
+                y[r * n_out + o] = hsum(acc[o][r]) + bias;                                       \
+            }                                                                                    \
+    }
+
+Q8TILE(2, 1)
+Q8TILE(2, 2)
+Q8TILE(1, 3)
+Q8TILE(1, 4)
+Q8TILE(1, 1)
+Q8TILE(1, 2)
+
+typedef void (*i8_fn)(const int8_t *, const float *, const float *, const uint8_t *, const float *,
+                      const float *, float *, long, long, long);
+static const i8_fn I8_WIDE[ROW_GROUP + 1] = {0, i8tile_2x1, i8tile_2x2, i8tile_1x3, i8tile_1x4};
+static const int I8_WIDTH[ROW_GROUP + 1] = {0, 2, 2, 1, 1};
+static const i8_fn I8_NARROW[ROW_GROUP + 1] = {0, i8tile_1x1, i8tile_1x2, i8tile_1x3, i8tile_1x4};
+
+/* x's rows as int8 per group (in the order a 16-byte block of 4-bit codes unpacks in: per 32
+ * inputs the even ones, then the odd ones), each group's step, and its exact sum. */
+static void quantize_rows(const float *x, int8_t *xq, float *dx, float *xsum, long rows, long n_in,
+                          long gs) {
+    long groups = n_in / gs;
+    for (long r = 0; r < rows; r++)
+        for (long g = 0; g < groups; g++) {
+            const float *v = x + r * n_in + g * gs;
+            float peak = 0.f, sum = 0.f;
+            for (long i = 0; i < gs; i++) {
+                float a = v[i] < 0 ? -v[i] : v[i];
+                peak = a > peak ? a : peak;
+                sum += v[i];
+            }
+            float step = peak / 127.f, inverse = peak > 0 ? 127.f / peak : 0.f;
+            dx[r * groups + g] = step;
+            xsum[r * groups + g] = sum;
+            int8_t *out = xq + r * n_in + g * gs;
+            for (long c = 0; c < gs; c += 32)
+                for (int k = 0; k < 16; k++) {
+                    out[c + k] = (int8_t)__builtin_lrintf(v[c + 2 * k] * inverse);
+                    out[c + 16 + k] = (int8_t)__builtin_lrintf(v[c + 2 * k + 1] * inverse);
+                }
+        }
+}
+#endif
+
+/* quant_rows with int8 activations where it applies (4-bit codes, groups a multiple of 32, fewer
+ * than `many_from` rows, an AVX2 build); anything else is quant_rows itself. */
+int quant_rows_int8(const float *x, const void *codes, const float *scales, const float *biases,
+                    float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
+                    long many_from) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (bits == 4 && biases && gs >= 32 && gs % 32 == 0 && n_in % gs == 0 && rows >= 1 &&
+        rows < many_from) {
+        if (threads < 1) threads = 1;
+#ifndef _OPENMP
+        threads = 1;
+#endif
+        long groups = n_in / gs;
+        int8_t *xq = malloc((size_t)rows * n_in);
+        float *dx = malloc(sizeof(float) * rows * groups), *xsum = malloc(sizeof(float) * rows * groups);
+        if (!xq || !dx || !xsum) {
+            free(xq);
+            free(dx);
+            free(xsum);
+            return -1;
+        }
+        quantize_rows(x, xq, dx, xsum, rows, n_in, gs);
+        const uint8_t *w = codes;
+        long row_bytes = n_in / 2, width = I8_WIDTH[rows < ROW_GROUP ? rows : ROW_GROUP];
+        long tiles = n_out / width;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+        for (long t = 0; t <= tiles; t++) {
+            long o = t * width, count = t < tiles ? width : n_out - tiles * width;
+            for (long r = 0; r < rows; r += ROW_GROUP) {
+                long k = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
+                for (long done = 0; done < count;) {
+                    int wide = count - done >= I8_WIDTH[k];
+                    i8_fn fn = wide ? I8_WIDE[k] : I8_NARROW[k];
+                    long oo = o + done;
+                    fn(xq + r * n_in, dx + r * groups, xsum + r * groups, w + oo * row_bytes,
+                       scales + oo * groups, biases + oo * groups, y + r * n_out + oo, n_in, n_out, gs);
+                    done += wide ? I8_WIDTH[k] : 1;
+                }
+            }
+        }
+        free(xq);
+        free(dx);
+        free(xsum);
+        return threads;
+    }
+#endif
+    return quant_rows(x, codes, scales, biases, y, rows, n_in, n_out, gs, bits, threads, many_from);
+}

@@ -9,6 +9,8 @@ that flips the setting); `kernels_override()` runs a block on another setting.
 MLXSWITCH_KERNELS values:
   "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
         on a CPU, quantized weights are multiplied as stored by the compiled quantized kernel;
+  "int8": as "auto", but the quantized kernel rounds each row of activations to int8 per weight
+        group for its few-row products (about half the instructions; not exact: measure first);
   "fp32": on a CPU, plain quantized linears keep a resident fp32 copy multiplied by the compiled
         panel kernel (4 bytes a weight: the route before the quantized kernel, for A/B runs);
   "blas": as "fp32", but the fp32 copies go through NumPy's BLAS, not the panel kernel;
@@ -30,7 +32,7 @@ from .panel_cpu import build_panel_kernel
 from .quant_cpu import build_quant_kernel
 
 KERNELS_ENV = "MLXSWITCH_KERNELS"
-SETTINGS = ("auto", "fp32", "blas", "reference", "mx")
+SETTINGS = ("auto", "int8", "fp32", "blas", "reference", "mx")
 BACKENDS = ("metal", "cuda", "cpu")
 
 
@@ -78,6 +80,11 @@ _WORDS = {
         "resident-fp32": "resident fp32 NumPy copy where it fits (see resident_product), else the rows route",
         "rows": "rows route (MLX's quantized matmul below the multi-row floor)",
     },
+    "quant_activations": {
+        "fp32": "fp32 (exact up to summation order)",
+        "int8": "int8 per weight group for few rows (MLXSWITCH_KERNELS=int8; not exact)",
+        "none": "no quantized kernel",
+    },
     "resident_product": {
         "panel-kernel": "compiled C panel kernel: each weight read once for 1-6 rows (checked on load)",
         "numpy-blas": "NumPy's BLAS (sgemv, padded sgemm)",
@@ -111,6 +118,8 @@ class Route:
         its check), "resident-fp32" (a resident fp32 NumPy copy where it fits in memory, multiplied as
         resident_product says; else "rows") or "rows" (our module: the multi-row route, MLX's
         quantized matmul otherwise).
+    quant_activations: what the quantized kernel multiplies the codes with — "fp32" (exact up to
+        summation order), "int8" (few-row products with x rounded per weight group) or "none".
     resident_product: a product on a resident fp32 copy — "panel-kernel" (the compiled
         panel_rows.c, where it built and passed its check), "numpy-blas" or "none" (no copies).
     nested: a nested-gear product — "quant-kernel" (a CPU: the compiled kernel, one product a
@@ -127,6 +136,7 @@ class Route:
     kernels: str
     signals: str
     plain_linears: str
+    quant_activations: str
     resident_product: str
     nested: str
     multi_row: str
@@ -146,7 +156,7 @@ class Route:
     @property
     def numpy_allowed(self) -> bool:
         """Whether a dispatcher may hand work to NumPy (a CPU with MLXSWITCH_KERNELS=auto or blas)."""
-        return self.backend == "cpu" and self.kernels in ("auto", "fp32", "blas")
+        return self.backend == "cpu" and self.kernels in ("auto", "int8", "fp32", "blas")
 
     @property
     def lazy_passes(self) -> bool:
@@ -172,10 +182,10 @@ class Route:
                 text = f"{value} ({KERNELS_ENV})"
             elif key == "metal":
                 text = "available" if value else "not available"
-            elif key == "plain_linears" and self.numpy_allowed and self.kernels == "auto":
+            elif key == "plain_linears" and self.kernels in ("auto", "int8") and self.backend == "cpu":
                 # Why the quantized kernel is (or is not) in use: compiler and flags, or what failed.
                 text = f"{_WORDS[key][value]}; build: {build_quant_kernel().detail}"
-            elif key == "resident_product" and value != "none" and self.kernels in ("auto", "fp32"):
+            elif key == "resident_product" and value != "none" and self.kernels in ("auto", "int8", "fp32"):
                 text = f"{_WORDS[key][value]}; build: {build_panel_kernel().detail}"
             else:
                 text = _WORDS.get(key, {}).get(value, str(value))
@@ -199,8 +209,8 @@ def route_for(
     kernels = parse_kernels_setting(kernels)
     metal = backend == "metal" if metal is None else metal
     reference = kernels == "reference"
-    numpy = backend == "cpu" and kernels in ("auto", "fp32", "blas")
-    quantized = backend == "cpu" and kernels == "auto" and quant_kernel
+    numpy = backend == "cpu" and kernels in ("auto", "int8", "fp32", "blas")
+    quantized = backend == "cpu" and kernels in ("auto", "int8") and quant_kernel
     if backend == "cpu":
         signals = "numpy" if numpy else "mx-ops"
         # Our module on every plain linear (the same arrays): the quantized kernel reads them as
@@ -214,7 +224,7 @@ def route_for(
     if plain != "resident-fp32":
         resident = "none"
     else:
-        resident = "panel-kernel" if panel_kernel and kernels in ("auto", "fp32") else "numpy-blas"
+        resident = "panel-kernel" if panel_kernel and kernels in ("auto", "int8", "fp32") else "numpy-blas"
     if quantized:
         nested = "quant-kernel"
     else:
@@ -225,6 +235,7 @@ def route_for(
         kernels=kernels,
         signals=signals,
         plain_linears=plain,
+        quant_activations=("int8" if kernels == "int8" else "fp32") if quantized else "none",
         resident_product=resident,
         nested=nested,
         multi_row=multi_row,
@@ -253,10 +264,10 @@ def resolve_route(
     backend = detect_backend() if backend is None else backend
     # A kernel is compiled (or loaded from the machine's cache) only where the route would use it:
     # the panel kernel only where the quantized one is not in use.
-    quant = backend == "cpu" and setting == "auto" and build_quant_kernel().kernel is not None
+    quant = backend == "cpu" and setting in ("auto", "int8") and build_quant_kernel().kernel is not None
     panel = (
         backend == "cpu"
-        and setting in ("auto", "fp32")
+        and setting in ("auto", "int8", "fp32")
         and not quant
         and build_panel_kernel().kernel is not None
     )
