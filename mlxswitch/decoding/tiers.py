@@ -149,20 +149,24 @@ class CacheGroup:
         """Fill the cache, in chunks, with the ids the pass that reads logits need not take;
         return the ids left for that pass (the last `keep` at least).
 
-        Evaluating the cache state alone skips the output head for these ids (as mlx-lm's
-        prefill does). Where the model splits into body and head and the prefill gear is the
-        gear asked for, only what exceeds one chunk is filled here: the rest rides in the pass
-        that reads the logits, through the body only, which saves a pass (a catch-up plus the
-        next token was two) and its sync. Otherwise all but `keep` are filled here, at the
+        Evaluating the cache state alone skips the output head for these ids on a lazy route (as
+        mlx-lm's prefill does); running the body alone skips it on the CPU's eager kernels too.
+        Where the model splits into body and head and the prefill gear is the gear asked for,
+        only what exceeds one chunk is filled here: the rest rides in the pass that reads the
+        logits, through the body only, which saves a pass (a catch-up plus the next token was
+        two) and its sync. Otherwise all but `keep` are filled here, at the
         prefill gear: cheap gears never write lasting low-precision K/V for a prompt.
         """
+        split = self.checked_split()
         same_gear = self.prefill_gear is None or self.prefill_gear == gear
-        leave = max(keep, chunk) if same_gear and self.checked_split() is not None else keep
+        leave = max(keep, chunk) if same_gear and split is not None else keep
         if inputs.size > leave:
             self._activate(self.prefill_gear)
+        # A NumPy-routed head is computed when called, not when read: the body alone, where it splits.
+        fill = split.body if split is not None else self.model.model
         while inputs.size > leave:
             part = inputs[: min(chunk, inputs.size - leave)]
-            self.model.model(part[None], cache=self.cache)
+            fill(part[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
             mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries
             self.seen += part.size

@@ -32,6 +32,7 @@ from .gears import (
 )
 from .gguf import use_rope_factors
 from .model_bytes import bytes_per_token, resident_bytes
+from .rows import use_fast_rows
 from .weights import LoadedModel, compute_dtype, load_checked_weights, model_classes
 
 
@@ -109,6 +110,7 @@ def load_geared(out_dir: Path, float_dtype: mx.Dtype | None = None) -> tuple[nn.
     weights = load_arrays(str(path / "model.safetensors"))
     load_checked_weights(model, weights, dtype, f"{path}: saved gears do not fit its config")
     model.gear_state = state
+    use_fast_rows(model)  # the CPU's NumPy blocks, as every other load takes them
     return model, config
 
 

@@ -20,6 +20,7 @@ from ..kernels.nested_cpu import quant_matmul, resident_copy, resident_dense_mat
 from ..kernels.panel_cpu import PanelWeight
 from ..kernels.quant_cpu import QuantViews, quant_views
 from ..kernels.route import current_route
+from .cpu_blocks import use_numpy_blocks
 from .machine import available_memory_bytes
 
 
@@ -138,6 +139,8 @@ def use_fast_rows(model: nn.Module) -> str:
     route = current_route().plain_linears
     if route == "mlx-module":
         return "mlx-module"
+    if current_route().numpy_allowed:
+        use_numpy_blocks(model)  # attention and the MLP's activation in NumPy (cpu_blocks.py)
     plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
     head = _tied_head(model)
     if not plain:
