@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxswitch.kernels import panel_cpu
+from mlxswitch.kernels import cbuild, panel_cpu
 from mlxswitch.kernels.panel_cpu import PANEL, build_panel_kernel, check_kernel, panel_copy
 from mlxswitch.kernels.route import resolve_route
 
@@ -67,7 +67,7 @@ def _rebuilt(monkeypatch, **patches):
 
 def test_without_a_compiler_the_resident_route_keeps_blas_and_says_why(monkeypatch):
     try:
-        monkeypatch.setattr(panel_cpu.shutil, "which", lambda name: None)
+        monkeypatch.setattr(cbuild.shutil, "which", lambda name: None)
         build = _rebuilt(monkeypatch)
         assert build.kernel is None and "no C compiler" in build.detail
         resolved = resolve_route("fp32", "cpu")

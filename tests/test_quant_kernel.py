@@ -110,7 +110,7 @@ def _rebuilt(monkeypatch, **patches):
 
 def test_without_a_compiler_the_route_keeps_fp32_copies_and_says_why(monkeypatch):
     try:
-        monkeypatch.setattr(quant_cpu.shutil, "which", lambda name: None)
+        monkeypatch.setattr(cbuild.shutil, "which", lambda name: None)
         build = _rebuilt(monkeypatch)
         assert build.kernel is None and "no C compiler" in build.detail
         resolved = resolve_route("auto", "cpu")

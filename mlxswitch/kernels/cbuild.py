@@ -10,8 +10,10 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..resources import cache_dir
@@ -77,3 +79,34 @@ def compile_cached(
         except OSError as error:
             return f"the compiled kernel did not load ({error})"
     return f"{compiler} failed ({last_error})"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A kernel library compiled (or loaded from the cache) on this machine."""
+
+    library: ctypes.CDLL
+    compiler: str
+    flags: tuple[str, ...]
+    cached: bool
+
+    def detail(self, threaded: bool, checked_against: str) -> str:
+        """How it was built, for `mlxswitch doctor`."""
+        threads = "OpenMP threads" if threaded else "one thread (no OpenMP)"
+        where = "cached build" if self.cached else "compiled now"
+        return (
+            f"{Path(self.compiler).name} {' '.join(self.flags)} ({where}), {threads}, "
+            f"checked against {checked_against}"
+        )
+
+
+def compile_source(source: Path, flag_sets: tuple[tuple[str, ...], ...]) -> Compiled | str:
+    """The machine's C compiler (cc, else gcc or clang) on `source` through the cache, or why not."""
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        return "no C compiler (cc, gcc or clang) on PATH"
+    built = compile_cached(source, compiler, flag_sets)
+    if isinstance(built, str):
+        return built
+    library, flags, cached = built
+    return Compiled(library, compiler, flags, cached)

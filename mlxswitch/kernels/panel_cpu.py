@@ -16,7 +16,6 @@ with ctypes, and checked against NumPy before any model uses it. Without a compi
 from __future__ import annotations
 
 import ctypes
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cbuild import compile_cached
+from .cbuild import compile_source
 
 PANEL = 64  # output columns a panel holds; panel_rows.c reads the same (checked on load)
 SOURCE = Path(__file__).with_name("panel_rows.c")
@@ -118,13 +117,10 @@ def check_kernel(kernel: PanelKernel) -> str | None:
 @cache
 def build_panel_kernel() -> PanelBuild:
     """Compile, load and check the kernel once per process (a few tenths of a second)."""
-    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        return PanelBuild(None, "no C compiler (cc, gcc or clang) on PATH")
-    built = compile_cached(SOURCE, compiler, COMPILE_FLAGS)
+    built = compile_source(SOURCE, COMPILE_FLAGS)
     if isinstance(built, str):
         return PanelBuild(None, built)
-    library, flags, cached = built
+    library, flags = built.library, built.flags
     try:
         width = int(library.panel_width())
         kernel = PanelKernel(library, flags)
@@ -135,11 +131,7 @@ def build_panel_kernel() -> PanelBuild:
     mismatch = check_kernel(kernel)
     if mismatch is not None:
         return PanelBuild(None, f"check failed: {mismatch}")
-    threads = "OpenMP threads" if kernel.threaded else "one thread (no OpenMP)"
-    where = "cached build" if cached else "compiled now"
-    return PanelBuild(
-        kernel, f"{Path(compiler).name} {' '.join(flags)} ({where}), {threads}, checked against NumPy"
-    )
+    return PanelBuild(kernel, built.detail(kernel.threaded, "NumPy"))
 
 
 def panel_kernel() -> PanelKernel | None:

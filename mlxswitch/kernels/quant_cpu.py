@@ -17,7 +17,6 @@ route falls back (kernels/route.py says which and why).
 from __future__ import annotations
 
 import ctypes
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -26,7 +25,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .cbuild import compile_cached
+from .cbuild import compile_source
 
 SOURCE = Path(__file__).with_name("quant_rows.c")
 # Tried in order: a compiler may refuse -march=native or lack OpenMP (then one thread).
@@ -248,13 +247,10 @@ def check_kernel(kernel: QuantKernel) -> str | None:
 @cache
 def build_quant_kernel() -> QuantBuild:
     """Compile (or load from the per-machine cache), load and check the kernel once per process."""
-    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        return QuantBuild(None, "no C compiler (cc, gcc or clang) on PATH")
-    built = compile_cached(SOURCE, compiler, COMPILE_FLAGS)
+    built = compile_source(SOURCE, COMPILE_FLAGS)
     if isinstance(built, str):
         return QuantBuild(None, built)
-    library, flags, cached = built
+    library, flags = built.library, built.flags
     try:
         kernel = QuantKernel(library, flags)
     except AttributeError as error:  # a source without the functions this module calls
@@ -262,11 +258,7 @@ def build_quant_kernel() -> QuantBuild:
     mismatch = check_kernel(kernel)
     if mismatch is not None:
         return QuantBuild(None, f"check failed: {mismatch}")
-    threads = "OpenMP threads" if kernel.threaded else "one thread (no OpenMP)"
-    where = "cached build" if cached else "compiled now"
-    return QuantBuild(
-        kernel, f"{Path(compiler).name} {' '.join(flags)} ({where}), {threads}, checked against float64"
-    )
+    return QuantBuild(kernel, built.detail(kernel.threaded, "float64"))
 
 
 def quant_kernel() -> QuantKernel | None:
