@@ -275,6 +275,47 @@ static int many_rows(const float *xs, const uint8_t *w, const float *scales, con
     return failed ? -1 : 0;
 }
 
+/* The few-row schedule both paths share: threads split the outputs in tiles of width[rows]
+ * outputs; a tile's rows go ROW_GROUP at a time, through a full tile where its width fits that
+ * group's row count, else one output at a time. `step(args, wide, k, r, o)` computes outputs
+ * from o for rows r..r+k, a full tile (wide) or one output. */
+typedef void (*tile_step)(const void *args, int wide, long k, long r, long o);
+
+static void for_each_tile(const int *width, long rows, long n_out, int threads, tile_step step,
+                          const void *args) {
+    long span = width[rows < ROW_GROUP ? rows : ROW_GROUP], tiles = n_out / span;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (long t = 0; t <= tiles; t++) {
+        long o = t * span, count = t < tiles ? span : n_out - tiles * span;
+        for (long r = 0; r < rows; r += ROW_GROUP) {
+            long k = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
+            for (long done = 0; done < count;) {
+                int wide = count - done >= width[k];
+                step(args, wide, k, r, o + done);
+                done += wide ? width[k] : 1;
+            }
+        }
+    }
+}
+
+struct few_args {
+    const float *xs;
+    const uint8_t *w;
+    const float *scales, *biases;
+    float *y;
+    long n_in, n_out, gs, groups, row_bytes;
+    int bits;
+};
+
+static void few_step(const void *args, int wide, long k, long r, long o) {
+    const struct few_args *a = args;
+    (wide ? WIDE[k] : NARROW[k])(a->xs + r * a->n_in, a->w + o * a->row_bytes, a->scales + o * a->groups,
+                                 a->biases + o * a->groups, a->y + r * a->n_out + o, a->n_in, a->n_out,
+                                 a->gs, a->bits);
+}
+
 /* y (rows × n_out) = x (rows × n_in) · Wᵀ for bits 4 or 8 (codes one a byte), group size `gs`
  * (a multiple of 16 dividing n_in). From `many_from` rows on, the
  * dequantized-panel path. Returns the threads used, or -1 on a bad argument or no memory. */
@@ -300,27 +341,8 @@ int quant_rows(const float *x, const void *codes, const float *scales, const flo
         free(xs);
         return failed ? -1 : threads;
     }
-    /* Threads split the outputs in tiles; the rows go 4 at a time through each tile. */
-    long width = WIDTH[rows < ROW_GROUP ? rows : ROW_GROUP];
-    long tiles = n_out / width;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-#endif
-    for (long t = 0; t <= tiles; t++) {
-        long o = t * width, count = t < tiles ? width : n_out - tiles * width;
-        for (long r = 0; r < rows; r += ROW_GROUP) {
-            long k = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
-            for (long done = 0; done < count;) {
-                /* a full tile where it fits this group of rows, else one output at a time */
-                int wide = count - done >= WIDTH[k];
-                tile_fn fn = wide ? WIDE[k] : NARROW[k];
-                long oo = o + done;
-                fn(xs + r * n_in, w + oo * row_bytes, scales + oo * groups, biases + oo * groups,
-                   y + r * n_out + oo, n_in, n_out, gs, bits);
-                done += wide ? WIDTH[k] : 1;
-            }
-        }
-    }
+    struct few_args args = {xs, w, scales, biases, y, n_in, n_out, gs, groups, row_bytes, bits};
+    for_each_tile(WIDTH, rows, n_out, threads, few_step, &args);
     free(xs);
     return threads;
 }
@@ -399,6 +421,23 @@ static const i8_fn I8_WIDE[ROW_GROUP + 1] = {0, i8tile_2x1, i8tile_2x2, i8tile_1
 static const int I8_WIDTH[ROW_GROUP + 1] = {0, 2, 2, 1, 1};
 static const i8_fn I8_NARROW[ROW_GROUP + 1] = {0, i8tile_1x1, i8tile_1x2, i8tile_1x3, i8tile_1x4};
 
+struct i8_args {
+    const int8_t *xq;
+    const float *dx, *xsum;
+    const uint8_t *w;
+    const float *scales, *biases;
+    float *y;
+    long n_in, n_out, gs, groups;
+};
+
+static void i8_step(const void *args, int wide, long k, long r, long o) {
+    const struct i8_args *a = args;
+    (wide ? I8_WIDE[k] : I8_NARROW[k])(a->xq + r * a->n_in, a->dx + r * a->groups, a->xsum + r * a->groups,
+                                       a->w + o * (a->n_in / 2), a->scales + o * a->groups,
+                                       a->biases + o * a->groups, a->y + r * a->n_out + o, a->n_in,
+                                       a->n_out, a->gs);
+}
+
 /* x's rows as int8 per group (in the order a 16-byte block of 4-bit codes unpacks in: per 32
  * inputs the even ones, then the odd ones), each group's step, and its exact sum. */
 static void quantize_rows(const float *x, int8_t *xq, float *dx, float *xsum, long rows, long n_in,
@@ -448,26 +487,8 @@ int quant_rows_int8(const float *x, const void *codes, const float *scales, cons
             return -1;
         }
         quantize_rows(x, xq, dx, xsum, rows, n_in, gs);
-        const uint8_t *w = codes;
-        long row_bytes = n_in / 2, width = I8_WIDTH[rows < ROW_GROUP ? rows : ROW_GROUP];
-        long tiles = n_out / width;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-#endif
-        for (long t = 0; t <= tiles; t++) {
-            long o = t * width, count = t < tiles ? width : n_out - tiles * width;
-            for (long r = 0; r < rows; r += ROW_GROUP) {
-                long k = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
-                for (long done = 0; done < count;) {
-                    int wide = count - done >= I8_WIDTH[k];
-                    i8_fn fn = wide ? I8_WIDE[k] : I8_NARROW[k];
-                    long oo = o + done;
-                    fn(xq + r * n_in, dx + r * groups, xsum + r * groups, w + oo * row_bytes,
-                       scales + oo * groups, biases + oo * groups, y + r * n_out + oo, n_in, n_out, gs);
-                    done += wide ? I8_WIDTH[k] : 1;
-                }
-            }
-        }
+        struct i8_args args = {xq, dx, xsum, codes, scales, biases, y, n_in, n_out, gs, groups};
+        for_each_tile(I8_WIDTH, rows, n_out, threads, i8_step, &args);
         free(xq);
         free(dx);
         free(xsum);
