@@ -1,22 +1,30 @@
-"""The README's picture: one real `mlxswitch chat` session, rendered to SVG as a terminal shows it.
+"""The README's pictures: real `mlxswitch chat` sessions, rendered to SVG as a terminal shows them.
 
-    uv run --extra qwen-coder python bench/render_session.py [--profile NAME] [-p PROMPT]
-        [--max-tokens N] [--out docs/session.svg]
+    uv run --extra qwen-coder python bench/render_session.py [--max-tokens N] [--only NAME]
 
-Runs `mlxswitch chat -p PROMPT --color` in a subprocess (with no --profile: the default, so the
-Qwen2.5-Coder pair where it is installed), keeps its coloured stdout and stderr as they came, and
-lays them out under the command line and the tiers' legend in a recording Rich console, which
-writes the SVG. Nothing is drawn that the run did not print, except the command and the legend
-(the colours the chat itself uses, `cli/ui.py`).
+Renders each picture of PICTURES: the default profile with no options (verified drafting on the
+Qwen2.5-Coder pair where it is installed), and beside it calibrated `peek` on the same request
+(the routed, lossy mode: the 0.5B makes most tokens, the 1.5B takes over where it is unsure).
+Each runs `mlxswitch chat -p PROMPT --color` in a subprocess, keeps its coloured stdout and
+stderr as they came, and lays them out under the command line and the tiers' legend in a
+recording Rich console, which writes docs/NAME.svg. Nothing is drawn that the run did not print,
+except the command and the legend (the colours the chat itself uses, `cli/ui.py`).
+
+Beside each SVG, docs/NAME.json records what made it: the command, the profile and its resolved
+router settings, the commit, and the status line as printed. tests/test_pictures.py fails when
+those settings are no longer the code's or a file in WATCHED changed after the recorded commit:
+re-render then. The tree must be clean in WATCHED, so that the recorded commit is what ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -24,35 +32,34 @@ from rich.text import Text
 
 from mlxswitch.api import resolve_profile
 from mlxswitch.cli import ui
+from mlxswitch.json_numbers import json_float
+from mlxswitch.profiles import load_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 PROMPT = "Write a Python function that reverses a string."
+MAX_TOKENS = 48
+# What a picture shows depends on: the status line and colours, the token records, the profiles,
+# and this script. A change to any of them after a picture's commit makes the picture stale.
+WATCHED = ("mlxswitch/cli/ui.py", "mlxswitch/decoding/answer.py", "models.toml", "bench/render_session.py")
+# name -> overrides of the default profile (resolve_profile's keywords), and the flags that say them.
+# Calibrated peek: τ 0.1709, calibrated on the pair (HumanEval v13, docs/benchmarks.md).
+PICTURES: dict[str, tuple[dict, list[str]]] = {
+    "session": ({}, []),
+    "session-peek": ({"verify": False, "tau": "0.1709"}, ["--no-verify", "--tau", "0.1709"]),
+}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--profile", help="a profile from models.toml (default: the default profile)")
-    parser.add_argument("-p", "--prompt", default=PROMPT)
-    parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "session.svg")
-    parser.add_argument("--width", type=int, default=100, help="terminal columns")
-    args = parser.parse_args()
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
-    profile = resolve_profile(args.profile)
-    flags = ["--profile", args.profile] if args.profile else []
-    command = [
-        "mlxswitch",
-        "chat",
-        *flags,
-        "-p",
-        args.prompt,
-        "--max-tokens",
-        str(args.max_tokens),
-        "--color",
-    ]
-    env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(args.width))  # stderr coloured as on a terminal
+
+def render(name: str, overrides: dict, flags: list[str], max_tokens: int, width: int) -> dict:
+    """Run the chat, write docs/NAME.svg, and return the picture's record."""
+    preferred = load_profiles().preferred
+    profile = resolve_profile(preferred, **overrides)
+    command = ["mlxswitch", "chat", *flags, "-p", PROMPT, "--max-tokens", str(max_tokens), "--color"]
+    env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(width))  # stderr coloured as on a terminal
     run = subprocess.run(
         [sys.executable, "-m", "mlxswitch", *command[1:]],
         capture_output=True,
@@ -62,15 +69,47 @@ def main() -> None:
     )
     if run.returncode != 0:
         sys.exit(f"error: {shlex.join(command)} exited {run.returncode}:\n{run.stderr}")
+    status = Text.from_ansi(run.stderr.rstrip("\n").splitlines()[-1]).plain
+    if not status.startswith(f"{max_tokens} tokens"):
+        sys.exit(f"error: {shlex.join(command)} did not run the {preferred} profile to {max_tokens} tokens")
 
-    console = Console(record=True, width=args.width, force_terminal=True, color_system="truecolor")
+    console = Console(record=True, width=width, force_terminal=True, color_system="truecolor")
     console.print(Text("$ ", style="bold") + Text(shlex.join(command), style="bold"))
     console.print(ui.TokenPainter(console, list(profile.tier_names())).legend())
     console.print(Text.from_ansi(run.stdout.rstrip("\n")))
     console.print(Text.from_ansi(run.stderr.rstrip("\n")))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    console.save_svg(str(args.out), title=f"mlxswitch chat · {profile.name}")
-    print(f"wrote {args.out} ({profile.name}: {', '.join(profile.tier_names())})")
+    console.save_svg(str(DOCS / f"{name}.svg"), title=f"mlxswitch chat · {profile.name}")
+    return {
+        "command": shlex.join(command),
+        "profile": profile.name,
+        "overrides": overrides,
+        "router": profile.router.settings(json_float),
+        "commit": git("rev-parse", "HEAD"),
+        "watched": list(WATCHED),
+        "rendered": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "status_line": status,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--only", choices=sorted(PICTURES), help="render one picture")
+    parser.add_argument("--width", type=int, default=100, help="terminal columns")
+    args = parser.parse_args()
+    changed = git("status", "--porcelain", "--", *WATCHED)
+    if changed:
+        sys.exit(f"error: commit these first, so that the picture's commit is what ran:\n{changed}")
+    for name, (overrides, flags) in PICTURES.items():
+        if args.only and name != args.only:
+            continue
+        record = render(name, overrides, flags, args.max_tokens, args.width)
+        staging = DOCS / f".{name}.json.tmp"
+        staging.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        staging.replace(DOCS / f"{name}.json")
+        print(f"wrote docs/{name}.svg and docs/{name}.json: {record['status_line']}")
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ class ProfileSet:
 
     profiles: dict[str, Profile] = field(default_factory=dict)
     default: str = ""
+    preferred: str = ""  # the default where its models are on the machine (models.toml's first)
     # Set when `default` is a fallback: one line saying how to get the preferred profile.
     default_note: str = ""
     files: list[Path] = field(default_factory=list)
@@ -156,6 +157,7 @@ def load_profiles() -> ProfileSet:
                 f"{toml.where('default')}: default profile '{name}' is not defined (known: {known})"
             )
     result.default, result.default_note = choose_default([result.profiles[name] for name in names])
+    result.preferred = names[0]
     return result
 
 

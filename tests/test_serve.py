@@ -134,6 +134,9 @@ def test_streamed_chat_equals_chat_json_token_for_token(client, tiny_pair):
     assert "".join(c.choices[0].delta.content or "" for c in tokens) == expected["text"]
     extension = [c.model_extra["mlxswitch"] for c in tokens]
     assert [t for e in extension for t in e["tiers"]] == [t["tier"] for t in expected["tokens"]]
+    # Routed, no lookup: each token was proposed by the tier that made it.
+    assert [p for e in extension for p in e["proposers"]] == [t["tier"] for t in expected["tokens"]]
+    assert [t["proposer"] for t in expected["tokens"]] == [t["tier"] for t in expected["tokens"]]
     assert [h for e in extension for h in e["entropies"]] == pytest.approx(
         [t["entropy"] for t in expected["tokens"]], abs=1e-3
     )

@@ -158,3 +158,17 @@ def test_an_empty_completion_prompt_is_a_400_and_the_batch_goes_on(tiny_pair):
         assert response.status_code == 400
         assert response.json()["error"]["message"] == "the prompt is empty: there is nothing to continue"
         assert _ask(base, PROMPTS[0], 4)
+
+
+def test_served_tokens_say_who_proposed_them_and_who_checked(tiny_pair):
+    """Verified drafting through serve: each token names its proposer (a kept draft of the small
+    tier, a lookup copy, or the large tier's own), the usage counts them and names the checker."""
+    with serving(tiny_pair, ServerLimits(max_batch=2), pair=True) as base:
+        body = {"messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 60, "temperature": 0}
+        extension = httpx.post(base + CHAT, json=body, timeout=60).json()["mlxswitch"]
+    proposers, tiers, usage = extension["proposers"], extension["tiers"], extension["usage"]
+    assert len(proposers) == len(tiers) == 60
+    assert all(p == t or (p == "lookup" and t == "large") for p, t in zip(proposers, tiers, strict=True))
+    assert "small" in proposers  # the large model drafting for itself: its drafts are kept
+    assert usage["proposer_tokens"] == {name: proposers.count(name) for name in usage["proposer_tokens"]}
+    assert sum(usage["proposer_tokens"].values()) == 60 and usage["checked_by"] == "large"

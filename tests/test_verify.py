@@ -233,7 +233,15 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
     assert all(e.tier == "large" and e.tried == () and e.entropy is not None for e in marked)
     assert all(e.record()["source"] == "lookup" for e in marked)
     assert answer.stats()["sources"] == {"lookup": len(marked)}
-    assert f"(lookup {100 * len(marked) / answer.generated:.0f}%)" in status_line(answer).plain
+    assert all(e.record()["proposer"] == "lookup" for e in marked)
+    proposers = answer.stats()["proposers"]
+    assert proposers["lookup"] == len(marked) and sum(proposers.values()) == answer.generated
+    assert answer.checked_by == "large" and answer.stats()["checked_by"] == "large"
+    shares = {n: f"{100 * proposers.get(n, 0) / answer.generated:.0f}%" for n in ("small", "lookup", "large")}
+    assert (
+        f"proposed by small {shares['small']} · lookup {shares['lookup']} · large {shares['large']} "
+        "· large checked every token"
+    ) in status_line(answer).plain
 
 
 def test_where_the_seconds_went_adds_up(pair):

@@ -116,12 +116,7 @@ def status_line(summary, colours: dict[str, str] | None = None) -> Text:
         return text
     speed = f"{summary.tok_per_s:.1f} tok/s" if summary.tok_per_s is not None else "– tok/s"
     text.append(f"{summary.generated} tokens · {speed} · ")
-    for name, count in summary.tier_counts.items():
-        colour = (colours or {}).get(name, "default")
-        text.append(f"{name} {100 * count / summary.generated:.0f}% ", style=colour)
-    for source, count in summary.source_counts.items():  # e.g. verified drafting's lookup drafts
-        text.append(f"({source} {100 * count / summary.generated:.0f}%) ")
-    text.append(f"· {summary.switches} switch{'es' if summary.switches != 1 else ''}")
+    _shares(text, summary, colours or {})
     prompt_speed = summary.prompt_tok_per_s
     text.append(
         f" · prompt {summary.prefilled_tokens} tok"
@@ -140,6 +135,33 @@ def status_line(summary, colours: dict[str, str] | None = None) -> Text:
         )
     _cloud_status(text, summary, colours)
     return text
+
+
+def _shares(text: Text, summary, colours: dict[str, str]) -> None:
+    """Where the tokens came from. Verified drafting: `proposed by small 0% · lookup 23% · large 77%
+    · large checked every token` (each share in its colour, lookup underlined as in the answer).
+    Routing: `small 80% large 20% (lookup 5%) · 2 switches`, the tiers that made the tokens."""
+
+    def share(count: int) -> str:
+        return f"{100 * count / summary.generated:.0f}%"
+
+    checker = getattr(summary, "checked_by", None)
+    if checker is not None:
+        text.append("proposed by ")
+        counts = summary.proposer_counts
+        # The drafter, lookup (0% too: both kinds of draft are always said), then the checker.
+        names = [*summary.tier_names[:-1], "lookup", *summary.tier_names[-1:]]
+        for i, (name, count) in enumerate((n, counts.get(n, 0)) for n in names):
+            lookup_style = colours.get(checker, "default") + " underline"
+            style = lookup_style if name == "lookup" else colours.get(name, "")
+            text.append(("· " if i else "") + f"{name} {share(count)} ", style=style)
+        text.append(f"· {checker} checked every token")
+        return
+    for name, count in summary.tier_counts.items():
+        text.append(f"{name} {share(count)} ", style=colours.get(name, "default"))
+    for source, count in summary.source_counts.items():  # lookup drafts, checked by the tier chosen
+        text.append(f"({source} {share(count)}) ")
+    text.append(f"· {summary.switches} switch{'es' if summary.switches != 1 else ''}")
 
 
 def _cloud_status(text: Text, summary, colours: dict[str, str] | None) -> None:

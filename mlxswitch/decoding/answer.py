@@ -41,12 +41,19 @@ class TokenEvent:
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (id, logprob) of the likeliest, when asked for
     source: str | None = None  # "lookup": drafted from the sequence itself and kept by the tier's check
 
+    @property
+    def proposer(self) -> str:
+        """Who proposed this token: "lookup" (copied from the sequence itself, then checked) or the
+        tier that made it (under verified drafting the small tier's name is a kept model draft)."""
+        return "lookup" if self.source == "lookup" else self.tier
+
     def record(self) -> dict:
         """The JSON record of this token (the same in --json and --telemetry)."""
         out = {
             "id": self.id,
             "text": self.text,
             "tier": self.tier,
+            "proposer": self.proposer,
             "entropy": json_float(self.entropy),
             "mean": json_float(self.mean),
         }
@@ -86,6 +93,7 @@ class AnswerSummary:
     handoff: dict | None = None  # the hand-off's score, decision and both answers
     refed_tokens: int = 0  # earlier tokens prefilled again: a rotating cache that could not rewind
     passes: dict | None = None  # where the seconds went (ledger.py's record), when the loop times them
+    checked_by: str | None = None  # the tier that checked every token (verified drafting), else None
 
     @property
     def mean_bytes_per_token(self) -> float:
@@ -107,6 +115,14 @@ class AnswerSummary:
         counts = {name: 0 for name in self.tier_names}
         for event in self.tokens:
             counts[event.tier] += 1
+        return counts
+
+    @property
+    def proposer_counts(self) -> dict[str, int]:
+        """Tokens per proposer (TokenEvent.proposer): every tier listed, then "lookup" if any."""
+        counts = {name: 0 for name in self.tier_names}
+        for event in self.tokens:
+            counts[event.proposer] = counts.get(event.proposer, 0) + 1
         return counts
 
     @property
@@ -145,6 +161,8 @@ class AnswerSummary:
             "prompt_tokens": self.prompt_tokens,
             "prefilled_tokens": self.prefilled_tokens,
             "tiers": self.tier_counts,
+            "proposers": self.proposer_counts,
+            **({"checked_by": self.checked_by} if self.checked_by is not None else {}),
             "switches": self.switches,
             "catch_up_tokens": self.catch_up_tokens,
             "tok_per_s": rounded(self.tok_per_s, 3),
@@ -229,8 +247,10 @@ class AnswerBuilder:
         group_names: list[str],
         tier_bytes: dict[str, int],
         signal: str = "entropy",
+        checked_by: str | None = None,
     ):
         self.prompt = prompt
+        self.checked_by = checked_by  # the tier that checks every token (verified drafting)
         self.signal = signal  # the routed signal's name: recorded per token unless it is entropy
         self.tier_names = tier_names
         self.prompt_tokens = prompt_tokens
@@ -316,5 +336,6 @@ class AnswerBuilder:
             tier_bytes=self.tier_bytes,
             ended_by_eos=ended_by_eos,
             initial_signal=initial_signal if self.signal != "entropy" else None,
+            checked_by=self.checked_by,
         )
         return last, summary

@@ -330,6 +330,7 @@ class ChatSession:
             [g.name for g in ladder.groups],
             {t.name: t.bytes_per_token for t in ladder.tiers},
             self.router_config.signal if signal is None else signal,
+            checked_by=self.tier_names[-1] if self.router_config.verify else None,
         )
 
     def answer_loop(

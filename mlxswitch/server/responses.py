@@ -109,6 +109,8 @@ def provenance(summary: AnswerSummary) -> dict:
     cloud = summary.cloud or {}
     return {
         "tier_tokens": summary.tier_counts,
+        "proposer_tokens": summary.proposer_counts,
+        **({"checked_by": summary.checked_by} if summary.checked_by is not None else {}),
         "switches": summary.switches,
         "catch_up_tokens": summary.catch_up_tokens,
         "cloud_cost_usd": round(float((cloud.get("answer") or {}).get("usd", 0.0)), 6),
@@ -141,6 +143,7 @@ def chunk(
         "choices": [_choice(kind, "".join(e.text for e in events), None, True, first, probs)],
         "mlxswitch": {
             "tiers": [e.tier for e in events],
+            "proposers": [e.proposer for e in events],
             "entropies": [json_float(e.entropy) for e in events],
         },
     }
@@ -154,7 +157,7 @@ def final_chunk(kind: str, ident: str, model: str, created: int, summary: Answer
         "created": created,
         "model": model,
         "choices": [_choice(kind, None, _finish(summary), True)],
-        "mlxswitch": {"tiers": [], "entropies": [], "usage": provenance(summary)},
+        "mlxswitch": {"tiers": [], "proposers": [], "entropies": [], "usage": provenance(summary)},
     }
 
 
@@ -184,6 +187,7 @@ def completion(
         "usage": usage(summary),
         "mlxswitch": {
             "tiers": [e.tier for e in summary.tokens],
+            "proposers": [e.proposer for e in summary.tokens],
             "entropies": [json_float(e.entropy) for e in summary.tokens],
             "texts": [e.text for e in summary.tokens],
             "usage": provenance(summary),
