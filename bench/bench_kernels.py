@@ -25,6 +25,7 @@ import time
 import mlx.core as mx
 
 from mlxswitch.kernels import nested, nested_cpu
+from mlxswitch.kernels.route import current_route
 
 # (name, out_dims, in_dims)
 SHAPES = {
@@ -114,7 +115,7 @@ def bench_shape(label, out_dims, in_dims, rows_list, plane_sets, budget) -> list
                     "+".join(map(str, plane_bits)),
                     str(rows),
                     *[cells.get(k, "") for k in routes],
-                    nested_cpu.cpu_route(rows, len(plane_bits)) if not nested.on_gpu() else "gpu",
+                    nested_cpu.cpu_route(rows, len(plane_bits)) if not current_route().on_gpu else "gpu",
                     speedup,
                 ]
             )

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sandbox_checks import untouched
@@ -272,3 +273,41 @@ def test_canonical_solutions_pass_in_the_sandbox(problems, sandbox_root):
         result = run_program(he.program(problem, canonical[problem.task_id]), timeout_s=10, root=sandbox_root)
         assert result.passed, (problem.task_id, result.status)
     untouched(sandbox_root)
+
+
+def test_a_reinstalled_model_resumes_its_records(tmp_path, monkeypatch):
+    """The same model files in another install (another clone, another venv) name the same model:
+    a run resumes its records; changed files do not."""
+    from mlxswitch.bench.humaneval import records as records_module
+
+    def identity(where: Path) -> dict:
+        monkeypatch.setattr(records_module, "model_source", lambda _: _Local(where))
+        return records_module.model_identity("embedded")
+
+    class _Local:
+        def __init__(self, where: Path):
+            self.where = where
+
+        def known_sha256(self):
+            return None
+
+        def local_path(self):
+            return self.where
+
+    first, second = tmp_path / "clone1" / "model.gguf", tmp_path / "clone2" / "model.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(b"weights" * 100)
+    path = tmp_path / "r.jsonl"
+    settings = {**SETTINGS, "models": [identity(first)]}
+    records = Records.open(path, settings)
+    records.start(settings, {"taus": []})
+    records.close()
+    assert Records.open(path, {**SETTINGS, "models": [identity(second)]}).header is not None
+    # A record written while identities held the install path resumes too.
+    older = {**settings, "models": [{**identity(first), "path": str(first.parent)}]}
+    Records.open(path, older, restart=True).start(older, {"taus": []})
+    assert Records.open(path, {**SETTINGS, "models": [identity(second)]}).header is not None
+    second.write_bytes(b"other" * 100)
+    with pytest.raises(UsageError, match="models"):
+        Records.open(path, {**SETTINGS, "models": [identity(second)]})

@@ -15,6 +15,7 @@ from ..decoding.tiers import Ladder
 from ..errors import OutputError
 from ..files import atomic_file
 from ..json_numbers import finite
+from ..kernels.route import current_route
 from ..profiles import Profile
 from .prompts import BenchPrompt, default_suite_path, load_prompts, select
 from .report import summarize_bench
@@ -55,7 +56,7 @@ def machine() -> dict:
         "machine": platform.machine(),
         "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
-        "backend": "gpu" if mx.default_device() == mx.gpu else "cpu",
+        "backend": current_route().backend,  # metal, cuda or cpu: the route decided it once
         "metal": mx.metal.is_available(),
     }
     try:

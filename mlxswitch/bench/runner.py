@@ -141,7 +141,8 @@ def _stock_kernels():
 SPECULATIVE_KINDS = ("speculative", "speculative-ours", "speculative-fp32")
 # mlx-lm's stream_generate on one tier: as shipped, or with that model dequantized to fp32.
 MLX_LM_TIER_KINDS = ("mlx-lm", "mlx-lm-fp32")
-# Run on MLX's kernels with the weights dequantized to fp32 (as issue 20 measured mlx-lm).
+# Run on MLX's kernels with the weights dequantized to fp32 (mlx-lm's fair bar on x86, where its
+# quantized mat-vec is a scalar loop).
 FP32_KINDS = ("mlx-lm-fp32", "speculative-fp32")
 
 

@@ -1,9 +1,10 @@
 """Where an answer's seconds went: each model pass timed to the moment its result was read.
 
-The loops call `pass_done(model, rows, seconds, prefill)` at each sync point with the wall time since
-the previous one, so the passes and what ran between them (sampling, Python) add up to the answer's
-time; the summary's "rest" is what no pass claimed. Rows are bucketed the way their cost differs on
-a CPU (one row: a mat-vec; a few: one mat-vec each; more: one matrix product).
+At each sync point the loops take the wall time since the previous one (`lap()`) and book it to
+the pass just read (`add(model, rows, seconds, prefill)`), so the passes and what ran between
+them (sampling, Python) add up to the answer's time; the summary's "rest" is what no pass
+claimed. Rows are bucketed the way their cost differs on a CPU (one row: a mat-vec; a few: one
+mat-vec each; more: one matrix product).
 """
 
 from __future__ import annotations

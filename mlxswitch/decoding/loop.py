@@ -59,8 +59,9 @@ from .steps import Rounds, Sampler, Step, token_and_top
 from .tiers import CacheGroup, Ladder
 
 # How often a review's guessed row is used (the guess was the token taken, and the same rung
-# computes the next position): 0.81 of reviews were followed by that rung in HumanEval v10's
-# `peek`, each kept only if the guess is right; a guess is made where its extra row costs less.
+# computes the next position): 0.81 of reviews were followed by that rung in `peek` on the
+# pair's HumanEval answers, each kept only if the guess is right; a guess is made where its
+# extra row costs less.
 GUESS_USED = 0.5
 CloudSpan = Callable[[list[int], int], list[int]]
 # mlx-lm's habit: give the buffer cache back every 256 generated tokens.
@@ -470,9 +471,10 @@ class TokenLoop:
     def _guess_pays(self, rung: int, rows: int) -> bool:
         """Whether a review's pass of `rows` rows should take one more, the next position given
         the lower rung's token: used where the reviewing rung takes the same token and computes
-        the next position too (after 247 of 304 reviews in HumanEval v10's `peek`), it saves that
-        position's pass. It pays where the extra row costs less than GUESS_USED of a one-row pass,
-        by this rung's measured pass costs (on a CPU, from 4 rows up; on a Mac, about always)."""
+        the next position too (after 247 of 304 reviews in `peek` on the pair's HumanEval answers),
+        it saves that position's pass. It pays where the extra row costs less than GUESS_USED of a
+        one-row pass, by this rung's measured pass costs (on a CPU, from 4 rows up; on a Mac, about
+        always)."""
         planner = self._planner(rung)
         if planner is None or not self._group(rung).trimmable or not planner.check.known:
             return False

@@ -33,11 +33,6 @@ def numpy_routes_allowed() -> bool:
     return current_route().numpy_allowed
 
 
-def on_gpu() -> bool:
-    """Whether the route's backend is a GPU (custom GPU kernels run on GPU streams only)."""
-    return current_route().on_gpu
-
-
 def relative_max_error(got: mx.array, want: mx.array) -> float:
     """max |got − want| / max(max |want|, 1e-30), in fp32; inf when shapes differ or NaN appears."""
     if got.shape != want.shape:

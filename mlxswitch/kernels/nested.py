@@ -12,7 +12,6 @@ import mlx.core as mx
 
 from ..resources import metal_source
 from ._common import KernelCheck, relative_max_error
-from ._common import on_gpu as on_gpu  # re-exported: bench/bench_kernels.py reads it here
 from .nested_cpu import (
     _active,
     _promoted,

@@ -10,11 +10,11 @@ setting, each swept point).
 - `verify`: verified drafting (decoding/verify.py) at that threshold: lossless.
 - `mlx-lm`: mlx-lm's stream_generate on each tier as shipped (on x86, MLX's quantized mat-vec is a
   scalar loop); `mlx-lm-fp32`: the same with that tier's model dequantized to fp32 while it runs,
-  on MLX's own kernels (how issue 20 measured each model alone; separate models only).
+  on MLX's own kernels (the fair bar for a model alone on x86; separate models only).
 - `speculative`: mlx-lm's speculative decoding as shipped; `speculative-ours`: the same generator
   on our CPU routes (mlx-lm's algorithm, our kernels), so that the comparison with `verify`
   isolates the drafting rule; `speculative-fp32`: mlx-lm's speculative decoding on MLX's own
-  kernels with both models dequantized to fp32 while it runs (how issue 20 measured the bar).
+  kernels with both models dequantized to fp32 while it runs (the fair bar for mlx-lm's own drafting on x86).
 """
 
 from __future__ import annotations

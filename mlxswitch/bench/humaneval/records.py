@@ -68,7 +68,18 @@ def model_identity(source: str) -> dict:
                 handle.seek(-_FINGERPRINT_BYTES, os.SEEK_END)
                 digest.update(handle.read())
     name = "embedded" if isinstance(located, EmbeddedSource) else source
-    return {"source": name, "path": str(where.resolve()), "bytes": total, "fingerprint": digest.hexdigest()}
+    # Not the install path: a reinstall (another clone, another venv) is the same model and resumes.
+    return {"source": name, "bytes": total, "fingerprint": digest.hexdigest()}
+
+
+def _without_install_paths(settings: dict) -> dict:
+    """Settings as compared: the install paths that records before FORMAT 1's last change kept in
+    a model's identity dropped (the fingerprint names the files; where they lie does not matter)."""
+    models = settings.get("models")
+    if not isinstance(models, list):
+        return settings
+    stripped = [{k: v for k, v in m.items() if k != "path"} if isinstance(m, dict) else m for m in models]
+    return {**settings, "models": stripped}
 
 
 def _check(path: Path, header: dict | None, settings: dict, read_only: bool = False) -> None:
@@ -88,7 +99,7 @@ def _check(path: Path, header: dict | None, settings: dict, read_only: bool = Fa
         settings = {key: value for key, value in settings.items() if key not in PROCESS_SETTINGS}
     if not read_only and set(settings.get("groups", [])) > set(made.get("groups", [])):
         made = {**made, "groups": settings["groups"]}  # more arm groups: the run adds their arms
-    changed = _differences(made, settings)
+    changed = _differences(_without_install_paths(made), _without_install_paths(settings))
     if changed:
         raise UsageError(
             f"--records {path} was made with other settings ({_listed(changed)}): "
@@ -162,7 +173,10 @@ class Records:
         header, lines, _ = _read(path, path.read_bytes(), flag)
         if header is None or header.get("format") != FORMAT:
             raise UsageError(f"{flag} {path}: not a records file of this version")
-        changed = _differences(_pooled_part(settings), _pooled_part(header["settings"]))
+        changed = _differences(
+            _without_install_paths(_pooled_part(settings)),
+            _without_install_paths(_pooled_part(header["settings"])),
+        )
         if changed:
             raise UsageError(
                 f"{flag} {path} was made with other settings ({_listed(changed)}): only runs of the "
