@@ -23,7 +23,7 @@ def _builder(tokenizer, stop: tuple[str, ...] = ()) -> AnswerBuilder:
 
 
 def _step(token: int) -> Step:
-    return Step(token, 0, 1.0, None, False, (0,), (1.0,), {}, None, ())
+    return Step(token=token, rung=0, entropy=1.0, mean=None, guard=False, tried=(0,), tried_signals=(1.0,))
 
 
 def _ids(tokenizer, text: str) -> list[int]:

@@ -133,3 +133,26 @@ def test_the_check_sees_function_local_imports():
     known = _modules()
     found = _imports("mlxswitch.cli.cmd_chat", known["mlxswitch.cli.cmd_chat"], known)
     assert "mlxswitch.api" in found and "mlxswitch.cli.ui" in found
+
+
+def test_the_token_path_in_the_architecture_page_points_at_the_code():
+    """docs/architecture.md's "A token's path today": every `file:line` exists, and where a call
+    is named beside it (`file:line` `name(…)`), that line holds it."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text[text.index("**A token's path today**") : text.index("The steps in detail:")]
+    package = root / "mlxswitch"
+    found = 0
+    reference = r"`((?:\w+/)*\w+\.(?:py|c)):(\d+)`(?:\s+`([\w. ]+?)(?:\([^`]*\))?`)?"
+    for path, line, name in re.findall(reference, section):
+        candidates = [package / path] if (package / path).exists() else list(package.rglob(Path(path).name))
+        assert len(candidates) == 1, f"{path} names no single file under mlxswitch/"
+        lines = candidates[0].read_text(encoding="utf-8").splitlines()
+        number = int(line)
+        assert number <= len(lines) and lines[number - 1].strip(), f"{path}:{line} is past the end or blank"
+        assert name, f"{path}:{line} names nothing to check beside it"
+        assert name.split(".")[-1] in lines[number - 1], f"{path}:{line} no longer holds {name}"
+        found += 1
+    assert found >= 10

@@ -207,7 +207,17 @@ class BatchedAnswers:
             else (None, ())
         )
         # No router runs in a batch: no rolling mean (None), one tier tried.
-        step = Step(response.token, 0, entropy, None, False, (0,), (entropy,), {}, logprob, top_logprobs)
+        step = Step(
+            token=response.token,
+            rung=0,
+            entropy=entropy,
+            mean=None,  # no router: no rolling mean
+            guard=False,
+            tried=(0,),
+            tried_signals=(entropy,),
+            logprob=logprob,
+            top_logprobs=top_logprobs,
+        )
         for event in answer.builder.add(step):
             answer.deliver(event)
 

@@ -311,17 +311,17 @@ class TokenLoop:
                 else (None, ())
             )
             yield Step(
-                position.token,
-                pending.rung,
-                pending.entropy(),
-                decision.mean,
-                guard,
-                settled.rungs,
-                earlier + (settled.taken,),
-                position.catch_up,
-                logprob,
-                top,
-                source,
+                token=position.token,
+                rung=pending.rung,
+                entropy=pending.entropy(),
+                mean=decision.mean,
+                guard=guard,
+                tried=settled.rungs,
+                tried_signals=earlier + (settled.taken,),
+                catch_up=position.catch_up,
+                logprob=logprob,
+                top_logprobs=top,
+                source=source,
             )
             self.ledger.restart()  # the consumer's time between steps is not this loop's
             if n and n % CLEAR_CACHE_EVERY == 0:
@@ -386,7 +386,15 @@ class TokenLoop:
         rung = self.top_local + 1
         for token in self.cloud_span(self.ids[self.prompt_tokens :], room)[:room]:
             self.ids.append(token)
-            yield Step(token, rung, None, None, False, (rung,), (None,))
+            yield Step(
+                token=token,
+                rung=rung,
+                entropy=None,
+                mean=None,
+                guard=False,
+                tried=(rung,),
+                tried_signals=(None,),
+            )
 
     def _queue(self, made: _Pending, certain: int | None) -> Generator[Score, mx.array, _Pending | None]:
         """The next position, queued before the policy decides, after the token `made` made: on

@@ -17,9 +17,9 @@ from .passes import Score
 Sampler = Callable[[mx.array], mx.array]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
-    """One generated token and how it was made."""
+    """One generated token and how it was made (built by keyword: eleven fields)."""
 
     token: int
     rung: int  # the tier whose token was taken

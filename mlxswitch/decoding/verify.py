@@ -179,16 +179,18 @@ class VerifyLoop:
                         entropy, signal = values[0], uncertainty(self.signal, values)
                 else:
                     step_rung, entropy, signal = 0, entropies[j], signals[j]
+                logprob, top = self._token_logprobs(logprobs, j, draft[j])
                 yield Step(
-                    draft[j],
-                    step_rung,
-                    entropy,
-                    math.nan,
-                    False,
-                    (step_rung,),
-                    (signal,),
-                    catch_up,
-                    *self._token_logprobs(logprobs, j, draft[j]),
+                    token=draft[j],
+                    rung=step_rung,
+                    entropy=entropy,
+                    mean=math.nan,
+                    guard=False,
+                    tried=(step_rung,),
+                    tried_signals=(signal,),
+                    catch_up=catch_up,
+                    logprob=logprob,
+                    top_logprobs=top,
                     source="lookup" if from_lookup else None,
                 )
                 catch_up = {}
@@ -214,16 +216,18 @@ class VerifyLoop:
             # position whose doubt ended the draft.
             computed_below = not from_lookup and (kept < len(draft) or ended_unsure)
             bottom_signal = signals[kept] if kept < len(signals) else None
+            logprob, top = self._token_logprobs(logprobs, kept, token)
             yield Step(
-                token,
-                top_rung,
-                top_entropy,
-                math.nan,
-                False,
-                (0, top_rung) if computed_below else (top_rung,),
-                (bottom_signal, top_signal) if computed_below else (top_signal,),
-                catch_up,
-                *self._token_logprobs(logprobs, kept, token),
+                token=token,
+                rung=top_rung,
+                entropy=top_entropy,
+                mean=math.nan,
+                guard=False,
+                tried=(0, top_rung) if computed_below else (top_rung,),
+                tried_signals=(bottom_signal, top_signal) if computed_below else (top_signal,),
+                catch_up=catch_up,
+                logprob=logprob,
+                top_logprobs=top,
             )
             n += 1
             self.ledger.restart()  # the consumer's time between steps is not this loop's

@@ -5,7 +5,7 @@ used to keep a resident fp32 copy of every quantized weight: 4 bytes a weight re
 where the model holds ~0.6-1.2, and 6-8 GB resident for the Qwen 1.5B. This kernel reads the
 packed codes, scales and biases in place (no copy at all for 4- and 8-bit codes with fp32
 scales, which is what a CPU load makes), unpacks them in registers and reads each byte once for
-up to 4 rows; many rows go through a small dequantized panel kept in cache. mlx-lm has no CPU
+up to 8 rows; many rows go through a small dequantized panel kept in cache. mlx-lm has no CPU
 route of its own to reuse.
 
 Life cycle as the panel kernel's: compiled on first use with the machine's C compiler into the
@@ -36,7 +36,7 @@ COMPILE_FLAGS = (
     ("-O3",),
 )
 # From this many rows the kernel dequantizes a small panel of outputs into cache and multiplies
-# every row on it (prefill, long checks); below, it unpacks codes in registers for 4 rows at a time.
+# every row on it (prefill, long checks); below, it unpacks codes in registers for 8 rows at a time.
 MANY_ROWS_FROM = 12
 DIRECT_BITS = (4, 8)  # read in place; other widths are unpacked to one code a byte at load
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
@@ -221,7 +221,7 @@ def check_kernel(kernel: QuantKernel) -> str | None:
     for bits in SUPPORTED_BITS:
         for group_size in (32, 64):
             weight, truth = _random_weight(rng, 19, 3 * group_size, bits, group_size)
-            for rows in (1, 2, 3, 4, 5, 9, 13):
+            for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13):
                 xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
                 want = xs.astype(np.float64) @ truth.T
                 for many_from in (1 << 30, 1):

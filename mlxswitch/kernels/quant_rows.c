@@ -6,9 +6,9 @@
  * unpacked by the loader into one code a byte and read as 8 (kernels/quant_cpu.py).
  *
  * Few rows (a decoding step, a check of a few drafted tokens): an output's 16 codes at a time are
- * unpacked, converted and dequantized in registers (w = s·q + b) and multiplied into up to 4 rows,
+ * unpacked, converted and dequantized in registers (w = s·q + b) and multiplied into up to 8 rows,
  * in tiles of outputs × rows sized so that the accumulators hide the multiply-add latency and
- * stay in AVX2's 16 registers. Each code byte is read once for up to 4 rows.
+ * stay in AVX2's 16 registers. Each code byte is read and unpacked once for up to 8 rows.
  * Many rows (prefill, long checks): a block of PANEL outputs is dequantized into a small fp32
  * panel that stays in cache, and the rows are multiplied on it 6 at a time.
  * AVX2 intrinsics on x86 (GCC/Clang vector extensions elsewhere), compiled on first use for this
@@ -24,7 +24,7 @@
 #endif
 
 #define LANES 8        /* floats a vector holds */
-#define ROW_GROUP 4    /* rows sharing one unpack of the codes */
+#define ROW_GROUP 8    /* rows sharing one unpack of the codes (fp32 path; int8: I8_GROUP) */
 #define PANEL 16       /* outputs a dequantized tile holds (many-row path) */
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -138,14 +138,23 @@ TILE(4, 1, 1)
 TILE(2, 2, 2)
 TILE(1, 3, 2)
 TILE(1, 4, 2)
+TILE(1, 5, 1)
+TILE(1, 6, 1)
+TILE(1, 7, 1)
+TILE(1, 8, 1)
 TILE(1, 1, 2)
 TILE(1, 2, 2)
 
 typedef void (*tile_fn)(const float *, const uint8_t *, const float *, const float *, float *,
                         long, long, long, int);
-static const tile_fn WIDE[ROW_GROUP + 1] = {0, tile_4x1, tile_2x2, tile_1x3, tile_1x4};
-static const int WIDTH[ROW_GROUP + 1] = {0, 4, 2, 1, 1};
-static const tile_fn NARROW[ROW_GROUP + 1] = {0, tile_1x1, tile_1x2, tile_1x3, tile_1x4};
+/* Up to 8 rows share one unpack of each output's codes: a check of 7 drafted tokens reads and
+ * unpacks the weights once, as a step does (5-8 rows keep one accumulator a row: 8 of 16
+ * registers). */
+static const tile_fn WIDE[ROW_GROUP + 1] = {0,        tile_4x1, tile_2x2, tile_1x3, tile_1x4,
+                                            tile_1x5, tile_1x6, tile_1x7, tile_1x8};
+static const int WIDTH[ROW_GROUP + 1] = {0, 4, 2, 1, 1, 1, 1, 1, 1};
+static const tile_fn NARROW[ROW_GROUP + 1] = {0,        tile_1x1, tile_1x2, tile_1x3, tile_1x4,
+                                              tile_1x5, tile_1x6, tile_1x7, tile_1x8};
 
 /* Outputs o0..o0+width of W dequantized into `tile` (width rows of n_in floats, in the order the
  * codes unpack in: x in the same order multiplies it), 16 weights at a time in registers. */
@@ -281,16 +290,16 @@ static int many_rows(const float *xs, const uint8_t *w, const float *scales, con
  * from o for rows r..r+k, a full tile (wide) or one output. */
 typedef void (*tile_step)(const void *args, int wide, long k, long r, long o);
 
-static void for_each_tile(const int *width, long rows, long n_out, int threads, tile_step step,
-                          const void *args) {
-    long span = width[rows < ROW_GROUP ? rows : ROW_GROUP], tiles = n_out / span;
+static void for_each_tile(const int *width, long group, long rows, long n_out, int threads,
+                          tile_step step, const void *args) {
+    long span = width[rows < group ? rows : group], tiles = n_out / span;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
     for (long t = 0; t <= tiles; t++) {
         long o = t * span, count = t < tiles ? span : n_out - tiles * span;
-        for (long r = 0; r < rows; r += ROW_GROUP) {
-            long k = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
+        for (long r = 0; r < rows; r += group) {
+            long k = rows - r < group ? rows - r : group;
             for (long done = 0; done < count;) {
                 int wide = count - done >= width[k];
                 step(args, wide, k, r, o + done);
@@ -342,7 +351,7 @@ int quant_rows(const float *x, const void *codes, const float *scales, const flo
         return failed ? -1 : threads;
     }
     struct few_args args = {xs, w, scales, biases, y, n_in, n_out, gs, groups, row_bytes, bits};
-    for_each_tile(WIDTH, rows, n_out, threads, few_step, &args);
+    for_each_tile(WIDTH, ROW_GROUP, rows, n_out, threads, few_step, &args);
     free(xs);
     return threads;
 }
@@ -417,9 +426,10 @@ Q8TILE(1, 2)
 
 typedef void (*i8_fn)(const int8_t *, const float *, const float *, const uint8_t *, const float *,
                       const float *, float *, long, long, long);
-static const i8_fn I8_WIDE[ROW_GROUP + 1] = {0, i8tile_2x1, i8tile_2x2, i8tile_1x3, i8tile_1x4};
-static const int I8_WIDTH[ROW_GROUP + 1] = {0, 2, 2, 1, 1};
-static const i8_fn I8_NARROW[ROW_GROUP + 1] = {0, i8tile_1x1, i8tile_1x2, i8tile_1x3, i8tile_1x4};
+#define I8_GROUP 4 /* rows sharing one unpack on the int8 path (its sums take 2 registers a row) */
+static const i8_fn I8_WIDE[I8_GROUP + 1] = {0, i8tile_2x1, i8tile_2x2, i8tile_1x3, i8tile_1x4};
+static const int I8_WIDTH[I8_GROUP + 1] = {0, 2, 2, 1, 1};
+static const i8_fn I8_NARROW[I8_GROUP + 1] = {0, i8tile_1x1, i8tile_1x2, i8tile_1x3, i8tile_1x4};
 
 struct i8_args {
     const int8_t *xq;
@@ -488,7 +498,7 @@ int quant_rows_int8(const float *x, const void *codes, const float *scales, cons
         }
         quantize_rows(x, xq, dx, xsum, rows, n_in, gs);
         struct i8_args args = {xq, dx, xsum, codes, scales, biases, y, n_in, n_out, gs, groups};
-        for_each_tile(I8_WIDTH, rows, n_out, threads, i8_step, &args);
+        for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, i8_step, &args);
         free(xq);
         free(dx);
         free(xsum);
