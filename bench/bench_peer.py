@@ -2,7 +2,7 @@
 
     uv run --extra qwen-coder python bench/bench_peer.py [--llama-bin DIR] [--rounds 1]
         [--configs llama-1.5b,llama-ngram,llama-draft,ours-1.5b,ours-pair] [--tokens 128]
-        [--clients 4,8]
+        [--clients 4,8] [--workloads everyday,humaneval,edit]
 
 Needs llama.cpp's `llama-server` on PATH or in --llama-bin (../shared/peer/build-llama-server.sh
 builds one; docs/benchmarks.md says how); without one the llama.cpp configs are skipped with one
@@ -212,6 +212,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="max tokens (the edit request: 3×)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     parser.add_argument("--clients", default="", help="concurrent client counts, e.g. 4,8 (none: skip)")
+    parser.add_argument(
+        "--workloads", default="everyday,humaneval,edit", help="one client's workloads ('' for none)"
+    )
     args = parser.parse_args()
     found = shutil.which("llama-server")
     llama = args.llama_bin or (Path(found).parent if found else None)
@@ -221,7 +224,11 @@ def main() -> None:
         print("llama.cpp: no llama-server on PATH or --llama-bin; its configs are skipped")
     env = {**os.environ, "LD_LIBRARY_PATH": f"{llama}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     configs = [c for c in args.configs.split(",") if llama is not None or not c.startswith("llama")]
-    work = workloads()
+    every = workloads()
+    unknown = sorted(set(filter(None, args.workloads.split(","))) - set(every))
+    if unknown:
+        sys.exit(f"error: unknown workload {', '.join(unknown)} (known: {', '.join(every)})")
+    work = {name: every[name] for name in args.workloads.split(",") if name}
     levels = [int(n) for n in args.clients.split(",") if n.strip()]
     results: dict[str, dict] = {
         c: {"load_s": [], "rss_gb": [], "runs": {w: [] for w in work}, "clients": {}} for c in configs
@@ -244,7 +251,7 @@ def main() -> None:
                     for prompt in prompts:
                         results[config]["runs"][name].append(ask(server[2], model, prompt, tokens))
                 for level in levels:
-                    prompts = (work["everyday"] + work["humaneval"]) * level
+                    prompts = (every["everyday"] + every["humaneval"]) * level
                     together = concurrent(server[2], model, prompts[:level], 64)
                     results[config]["clients"].setdefault(str(level), []).append(together)
                 results[config]["rss_gb"].append(peak_rss_gb(server[1].pid))
