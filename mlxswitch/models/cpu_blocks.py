@@ -54,7 +54,7 @@ def numpy_attention(
         return mx.array(_attention(q, k, v, scale, mask))
     # One BLAS thread for a step or a check: these products are small, and OpenBLAS's own threads
     # would fight the quantized kernel's OpenMP threads (still spinning after its last product)
-    # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2x slower.
+    # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2.6x slower.
     with single_threaded_blas():
         out = _attention(q, k, v, scale, mask)
     return mx.array(out)

@@ -73,8 +73,8 @@ def model_identity(source: str) -> dict:
 
 
 def _without_install_paths(settings: dict) -> dict:
-    """Settings as compared: the install paths that records before FORMAT 1's last change kept in
-    a model's identity dropped (the fingerprint names the files; where they lie does not matter)."""
+    """Settings as compared: without the install path older records kept in a model's identity
+    (the fingerprint names the files; where they lie does not matter)."""
     models = settings.get("models")
     if not isinstance(models, list):
         return settings
