@@ -151,8 +151,8 @@ def _shares(text: Text, summary, colours: dict[str, str]) -> None:
         counts = summary.proposer_counts
         # The drafter, lookup (0% too: both kinds of draft are always said), then the checker.
         names = [*summary.tier_names[:-1], "lookup", *summary.tier_names[-1:]]
+        lookup_style = colours.get(checker, "default") + " underline"
         for i, (name, count) in enumerate((n, counts.get(n, 0)) for n in names):
-            lookup_style = colours.get(checker, "default") + " underline"
             style = lookup_style if name == "lookup" else colours.get(name, "")
             text.append(("· " if i else "") + f"{name} {share(count)} ", style=style)
         text.append(f"· {checker} checked every token")

@@ -11,6 +11,7 @@ is not a plain one (a quantized KV cache), MLX's own code runs.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import mlx.core as mx
@@ -50,14 +51,13 @@ def numpy_attention(
     if views is None:
         return None
     q, k, v = views
-    if q.shape[2] > SMALL_QUERIES:  # a prefill chunk: products big enough for BLAS's threads
-        return mx.array(_attention(q, k, v, scale, mask))
     # One BLAS thread for a step or a check: these products are small, and OpenBLAS's own threads
     # would fight the quantized kernel's OpenMP threads (still spinning after its last product)
-    # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2.6x slower.
-    with single_threaded_blas():
-        out = _attention(q, k, v, scale, mask)
-    return mx.array(out)
+    # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2.6x slower. A prefill
+    # chunk's products are big enough for BLAS's threads.
+    small = q.shape[2] <= SMALL_QUERIES
+    with single_threaded_blas() if small else contextlib.nullcontext():
+        return mx.array(_attention(q, k, v, scale, mask))
 
 
 def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray:
