@@ -50,20 +50,20 @@ def test_a_model_on_the_numpy_blocks_gives_mlx_logits_with_a_cache(tie):
 
     ids, step = mx.array([[5, 17, 42, 7, 99, 3, 11]]), mx.array([[8]])
     logits = {}
-    for kernels in ("reference", "auto"):
+    for kernels in ("reference", "exact"):  # exact: fp32 activations in the quantized kernel
         resolve_route(kernels, "cpu")
         model = make_model(llama_config(vocab_size=300, tie=tie), seed=5)
         nn.quantize(model, group_size=32, bits=4)
         mx.eval(model.parameters())
         use_fast_rows(model)
         layer = model.model.layers[0]
-        assert isinstance(layer.self_attn, NumpyAttention) == (kernels == "auto")
-        assert isinstance(layer.mlp, NumpyMLP) == (kernels == "auto")
+        assert isinstance(layer.self_attn, NumpyAttention) == (kernels == "exact")
+        assert isinstance(layer.mlp, NumpyMLP) == (kernels == "exact")
         cache = make_prompt_cache(model)
         logits[kernels] = [np.array(model(ids, cache=cache))] + [
             np.array(model(step, cache=cache)) for _ in range(3)
         ]
-    for want, got in zip(logits["reference"], logits["auto"], strict=True):
+    for want, got in zip(logits["reference"], logits["exact"], strict=True):
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -16,6 +16,7 @@ from mlxswitch.decoding.answer import TokenEvent
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder
 from mlxswitch.errors import UsageError
+from mlxswitch.kernels.route import resolve_route
 from mlxswitch.models.gear_files import gear_report, load_geared, save_geared
 from mlxswitch.models.gears import (
     GearState,
@@ -33,6 +34,14 @@ from mlxswitch.routing.router import RouterConfig, derive_tiers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def exact_products():
+    """These tests hold products to MLX's within fp32 rounding: the quantized kernel on fp32
+    activations (the CPU default rounds them to int8, tested in tests/test_quant_kernel.py)."""
+    resolve_route("exact")
+
 
 GROUP = 64
 PLANES = (4, 4, 8)

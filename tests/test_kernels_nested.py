@@ -30,6 +30,14 @@ from mlxswitch.kernels import kernel_self_check, nested, nested_cpu
 from mlxswitch.kernels._common import KERNELS_ENV, force_reference, relative_max_error
 from mlxswitch.kernels.route import resolve_route
 
+
+@pytest.fixture(autouse=True)
+def exact_products():
+    """These tests hold products to MLX's within fp32 rounding: the quantized kernel on fp32
+    activations (the CPU default rounds them to int8, tested in tests/test_quant_kernel.py)."""
+    resolve_route("exact")
+
+
 F32, F16, BF16 = mx.float32, mx.float16, mx.bfloat16
 # Max |got − truth| / max |truth| against the fp32 truth: fp32 is summation order, halves one
 # output rounding. The reference itself, in bf16, sums rounded per-plane products (≈ 3e-2).

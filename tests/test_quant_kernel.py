@@ -178,18 +178,20 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
 
     ids = mx.array([[5, 17, 42, 7, 99, 3]])
     logits = {}
-    for kernels in ("reference", "auto"):
+    for kernels in ("reference", "exact", "auto"):
         resolve_route(kernels, "cpu")
         model = make_model(llama_config(vocab_size=300, tie=True), seed=5)
         nn.quantize(model, group_size=32, bits=4)
         mx.eval(model.parameters())
         linears = rows.use_fast_rows(model)
         logits[kernels] = np.array(model(ids))
-        if kernels == "auto":
+        if kernels != "reference":
             assert linears == "quant-kernel"
-    assert np.allclose(logits["auto"], logits["reference"], rtol=1e-4, atol=1e-4)
+    # fp32 activations: the reference's logits; int8 activations (the default): close to them
+    assert np.allclose(logits["exact"], logits["reference"], rtol=1e-4, atol=1e-4)
+    assert np.abs(logits["auto"] - logits["reference"]).max() <= 0.05 * np.abs(logits["reference"]).max()
     geared = {}
-    for kernels in ("reference", "auto"):
+    for kernels in ("reference", "exact"):
         resolve_route(kernels, "cpu")
         model = make_model(llama_config(vocab_size=300), seed=6)
         state = nest_model(model, (4, 4, 8), 32)
@@ -197,7 +199,7 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
             state.set(gear)
             geared[kernels, gear] = np.array(model(ids))
     for gear in (4, 8, 16):
-        assert np.allclose(geared["auto", gear], geared["reference", gear], rtol=1e-4, atol=1e-4)
+        assert np.allclose(geared["exact", gear], geared["reference", gear], rtol=1e-4, atol=1e-4)
 
 
 @needs_kernel
@@ -205,29 +207,87 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
 def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size):
     from mlxswitch.kernels.quant_cpu import int8_applies, int8_reference
 
-    weight, truth = _weight(37, 3 * group_size, 4, group_size, seed=group_size)
+    # a whole tree of 8 blocks of 32 and a part of one
+    weight, truth = _weight(37, 256 + group_size, 4, group_size, seed=group_size)
     rng = np.random.default_rng(3)
-    for rows in (1, 2, 3, 4, 5, 9):
+    for rows in (1, 2, 3, 4, 5, 8, 9, 33):
         xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
         got = KERNEL.times(xs, weight, 2, int8=True)
-        assert int8_applies(weight, rows)
         # x rounded as the C rounds it: the same numbers up to fp32 summation order...
         want = int8_reference(xs, weight, truth)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-        # ...and within x's 8-bit rounding of the exact product (coarser for larger groups)
+        # ...within x's 8-bit rounding of the exact product...
         exact = xs.astype(np.float64) @ truth.T
-        assert np.abs(got - exact).max() <= 5e-2 * np.abs(exact).max()
-    # 8-bit codes and many rows are not taken: the exact fp32 path answers
-    eight, truth8 = _weight(8, 64, 8, 32)
+        assert np.abs(got - exact).max() <= 2e-2 * np.abs(exact).max()
+        # ...and each row the same bits as when it is multiplied alone, on one thread: a check's
+        # logits are a step's
+        for row in (0, rows - 1):
+            assert np.array_equal(got[row], KERNEL.times(xs[row : row + 1], weight, 1, int8=True)[0])
+    # 8-bit codes take the exact fp32 path
+    assert int8_applies(weight)
+    eight, _ = _weight(8, 64, 8, 32)
     xs = rng.standard_normal((2, 64)).astype(np.float32)
+    assert not int8_applies(eight)
     assert np.array_equal(KERNEL.times(xs, eight, int8=True), KERNEL.times(xs, eight))
 
 
-def test_the_int8_setting_is_the_quantized_route_with_int8_activations():
+def test_the_cpu_default_takes_int8_activations_and_exact_takes_fp32():
     from mlxswitch.kernels.route import route_for
 
-    assert route_for("cpu", "int8", quant_kernel=True).quant_activations == "int8"
-    assert route_for("cpu", "auto", quant_kernel=True).quant_activations == "fp32"
-    assert route_for("cpu", "int8", quant_kernel=True).plain_linears == "quant-kernel"
+    assert route_for("cpu", "auto", quant_kernel=True).quant_activations == "int8"
+    assert route_for("cpu", "exact", quant_kernel=True).quant_activations == "fp32"
+    assert route_for("cpu", "exact", quant_kernel=True).plain_linears == "quant-kernel"
+    assert route_for("cpu", "auto", quant_kernel=False).quant_activations == "none"
     assert route_for("cpu", "fp32", quant_kernel=True).quant_activations == "none"
-    assert route_for("metal", "int8", quant_kernel=True).quant_activations == "none"
+    assert route_for("metal", "auto", quant_kernel=True).quant_activations == "none"
+
+
+def test_every_pass_a_decoding_round_makes_takes_the_int8_path():
+    from mlxswitch.decoding.drafting import MAX_DRAFT
+    from mlxswitch.kernels.quant_cpu import INT8_MAX_POSITIONS
+
+    # a check of the longest draft is MAX_DRAFT + 1 positions: its logits must be computed as a step's
+    assert INT8_MAX_POSITIONS >= MAX_DRAFT + 1
+
+
+@needs_kernel
+def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_fp32():
+    from mlxswitch.kernels.nested_cpu import quant_matmul
+    from mlxswitch.kernels.quant_cpu import INT8_MAX_POSITIONS
+
+    weight, truth = _weight(24, 320, 4, 64, seed=11)
+    rng = np.random.default_rng(12)
+    resolve_route("auto", "cpu")
+    # three sequences of a check's length batched: each the bits it gets alone (int8)
+    batch = rng.standard_normal((3, INT8_MAX_POSITIONS, 320)).astype(np.float32)
+    together = np.array(quant_matmul(mx.array(batch), [weight]))
+    for row in range(3):
+        alone = np.array(quant_matmul(mx.array(batch[row : row + 1]), [weight]))
+        assert np.array_equal(together[row], alone[0])
+    assert not np.array_equal(together[0], KERNEL.times(batch[0], weight))  # int8, not fp32
+    # a prefill (one more position a sequence) multiplies fp32 activations
+    prompt = rng.standard_normal((1, INT8_MAX_POSITIONS + 1, 320)).astype(np.float32)
+    assert np.array_equal(
+        np.array(quant_matmul(mx.array(prompt), [weight]))[0], KERNEL.times(prompt[0], weight)
+    )
+
+
+@needs_kernel
+def test_a_down_projection_keeps_fp32_activations_and_the_others_take_int8():
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models import rows
+
+    resolve_route("auto", "cpu")
+    model = make_model(llama_config(vocab_size=300), seed=7)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    assert rows.use_fast_rows(model) == "quant-kernel"
+    mlp = model.model.layers[0].mlp
+    assert not mlp.down_proj.int8_inputs and mlp.gate_proj.int8_inputs and mlp.up_proj.int8_inputs
+    x = mx.random.normal((1, 3, mlp.down_proj.quant.weights[0].in_dims), key=mx.random.key(1))
+    x_in = mx.random.normal((1, 3, mlp.gate_proj.quant.weights[0].in_dims), key=mx.random.key(2))
+    down, gate = np.array(mlp.down_proj(x)), np.array(mlp.gate_proj(x_in))
+    resolve_route("exact", "cpu")
+    assert np.array_equal(down, np.array(mlp.down_proj(x)))  # fp32 activations on both routes
+    assert not np.array_equal(gate, np.array(mlp.gate_proj(x_in)))  # int8 on the default

@@ -219,7 +219,7 @@ def test_a_model_whose_fp32_copies_do_not_fit_keeps_its_planes_and_says_so(monke
     assert rows.use_fast_rows(nn.Sequential(nn.Linear(4, 4))) == "none"
 
 
-@pytest.mark.parametrize("kernels", ["auto", "fp32"])
+@pytest.mark.parametrize("kernels", ["exact", "fp32"])
 def test_a_tied_quantized_head_takes_the_cpu_route_and_gives_the_same_logits(kernels):
     from tinymodels import llama_config, make_model
 
@@ -229,10 +229,10 @@ def test_a_tied_quantized_head_takes_the_cpu_route_and_gives_the_same_logits(ker
     mx.eval(model.parameters())
     ids = mx.array([[5, 17, 42, 7]])
     want = np.array(model(ids))  # MLX's quantized matmul for the tied head
-    assert rows.use_fast_rows(model) == {"auto": "quant-kernel", "fp32": "resident-fp32"}[kernels]
+    assert rows.use_fast_rows(model) == {"exact": "quant-kernel", "fp32": "resident-fp32"}[kernels]
     embed = model.model.embed_tokens
     assert type(embed) is rows.RowsQuantizedEmbedding
-    assert (embed.quant is not None) == (kernels == "auto") and (embed.dense is not None) == (
+    assert (embed.quant is not None) == (kernels == "exact") and (embed.dense is not None) == (
         kernels == "fp32"
     )
     assert np.allclose(np.array(model(ids)), want, rtol=1e-4, atol=1e-4)

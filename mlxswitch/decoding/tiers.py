@@ -16,6 +16,7 @@ from mlx_lm.models.cache import (
 )
 
 from ..errors import UsageError
+from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..models.heads import SplitModel, split_model
 from ..models.model_bytes import bytes_per_token
 from ..models.weights import LoadedModel
@@ -25,8 +26,10 @@ from .packed import can_pack, packed_caches
 
 _UNCHECKED = object()  # a CacheGroup's split before it is checked
 # A pass of more rows (a prompt, a long catch-up) runs alone: a packed pass hands every row its
-# conversation's keys and values, which for hundreds of rows costs more memory than it saves.
-PACKED_MAX_ROWS = 64
+# conversation's keys and values, which for hundreds of rows costs more memory than it saves; and
+# a CPU rounds activations to int8 only in passes of up to this many positions a sequence, which
+# every packed row gets, so a packed input must be one its own pass would round too.
+PACKED_MAX_ROWS = INT8_MAX_POSITIONS
 
 
 @dataclass(eq=False)

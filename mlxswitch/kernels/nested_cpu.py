@@ -17,7 +17,7 @@ import numpy as np
 
 from ._common import blas_threads
 from .panel_cpu import PanelWeight, panel_copy, panel_kernel
-from .quant_cpu import QuantWeight, quant_weights_times
+from .quant_cpu import INT8_MAX_POSITIONS, QuantWeight, quant_weights_times
 from .route import current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
@@ -277,16 +277,20 @@ def resident_dense_matmul(
 
 
 def quant_matmul(
-    x: mx.array, weights: Sequence[QuantWeight], bias: mx.array | None = None
+    x: mx.array, weights: Sequence[QuantWeight], bias: mx.array | None = None, int8_inputs: bool = True
 ) -> mx.array | None:
     """x · (Σ weights)ᵀ (+ bias) by the compiled quantized kernel on the stored codes (the CPU
     route of every quantized linear and nested gear where it built). None where evaluation is
-    refused (mx.compile): the caller stays in MLX."""
+    refused (mx.compile): the caller stays in MLX. int8_inputs: whether the layer may take int8
+    activations (quant_cpu.int8_inputs)."""
     xs = _numpy_rows(x)
     if xs is None:
         return None
     route = current_route()
-    int8 = route.quant_activations == "int8"
+    # A sequence's positions in this pass: x is (batch, positions, dims), or (rows, dims) when its
+    # rows are different sequences' (a packed pass's head).
+    positions = x.shape[-2] if x.ndim > 2 else 1
+    int8 = int8_inputs and route.quant_activations == "int8" and positions <= INT8_MAX_POSITIONS
     y = _from_rows(quant_weights_times(xs, weights, route.blas_threads, int8), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias

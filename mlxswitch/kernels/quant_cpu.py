@@ -38,6 +38,11 @@ COMPILE_FLAGS = (
 # From this many rows the kernel dequantizes a small panel of outputs into cache and multiplies
 # every row on it (prefill, long checks); below, it unpacks codes in registers for 8 rows at a time.
 MANY_ROWS_FROM = 12
+# With int8 activations every pass a decoding round makes, of every sequence in a batch (a step,
+# a check of the longest draft: decoding.drafting.MAX_DRAFT = 32, plus one position), takes the
+# int8 path, so a checked token's logits are computed exactly as a step's, alone or batched; a
+# pass of more positions a sequence (a prefill) takes the fp32 path, as fast here (kernels.md).
+INT8_MAX_POSITIONS = 33
 DIRECT_BITS = (4, 8)  # read in place; other widths are unpacked to one code a byte at load
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 
@@ -150,7 +155,7 @@ class QuantKernel:
         int8: bool = False,
     ) -> np.ndarray:
         """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the panel path runs;
-        int8: x rounded to int8 per group where the kernel has that path, see int8_reference)."""
+        int8: every row rounded to int8 per 32 inputs where int8_applies, see int8_reference)."""
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         rows, in_dims = xs.shape
         if in_dims != weight.in_dims:
@@ -168,7 +173,7 @@ class QuantKernel:
             weight.group_size,
             weight.bits,
             threads,
-            MANY_ROWS_FROM if many_from is None else many_from,
+            rows + 1 if int8 else MANY_ROWS_FROM if many_from is None else many_from,
         )
         if done < 1:
             raise MemoryError("the quantized kernel could not get its scratch memory")
@@ -191,25 +196,46 @@ def _random_weight(rng, out_dims: int, in_dims: int, bits: int, group_size: int)
     return QuantWeight.from_arrays(q, s, b, group_size, bits), truth
 
 
-def int8_applies(weight: QuantWeight, rows: int) -> bool:
-    """Whether the kernel's int8-activation path takes this product (else it is the fp32 one)."""
-    g = weight.group_size
-    return weight.bits == 4 and g % 32 == 0 and rows < MANY_ROWS_FROM
+INT8_BLOCK = 32  # inputs sharing one int8 step (quant_rows.c's BLOCK)
+
+
+# Layers whose input keeps fp32 activations: the MLP's down projection reads silu(gate)·up, where a
+# transformer's massive activations live (hundreds of times the median), which a block of 32
+# rounded to int8 cannot keep. With them on int8 the Qwen 1.5B's argmax agreed with fp32 at 476 of
+# 480 positions, two of the four differences over a logit apart; without them 479, the one
+# difference 0.019 apart (bench/bench_int8_accuracy.py). mlx-lm's models name the layer so.
+FP32_INPUT_LAYERS = ("down_proj",)
+
+
+def int8_inputs(layer_name: str) -> bool:
+    """Whether a layer of this name (its path in the model) may take int8 activations."""
+    return layer_name.rsplit(".", 1)[-1] not in FP32_INPUT_LAYERS
+
+
+def int8_applies(weight: QuantWeight) -> bool:
+    """Whether the kernel's int8-activation path takes this product (else it is the fp32 one):
+    4-bit codes only. On 8-bit codes (a Qwen Q6_K down projection) and 5-bit ones it lost: their
+    inputs carry activations hundreds of times their median, which a block of 32 rounded to int8
+    cannot keep (the Qwen 0.5B's argmax 446/480 against 239/240 with 4-bit codes only,
+    bench/bench_int8_accuracy.py)."""
+    return weight.bits == 4 and weight.group_size % INT8_BLOCK == 0
 
 
 def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray) -> np.ndarray:
-    """What the int8 path computes, in float64: x rounded per group as quant_rows.c rounds it
-    (step = peak/127, codes = rint(x·(127/peak)) in fp32), times the scaled codes, plus the biases
-    times the exact group sums of x. `truth` is W = s·q + b in float64."""
+    """What the int8 path computes, in float64: x rounded per block of 32 inputs as quant_rows.c
+    rounds it (step = peak/127, codes = rint(x·(127/peak)) in fp32), times the centred codes
+    s·(q - 8), plus the biases (taking 8·s) times the exact sums of x. `truth` is W = s·q + b in
+    float64."""
     rows, g = xs.shape[0], weight.group_size
-    grouped = xs.astype(np.float32).reshape(rows, -1, g)
-    peak = np.abs(grouped).max(axis=-1, keepdims=True)
+    blocks = xs.astype(np.float32).reshape(rows, -1, INT8_BLOCK)
+    peak = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inverse = np.where(peak > 0, np.float32(127) / peak, np.float32(0)).astype(np.float32)
-    codes = np.rint(grouped * inverse)
+    codes = np.rint(blocks * inverse)
     step = (peak / np.float32(127)).astype(np.float32)
     rounded = (codes * step.astype(np.float64)).reshape(rows, -1)
-    bias = np.repeat(weight.biases.astype(np.float64), g, axis=1)
+    centre = 8.0
+    bias = np.repeat(weight.biases.astype(np.float64) + centre * weight.scales, g, axis=1)
     return rounded @ (truth - bias).T + xs.astype(np.float64) @ bias.T
 
 
@@ -220,7 +246,8 @@ def check_kernel(kernel: QuantKernel) -> str | None:
     rng = np.random.default_rng(0)
     for bits in SUPPORTED_BITS:
         for group_size in (32, 64):
-            weight, truth = _random_weight(rng, 19, 3 * group_size, bits, group_size)
+            # a whole tree of 8 int8 blocks and a part of one
+            weight, truth = _random_weight(rng, 19, 256 + group_size, bits, group_size)
             for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13):
                 xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
                 want = xs.astype(np.float64) @ truth.T
@@ -234,12 +261,13 @@ def check_kernel(kernel: QuantKernel) -> str | None:
                                 f"{bits}-bit, group {group_size}, {rows} rows, {path} path, "
                                 f"{threads} threads differed from a float64 product"
                             )
-                if int8_applies(weight, rows):
+                if int8_applies(weight):
                     exact = int8_reference(xs, weight, truth)
                     got = kernel.times(xs, weight, 2, None, int8=True)
                     if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
                         return (
-                            f"int8 activations, group {group_size}, {rows} rows differed from their reference"
+                            f"int8 activations, {bits}-bit, group {group_size}, {rows} rows differed from "
+                            "their reference"
                         )
     return None
 

@@ -365,113 +365,164 @@ int quant_threaded(void) {
 #endif
 }
 
-/* ---- int8 activations (opt-in: not exact) ----------------------------------------------------
- * As llama.cpp multiplies its 4-bit blocks: each row's x is quantized per weight group to int8
- * with one fp32 step dx (x ≈ dx·xq), so a group's Σ q·x becomes dx·Σ q·xq, summed exactly in
- * integers (u8 × s8 pairs, then pairs of int16), and the output is
- *   y[r, o] = Σ_g s[o, g]·dx[r, g]·Σ_i q[o, i]·xq[r, i]  +  b[o, g]·Σ_i x[r, i]
- * with the bias term on the exact sums of x. About half the instructions of the fp32 path per
- * weight; the error is x's rounding to 8 bits (kernels/quant_cpu.py measures it). 4-bit codes,
- * groups a multiple of 32, few rows; anything else goes the fp32 way. */
+/* ---- int8 activations (not exact: x is rounded) ---------------------------------------------
+ * As llama.cpp multiplies its 4-bit blocks: each row of x is rounded to int8 per block of 32
+ * inputs with one fp32 step dx (x ≈ dx·xq), the codes are centred at 8 and a block's
+ * Σ (q - 8)·xq = Σ q·xq - 8·Σ xq is summed exactly in integers (u8 × s8 pairs, then pairs of
+ * int16), and the output is
+ *   y[r, o] = Σ_blocks s[o, g]·dx[r, blk]·Σ_blk (q - 8)·xq  +  Σ_g (b[o, g] + 8·s[o, g])·Σ_g x[r, i]
+ * with the bias term on the exact group sums of x. Centring halves the codes' reach, and with it
+ * the error x's rounding brings. Eight blocks' integer sums are reduced in one horizontal tree and
+ * scaled by one vector multiply, so a weight costs about a third of the fp32 path's instructions.
+ * 4-bit codes, groups a multiple of 32, fewer than `many_from` rows; anything else goes the fp32
+ * way (8-bit codes too: the layers that carry them, a Q6_K down projection, see activations
+ * hundreds of times their median, which int8 blocks lose; kernels/quant_cpu.py). */
 #if defined(__AVX2__) && defined(__FMA__)
-#define Q8TILE(O, K)                                                                             \
-    static void i8tile_##O##x##K(const int8_t *xq, const float *dx, const float *xsum,          \
-                                 const uint8_t *w, const float *scales, const float *biases,    \
-                                 float *y, long n_in, long n_out, long gs) {                     \
-        long groups = n_in / gs, row_bytes = n_in / 2;                                           \
-        const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                \
-        __m256 acc[O][K];                                                                        \
-        for (int o = 0; o < O; o++)                                                              \
-            for (int r = 0; r < K; r++) acc[o][r] = _mm256_setzero_ps();                         \
-        for (long g = 0; g < groups; g++) {                                                      \
-            __m256i sum[O][K];                                                                   \
-            for (int o = 0; o < O; o++)                                                          \
-                for (int r = 0; r < K; r++) sum[o][r] = _mm256_setzero_si256();                  \
-            for (long c = g * gs; c < (g + 1) * gs; c += 32) {                                   \
-                for (int o = 0; o < O; o++) {                                                    \
-                    __m128i v = _mm_loadu_si128((const __m128i *)(w + o * row_bytes + c / 2));   \
-                    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nibble); \
-                    for (int r = 0; r < K; r++) {                                                \
-                        __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * n_in + c));   \
-                        __m256i pairs = _mm256_maddubs_epi16(q, xv);                             \
-                        sum[o][r] = _mm256_add_epi32(sum[o][r], _mm256_madd_epi16(pairs, ones)); \
-                    }                                                                            \
-                }                                                                                \
-            }                                                                                    \
-            for (int o = 0; o < O; o++)                                                          \
-                for (int r = 0; r < K; r++) {                                                    \
-                    __m256 step = _mm256_set1_ps(scales[o * groups + g] * dx[r * groups + g]);   \
-                    acc[o][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[o][r]), step, acc[o][r]); \
-                }                                                                                \
-        }                                                                                        \
-        for (int o = 0; o < O; o++)                                                              \
-            for (int r = 0; r < K; r++) {                                                        \
-                const float *b = biases + o * groups, *xs = xsum + r * groups;                   \
-                __m256 bv = _mm256_setzero_ps();                                                 \
-                long g = 0;                                                                      \
-                for (; g + 8 <= groups; g += 8)                                                  \
-                    bv = _mm256_fmadd_ps(_mm256_loadu_ps(b + g), _mm256_loadu_ps(xs + g), bv);   \
-                float bias = hsum(bv);                                                           \
-                for (; g < groups; g++) bias += b[g] * xs[g];                                    \
-                y[r * n_out + o] = hsum(acc[o][r]) + bias;                                       \
-            }                                                                                    \
-    }
-
-Q8TILE(2, 1)
-Q8TILE(2, 2)
-Q8TILE(1, 3)
-Q8TILE(1, 4)
-Q8TILE(1, 1)
-Q8TILE(1, 2)
-
-typedef void (*i8_fn)(const int8_t *, const float *, const float *, const uint8_t *, const float *,
-                      const float *, float *, long, long, long);
-#define I8_GROUP 4 /* rows sharing one unpack on the int8 path (its sums take 2 registers a row) */
-static const i8_fn I8_WIDE[I8_GROUP + 1] = {0, i8tile_2x1, i8tile_2x2, i8tile_1x3, i8tile_1x4};
-static const int I8_WIDTH[I8_GROUP + 1] = {0, 2, 2, 1, 1};
-static const i8_fn I8_NARROW[I8_GROUP + 1] = {0, i8tile_1x1, i8tile_1x2, i8tile_1x3, i8tile_1x4};
+#define BLOCK 32   /* inputs sharing one activation step */
+#define TREE 8     /* blocks reduced and scaled together */
+#define CENTRE 3   /* log2 of the codes' centre, 8 */
+#define I8_GROUP 4 /* rows sharing one unpack of the codes on the int8 path */
 
 struct i8_args {
     const int8_t *xq;
     const float *dx, *xsum;
+    const int32_t *xqsum; /* Σ xq per block (padded like dx) */
     const uint8_t *w;
     const float *scales, *biases;
     float *y;
-    long n_in, n_out, gs, groups;
+    long n_in, n_out, gs, groups, blocks, padded;
 };
 
-static void i8_step(const void *args, int wide, long k, long r, long o) {
-    const struct i8_args *a = args;
-    (wide ? I8_WIDE[k] : I8_NARROW[k])(a->xq + r * a->n_in, a->dx + r * a->groups, a->xsum + r * a->groups,
-                                       a->w + o * (a->n_in / 2), a->scales + o * a->groups,
-                                       a->biases + o * a->groups, a->y + r * a->n_out + o, a->n_in,
-                                       a->n_out, a->gs);
+/* Block `blk`'s 32 codes as u8 for _mm256_maddubs_epi16: the low nibbles of its 16 bytes, then the
+ * high ones (the order quantize_rows gives x). */
+static inline __m256i block_codes(const uint8_t *codes, long blk) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(codes + blk * 16));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
 }
 
-/* x's rows as int8 per group (in the order a 16-byte block of 4-bit codes unpacks in: per 32
- * inputs the even ones, then the odd ones), each group's step, and its exact sum. */
-static void quantize_rows(const float *x, int8_t *xq, float *dx, float *xsum, long rows, long n_in,
-                          long gs) {
-    long groups = n_in / gs;
-    for (long r = 0; r < rows; r++)
+/* Σ over a block of codes × x (8 int32 partial sums). */
+static inline __m256i block_dot(__m256i q, const int8_t *xq, long blk) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+}
+
+/* The scales of blocks b0..b0+7 (0 past the row's last block). */
+static inline __m256 block_scales(const float *s, long b0, long blocks, long gs) {
+    if (b0 + TREE <= blocks) {
+        if (gs == BLOCK) return _mm256_loadu_ps(s + b0);
+        if (gs == 2 * BLOCK)
+            return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + b0 / 2)),
+                                            _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    }
+    float lanes[TREE];
+    for (int k = 0; k < TREE; k++) lanes[k] = b0 + k < blocks ? s[(b0 + k) * BLOCK / gs] : 0.f;
+    return _mm256_loadu_ps(lanes);
+}
+
+/* One output o times K rows from r: per 8 blocks, each row's 8 integer block sums are reduced in
+ * a horizontal tree to one vector (lane k: block k's sum), centred, converted once and scaled by
+ * s·dx. The float operations a row sees do not depend on K, so a row's result does not either. */
+#define I8ROWS(K)                                                                                \
+    static void i8rows_##K(const struct i8_args *a, long r, long o) {                           \
+        const uint8_t *codes = a->w + o * (a->n_in / 2);                                         \
+        const float *s = a->scales + o * a->groups, *b = a->biases + o * a->groups;              \
+        const int8_t *xq[K];                                                                     \
+        for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->n_in;                          \
+        __m256 acc[K];                                                                           \
+        for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
+        for (long b0 = 0; b0 < a->blocks; b0 += TREE) {                                          \
+            __m256i half[K][2];                                                                  \
+            for (int quad = 0; quad < 2; quad++) {                                               \
+                __m256i pair[K][2];                                                              \
+                for (int p = 0; p < 2; p++) {                                                    \
+                    __m256i dot[K][2];                                                           \
+                    for (int h = 0; h < 2; h++) {                                                \
+                        long blk = b0 + 4 * quad + 2 * p + h;                                    \
+                        if (blk < a->blocks) {                                                   \
+                            __m256i q = block_codes(codes, blk);                                 \
+                            for (int k = 0; k < K; k++) dot[k][h] = block_dot(q, xq[k], blk);    \
+                        } else {                                                                 \
+                            for (int k = 0; k < K; k++) dot[k][h] = _mm256_setzero_si256();      \
+                        }                                                                        \
+                    }                                                                            \
+                    for (int k = 0; k < K; k++) pair[k][p] = _mm256_hadd_epi32(dot[k][0], dot[k][1]); \
+                }                                                                                \
+                for (int k = 0; k < K; k++) half[k][quad] = _mm256_hadd_epi32(pair[k][0], pair[k][1]); \
+            }                                                                                    \
+            __m256 scale = block_scales(s, b0, a->blocks, a->gs);                                \
+            for (int k = 0; k < K; k++) {                                                        \
+                __m256i sums = _mm256_add_epi32(                                                 \
+                    _mm256_permute2x128_si256(half[k][0], half[k][1], 0x20),                     \
+                    _mm256_permute2x128_si256(half[k][0], half[k][1], 0x31));                    \
+                __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + (r + k) * a->padded + b0)); \
+                sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(xqs, CENTRE));                   \
+                __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + (r + k) * a->padded + b0)); \
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
+            }                                                                                    \
+        }                                                                                        \
+        const __m256 centre = _mm256_set1_ps((float)(1 << CENTRE));                              \
+        for (int k = 0; k < K; k++) {                                                            \
+            const float *xs = a->xsum + (r + k) * a->groups;                                     \
+            __m256 bv = _mm256_setzero_ps();                                                     \
+            long g = 0;                                                                          \
+            for (; g + 8 <= a->groups; g += 8) {                                                 \
+                __m256 bias = _mm256_fmadd_ps(_mm256_loadu_ps(s + g), centre, _mm256_loadu_ps(b + g)); \
+                bv = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xs + g), bv);                         \
+            }                                                                                    \
+            float bias = hsum(bv);                                                               \
+            for (; g < a->groups; g++) bias += (b[g] + (float)(1 << CENTRE) * s[g]) * xs[g];     \
+            a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias;                                  \
+        }                                                                                        \
+    }
+
+I8ROWS(1)
+I8ROWS(2)
+I8ROWS(3)
+I8ROWS(4)
+
+typedef void (*i8_fn)(const struct i8_args *, long, long);
+static const i8_fn I8_ROWS[I8_GROUP + 1] = {0, i8rows_1, i8rows_2, i8rows_3, i8rows_4};
+static const int I8_WIDTH[I8_GROUP + 1] = {0, 1, 1, 1, 1};
+
+static void i8_step(const void *args, int wide, long k, long r, long o) {
+    (void)wide; /* every tile is one output wide */
+    I8_ROWS[k]((const struct i8_args *)args, r, o);
+}
+
+/* x's rows as int8 per block of 32 inputs (per block the even inputs, then the odd ones: the
+ * order a block's 16 bytes unpack in), each block's step and Σ xq (rows padded with zeros to a
+ * whole tree) and each weight group's exact sum. */
+static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum, float *xsum, long rows,
+                          long n_in, long gs, long padded) {
+    long groups = n_in / gs, blocks = n_in / BLOCK;
+    for (long r = 0; r < rows; r++) {
         for (long g = 0; g < groups; g++) {
-            const float *v = x + r * n_in + g * gs;
-            float peak = 0.f, sum = 0.f;
-            for (long i = 0; i < gs; i++) {
+            float sum = 0.f;
+            for (long i = 0; i < gs; i++) sum += x[r * n_in + g * gs + i];
+            xsum[r * groups + g] = sum;
+        }
+        for (long blk = 0; blk < padded; blk++) {
+            dx[r * padded + blk] = 0.f;
+            xqsum[r * padded + blk] = 0;
+        }
+        for (long blk = 0; blk < blocks; blk++) {
+            const float *v = x + r * n_in + blk * BLOCK;
+            float peak = 0.f;
+            for (int i = 0; i < BLOCK; i++) {
                 float a = v[i] < 0 ? -v[i] : v[i];
                 peak = a > peak ? a : peak;
-                sum += v[i];
             }
-            float step = peak / 127.f, inverse = peak > 0 ? 127.f / peak : 0.f;
-            dx[r * groups + g] = step;
-            xsum[r * groups + g] = sum;
-            int8_t *out = xq + r * n_in + g * gs;
-            for (long c = 0; c < gs; c += 32)
-                for (int k = 0; k < 16; k++) {
-                    out[c + k] = (int8_t)__builtin_lrintf(v[c + 2 * k] * inverse);
-                    out[c + 16 + k] = (int8_t)__builtin_lrintf(v[c + 2 * k + 1] * inverse);
-                }
+            float inverse = peak > 0 ? 127.f / peak : 0.f;
+            dx[r * padded + blk] = peak / 127.f;
+            int8_t *out = xq + r * n_in + blk * BLOCK;
+            int32_t total = 0;
+            for (int k = 0; k < BLOCK; k++) {
+                out[k] = (int8_t)__builtin_lrintf(v[k < 16 ? 2 * k : 2 * (k - 16) + 1] * inverse);
+                total += out[k];
+            }
+            xqsum[r * padded + blk] = total;
         }
+    }
 }
 #endif
 
@@ -481,27 +532,31 @@ int quant_rows_int8(const float *x, const void *codes, const float *scales, cons
                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
                     long many_from) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (bits == 4 && biases && gs >= 32 && gs % 32 == 0 && n_in % gs == 0 && rows >= 1 &&
+    if (bits == 4 && biases && gs >= BLOCK && gs % BLOCK == 0 && n_in % gs == 0 && rows >= 1 &&
         rows < many_from) {
         if (threads < 1) threads = 1;
 #ifndef _OPENMP
         threads = 1;
 #endif
-        long groups = n_in / gs;
+        long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
         int8_t *xq = malloc((size_t)rows * n_in);
-        float *dx = malloc(sizeof(float) * rows * groups), *xsum = malloc(sizeof(float) * rows * groups);
-        if (!xq || !dx || !xsum) {
+        float *dx = malloc(sizeof(float) * rows * padded), *xsum = malloc(sizeof(float) * rows * groups);
+        int32_t *xqsum = malloc(sizeof(int32_t) * rows * padded);
+        if (!xq || !dx || !xsum || !xqsum) {
             free(xq);
             free(dx);
             free(xsum);
+            free(xqsum);
             return -1;
         }
-        quantize_rows(x, xq, dx, xsum, rows, n_in, gs);
-        struct i8_args args = {xq, dx, xsum, codes, scales, biases, y, n_in, n_out, gs, groups};
+        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded);
+        struct i8_args args = {xq, dx, xsum, xqsum, codes, scales, biases, y, n_in, n_out, gs, groups,
+                               blocks, padded};
         for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, i8_step, &args);
         free(xq);
         free(dx);
         free(xsum);
+        free(xqsum);
         return threads;
     }
 #endif

@@ -8,9 +8,12 @@ that flips the setting); `kernels_override()` runs a block on another setting.
 
 MLXSWITCH_KERNELS values:
   "auto" (default, or unset): custom kernels and fast routes where they exist and passed checks;
-        on a CPU, quantized weights are multiplied as stored by the compiled quantized kernel;
-  "int8": as "auto", but the quantized kernel rounds each row of activations to int8 per weight
-        group for its few-row products (about half the instructions; not exact: measure first);
+        on a CPU, quantized weights are multiplied as stored by the compiled quantized kernel,
+        each row of activations rounded to int8 per 32 inputs for every pass a decoding round
+        makes (as llama.cpp does; a step 1.4x faster, bench/bench_int8_accuracy.py measures what
+        the rounding changes);
+  "exact": as "auto", but the quantized kernel multiplies fp32 activations (exact up to
+        summation order);
   "fp32": on a CPU, plain quantized linears keep a resident fp32 copy multiplied by the compiled
         panel kernel (4 bytes a weight: the route before the quantized kernel, for A/B runs);
   "blas": as "fp32", but the fp32 copies go through NumPy's BLAS, not the panel kernel;
@@ -32,7 +35,7 @@ from .panel_cpu import build_panel_kernel
 from .quant_cpu import build_quant_kernel
 
 KERNELS_ENV = "MLXSWITCH_KERNELS"
-SETTINGS = ("auto", "int8", "fp32", "blas", "reference", "mx")
+SETTINGS = ("auto", "exact", "fp32", "blas", "reference", "mx")
 BACKENDS = ("metal", "cuda", "cpu")
 
 
@@ -81,8 +84,8 @@ _WORDS = {
         "rows": "rows route (MLX's quantized matmul below the multi-row floor)",
     },
     "quant_activations": {
-        "fp32": "fp32 (exact up to summation order)",
-        "int8": "int8 per weight group for few rows (MLXSWITCH_KERNELS=int8; not exact)",
+        "fp32": "fp32 (exact up to summation order; MLXSWITCH_KERNELS=exact)",
+        "int8": "int8 per 32 inputs for decoding's passes (up to 33 rows), fp32 for prefill",
         "none": "no quantized kernel",
     },
     "resident_product": {
@@ -110,7 +113,7 @@ class Route:
 
     backend: "metal" | "cuda" | "cpu" — the default device's backend.
     metal: whether Metal is present (its kernels can run on a GPU stream, whatever the default).
-    kernels: the MLXSWITCH_KERNELS setting ("auto" | "blas" | "reference" | "mx").
+    kernels: the MLXSWITCH_KERNELS setting (one of SETTINGS).
     signals: per-token entropy/varentropy/margin — "metal-kernel" (checked on first use, the mx
         reference on a mismatch), "numpy" (eager, from the logits) or "mx-ops" (the reference).
     plain_linears: a plain quantized linear — "mlx-module" (MLX's own nn.QuantizedLinear),
@@ -118,8 +121,9 @@ class Route:
         its check), "resident-fp32" (a resident fp32 NumPy copy where it fits in memory, multiplied as
         resident_product says; else "rows") or "rows" (our module: the multi-row route, MLX's
         quantized matmul otherwise).
-    quant_activations: what the quantized kernel multiplies the codes with — "fp32" (exact up to
-        summation order), "int8" (few-row products with x rounded per weight group) or "none".
+    quant_activations: what the quantized kernel multiplies the codes with — "int8" (x rounded
+        per 32 inputs for decoding's passes, fp32 for prefill), "fp32" (exact up to summation
+        order) or "none".
     resident_product: a product on a resident fp32 copy — "panel-kernel" (the compiled
         panel_rows.c, where it built and passed its check), "numpy-blas" or "none" (no copies).
     nested: a nested-gear product — "quant-kernel" (a CPU: the compiled kernel, one product a
@@ -156,7 +160,7 @@ class Route:
     @property
     def numpy_allowed(self) -> bool:
         """Whether a dispatcher may hand work to NumPy (a CPU with MLXSWITCH_KERNELS=auto or blas)."""
-        return self.backend == "cpu" and self.kernels in ("auto", "int8", "fp32", "blas")
+        return self.backend == "cpu" and self.kernels in ("auto", "exact", "fp32", "blas")
 
     @property
     def lazy_passes(self) -> bool:
@@ -182,10 +186,10 @@ class Route:
                 text = f"{value} ({KERNELS_ENV})"
             elif key == "metal":
                 text = "available" if value else "not available"
-            elif key == "plain_linears" and self.kernels in ("auto", "int8") and self.backend == "cpu":
+            elif key == "plain_linears" and self.kernels in ("auto", "exact") and self.backend == "cpu":
                 # Why the quantized kernel is (or is not) in use: compiler and flags, or what failed.
                 text = f"{_WORDS[key][value]}; build: {build_quant_kernel().detail}"
-            elif key == "resident_product" and value != "none" and self.kernels in ("auto", "int8", "fp32"):
+            elif key == "resident_product" and value != "none" and self.kernels in ("auto", "exact", "fp32"):
                 text = f"{_WORDS[key][value]}; build: {build_panel_kernel().detail}"
             else:
                 text = _WORDS.get(key, {}).get(value, str(value))
@@ -209,8 +213,8 @@ def route_for(
     kernels = parse_kernels_setting(kernels)
     metal = backend == "metal" if metal is None else metal
     reference = kernels == "reference"
-    numpy = backend == "cpu" and kernels in ("auto", "int8", "fp32", "blas")
-    quantized = backend == "cpu" and kernels in ("auto", "int8") and quant_kernel
+    numpy = backend == "cpu" and kernels in ("auto", "exact", "fp32", "blas")
+    quantized = backend == "cpu" and kernels in ("auto", "exact") and quant_kernel
     if backend == "cpu":
         signals = "numpy" if numpy else "mx-ops"
         # Our module on every plain linear (the same arrays): the quantized kernel reads them as
@@ -224,7 +228,7 @@ def route_for(
     if plain != "resident-fp32":
         resident = "none"
     else:
-        resident = "panel-kernel" if panel_kernel and kernels in ("auto", "int8", "fp32") else "numpy-blas"
+        resident = "panel-kernel" if panel_kernel and kernels in ("auto", "exact", "fp32") else "numpy-blas"
     if quantized:
         nested = "quant-kernel"
     else:
@@ -235,7 +239,7 @@ def route_for(
         kernels=kernels,
         signals=signals,
         plain_linears=plain,
-        quant_activations=("int8" if kernels == "int8" else "fp32") if quantized else "none",
+        quant_activations=("fp32" if kernels == "exact" else "int8") if quantized else "none",
         resident_product=resident,
         nested=nested,
         multi_row=multi_row,
@@ -264,10 +268,10 @@ def resolve_route(
     backend = detect_backend() if backend is None else backend
     # A kernel is compiled (or loaded from the machine's cache) only where the route would use it:
     # the panel kernel only where the quantized one is not in use.
-    quant = backend == "cpu" and setting in ("auto", "int8") and build_quant_kernel().kernel is not None
+    quant = backend == "cpu" and setting in ("auto", "exact") and build_quant_kernel().kernel is not None
     panel = (
         backend == "cpu"
-        and setting in ("auto", "int8", "fp32")
+        and setting in ("auto", "exact", "fp32")
         and not quant
         and build_panel_kernel().kernel is not None
     )

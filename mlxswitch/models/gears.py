@@ -66,6 +66,9 @@ def _round_to(values: mx.array, dtype: mx.Dtype, memory: mx.Dtype) -> mx.array:
 class NestedLinear(nn.Module):
     """A linear layer whose weight is a sum of quantized residual planes; the GearState picks how many."""
 
+    # Whether its input may be rounded to int8 (quant_cpu.int8_inputs; set by rows.use_fast_rows).
+    int8_inputs: bool = True
+
     def __init__(
         self,
         planes: list[dict],
@@ -201,7 +204,10 @@ class NestedLinear(nn.Module):
             views: QuantViews | None = self.quant_planes
             if views is not None:
                 y = quant_matmul(
-                    x, views.weights[: self.gear_state.active_planes], self.bias if "bias" in self else None
+                    x,
+                    views.weights[: self.gear_state.active_planes],
+                    self.bias if "bias" in self else None,
+                    self.int8_inputs,
                 )
                 if y is not None:
                     return y

@@ -18,7 +18,7 @@ import numpy as np
 from ..kernels.nested import quantized_matmul_rows
 from ..kernels.nested_cpu import quant_matmul, resident_copy, resident_dense_matmul
 from ..kernels.panel_cpu import PanelWeight
-from ..kernels.quant_cpu import QuantViews, quant_views
+from ..kernels.quant_cpu import QuantViews, int8_inputs, quant_views
 from ..kernels.route import current_route
 from .cpu_blocks import use_numpy_blocks
 from .machine import available_memory_bytes
@@ -31,13 +31,15 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
     dense: np.ndarray | PanelWeight | None = None
     # The quantized kernel's view of the stored codes, when the route multiplies them in place.
     quant: QuantViews | None = None
+    # Whether its input may be rounded to int8 (quant_cpu.int8_inputs: not a down projection's).
+    int8_inputs: bool = True
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): by the quantized kernel on the stored codes, or on the resident fp32
         weight, else many rows through one dequantized product and few through MLX's quantized
         matmul (kernels/nested.py, kernels/nested_cpu.py)."""
         if self.quant is not None and current_route().plain_linears == "quant-kernel":
-            y = quant_matmul(x, self.quant.weights, self.get("bias"))
+            y = quant_matmul(x, self.quant.weights, self.get("bias"), self.int8_inputs)
             if y is not None:
                 return y
         if self.dense is not None and current_route().plain_linears == "resident-fp32":
@@ -141,6 +143,9 @@ def use_fast_rows(model: nn.Module) -> str:
         return "mlx-module"
     if current_route().numpy_allowed:
         use_numpy_blocks(model)  # attention and the MLP's activation in NumPy (cpu_blocks.py)
+    for name, module in model.named_modules():
+        if not int8_inputs(name):  # read by our linears and nested gears once they take over
+            module.int8_inputs = False  # a plain attribute: never a parameter
     plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
     head = _tied_head(model)
     if not plain:
