@@ -291,3 +291,27 @@ def test_a_down_projection_keeps_fp32_activations_and_the_others_take_int8():
     resolve_route("exact", "cpu")
     assert np.array_equal(down, np.array(mlp.down_proj(x)))  # fp32 activations on both routes
     assert not np.array_equal(gate, np.array(mlp.gate_proj(x_in)))  # int8 on the default
+
+
+@needs_kernel
+@pytest.mark.parametrize("kernels", ["auto", "exact"])
+def test_a_check_gets_the_bits_of_the_steps_it_replaces(kernels):
+    from mlx_lm.models.cache import make_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models import rows
+
+    resolve_route(kernels, "cpu")
+    model = make_model(llama_config(vocab_size=300), seed=8)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    rows.use_fast_rows(model)  # int8 activations and fp32 ones (a down projection) both in play
+    prompt, drafted = mx.array([[5, 17, 42, 7, 99, 3]]), [11, 250, 8, 63, 1, 77, 140, 9, 2, 31, 12, 6, 4]
+    stepped = make_prompt_cache(model)
+    model(prompt, cache=stepped)
+    steps = [np.array(model(mx.array([[token]]), cache=stepped))[0, -1] for token in drafted]
+    checked = make_prompt_cache(model)
+    model(prompt, cache=checked)
+    check = np.array(model(mx.array([drafted]), cache=checked))[0]  # 13 rows: past the panel's 12
+    for position, step in enumerate(steps):
+        assert np.array_equal(check[position], step), position

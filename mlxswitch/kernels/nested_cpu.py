@@ -290,8 +290,9 @@ def quant_matmul(
     # A sequence's positions in this pass: x is (batch, positions, dims), or (rows, dims) when its
     # rows are different sequences' (a packed pass's head).
     positions = x.shape[-2] if x.ndim > 2 else 1
-    int8 = int8_inputs and route.quant_activations == "int8" and positions <= INT8_MAX_POSITIONS
-    y = _from_rows(quant_weights_times(xs, weights, route.blas_threads, int8), x)
+    decoding = positions <= INT8_MAX_POSITIONS  # each row computed as a step computes it
+    int8 = int8_inputs and route.quant_activations == "int8" and decoding
+    y = _from_rows(quant_weights_times(xs, weights, route.blas_threads, int8, by_row=decoding), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
 

@@ -38,10 +38,11 @@ COMPILE_FLAGS = (
 # From this many rows the kernel dequantizes a small panel of outputs into cache and multiplies
 # every row on it (prefill, long checks); below, it unpacks codes in registers for 8 rows at a time.
 MANY_ROWS_FROM = 12
-# With int8 activations every pass a decoding round makes, of every sequence in a batch (a step,
-# a check of the longest draft: decoding.drafting.MAX_DRAFT = 32, plus one position), takes the
-# int8 path, so a checked token's logits are computed exactly as a step's, alone or batched; a
-# pass of more positions a sequence (a prefill) takes the fp32 path, as fast here (kernels.md).
+# Every pass a decoding round makes, of every sequence in a batch (a step, a check of the longest
+# draft: decoding.drafting.MAX_DRAFT = 32, plus one position), computes each row as a step would
+# (int8 activations where they apply, the few-row path otherwise), so a checked token's logits are
+# a step's, bit for bit, alone or batched; a pass of more positions a sequence (a prefill) takes
+# fp32 activations and the panel, faster there (kernels.md).
 INT8_MAX_POSITIONS = 33
 DIRECT_BITS = (4, 8)  # read in place; other widths are unpacked to one code a byte at load
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
@@ -295,13 +296,15 @@ def quant_kernel() -> QuantKernel | None:
 
 
 def quant_weights_times(
-    xs: np.ndarray, weights: Sequence[QuantWeight], threads: int, int8: bool = False
+    xs: np.ndarray, weights: Sequence[QuantWeight], threads: int, int8: bool = False, by_row: bool = False
 ) -> np.ndarray:
     """xs · (Σ weights)ᵀ: one kernel product a weight (a nested gear's planes), summed in fp32
-    (int8: the kernel's int8-activation path where it applies)."""
+    (int8: the kernel's int8-activation path where it applies; by_row: every row by the few-row
+    path, whose result for a row does not depend on the other rows, not the panel)."""
     kernel = quant_kernel()
     assert kernel is not None, "quantized views are used only where the kernel is"
-    y = kernel.times(xs, weights[0], threads, int8=int8)
+    many_from = xs.shape[0] + 1 if by_row else None
+    y = kernel.times(xs, weights[0], threads, many_from, int8=int8)
     for weight in weights[1:]:
-        y += kernel.times(xs, weight, threads, int8=int8)
+        y += kernel.times(xs, weight, threads, many_from, int8=int8)
     return y

@@ -20,6 +20,7 @@ import numpy as np
 from mlx_lm.models import llama, qwen2
 
 from ..kernels._common import single_threaded_blas
+from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 
 # Up to this many query rows (steps and checks) attention runs on one BLAS thread (numpy_attention).
 SMALL_QUERIES = 64
@@ -57,7 +58,59 @@ def numpy_attention(
     # chunk's products are big enough for BLAS's threads.
     small = q.shape[2] <= SMALL_QUERIES
     with single_threaded_blas() if small else contextlib.nullcontext():
+        if q.shape[2] <= INT8_MAX_POSITIONS:
+            by_row = _attention_by_row(q, k, v, scale, mask)
+            if by_row is not None:
+                return mx.array(by_row)
         return mx.array(_attention(q, k, v, scale, mask))
+
+
+def _visible_keys(mask, length: int, total: int, b: int, i: int) -> slice | None:
+    """The keys query i of sequence b sees, as one contiguous range; None where the mask does not
+    say so plainly (a per-head mask, a bias that is neither 0 nor -inf, holes)."""
+    if mask is None:
+        return slice(0, total)
+    if isinstance(mask, str):  # causal: query i sits at position total - length + i
+        return slice(0, total - length + i + 1)
+    m = np.asarray(mask)
+    if m.ndim == 4:  # (B, 1 or H, L, T)
+        if m.shape[1] != 1:
+            return None
+        m = m[:, 0]
+    if m.ndim == 2:  # (L, T): every sequence alike
+        m = m[None]
+    row = m[b if m.shape[0] > 1 else 0, i]
+    if row.dtype == np.bool_:
+        seen = row
+    elif np.all((row == 0) | np.isneginf(row)):
+        seen = row == 0
+    else:
+        return None
+    where = np.flatnonzero(seen)
+    if where.size == 0 or where[-1] - where[0] + 1 != where.size:
+        return None
+    return slice(int(where[0]), int(where[-1]) + 1)
+
+
+def _attention_by_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray | None:
+    """_attention one query position of one sequence at a time, over exactly the keys it sees:
+    the products a decoding step at that position makes, so a check's or a packed pass's rows
+    get a step's bits (a batched product sums in another order, and int8 activations downstream
+    can turn a last-bit difference into a different token). None where the mask is not plain."""
+    batch, heads, length, dim = q.shape
+    total = k.shape[2]
+    out = np.empty_like(q)
+    for b in range(batch):
+        for i in range(length):
+            seen = _visible_keys(mask, length, total, b, i)
+            if seen is None:
+                return None
+            keys = np.ascontiguousarray(k[b : b + 1, :, seen])
+            values = np.ascontiguousarray(v[b : b + 1, :, seen])
+            out[b : b + 1, :, i : i + 1] = _attention(
+                np.ascontiguousarray(q[b : b + 1, :, i : i + 1]), keys, values, scale, None
+            )
+    return out
 
 
 def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray:
