@@ -77,3 +77,50 @@ def test_under_compile_the_blocks_fall_back_to_mlx():
     want = np.array(model(ids))
     got = np.array(mx.compile(lambda x: model(x))(ids))  # evaluation refused inside: MLX's code
     assert np.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [16, 12])  # all of a head's dims, or the first part
+def test_rope_in_numpy_equals_mlx(traditional, dims):
+    from mlxswitch.models.cpu_blocks import _rope
+
+    rope = nn.RoPE(dims, traditional=traditional, base=10000.0, scale=0.5)
+    x = np.random.default_rng(1).standard_normal((3, 2, 4, 16)).astype(np.float32)
+    for offset in (0, 37, mx.array([0, 5, 90])):  # one per sequence, as a packed pass gives
+        want = np.array(rope(mx.array(x), offset=offset))
+        got = _rope(x, rope, np.array(offset) if isinstance(offset, mx.array) else offset)
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: biased q, k, v projections
+def test_decoding_passes_run_the_numpy_block_with_mlx_logits(model_type, monkeypatch):
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models import cpu_blocks
+
+    taken = []
+    block = cpu_blocks.decoding_block
+
+    def counted(*args):
+        out = block(*args)
+        taken.append(out is not None)
+        return out
+
+    ids, steps = mx.array([list(range(3, 43))]), [mx.array([[8]]), mx.array([[9, 4, 77]])]
+    logits = {}
+    for kernels in ("reference", "exact"):
+        resolve_route(kernels, "cpu")
+        config = dict(llama_config(vocab_size=300), model_type=model_type)
+        model = make_model(config, seed=5)
+        nn.quantize(model, group_size=32, bits=4)
+        mx.eval(model.parameters())
+        use_fast_rows(model)
+        monkeypatch.setattr(cpu_blocks, "decoding_block", counted)
+        cache = make_prompt_cache(model)
+        logits[kernels] = [np.array(model(ids, cache=cache))]
+        if kernels == "exact":
+            assert taken == [False, False]  # a 40-token prefill: mlx-lm's blocks
+        logits[kernels] += [np.array(model(step, cache=cache)) for step in steps]
+    assert taken == [False, False] + [True, True] * len(steps)  # a step and a 3-row check: NumPy's
+    for want, got in zip(logits["reference"], logits["exact"], strict=True):
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-4)

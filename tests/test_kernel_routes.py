@@ -41,9 +41,12 @@ def test_tiny_ladders_give_the_same_tokens_on_every_route(tiny_pair, monkeypatch
     assert len({tier for answer in fast for _, tier in answer}) == 2  # both tiers decided something
 
 
-def test_the_embedded_default_gives_the_same_tokens_on_every_route(monkeypatch):
+def test_the_embedded_gears_give_the_same_tokens_on_every_route(monkeypatch):
     profile = resolve_profile("embedded")
-    fast = _answers(profile, monkeypatch, "auto", 12, PROMPTS[:1])
+    # "exact", not the default's int8 activations: on this 135M model at 4 bits their rounding
+    # moves the router's signal by a few percent (0.94 against 0.99 at the third token), enough
+    # to cross the threshold; what int8 changes is measured by bench/bench_int8_accuracy.py.
+    fast = _answers(profile, monkeypatch, "exact", 12, PROMPTS[:1])
     assert fast == _answers(profile, monkeypatch, "reference", 12, PROMPTS[:1])
     assert all(len(a) > 3 for a in fast)
 

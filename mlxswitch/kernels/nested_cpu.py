@@ -286,15 +286,35 @@ def quant_matmul(
     xs = _numpy_rows(x)
     if xs is None:
         return None
-    route = current_route()
     # A sequence's positions in this pass: x is (batch, positions, dims), or (rows, dims) when its
     # rows are different sequences' (a packed pass's head).
     positions = x.shape[-2] if x.ndim > 2 else 1
     decoding = positions <= INT8_MAX_POSITIONS  # each row computed as a step computes it
-    int8 = int8_inputs and route.quant_activations == "int8" and decoding
-    y = _from_rows(quant_weights_times(xs, weights, route.blas_threads, int8, by_row=decoding), x)
+    y = _from_rows(quant_rows_times(xs, weights, decoding, int8_inputs), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
+
+
+def quant_rows_times(
+    xs: np.ndarray, weights: Sequence[QuantWeight], decoding: bool, int8_inputs: bool
+) -> np.ndarray:
+    """xs (rows × in, fp32 NumPy) · (Σ weights)ᵀ on the quantized kernel, as quant_matmul computes
+    it. decoding: the rows are a decoding pass's (≤ INT8_MAX_POSITIONS a sequence), each computed
+    as a step computes it, with int8 activations where the route and the layer allow."""
+    route = current_route()
+    int8 = int8_inputs and route.quant_activations == "int8" and decoding
+    return quant_weights_times(xs, weights, route.blas_threads, int8, by_row=decoding)
+
+
+def decoding_quant_rows(
+    xs: np.ndarray, weights: Sequence[QuantWeight], bias: mx.array | None, int8_inputs: bool
+) -> np.ndarray:
+    """A decoding pass's rows (fp32 NumPy) · (Σ weights)ᵀ (+ bias) in NumPy: the bits quant_matmul
+    gives those rows, without a round trip through MLX (cpu_blocks.decoding_block)."""
+    y = quant_rows_times(xs, weights, True, int8_inputs)
+    if bias is not None:
+        y += np.asarray(bias if bias.dtype == mx.float32 else bias.astype(mx.float32))
+    return y
 
 
 def resident_rows_times(xs: np.ndarray, weight_t: np.ndarray) -> np.ndarray:

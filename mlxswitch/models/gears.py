@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
-from ..kernels.nested_cpu import quant_matmul
+from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul
 from ..kernels.quant_cpu import QuantViews, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
@@ -194,30 +195,39 @@ class NestedLinear(nn.Module):
             for p, bits in zip(self.planes[:count], self.plane_bits[:count], strict=True)
         )
 
+    def _kernel_views(self) -> QuantViews | None:
+        """The quantized kernel's views of the planes where the route multiplies them so (built
+        once and kept on the layer); None where a plane does not fit the kernel, or off the route."""
+        if current_route().nested != "quant-kernel":
+            return None
+        if not hasattr(self, "quant_planes"):
+            self.quant_planes = quant_views(self.planes, self.plane_bits, self.group_size)
+        return self.quant_planes
+
+    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
+        """A decoding pass's rows (fp32 NumPy, rows × in) · (Σ active planes)ᵀ (+ bias) in NumPy, as
+        __call__ computes them; None where the gear takes a route other than the quantized kernel."""
+        views = self._kernel_views()
+        if views is None:
+            return None
+        bias = self.bias if "bias" in self else None
+        return decoding_quant_rows(xs, views.weights[: self.gear_state.active_planes], bias, self.int8_inputs)
+
     def __call__(self, x: mx.array) -> mx.array:
         """x · (Σ active planes)ᵀ (+ bias), by the fastest checked route (kernels/nested.py)."""
-        if current_route().nested == "quant-kernel":
-            # The kernel's views of the planes, built once and kept on the layer.
-            if not hasattr(self, "quant_planes"):
-                # None where a plane does not fit the kernel: the dispatcher's route below.
-                self.quant_planes = quant_views(self.planes, self.plane_bits, self.group_size)
-            views: QuantViews | None = self.quant_planes
-            if views is not None:
-                y = quant_matmul(
-                    x,
-                    views.weights[: self.gear_state.active_planes],
-                    self.bias if "bias" in self else None,
-                    self.int8_inputs,
-                )
-                if y is not None:
-                    return y
+        bias = self.bias if "bias" in self else None
+        views = self._kernel_views()
+        if views is not None:
+            y = quant_matmul(x, views.weights[: self.gear_state.active_planes], bias, self.int8_inputs)
+            if y is not None:
+                return y
         return nested_matmul(
             x,
             self.planes,
             self.plane_bits,
             self.group_size,
             self.gear_state.active_planes,
-            self.bias if "bias" in self else None,
+            bias,
         )
 
 

@@ -16,7 +16,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels.nested import quantized_matmul_rows
-from ..kernels.nested_cpu import quant_matmul, resident_copy, resident_dense_matmul
+from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul, resident_copy, resident_dense_matmul
 from ..kernels.panel_cpu import PanelWeight
 from ..kernels.quant_cpu import QuantViews, int8_inputs, quant_views
 from ..kernels.route import current_route
@@ -56,6 +56,13 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
             self.get("bias"),
             mode=self.mode,
         )
+
+    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
+        """A decoding pass's rows (fp32 NumPy, rows × in) · Wᵀ (+ bias) in NumPy, as __call__
+        computes them; None where this layer takes a route other than the quantized kernel."""
+        if self.quant is None or current_route().plain_linears != "quant-kernel":
+            return None
+        return decoding_quant_rows(xs, self.quant.weights, self.get("bias"), self.int8_inputs)
 
     def keep_quantized(self) -> bool:
         """Take the quantized kernel's view of the stored codes (no copy for 4- and 8-bit codes
