@@ -203,12 +203,13 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [4, 8, 5])  # 5: codes unpacked a byte each, centred at 16
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size):
-    from mlxswitch.kernels.quant_cpu import int8_applies, int8_reference
+def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size, bits):
+    from mlxswitch.kernels.quant_cpu import int8_reference
 
     # a whole tree of 8 blocks of 32 and a part of one
-    weight, truth = _weight(37, 256 + group_size, 4, group_size, seed=group_size)
+    weight, truth = _weight(37, 256 + group_size, bits, group_size, seed=group_size)
     rng = np.random.default_rng(3)
     for rows in (1, 2, 3, 4, 5, 8, 9, 33):
         xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
@@ -223,12 +224,12 @@ def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_prod
         # logits are a step's
         for row in (0, rows - 1):
             assert np.array_equal(got[row], KERNEL.times(xs[row : row + 1], weight, 1, int8=True)[0])
-    # 8-bit codes take the exact fp32 path
-    assert int8_applies(weight)
-    eight, _ = _weight(8, 64, 8, 32)
-    xs = rng.standard_normal((2, 64)).astype(np.float32)
-    assert not int8_applies(eight)
-    assert np.array_equal(KERNEL.times(xs, eight, int8=True), KERNEL.times(xs, eight))
+
+
+def test_int8_activations_take_codes_of_up_to_six_bits():
+    from mlxswitch.kernels.quant_cpu import int8_applies
+
+    assert [int8_applies(_weight(8, 64, bits, 32)[0]) for bits in (2, 3, 4, 5, 6, 8)] == [True] * 5 + [False]
 
 
 def test_the_cpu_default_takes_int8_activations_and_exact_takes_fp32():

@@ -81,6 +81,12 @@ class QuantWeight:
     out_dims: int
     in_dims: int
     keep: tuple = ()
+    code_bits: int = 0  # the codes' own width (5 for 5-bit codes unpacked to bytes); 0: `bits`
+
+    @property
+    def centre_log2(self) -> int:
+        """log2 of the codes' midpoint, where the int8 path centres them (quant_rows.c)."""
+        return (self.code_bits or self.bits) - 1
 
     @classmethod
     def from_arrays(
@@ -97,7 +103,7 @@ class QuantWeight:
         else:
             codes, kernel_bits = unpack_codes(packed, bits, in_dims), 8
         s, b = _fp32_view(scales), _fp32_view(biases)
-        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, (weight, scales, biases))
+        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, (weight, scales, biases), bits)
 
     @property
     def nbytes(self) -> int:
@@ -139,10 +145,10 @@ class QuantKernel:
         self._library = library  # kept: the function below lives in it
         self._rows = library.quant_rows
         self._rows_int8 = library.quant_rows_int8
+        arguments = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
+        self._rows.argtypes = arguments
+        self._rows_int8.argtypes = arguments + [ctypes.c_int]  # log2 of the codes' centre
         for function in (self._rows, self._rows_int8):
-            function.argtypes = (
-                [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
-            )
             function.restype = ctypes.c_int
         self.flags = flags
         self.threaded = bool(library.quant_threaded())
@@ -162,7 +168,7 @@ class QuantKernel:
         if in_dims != weight.in_dims:
             raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
         y = np.empty((rows, weight.out_dims), dtype=np.float32)
-        done = (self._rows_int8 if int8 else self._rows)(
+        arguments = [
             xs.ctypes.data,
             weight.codes.ctypes.data,
             weight.scales.ctypes.data,
@@ -174,8 +180,11 @@ class QuantKernel:
             weight.group_size,
             weight.bits,
             threads,
-            rows + 1 if int8 else MANY_ROWS_FROM if many_from is None else many_from,
-        )
+        ]
+        if int8:
+            done = self._rows_int8(*arguments, rows + 1, weight.centre_log2)
+        else:
+            done = self._rows(*arguments, MANY_ROWS_FROM if many_from is None else many_from)
         if done < 1:
             raise MemoryError("the quantized kernel could not get its scratch memory")
         return y
@@ -214,12 +223,16 @@ def int8_inputs(layer_name: str) -> bool:
 
 
 def int8_applies(weight: QuantWeight) -> bool:
-    """Whether the kernel's int8-activation path takes this product (else it is the fp32 one):
-    4-bit codes only. On 8-bit codes (a Qwen Q6_K down projection) and 5-bit ones it lost: their
-    inputs carry activations hundreds of times their median, which a block of 32 rounded to int8
-    cannot keep (the Qwen 0.5B's argmax 446/480 against 239/240 with 4-bit codes only,
-    bench/bench_int8_accuracy.py)."""
-    return weight.bits == 4 and weight.group_size % INT8_BLOCK == 0
+    """Whether the kernel's int8-activation path takes this product (else the fp32 one): codes of
+    up to 6 bits (a byte's code below 128 is one u8 × s8 product, as a 4-bit one is), groups a
+    multiple of 32. The Qwen 0.5B's 5-bit layers on it: argmax equal to fp32's at 480/480, logit
+    difference at most 0.39 (bench/bench_int8_accuracy.py). Full 8-bit codes (a Qwen Q6_K tied
+    head) keep fp32: split into nibbles they cost two products a row, and a check of 4 rows on the
+    1.5B's head took 27 ms against fp32's 22 (one row 9.8 against 15.8)."""
+    return (weight.code_bits or weight.bits) in INT8_CODE_BITS and weight.group_size % INT8_BLOCK == 0
+
+
+INT8_CODE_BITS = (2, 3, 4, 5, 6)
 
 
 def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray) -> np.ndarray:
@@ -235,7 +248,7 @@ def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray) -> np
     codes = np.rint(blocks * inverse)
     step = (peak / np.float32(127)).astype(np.float32)
     rounded = (codes * step.astype(np.float64)).reshape(rows, -1)
-    centre = 8.0
+    centre = float(1 << weight.centre_log2)
     bias = np.repeat(weight.biases.astype(np.float64) + centre * weight.scales, g, axis=1)
     return rounded @ (truth - bias).T + xs.astype(np.float64) @ bias.T
 
@@ -262,7 +275,7 @@ def check_kernel(kernel: QuantKernel) -> str | None:
                                 f"{bits}-bit, group {group_size}, {rows} rows, {path} path, "
                                 f"{threads} threads differed from a float64 product"
                             )
-                if int8_applies(weight):
+                if group_size % INT8_BLOCK == 0:  # every code width, whichever the route sends
                     exact = int8_reference(xs, weight, truth)
                     got = kernel.times(xs, weight, 2, None, int8=True)
                     if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
@@ -304,7 +317,7 @@ def quant_weights_times(
     kernel = quant_kernel()
     assert kernel is not None, "quantized views are used only where the kernel is"
     many_from = xs.shape[0] + 1 if by_row else None
-    y = kernel.times(xs, weights[0], threads, many_from, int8=int8)
+    y = kernel.times(xs, weights[0], threads, many_from, int8=int8 and int8_applies(weights[0]))
     for weight in weights[1:]:
-        y += kernel.times(xs, weight, threads, many_from, int8=int8)
+        y += kernel.times(xs, weight, threads, many_from, int8=int8 and int8_applies(weight))
     return y

@@ -376,13 +376,14 @@ int quant_threaded(void) {
  * with the bias term on the exact group sums of x. Centring halves the codes' reach, and with it
  * the error x's rounding brings. Eight blocks' integer sums are reduced in one horizontal tree and
  * scaled by one vector multiply, so a weight costs about a third of the fp32 path's instructions.
- * 4-bit codes, groups a multiple of 32, fewer than `many_from` rows; anything else goes the fp32
- * way (8-bit codes too: the layers that carry them, a Q6_K down projection, see activations
- * hundreds of times their median, which int8 blocks lose; kernels/quant_cpu.py). */
+ * Codes held a byte each (8-bit, or 5- and 6-bit unpacked) are split into nibbles, q = 16·hi + lo,
+ * so u8 × s8 pairs cannot saturate, and centred at their own midpoint (`centre`: log2 of it).
+ * Groups a multiple of 32, fewer than `many_from` rows; anything else goes the fp32 way. Which
+ * layers take it (not a down projection, whose inputs carry activations hundreds of times their
+ * median, which int8 blocks lose) is kernels/quant_cpu.py's choice. */
 #if defined(__AVX2__) && defined(__FMA__)
 #define BLOCK 32   /* inputs sharing one activation step */
 #define TREE 8     /* blocks reduced and scaled together */
-#define CENTRE 3   /* log2 of the codes' centre, 8 */
 #define I8_GROUP 4 /* rows sharing one unpack of the codes on the int8 path */
 
 struct i8_args {
@@ -393,6 +394,7 @@ struct i8_args {
     const float *scales, *biases;
     float *y;
     long n_in, n_out, gs, groups, blocks, padded;
+    int bits, centre; /* the codes' container (4 or 8) and log2 of their centre */
 };
 
 /* Block `blk`'s 32 codes as u8 for _mm256_maddubs_epi16: the low nibbles of its 16 bytes, then the
@@ -406,6 +408,20 @@ static inline __m256i block_codes(const uint8_t *codes, long blk) {
 static inline __m256i block_dot(__m256i q, const int8_t *xq, long blk) {
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+}
+
+/* Block `blk`'s 32 byte codes as their low and high nibbles (x in the natural order). */
+static inline void byte_codes(const uint8_t *codes, long blk, __m256i *lo, __m256i *hi) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK));
+    *lo = _mm256_and_si256(v, _mm256_set1_epi8(15));
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+}
+
+/* Σ over a block of byte codes × x: 16·Σ hi·x + Σ lo·x (8 int32 partial sums). */
+static inline __m256i byte_dot(__m256i lo, __m256i hi, const int8_t *xq, long blk) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, x), _mm256_set1_epi16(16)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x), _mm256_set1_epi16(1)));
 }
 
 /* The scales of blocks b0..b0+7 (0 past the row's last block). */
@@ -424,9 +440,11 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
 /* One output o times K rows from r: per 8 blocks, each row's 8 integer block sums are reduced in
  * a horizontal tree to one vector (lane k: block k's sum), centred, converted once and scaled by
  * s·dx. The float operations a row sees do not depend on K, so a row's result does not either. */
-#define I8ROWS(K)                                                                                \
-    static void i8rows_##K(const struct i8_args *a, long r, long o) {                           \
-        const uint8_t *codes = a->w + o * (a->n_in / 2);                                         \
+/* BITS: 4 (two codes a byte), 7 (a code a byte, below 128: one u8 × s8 product, as for 4-bit
+ * codes) or 8 (a code a byte, split into nibbles). */
+#define I8ROWS(BITS, K)                                                                          \
+    static void i8rows##BITS##_##K(const struct i8_args *a, long r, long o) {                   \
+        const uint8_t *codes = a->w + o * (a->n_in * (BITS == 4 ? 4 : 8) / 8);                   \
         const float *s = a->scales + o * a->groups, *b = a->biases + o * a->groups;              \
         const int8_t *xq[K];                                                                     \
         for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->n_in;                          \
@@ -440,9 +458,14 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                     __m256i dot[K][2];                                                           \
                     for (int h = 0; h < 2; h++) {                                                \
                         long blk = b0 + 4 * quad + 2 * p + h;                                    \
-                        if (blk < a->blocks) {                                                   \
-                            __m256i q = block_codes(codes, blk);                                 \
+                        if (blk < a->blocks && BITS != 8) {                                      \
+                            __m256i q = BITS == 4 ? block_codes(codes, blk)                      \
+                                                  : _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK)); \
                             for (int k = 0; k < K; k++) dot[k][h] = block_dot(q, xq[k], blk);    \
+                        } else if (blk < a->blocks) {                                            \
+                            __m256i lo, hi;                                                      \
+                            byte_codes(codes, blk, &lo, &hi);                                    \
+                            for (int k = 0; k < K; k++) dot[k][h] = byte_dot(lo, hi, xq[k], blk); \
                         } else {                                                                 \
                             for (int k = 0; k < K; k++) dot[k][h] = _mm256_setzero_si256();      \
                         }                                                                        \
@@ -457,12 +480,12 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x20),                     \
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x31));                    \
                 __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + (r + k) * a->padded + b0)); \
-                sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(xqs, CENTRE));                   \
+                sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre))); \
                 __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + (r + k) * a->padded + b0)); \
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
             }                                                                                    \
         }                                                                                        \
-        const __m256 centre = _mm256_set1_ps((float)(1 << CENTRE));                              \
+        const __m256 centre = _mm256_set1_ps((float)(1 << a->centre));                           \
         for (int k = 0; k < K; k++) {                                                            \
             const float *xs = a->xsum + (r + k) * a->groups;                                     \
             __m256 bv = _mm256_setzero_ps();                                                     \
@@ -472,30 +495,41 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                 bv = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xs + g), bv);                         \
             }                                                                                    \
             float bias = hsum(bv);                                                               \
-            for (; g < a->groups; g++) bias += (b[g] + (float)(1 << CENTRE) * s[g]) * xs[g];     \
+            for (; g < a->groups; g++) bias += (b[g] + (float)(1 << a->centre) * s[g]) * xs[g];  \
             a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias;                                  \
         }                                                                                        \
     }
 
-I8ROWS(1)
-I8ROWS(2)
-I8ROWS(3)
-I8ROWS(4)
+I8ROWS(4, 1)
+I8ROWS(4, 2)
+I8ROWS(4, 3)
+I8ROWS(4, 4)
+I8ROWS(7, 1)
+I8ROWS(7, 2)
+I8ROWS(7, 3)
+I8ROWS(7, 4)
+I8ROWS(8, 1)
+I8ROWS(8, 2)
+I8ROWS(8, 3)
+I8ROWS(8, 4)
 
 typedef void (*i8_fn)(const struct i8_args *, long, long);
-static const i8_fn I8_ROWS[I8_GROUP + 1] = {0, i8rows_1, i8rows_2, i8rows_3, i8rows_4};
+static const i8_fn I8_ROWS4[I8_GROUP + 1] = {0, i8rows4_1, i8rows4_2, i8rows4_3, i8rows4_4};
+static const i8_fn I8_ROWS7[I8_GROUP + 1] = {0, i8rows7_1, i8rows7_2, i8rows7_3, i8rows7_4};
+static const i8_fn I8_ROWS8[I8_GROUP + 1] = {0, i8rows8_1, i8rows8_2, i8rows8_3, i8rows8_4};
 static const int I8_WIDTH[I8_GROUP + 1] = {0, 1, 1, 1, 1};
 
 static void i8_step(const void *args, int wide, long k, long r, long o) {
     (void)wide; /* every tile is one output wide */
-    I8_ROWS[k]((const struct i8_args *)args, r, o);
+    const struct i8_args *a = args;
+    (a->bits == 4 ? I8_ROWS4 : a->centre < 7 ? I8_ROWS7 : I8_ROWS8)[k](a, r, o);
 }
 
-/* x's rows as int8 per block of 32 inputs (per block the even inputs, then the odd ones: the
- * order a block's 16 bytes unpack in), each block's step and Σ xq (rows padded with zeros to a
- * whole tree) and each weight group's exact sum. */
+/* x's rows as int8 per block of 32 inputs (4-bit codes: per block the even inputs, then the odd
+ * ones, the order a block's 16 bytes unpack in), each block's step and Σ xq (rows padded with
+ * zeros to a whole tree) and each weight group's exact sum. */
 static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum, float *xsum, long rows,
-                          long n_in, long gs, long padded) {
+                          long n_in, long gs, long padded, int split) {
     long groups = n_in / gs, blocks = n_in / BLOCK;
     for (long r = 0; r < rows; r++) {
         for (long g = 0; g < groups; g++) {
@@ -519,7 +553,8 @@ static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum,
             int8_t *out = xq + r * n_in + blk * BLOCK;
             int32_t total = 0;
             for (int k = 0; k < BLOCK; k++) {
-                out[k] = (int8_t)__builtin_lrintf(v[k < 16 ? 2 * k : 2 * (k - 16) + 1] * inverse);
+                int from = !split ? k : k < 16 ? 2 * k : 2 * (k - 16) + 1;
+                out[k] = (int8_t)__builtin_lrintf(v[from] * inverse);
                 total += out[k];
             }
             xqsum[r * padded + blk] = total;
@@ -528,14 +563,15 @@ static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum,
 }
 #endif
 
-/* quant_rows with int8 activations where it applies (4-bit codes, groups a multiple of 32, fewer
- * than `many_from` rows, an AVX2 build); anything else is quant_rows itself. */
+/* quant_rows with int8 activations where it applies (groups a multiple of 32, fewer than
+ * `many_from` rows, an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit codes, 4 for
+ * 5-bit codes in bytes...); anything else is quant_rows itself. */
 int quant_rows_int8(const float *x, const void *codes, const float *scales, const float *biases,
                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
-                    long many_from) {
+                    long many_from, int centre) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (bits == 4 && biases && gs >= BLOCK && gs % BLOCK == 0 && n_in % gs == 0 && rows >= 1 &&
-        rows < many_from) {
+    if ((bits == 4 || bits == 8) && centre >= 0 && centre < bits && biases && gs >= BLOCK &&
+        gs % BLOCK == 0 && n_in % gs == 0 && rows >= 1 && rows < many_from) {
         if (threads < 1) threads = 1;
 #ifndef _OPENMP
         threads = 1;
@@ -551,9 +587,9 @@ int quant_rows_int8(const float *x, const void *codes, const float *scales, cons
             free(xqsum);
             return -1;
         }
-        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded);
+        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, bits == 4);
         struct i8_args args = {xq, dx, xsum, xqsum, codes, scales, biases, y, n_in, n_out, gs, groups,
-                               blocks, padded};
+                               blocks, padded, bits, centre};
         for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, i8_step, &args);
         free(xq);
         free(dx);
@@ -561,6 +597,8 @@ int quant_rows_int8(const float *x, const void *codes, const float *scales, cons
         free(xqsum);
         return threads;
     }
+#else
+    (void)centre;
 #endif
     return quant_rows(x, codes, scales, biases, y, rows, n_in, n_out, gs, bits, threads, many_from);
 }
