@@ -292,6 +292,35 @@ def report(results: dict[str, dict], work: dict[str, list[str]]) -> None:
     print(f"\n{'config':<13}{'load s':>8}{'peak RSS GB':>13}")
     for config, data in results.items():
         print(f"{config:<13}{statistics.median(data['load_s']):8.1f}{max(data['rss_gb']):13.2f}")
+    if "everyday" in work:
+        readme_table(results)
+
+
+# The README's rows (tests/test_readme.py checks them against the --json record).
+README_ROWS = {
+    "llama-1.5b": "llama.cpp, 1.5B alone",
+    "llama-draft": "llama.cpp, 0.5B as draft",
+    "ours-1.5b": "mlxswitch, 1.5B alone",
+    "ours-pair": "mlxswitch, the pair as shipped",
+}
+
+
+def readme_table(results: dict[str, dict]) -> None:
+    """The everyday workload as the README's table shows it."""
+    print("\n## the README's table (everyday)")
+    print("| program, config | seconds | tokens/s | answers = its 1.5B's | load | peak RSS |")
+    print("|---|---|---|---|---|---|")
+    for config, label in README_ROWS.items():
+        if config not in results:
+            continue
+        runs = results[config]["runs"]["everyday"]
+        seconds, tokens = sum(r["seconds"] for r in runs), sum(r["tokens"] for r in runs)
+        base = "llama-1.5b" if config.startswith("llama") else "ours-1.5b"
+        alone = results.get(base, {}).get("runs", {}).get("everyday", [])
+        kept = sum(a["text"] == b["text"] for a, b in zip(runs, alone, strict=False))
+        same = "–" if config == base else f"{kept}/{len(runs)}"
+        load, rss = statistics.median(results[config]["load_s"]), max(results[config]["rss_gb"])
+        print(f"| {label} | {seconds:.1f} | {tokens / seconds:.1f} | {same} | {load:.1f} s | {rss:.2f} GB |")
 
 
 if __name__ == "__main__":

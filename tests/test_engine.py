@@ -238,12 +238,13 @@ def test_the_bottom_split_is_checked_once_and_leaves_the_gear_it_found(tiny_gear
     assert state.gear == 8 and gears.bottom_split() is split
 
 
-def test_a_catch_up_rides_in_the_pass_that_reads_the_logits(tiny_pair, monkeypatch):
+def test_a_pass_splits_its_inputs_as_mlx_lm_splits_a_prompt(tiny_pair, monkeypatch):
     from mlxswitch.decoding.tiers import CacheGroup
+    from mlxswitch.kernels.quant_cpu import INT8_MAX_POSITIONS
 
     loaded = load_model(str(tiny_pair[1]))
-    ids = mx.array(_prompt_ids_of(loaded.tokenizer, PROMPTS[0]))
-    want = loaded.model(ids[None])[0, -1]  # the whole prefix, no cache
+    ids = mx.array(_prompt_ids_of(loaded.tokenizer, PROMPTS[0] * 6))
+    assert ids.size > INT8_MAX_POSITIONS + 16
     passes = []
     body = loaded.model.model
     real = type(body).__call__
@@ -255,14 +256,52 @@ def test_a_catch_up_rides_in_the_pass_that_reads_the_logits(tiny_pair, monkeypat
     monkeypatch.setattr(type(body), "__call__", counted)
     group = CacheGroup(loaded, "large")
     group.checked_split()  # the one-time check of the split (a forward pass of its own)
+    short = ids[:INT8_MAX_POSITIONS]
+    want = loaded.model(short[None])[0, -1]  # the whole prefix, no cache
     passes.clear()
-    got, _ = group.feed(ids, None, chunk=512)
-    assert passes == [ids.size] and group.seen == ids.size  # one pass, not a fill then a step
+    got, _ = group.feed(short, None, chunk=512)
+    # a catch-up that fits one decoding pass rides in the pass that reads the logits
+    assert passes == [short.size] and group.seen == short.size
     assert np.allclose(np.array(got[0]), np.array(want), rtol=1e-4, atol=1e-4)
     passes.clear()
     group.rewind(0)
-    group.feed(ids, None, chunk=4)  # longer than a chunk: chunks fill the cache, the last rides along
-    assert sum(passes) == ids.size and max(passes) == 4 and len(passes) == -(-ids.size // 4)
+    group.feed(ids, None, chunk=16)  # a prompt: all but its last id in chunks, then the last alone
+    fill = ids.size - 1
+    assert passes == [16] * (fill // 16) + ([fill % 16] if fill % 16 else []) + [1]
+
+
+def test_a_quantized_model_answers_a_long_prompt_as_mlx_lm_generates(tmp_path, monkeypatch):
+    """On the CPU default (int8 activations in decoding passes, fp32 in a prefill's) a prompt's
+    last position computed inside its prefill got other bits than mlx-lm's generate (and serve's
+    one-model batch) gives it; split as mlx-lm splits, the answer is the same."""
+    import mlx.nn as nn
+    from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
+
+    from mlxswitch.api import open_chat, resolve_profile
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.route import resolve_route
+
+    resolve_route("auto", "cpu")
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model stands for a real one
+    tok = train_tokenizer(320)
+    config = llama_config(tok.get_vocab_size(), hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256)
+    model = make_model(config, 3)
+    nn.quantize(model, group_size=32, bits=4)
+    config["quantization"] = {"group_size": 32, "bits": 4}
+    source = save_model_dir(tmp_path / "q4", model, config, tok)
+    session = open_chat(resolve_profile(model=str(source)), settings=GenerationSettings(max_tokens=24))
+    prompt = "Count the words: " + "one two three four five six seven eight nine ten " * 3
+    ours = [e.id for e in session.ask(prompt).tokens]
+    reference = load_model(str(source))
+    expected = []
+    for response in stream_generate(
+        reference.model, reference.tokenizer, _prompt_ids_of(reference.tokenizer, prompt), max_tokens=24
+    ):
+        if response.finish_reason == "stop" and response.token in reference.tokenizer.eos_token_ids:
+            break
+        expected.append(response.token)
+    assert len(_prompt_ids_of(reference.tokenizer, prompt)) > 33 and len(ours) > 8
+    assert ours == expected
 
 
 def _prompt_ids_of(tokenizer, prompt):

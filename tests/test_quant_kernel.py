@@ -27,6 +27,14 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def int8_on_tiny_rows(monkeypatch):
+    """The tiny models here stand for real ones: int8 activations on rows of any length."""
+    from mlxswitch.kernels import quant_cpu
+
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)
+
+
 def _weight(out_dims, in_dims, bits, group_size, seed=0, scale_dtype=mx.float32):
     rng = np.random.default_rng(seed)
     w = mx.array(rng.standard_normal((out_dims, in_dims)).astype(np.float32))
@@ -226,10 +234,13 @@ def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_prod
             assert np.array_equal(got[row], KERNEL.times(xs[row : row + 1], weight, 1, int8=True)[0])
 
 
-def test_int8_activations_take_codes_of_up_to_six_bits():
-    from mlxswitch.kernels.quant_cpu import int8_applies
+def test_int8_activations_take_codes_of_up_to_six_bits_on_rows_long_enough_to_pay(monkeypatch):
+    from mlxswitch.kernels import quant_cpu
 
-    assert [int8_applies(_weight(8, 64, bits, 32)[0]) for bits in (2, 3, 4, 5, 6, 8)] == [True] * 5 + [False]
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 768)
+    wide = [quant_cpu.int8_applies(_weight(8, 768, bits, 32)[0]) for bits in (2, 3, 4, 5, 6, 8)]
+    assert wide == [True] * 5 + [False]
+    assert not quant_cpu.int8_applies(_weight(8, 576, 4, 32)[0])  # SmolLM2's rows: no gain there
 
 
 def test_the_cpu_default_takes_int8_activations_and_exact_takes_fp32():

@@ -535,3 +535,29 @@ def test_the_readme_peer_table_is_its_record():
         assert same_cell == ("–" if config == base else f"{same}/{len(runs)}"), label
         assert load == f"{statistics.median(results[config]['load_s']):.1f} s", label
         assert rss == f"{max(results[config]['rss_gb']):.2f} GB", label
+
+
+def test_the_readme_everyday_table_is_its_two_rounds_pooled():
+    """The README's everyday table: per category, the seconds per answer of the 1.5B alone and of
+    verified drafting over both rounds it names (bench/bench_everyday.py's records), and their
+    ratio, as bench_everyday.py --report --also prints them pooled."""
+    readme = README.read_text(encoding="utf-8")
+    section = re.search(r"^## Results: everyday.*?(?=^## )", readme, re.MULTILINE | re.DOTALL)
+    assert section
+    first = re.search(r"--records (bench/results/\S+)\.jsonl", section[0])
+    assert first
+    rounds = [ROOT / f"{first[1]}.jsonl", ROOT / f"{first[1]}-round2.jsonl"]
+    assert f"-{first[1].rsplit('-', 1)[-1]}-round2.jsonl" in section[0]  # the second round is named too
+    records = [json.loads(line) for path in rounds for line in path.read_text(encoding="utf-8").splitlines()]
+    rows = [line for line in section[0].splitlines() if line.startswith("|")][2:]
+    names = {"sql": "SQL", "all": "all"}
+    for category in [*sorted({r["category"] for r in records}), "all"]:
+        chosen = [r for r in records if category in ("all", r["category"])]
+        alone = [r["wall_s"] for r in chosen if r["arm"] == "large"]
+        drafted = [r["wall_s"] for r in chosen if r["arm"] == "adaptive"]
+        assert len(alone) == len(drafted)
+        want = (
+            f"| {names.get(category, category)} | {sum(alone) / len(alone):.1f} | "
+            f"{sum(drafted) / len(drafted):.1f} ({sum(drafted) / sum(alone):.3f}×) |"
+        )
+        assert any(row.startswith(want) for row in rows), want

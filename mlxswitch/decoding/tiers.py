@@ -154,15 +154,21 @@ class CacheGroup:
 
         Evaluating the cache state alone skips the output head for these ids on a lazy route (as
         mlx-lm's prefill does); running the body alone skips it on the CPU's eager kernels too.
-        Where the model splits into body and head and the prefill gear is the gear asked for,
-        only what exceeds one chunk is filled here: the rest rides in the pass that reads the
-        logits, through the body only, which saves a pass (a catch-up plus the next token was
-        two) and its sync. Otherwise all but `keep` are filled here, at the
-        prefill gear: cheap gears never write lasting low-precision K/V for a prompt.
+        Ids that fit one decoding pass (INT8_MAX_POSITIONS, where the model splits into body and
+        head at the gear asked for) all ride in the pass that reads the logits, which saves a
+        pass (a catch-up plus the next token was two) and its sync: a decoding pass computes each
+        position as a step would, so the bits are those of separate passes. Longer inputs are
+        split as mlx-lm's generate splits a prompt: all but the last `keep` filled here in chunks
+        from the start, then those `keep` alone. A prefill pass computes otherwise than a step (fp32
+        activations, batched attention), so a prompt's last position computed inside it got other
+        bits than mlx-lm's batch (`serve`'s one-model path) gave it, and at times another answer.
+        At another prefill gear all but `keep` are filled here: cheap gears never write lasting
+        low-precision K/V for a prompt.
         """
         split = self.checked_split()
         same_gear = self.prefill_gear is None or self.prefill_gear == gear
-        leave = max(keep, chunk) if same_gear and split is not None else keep
+        rides = same_gear and split is not None and inputs.size <= INT8_MAX_POSITIONS
+        leave = inputs.size if rides else keep
         if inputs.size > leave:
             self._activate(self.prefill_gear)
         # A NumPy-routed head is computed when called, not when read: the body alone, where it splits.
