@@ -59,11 +59,23 @@ def numpy_attention(
     # chunk's products are big enough for BLAS's threads.
     small = q.shape[2] <= SMALL_QUERIES
     with single_threaded_blas() if small else contextlib.nullcontext():
-        if q.shape[2] <= INT8_MAX_POSITIONS:
-            by_row = _attention_by_row(q, k, v, scale, mask)
-            if by_row is not None:
-                return mx.array(by_row)
-        return mx.array(_attention(q, k, v, scale, mask))
+        return mx.array(_attention_rows(q, k, v, scale, mask))
+
+
+def _attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray:
+    """A decoding pass's queries one at a time (_attention_by_row), where the mask says plainly
+    which keys each sees; else, and for longer passes, one batched product."""
+    if q.shape[2] <= INT8_MAX_POSITIONS:
+        by_row = _attention_by_row(q, k, v, scale, mask)
+        if by_row is not None:
+            return by_row
+    return _attention(q, k, v, scale, mask)
+
+
+def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate)·up, the gated MLP's activation."""
+    with np.errstate(over="ignore"):  # exp(-g) overflows to inf for g ≪ 0: silu is then -0
+        return gate / (1 + np.exp(-gate)) * up
 
 
 def _visible_keys(mask, length: int, total: int, b: int, i: int) -> slice | None:
@@ -101,6 +113,8 @@ def _attention_by_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
     batch, heads, length, dim = q.shape
     total = k.shape[2]
     out = np.empty_like(q)
+    if isinstance(mask, mx.array):
+        mask = np.asarray(mask)  # once, not once a query
     for b in range(batch):
         for i in range(length):
             seen = _visible_keys(mask, length, total, b, i)
@@ -176,10 +190,7 @@ class NumpyMLP(nn.Module):
         views = _evaluated(gate, up)
         if views is None:
             return super().__call__(x)
-        g, u = views
-        with np.errstate(over="ignore"):  # exp(-g) overflows to inf for g ≪ 0: silu is then -0
-            hidden = g / (1 + np.exp(-g)) * u
-        return self.down_proj(mx.array(hidden).astype(x.dtype))
+        return self.down_proj(mx.array(_silu_times(*views)).astype(x.dtype))
 
 
 class NumpyBlock(nn.Module):
@@ -234,14 +245,10 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
     assert views is not None, "x was evaluated above: so are these"
     q, k, v = views
     with single_threaded_blas():  # as numpy_attention does for a step's products
-        attended = _attention_by_row(q, k, v, attention.scale, mask)
-        if attended is None:
-            attended = _attention(q, k, v, attention.scale, mask)
+        attended = _attention_rows(q, k, v, attention.scale, mask)
     h = h + _rows_times(attention.o_proj, attended.transpose(0, 2, 1, 3).reshape(batch * length, -1))
     normed = _rms_norm(h, norms[1])
-    gate, up = _rows_times(mlp.gate_proj, normed), _rows_times(mlp.up_proj, normed)
-    with np.errstate(over="ignore"):  # as NumpyMLP
-        hidden = gate / (1 + np.exp(-gate)) * up
+    hidden = _silu_times(_rows_times(mlp.gate_proj, normed), _rows_times(mlp.up_proj, normed))
     h = h + _rows_times(mlp.down_proj, hidden)
     return mx.array(h.reshape(batch, length, dims))
 
