@@ -4,7 +4,7 @@
 
 Per shape, as many distinct random weights as the 1.5B has layers of it (a model's weights do not
 sit in cache between steps), each product timed over all of them; fp32 (`exact`) and int8
-activations (the CPU default for 4-bit codes) interleaved round by round, the minimum of the
+activations (the CPU default) interleaved round by round, the minimum of the
 rounds per weight printed. Rows from 12 on take the fp32 panel path, as a prefill does; int8 takes
 every row count it is given. --sources compares the int8 path of other builds of quant_rows.c
 (kernel work: each is compiled into the kernel cache like the shipped one).
@@ -23,8 +23,9 @@ from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.quant_cpu import COMPILE_FLAGS, SOURCE, QuantKernel, QuantWeight
 
 # (out, in, bits, distinct weights cycled): the 1.5B's 4-bit gate/up, down (its other 14 down
-# projections are 8-bit, from Q6_K, and keep fp32 activations) and q/o projections.
-SHAPES = ((8960, 1536, 4, 28), (1536, 8960, 4, 14), (1536, 1536, 4, 28))
+# projections are 8-bit, from Q6_K, and keep fp32 activations), q/o projections and its 8-bit
+# tied head (from Q6_K).
+SHAPES = ((8960, 1536, 4, 28), (1536, 8960, 4, 14), (1536, 1536, 4, 28), (151936, 1536, 8, 1))
 
 
 def main() -> None:

@@ -376,8 +376,9 @@ int quant_threaded(void) {
  * with the bias term on the exact group sums of x. Centring halves the codes' reach, and with it
  * the error x's rounding brings. Eight blocks' integer sums are reduced in one horizontal tree and
  * scaled by one vector multiply, so a weight costs about a third of the fp32 path's instructions.
- * Codes held a byte each (8-bit, or 5- and 6-bit unpacked) are split into nibbles, q = 16·hi + lo,
- * so u8 × s8 pairs cannot saturate, and centred at their own midpoint (`centre`: log2 of it).
+ * Codes held a byte each are centred at their own midpoint (`centre`: log2 of it): 5- and 6-bit
+ * codes (below 128) are one u8 × s8 product as 4-bit ones are; full 8-bit codes are centred in
+ * registers and multiplied as |w| × x·sign(w), so no pair of products can saturate int16.
  * Groups a multiple of 32, fewer than `many_from` rows; anything else goes the fp32 way. Which
  * layers take it (not a down projection, whose inputs carry activations hundreds of times their
  * median, which int8 blocks lose) is kernels/quant_cpu.py's choice. */
@@ -410,18 +411,17 @@ static inline __m256i block_dot(__m256i q, const int8_t *xq, long blk) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }
 
-/* Block `blk`'s 32 byte codes as their low and high nibbles (x in the natural order). */
-static inline void byte_codes(const uint8_t *codes, long blk, __m256i *lo, __m256i *hi) {
+/* Block `blk`'s 32 full-byte codes centred at 128, as s8: q - 128 is q with its top bit flipped. */
+static inline __m256i centred_codes(const uint8_t *codes, long blk) {
     __m256i v = _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK));
-    *lo = _mm256_and_si256(v, _mm256_set1_epi8(15));
-    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+    return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
 }
 
-/* Σ over a block of byte codes × x: 16·Σ hi·x + Σ lo·x (8 int32 partial sums). */
-static inline __m256i byte_dot(__m256i lo, __m256i hi, const int8_t *xq, long blk) {
+/* Σ over a block of centred codes w × x (8 int32 partial sums) as one u8 × s8 product: |w| times
+ * x with w's sign. |w| ≤ 128 and |x| ≤ 127, so a pair's sum (≤ 32512) cannot saturate int16. */
+static inline __m256i signed_dot(__m256i size, __m256i w, const int8_t *xq, long blk) {
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
-    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, x), _mm256_set1_epi16(16)),
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x), _mm256_set1_epi16(1)));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(size, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
 /* The scales of blocks b0..b0+7 (0 past the row's last block). */
@@ -441,7 +441,8 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
  * a horizontal tree to one vector (lane k: block k's sum), centred, converted once and scaled by
  * s·dx. The float operations a row sees do not depend on K, so a row's result does not either. */
 /* BITS: 4 (two codes a byte), 7 (a code a byte, below 128: one u8 × s8 product, as for 4-bit
- * codes) or 8 (a code a byte, split into nibbles). */
+ * codes) or 8 (a full byte, centred at 128 in registers: one u8 × s8 product of its size and x
+ * with its sign, as llama.cpp multiplies its 8-bit blocks). */
 #define I8ROWS(BITS, K)                                                                          \
     static void i8rows##BITS##_##K(const struct i8_args *a, long r, long o) {                   \
         const uint8_t *codes = a->w + o * (a->n_in * (BITS == 4 ? 4 : 8) / 8);                   \
@@ -463,9 +464,8 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                                                   : _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK)); \
                             for (int k = 0; k < K; k++) dot[k][h] = block_dot(q, xq[k], blk);    \
                         } else if (blk < a->blocks) {                                            \
-                            __m256i lo, hi;                                                      \
-                            byte_codes(codes, blk, &lo, &hi);                                    \
-                            for (int k = 0; k < K; k++) dot[k][h] = byte_dot(lo, hi, xq[k], blk); \
+                            __m256i w = centred_codes(codes, blk), size = _mm256_abs_epi8(w);    \
+                            for (int k = 0; k < K; k++) dot[k][h] = signed_dot(size, w, xq[k], blk); \
                         } else {                                                                 \
                             for (int k = 0; k < K; k++) dot[k][h] = _mm256_setzero_si256();      \
                         }                                                                        \
@@ -480,7 +480,8 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x20),                     \
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x31));                    \
                 __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + (r + k) * a->padded + b0)); \
-                sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre))); \
+                if (BITS != 8) /* 8-bit codes are centred in registers */                      \
+                    sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre))); \
                 __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + (r + k) * a->padded + b0)); \
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
             }                                                                                    \
