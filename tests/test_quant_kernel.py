@@ -211,53 +211,36 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
 
 
 @needs_kernel
-@pytest.mark.parametrize("x_bits", [8, 16])
 @pytest.mark.parametrize("bits", [4, 8, 5])  # 5: codes unpacked a byte each, centred at 16
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-def test_integer_activations_equal_their_reference_and_stay_close_to_exact(group_size, bits, x_bits):
-    from mlxswitch.kernels.quant_cpu import integer_reference
+def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size, bits):
+    from mlxswitch.kernels.quant_cpu import int8_reference
 
     # a whole tree of 8 blocks of 32 and a part of one
     weight, truth = _weight(37, 256 + group_size, bits, group_size, seed=group_size)
     rng = np.random.default_rng(3)
     for rows in (1, 2, 3, 4, 5, 8, 9, 33):
         xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
-        got = KERNEL.times(xs, weight, 2, x_bits=x_bits)
+        got = KERNEL.times(xs, weight, 2, int8=True)
         # x rounded as the C rounds it: the same numbers up to fp32 summation order...
-        want = integer_reference(xs, weight, truth, x_bits)
+        want = int8_reference(xs, weight, truth)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-        # ...within x's rounding of the exact product (16 bits: 256 times closer)...
+        # ...within x's 8-bit rounding of the exact product...
         exact = xs.astype(np.float64) @ truth.T
-        assert np.abs(got - exact).max() <= (2e-2 if x_bits == 8 else 1e-4) * np.abs(exact).max()
+        assert np.abs(got - exact).max() <= 2e-2 * np.abs(exact).max()
         # ...and each row the same bits as when it is multiplied alone, on one thread: a check's
         # logits are a step's
         for row in (0, rows - 1):
-            assert np.array_equal(got[row], KERNEL.times(xs[row : row + 1], weight, 1, x_bits=x_bits)[0])
+            assert np.array_equal(got[row], KERNEL.times(xs[row : row + 1], weight, 1, int8=True)[0])
 
 
-@needs_kernel
-def test_16_bit_activations_keep_the_small_inputs_beside_an_outlier_that_int8_rounds_away():
-    weight, truth = _weight(16, 256, 4, 32, seed=9)
-    rng = np.random.default_rng(4)
-    xs = (0.2 * rng.standard_normal((1, 256))).astype(np.float32)
-    xs[0, ::32] = 180.0  # one massive activation a block, as a down projection's input carries
-    small = np.ones(256, dtype=bool)
-    small[::32] = False
-    exact = xs.astype(np.float64) @ truth.T
-    # the small inputs' share of the product, and how much of it each path keeps
-    share = xs[:, small].astype(np.float64) @ truth[:, small].T
-    errors = {b: np.abs(KERNEL.times(xs, weight, 1, x_bits=b) - exact).max() for b in (8, 16)}
-    assert errors[8] > 0.5 * np.abs(share).max()  # int8 steps of 180/127 erase inputs of ~0.2
-    assert errors[16] < 0.02 * np.abs(share).max()  # steps of 180/32767 keep them within ~1%
-
-
-def test_integer_activations_take_codes_of_every_width_on_rows_long_enough_to_pay(monkeypatch):
+def test_int8_activations_take_codes_of_every_width_on_rows_long_enough_to_pay(monkeypatch):
     from mlxswitch.kernels import quant_cpu
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 768)
-    wide = [quant_cpu.integer_applies(_weight(8, 768, bits, 32)[0]) for bits in (2, 3, 4, 5, 6, 8)]
+    wide = [quant_cpu.int8_applies(_weight(8, 768, bits, 32)[0]) for bits in (2, 3, 4, 5, 6, 8)]
     assert wide == [True] * 6
-    assert not quant_cpu.integer_applies(_weight(8, 576, 4, 32)[0])  # SmolLM2's rows: no gain there
+    assert not quant_cpu.int8_applies(_weight(8, 576, 4, 32)[0])  # SmolLM2's rows: no gain there
 
 
 def test_the_cpu_default_takes_int8_activations_and_exact_takes_fp32():
@@ -302,7 +285,7 @@ def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_fp32
 
 
 @needs_kernel
-def test_a_down_projection_takes_16_bit_activations_and_the_others_int8():
+def test_a_down_projection_keeps_fp32_activations_and_the_others_take_int8():
     from tinymodels import llama_config, make_model
 
     from mlxswitch.models import rows
@@ -316,14 +299,10 @@ def test_a_down_projection_takes_16_bit_activations_and_the_others_int8():
     assert not mlp.down_proj.int8_inputs and mlp.gate_proj.int8_inputs and mlp.up_proj.int8_inputs
     x = mx.random.normal((1, 3, mlp.down_proj.quant.weights[0].in_dims), key=mx.random.key(1))
     x_in = mx.random.normal((1, 3, mlp.gate_proj.quant.weights[0].in_dims), key=mx.random.key(2))
-    for layer, inputs, x_bits in ((mlp.down_proj, x, 16), (mlp.gate_proj, x_in, 8)):
-        rows_in = np.array(inputs)[0]
-        want = KERNEL.times(rows_in, layer.quant.weights[0], 1, x_bits=x_bits)
-        assert np.array_equal(np.array(layer(inputs))[0], want)
+    down, gate = np.array(mlp.down_proj(x)), np.array(mlp.gate_proj(x_in))
     resolve_route("exact", "cpu")
-    for layer, inputs in ((mlp.down_proj, x), (mlp.gate_proj, x_in)):  # fp32 activations
-        want = KERNEL.times(np.array(inputs)[0], layer.quant.weights[0])
-        assert np.array_equal(np.array(layer(inputs))[0], want)
+    assert np.array_equal(down, np.array(mlp.down_proj(x)))  # fp32 activations on both routes
+    assert not np.array_equal(gate, np.array(mlp.gate_proj(x_in)))  # int8 on the default
 
 
 @needs_kernel

@@ -295,23 +295,15 @@ def quant_matmul(
     return y if bias is None else y + bias
 
 
-# The bits a decoding pass rounds a down projection's activations to (quant_cpu.int8_inputs): the
-# Qwen 1.5B's down projections ~2x faster than on fp32 (bench/results/quant-kernel-16bit.txt).
-WIDE_X_BITS = 16
-
-
 def quant_rows_times(
     xs: np.ndarray, weights: Sequence[QuantWeight], decoding: bool, int8_inputs: bool
 ) -> np.ndarray:
     """xs (rows × in, fp32 NumPy) · (Σ weights)ᵀ on the quantized kernel, as quant_matmul computes
     it. decoding: the rows are a decoding pass's (≤ INT8_MAX_POSITIONS a sequence), each computed
-    as a step computes it, with integer activations where the route allows: int8 where the layer
-    does, else 16-bit."""
+    as a step computes it, with int8 activations where the route and the layer allow."""
     route = current_route()
-    x_bits = 32
-    if route.quant_activations == "int8" and decoding:
-        x_bits = 8 if int8_inputs else WIDE_X_BITS
-    return quant_weights_times(xs, weights, route.blas_threads, x_bits, by_row=decoding)
+    int8 = int8_inputs and route.quant_activations == "int8" and decoding
+    return quant_weights_times(xs, weights, route.blas_threads, int8, by_row=decoding)
 
 
 def decoding_quant_rows(

@@ -144,11 +144,11 @@ class QuantKernel:
     def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...]):
         self._library = library  # kept: the function below lives in it
         self._rows = library.quant_rows
-        self._rows_int = library.quant_rows_int
+        self._rows_int8 = library.quant_rows_int8
         arguments = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
         self._rows.argtypes = arguments
-        self._rows_int.argtypes = arguments + [ctypes.c_int] * 2  # log2 of the codes' centre, x's bits
-        for function in (self._rows, self._rows_int):
+        self._rows_int8.argtypes = arguments + [ctypes.c_int]  # log2 of the codes' centre
+        for function in (self._rows, self._rows_int8):
             function.restype = ctypes.c_int
         self.flags = flags
         self.threaded = bool(library.quant_threaded())
@@ -159,11 +159,10 @@ class QuantKernel:
         weight: QuantWeight,
         threads: int = 1,
         many_from: int | None = None,
-        x_bits: int = 32,
+        int8: bool = False,
     ) -> np.ndarray:
         """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the panel path runs;
-        x_bits 8 or 16: every row rounded to that many bits per 32 inputs, see integer_reference;
-        32: fp32)."""
+        int8: every row rounded to int8 per 32 inputs where int8_applies, see int8_reference)."""
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         rows, in_dims = xs.shape
         if in_dims != weight.in_dims:
@@ -182,8 +181,8 @@ class QuantKernel:
             weight.bits,
             threads,
         ]
-        if x_bits != 32:
-            done = self._rows_int(*arguments, rows + 1, weight.centre_log2, x_bits)
+        if int8:
+            done = self._rows_int8(*arguments, rows + 1, weight.centre_log2)
         else:
             done = self._rows(*arguments, MANY_ROWS_FROM if many_from is None else many_from)
         if done < 1:
@@ -210,23 +209,21 @@ def _random_weight(rng, out_dims: int, in_dims: int, bits: int, group_size: int)
 INT8_BLOCK = 32  # inputs sharing one int8 step (quant_rows.c's BLOCK)
 
 
-# Layers whose input is rounded to 16 bits, not 8: the MLP's down projection reads silu(gate)·up,
-# where a transformer's massive activations live (hundreds of times the median), which a block of
-# 32 rounded to int8 cannot keep. With them on int8 the Qwen 1.5B's argmax agreed with fp32 at 476
-# of 480 positions, two of the four differences over a logit apart; on fp32 479, the one difference
-# 0.019 apart (bench/bench_int8_accuracy.py). 16 bits keep 256 times int8's resolution beside an
-# outlier for two int16 products a block. mlx-lm's models name the layer so.
-WIDE_INPUT_LAYERS = ("down_proj",)
+# Layers whose input keeps fp32 activations: the MLP's down projection reads silu(gate)·up, where a
+# transformer's massive activations live (hundreds of times the median), which a block of 32
+# rounded to int8 cannot keep. With them on int8 the Qwen 1.5B's argmax agreed with fp32 at 476 of
+# 480 positions, two of the four differences over a logit apart; without them 479, the one
+# difference 0.019 apart (bench/bench_int8_accuracy.py). mlx-lm's models name the layer so.
+FP32_INPUT_LAYERS = ("down_proj",)
 
 
 def int8_inputs(layer_name: str) -> bool:
-    """Whether a layer of this name (its path in the model) may take int8 activations (else 16-bit
-    ones, where the route rounds activations)."""
-    return layer_name.rsplit(".", 1)[-1] not in WIDE_INPUT_LAYERS
+    """Whether a layer of this name (its path in the model) may take int8 activations."""
+    return layer_name.rsplit(".", 1)[-1] not in FP32_INPUT_LAYERS
 
 
-def integer_applies(weight: QuantWeight) -> bool:
-    """Whether the kernel's integer-activation path takes this product (else the fp32 one): codes of
+def int8_applies(weight: QuantWeight) -> bool:
+    """Whether the kernel's int8-activation path takes this product (else the fp32 one): codes of
     up to 6 bits (a byte's code below 128 is one u8 × s8 product, as a 4-bit one is) or a full
     byte (centred in registers, one product of its size and x with its sign), groups a multiple
     of 32. The Qwen 0.5B's 5-bit layers on it: argmax equal to fp32's at 480/480, logit difference
@@ -249,19 +246,18 @@ INT8_CODE_BITS = (2, 3, 4, 5, 6, 8)
 INT8_MIN_INPUTS = 768
 
 
-def integer_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray, x_bits: int = 8) -> np.ndarray:
-    """What the integer path computes, in float64: x rounded per block of 32 inputs as
-    quant_rows.c rounds it (limit = 2^(x_bits-1) - 1, step = peak/limit, codes =
-    rint(x·(limit/peak)) in fp32), times the centred codes s·(q - 8), plus the biases (taking 8·s)
-    times the exact sums of x. `truth` is W = s·q + b in float64."""
+def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray) -> np.ndarray:
+    """What the int8 path computes, in float64: x rounded per block of 32 inputs as quant_rows.c
+    rounds it (step = peak/127, codes = rint(x·(127/peak)) in fp32), times the centred codes
+    s·(q - 8), plus the biases (taking 8·s) times the exact sums of x. `truth` is W = s·q + b in
+    float64."""
     rows, g = xs.shape[0], weight.group_size
-    limit = np.float32((1 << (x_bits - 1)) - 1)
     blocks = xs.astype(np.float32).reshape(rows, -1, INT8_BLOCK)
     peak = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
-        inverse = np.where(peak > 0, limit / peak, np.float32(0)).astype(np.float32)
+        inverse = np.where(peak > 0, np.float32(127) / peak, np.float32(0)).astype(np.float32)
     codes = np.rint(blocks * inverse)
-    step = (peak / limit).astype(np.float32)
+    step = (peak / np.float32(127)).astype(np.float32)
     rounded = (codes * step.astype(np.float64)).reshape(rows, -1)
     centre = float(1 << weight.centre_log2)
     bias = np.repeat(weight.biases.astype(np.float64) + centre * weight.scales, g, axis=1)
@@ -291,14 +287,13 @@ def check_kernel(kernel: QuantKernel) -> str | None:
                                 f"{threads} threads differed from a float64 product"
                             )
                 if group_size % INT8_BLOCK == 0:  # every code width, whichever the route sends
-                    for x_bits in (8, 16):
-                        exact = integer_reference(xs, weight, truth, x_bits)
-                        got = kernel.times(xs, weight, 2, None, x_bits=x_bits)
-                        if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
-                            return (
-                                f"int{x_bits} activations, {bits}-bit, group {group_size}, {rows} rows "
-                                "differed from their reference"
-                            )
+                    exact = int8_reference(xs, weight, truth)
+                    got = kernel.times(xs, weight, 2, None, int8=True)
+                    if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
+                        return (
+                            f"int8 activations, {bits}-bit, group {group_size}, {rows} rows differed from "
+                            "their reference"
+                        )
     return None
 
 
@@ -325,15 +320,15 @@ def quant_kernel() -> QuantKernel | None:
 
 
 def quant_weights_times(
-    xs: np.ndarray, weights: Sequence[QuantWeight], threads: int, x_bits: int = 32, by_row: bool = False
+    xs: np.ndarray, weights: Sequence[QuantWeight], threads: int, int8: bool = False, by_row: bool = False
 ) -> np.ndarray:
     """xs · (Σ weights)ᵀ: one kernel product a weight (a nested gear's planes), summed in fp32
-    (x_bits 8 or 16: the kernel's integer-activation path where it applies; by_row: every row by
-    the few-row path, whose result for a row does not depend on the other rows, not the panel)."""
+    (int8: the kernel's int8-activation path where it applies; by_row: every row by the few-row
+    path, whose result for a row does not depend on the other rows, not the panel)."""
     kernel = quant_kernel()
     assert kernel is not None, "quantized views are used only where the kernel is"
     many_from = xs.shape[0] + 1 if by_row else None
-    y = kernel.times(xs, weights[0], threads, many_from, x_bits if integer_applies(weights[0]) else 32)
+    y = kernel.times(xs, weights[0], threads, many_from, int8=int8 and int8_applies(weights[0]))
     for weight in weights[1:]:
-        y += kernel.times(xs, weight, threads, many_from, x_bits if integer_applies(weight) else 32)
+        y += kernel.times(xs, weight, threads, many_from, int8=int8 and int8_applies(weight))
     return y

@@ -388,7 +388,7 @@ int quant_threaded(void) {
 #define I8_GROUP 4 /* rows sharing one unpack of the codes on the int8 path */
 
 struct i8_args {
-    const void *xq; /* int8_t or, for 16-bit activations, int16_t */
+    const int8_t *xq;
     const float *dx, *xsum;
     const int32_t *xqsum; /* Σ xq per block (padded like dx) */
     const uint8_t *w;
@@ -396,7 +396,6 @@ struct i8_args {
     float *y;
     long n_in, n_out, gs, groups, blocks, padded;
     int bits, centre; /* the codes' container (4 or 8) and log2 of their centre */
-    int wide;         /* x rounded to 16 bits, not 8 */
 };
 
 /* Block `blk`'s 32 codes as u8 for _mm256_maddubs_epi16: the low nibbles of its 16 bytes, then the
@@ -407,8 +406,8 @@ static inline __m256i block_codes(const uint8_t *codes, long blk) {
 }
 
 /* Σ over a block of codes × x (8 int32 partial sums). */
-static inline __m256i block_dot(__m256i q, const void *xq, long blk) {
-    __m256i x = _mm256_loadu_si256((const __m256i *)((const int8_t *)xq + blk * BLOCK));
+static inline __m256i block_dot(__m256i q, const int8_t *xq, long blk) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }
 
@@ -420,17 +419,9 @@ static inline __m256i centred_codes(const uint8_t *codes, long blk) {
 
 /* Σ over a block of centred codes w × x (8 int32 partial sums) as one u8 × s8 product: |w| times
  * x with w's sign. |w| ≤ 128 and |x| ≤ 127, so a pair's sum (≤ 32512) cannot saturate int16. */
-static inline __m256i signed_dot(__m256i size, __m256i w, const void *xq, long blk) {
-    __m256i x = _mm256_loadu_si256((const __m256i *)((const int8_t *)xq + blk * BLOCK));
+static inline __m256i signed_dot(__m256i size, __m256i w, const int8_t *xq, long blk) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(size, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
-}
-
-/* Σ over a block of codes (32 u8, widened to int16 as q0 and q1) × 16-bit x: two int16 products
- * (8 int32 partial sums; |q·x| < 2^23, so a block's sum cannot overflow). */
-static inline __m256i wide_dot(__m256i q0, __m256i q1, const void *xq, long blk) {
-    const __m256i *x = (const __m256i *)((const int16_t *)xq + blk * BLOCK);
-    return _mm256_add_epi32(_mm256_madd_epi16(q0, _mm256_loadu_si256(x)),
-                            _mm256_madd_epi16(q1, _mm256_loadu_si256(x + 1)));
 }
 
 /* The scales of blocks b0..b0+7 (0 past the row's last block). */
@@ -451,14 +442,13 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
  * s·dx. The float operations a row sees do not depend on K, so a row's result does not either. */
 /* BITS: 4 (two codes a byte), 7 (a code a byte, below 128: one u8 × s8 product, as for 4-bit
  * codes) or 8 (a full byte, centred at 128 in registers: one u8 × s8 product of its size and x
- * with its sign, as llama.cpp multiplies its 8-bit blocks). X: x's bits, 8 or 16 (16: the codes
- * widened to int16 whatever their width, two int16 products a block). */
-#define I8ROWS(BITS, X, K)                                                                       \
-    static void i##X##rows##BITS##_##K(const struct i8_args *a, long r, long o) {               \
+ * with its sign, as llama.cpp multiplies its 8-bit blocks). */
+#define I8ROWS(BITS, K)                                                                          \
+    static void i8rows##BITS##_##K(const struct i8_args *a, long r, long o) {                   \
         const uint8_t *codes = a->w + o * (a->n_in * (BITS == 4 ? 4 : 8) / 8);                   \
         const float *s = a->scales + o * a->groups, *b = a->biases + o * a->groups;              \
-        const void *xq[K];                                                                       \
-        for (int k = 0; k < K; k++) xq[k] = (const int##X##_t *)a->xq + (r + k) * a->n_in;      \
+        const int8_t *xq[K];                                                                     \
+        for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->n_in;                          \
         __m256 acc[K];                                                                           \
         for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
         for (long b0 = 0; b0 < a->blocks; b0 += TREE) {                                          \
@@ -469,13 +459,7 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                     __m256i dot[K][2];                                                           \
                     for (int h = 0; h < 2; h++) {                                                \
                         long blk = b0 + 4 * quad + 2 * p + h;                                    \
-                        if (blk < a->blocks && X == 16) {                                        \
-                            __m256i q = BITS == 4 ? block_codes(codes, blk)                      \
-                                                  : _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK)); \
-                            __m256i q0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));        \
-                            __m256i q1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));   \
-                            for (int k = 0; k < K; k++) dot[k][h] = wide_dot(q0, q1, xq[k], blk); \
-                        } else if (blk < a->blocks && BITS != 8) {                               \
+                        if (blk < a->blocks && BITS != 8) {                                      \
                             __m256i q = BITS == 4 ? block_codes(codes, blk)                      \
                                                   : _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK)); \
                             for (int k = 0; k < K; k++) dot[k][h] = block_dot(q, xq[k], blk);    \
@@ -496,7 +480,7 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x20),                     \
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x31));                    \
                 __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + (r + k) * a->padded + b0)); \
-                if (X == 16 || BITS != 8) /* 8-bit codes on int8 are centred in registers */    \
+                if (BITS != 8) /* 8-bit codes are centred in registers */                      \
                     sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre))); \
                 __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + (r + k) * a->padded + b0)); \
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
@@ -517,31 +501,36 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
         }                                                                                        \
     }
 
-#define I8ROWS_1_TO_4(BITS, X)                                                                   \
-    I8ROWS(BITS, X, 1) I8ROWS(BITS, X, 2) I8ROWS(BITS, X, 3) I8ROWS(BITS, X, 4)                  \
-    static const i8_fn I##X##_ROWS##BITS[I8_GROUP + 1] = {0, i##X##rows##BITS##_1, i##X##rows##BITS##_2, \
-                                                          i##X##rows##BITS##_3, i##X##rows##BITS##_4};
+I8ROWS(4, 1)
+I8ROWS(4, 2)
+I8ROWS(4, 3)
+I8ROWS(4, 4)
+I8ROWS(7, 1)
+I8ROWS(7, 2)
+I8ROWS(7, 3)
+I8ROWS(7, 4)
+I8ROWS(8, 1)
+I8ROWS(8, 2)
+I8ROWS(8, 3)
+I8ROWS(8, 4)
+
 typedef void (*i8_fn)(const struct i8_args *, long, long);
-I8ROWS_1_TO_4(4, 8)
-I8ROWS_1_TO_4(7, 8)
-I8ROWS_1_TO_4(8, 8)
-I8ROWS_1_TO_4(4, 16)
-I8ROWS_1_TO_4(8, 16)
+static const i8_fn I8_ROWS4[I8_GROUP + 1] = {0, i8rows4_1, i8rows4_2, i8rows4_3, i8rows4_4};
+static const i8_fn I8_ROWS7[I8_GROUP + 1] = {0, i8rows7_1, i8rows7_2, i8rows7_3, i8rows7_4};
+static const i8_fn I8_ROWS8[I8_GROUP + 1] = {0, i8rows8_1, i8rows8_2, i8rows8_3, i8rows8_4};
 static const int I8_WIDTH[I8_GROUP + 1] = {0, 1, 1, 1, 1};
 
 static void i8_step(const void *args, int wide, long k, long r, long o) {
     (void)wide; /* every tile is one output wide */
     const struct i8_args *a = args;
-    (a->wide ? (a->bits == 4 ? I16_ROWS4 : I16_ROWS8)
-             : (a->bits == 4 ? I8_ROWS4 : a->centre < 7 ? I8_ROWS7 : I8_ROWS8))[k](a, r, o);
+    (a->bits == 4 ? I8_ROWS4 : a->centre < 7 ? I8_ROWS7 : I8_ROWS8)[k](a, r, o);
 }
 
-/* x's rows as int8 (wide: int16) per block of 32 inputs (4-bit codes: per block the even inputs,
- * then the odd ones, the order a block's 16 bytes unpack in), each block's step and Σ xq (rows
- * padded with zeros to a whole tree) and each weight group's exact sum. */
-static void quantize_rows(const float *x, void *xq, float *dx, int32_t *xqsum, float *xsum, long rows,
-                          long n_in, long gs, long padded, int split, int wide) {
-    const float limit = wide ? 32767.f : 127.f;
+/* x's rows as int8 per block of 32 inputs (4-bit codes: per block the even inputs, then the odd
+ * ones, the order a block's 16 bytes unpack in), each block's step and Σ xq (rows padded with
+ * zeros to a whole tree) and each weight group's exact sum. */
+static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum, float *xsum, long rows,
+                          long n_in, long gs, long padded, int split) {
     long groups = n_in / gs, blocks = n_in / BLOCK;
     for (long r = 0; r < rows; r++) {
         for (long g = 0; g < groups; g++) {
@@ -560,18 +549,14 @@ static void quantize_rows(const float *x, void *xq, float *dx, int32_t *xqsum, f
                 float a = v[i] < 0 ? -v[i] : v[i];
                 peak = a > peak ? a : peak;
             }
-            float inverse = peak > 0 ? limit / peak : 0.f;
-            dx[r * padded + blk] = peak / limit;
-            long at = r * n_in + blk * BLOCK;
+            float inverse = peak > 0 ? 127.f / peak : 0.f;
+            dx[r * padded + blk] = peak / 127.f;
+            int8_t *out = xq + r * n_in + blk * BLOCK;
             int32_t total = 0;
             for (int k = 0; k < BLOCK; k++) {
                 int from = !split ? k : k < 16 ? 2 * k : 2 * (k - 16) + 1;
-                long q = __builtin_lrintf(v[from] * inverse);
-                if (wide)
-                    ((int16_t *)xq)[at + k] = (int16_t)q;
-                else
-                    ((int8_t *)xq)[at + k] = (int8_t)q;
-                total += (int32_t)q;
+                out[k] = (int8_t)__builtin_lrintf(v[from] * inverse);
+                total += out[k];
             }
             xqsum[r * padded + blk] = total;
         }
@@ -579,14 +564,12 @@ static void quantize_rows(const float *x, void *xq, float *dx, int32_t *xqsum, f
 }
 #endif
 
-/* quant_rows with integer activations where they apply (x rounded to `x_bits`, 8 or 16, per 32
- * inputs; groups a multiple of 32, fewer than `many_from` rows, an AVX2 build; `centre`: log2 of
- * the codes' midpoint, 3 for 4-bit codes, 4 for 5-bit codes in bytes...); anything else is
- * quant_rows itself. */
-int quant_rows_int(const float *x, const void *codes, const float *scales, const float *biases,
-                   float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
-                   long many_from, int centre, int x_bits) {
-    if (x_bits != 8 && x_bits != 16) return -1;
+/* quant_rows with int8 activations where it applies (groups a multiple of 32, fewer than
+ * `many_from` rows, an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit codes, 4 for
+ * 5-bit codes in bytes...); anything else is quant_rows itself. */
+int quant_rows_int8(const float *x, const void *codes, const float *scales, const float *biases,
+                    float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
+                    long many_from, int centre) {
 #if defined(__AVX2__) && defined(__FMA__)
     if ((bits == 4 || bits == 8) && centre >= 0 && centre < bits && biases && gs >= BLOCK &&
         gs % BLOCK == 0 && n_in % gs == 0 && rows >= 1 && rows < many_from) {
@@ -594,9 +577,8 @@ int quant_rows_int(const float *x, const void *codes, const float *scales, const
 #ifndef _OPENMP
         threads = 1;
 #endif
-        int wide = x_bits == 16;
         long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
-        void *xq = malloc((size_t)rows * n_in * (wide ? 2 : 1));
+        int8_t *xq = malloc((size_t)rows * n_in);
         float *dx = malloc(sizeof(float) * rows * padded), *xsum = malloc(sizeof(float) * rows * groups);
         int32_t *xqsum = malloc(sizeof(int32_t) * rows * padded);
         if (!xq || !dx || !xsum || !xqsum) {
@@ -606,9 +588,9 @@ int quant_rows_int(const float *x, const void *codes, const float *scales, const
             free(xqsum);
             return -1;
         }
-        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, bits == 4, wide);
+        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, bits == 4);
         struct i8_args args = {xq, dx, xsum, xqsum, codes, scales, biases, y, n_in, n_out, gs, groups,
-                               blocks, padded, bits, centre, wide};
+                               blocks, padded, bits, centre};
         for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, i8_step, &args);
         free(xq);
         free(dx);
