@@ -256,12 +256,8 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
 def _rope(x: np.ndarray, rope: nn.RoPE, offset: Any) -> np.ndarray:
     """nn.RoPE on fp32 NumPy x (B, heads, L, D) at positions offset + 0..L-1; offset is an int or
     one per sequence (an array of B, as a packed pass gives)."""
-    batch, _, length, _ = x.shape
     half = rope.dims // 2
-    positions = np.asarray(offset, dtype=np.float64).reshape(-1, 1) + np.arange(length)  # (1 or B, L)
-    frequencies = np.asarray(rope.base, dtype=np.float64) ** (-np.arange(half) / half)
-    angles = (rope.scale * positions)[:, None, :, None] * frequencies  # (1 or B, 1, L, half)
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = _rope_tables(rope, np.asarray(offset, dtype=np.float64).reshape(-1), x.shape[2])
     out = x.copy()
     if rope.traditional:  # pairs of neighbours
         first, second = x[..., 0 : rope.dims : 2], x[..., 1 : rope.dims : 2]
@@ -274,10 +270,40 @@ def _rope(x: np.ndarray, rope: nn.RoPE, offset: Any) -> np.ndarray:
     return out
 
 
+def _rope_tables(rope: nn.RoPE, offsets: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (1 or B, 1, L, dims/2) of nn.RoPE's angles at positions offsets + 0..L-1. Every
+    layer of a pass rotates its queries and keys at the same positions: the last tables are kept
+    (one entry; a pass of 28 layers computes them once, not 56 times)."""
+    key = (rope.dims, rope.base, rope.scale, length, offsets.tobytes())
+    last = _ROPE_TABLES.get("last")
+    if last is not None and last[0] == key:
+        return last[1]
+    half = rope.dims // 2
+    positions = offsets.reshape(-1, 1) + np.arange(length)  # (1 or B, L)
+    frequencies = np.asarray(rope.base, dtype=np.float64) ** (-np.arange(half) / half)
+    angles = (rope.scale * positions)[:, None, :, None] * frequencies  # (1 or B, 1, L, half)
+    tables = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+    _ROPE_TABLES["last"] = (key, tables)  # one assignment: a reader on another thread sees a pair
+    return tables
+
+
+_ROPE_TABLES: dict[str, tuple] = {}
+
+
 def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm) -> np.ndarray:
     """nn.RMSNorm on fp32 NumPy rows."""
-    weight = np.asarray(norm.weight if norm.weight.dtype == mx.float32 else norm.weight.astype(mx.float32))
-    return rows / np.sqrt(np.mean(np.square(rows), axis=-1, keepdims=True) + np.float32(norm.eps)) * weight
+    weight = _NORM_WEIGHTS.get(id(norm))
+    if weight is None or weight[0] is not norm.weight:  # a norm's fp32 view, kept while it is its weight
+        view = np.asarray(norm.weight if norm.weight.dtype == mx.float32 else norm.weight.astype(mx.float32))
+        weight = _NORM_WEIGHTS[id(norm)] = (norm.weight, view)
+    # np.mean's own bits (a sum, then one division), without its Python-level wrapper
+    mean_square = np.add.reduce(np.square(rows), axis=-1, keepdims=True) / np.float32(rows.shape[-1])
+    return rows / np.sqrt(mean_square + np.float32(norm.eps)) * weight[1]
+
+
+# id(norm) → (its weight array, that array's fp32 NumPy view); the array is held, so its id
+# cannot be reused while the entry lives.
+_NORM_WEIGHTS: dict[int, tuple[mx.array, np.ndarray]] = {}
 
 
 def _rows_times(linear: nn.Module, rows: np.ndarray) -> np.ndarray:
