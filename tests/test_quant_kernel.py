@@ -92,6 +92,34 @@ def test_4_and_8_bit_codes_are_read_in_place_and_other_widths_unpacked_once():
         assert np.allclose(rebuilt.reshape(8, 64), np.array(mx.dequantize(q, s, b, group_size=32, bits=bits)))
 
 
+@needs_kernel
+@pytest.mark.parametrize("bits", [3, 5, 6])
+def test_narrow_codes_are_widened_in_place_to_bytes_and_give_the_reference_logits(bits):
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models import rows
+    from mlxswitch.models.gears import source_bits
+
+    ids = mx.array([[5, 17, 42, 7, 99, 3]])
+    logits = {}
+    for kernels in ("reference", "exact"):
+        resolve_route(kernels, "cpu")
+        model = make_model(llama_config(vocab_size=300, tie=True), seed=5)
+        nn.quantize(model, group_size=32, bits=bits)
+        mx.eval(model.parameters())
+        rows.use_fast_rows(model)
+        logits[kernels] = np.array(model(ids))
+    layer = model.model.layers[0].self_attn.q_proj
+    view = layer.quant.weights[0]
+    # MLX's own 8-bit layout, read in place: the kernel's codes are the layer's only copy...
+    assert layer.bits == 8 and view.keep[0] is layer["weight"] and view.code_bits == bits == layer.code_bits
+    assert source_bits(model) == bits  # what a gear build reads: the source's own width
+    assert np.shares_memory(view.codes, np.asarray(layer["weight"]))
+    assert model.model.embed_tokens.bits == 8  # the tied head too
+    # ...and W is the same: the reference route's logits on the packed codes
+    assert np.allclose(logits["exact"], logits["reference"], rtol=1e-4, atol=1e-4)
+
+
 def test_shapes_the_kernel_does_not_take_get_no_view():
     q, s, b = mx.quantize(mx.ones((8, 64)), group_size=32, bits=4)
     assert quant_views([{"weight": q, "scales": s, "biases": None}], (4,), 32) is None

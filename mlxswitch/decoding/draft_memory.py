@@ -3,8 +3,9 @@ pass seconds by row count (PassCosts), how much of each kind of draft the check 
 bin for the drafter's: BinnedAcceptance; one share for lookup's: Acceptance), and what each kind's
 rounds made over their seconds (RoundYield). Pure Python; drafting.py's planner reads it.
 
-A bin's evidence and a kind's measured gain fade toward their priors while nothing is drafted
-(IDLE_DECAY, ROUND_IDLE_DECAY), so drafting is tried again after a stretch where it did not pay.
+A bin's evidence, a kind's measured gain and a dear multi-row pass cost fade toward their priors
+while nothing is drafted (IDLE_DECAY, ROUND_IDLE_DECAY), so drafting is tried again after a
+stretch where it did not pay.
 """
 
 from __future__ import annotations
@@ -52,6 +53,20 @@ class PassCosts:
             return
         old = self.seconds.get(rows)
         self.seconds[rows] = seconds if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * seconds
+
+    def idle(self) -> None:
+        """A round that checked no draft: each multi-row count's average dearer than the prior's
+        price (a one-row pass plus PRIOR_ROW_SHARE of it a row) moves toward it at
+        ROUND_IDLE_DECAY. A count is re-timed only when a draft is checked, and drafts are priced
+        by these counts: one timed dear (a shared machine, a run stored before a faster kernel)
+        would otherwise keep drafting off for good, on this machine's every later run."""
+        one = self.seconds.get(1)
+        if one is None:
+            return
+        for rows, seconds in self.seconds.items():
+            prior = one * (1 + PRIOR_ROW_SHARE * (rows - 1))
+            if rows > 1 and seconds > prior:
+                self.seconds[rows] = prior + ROUND_IDLE_DECAY * (seconds - prior)
 
     @property
     def known(self) -> bool:

@@ -260,6 +260,8 @@ class DraftPlanner:
         kept + 1 unless given)."""
         memory = self.memory
         top_s = self.check.estimate(1)
+        if drafted == 0:
+            self.check.idle()
         for kind, rounds in (("model", memory.rounds), ("lookup", memory.lookup_rounds)):
             if source != kind:
                 rounds.idle()

@@ -17,6 +17,7 @@ route falls back (kernels/route.py says which and why).
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -44,7 +45,7 @@ MANY_ROWS_FROM = 12
 # a step's, bit for bit, alone or batched; a pass of more positions a sequence (a prefill) takes
 # fp32 activations and the panel, faster there (kernels.md).
 INT8_MAX_POSITIONS = 33
-DIRECT_BITS = (4, 8)  # read in place; other widths are unpacked to one code a byte at load
+DIRECT_BITS = (4, 8)  # read in place; other widths are widened (or unpacked) to a byte a code at load
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 
 
@@ -57,15 +58,31 @@ def _fp32_view(values: mx.array) -> np.ndarray:
 
 
 def unpack_codes(weight: np.ndarray, bits: int, in_dims: int) -> np.ndarray:
-    """MLX's packed codes (rows × words, values from the low bits up) as one uint8 code a weight."""
+    """MLX's packed codes (rows × words: each row a little-endian bit stream, value i at bits
+    i·bits…) as one uint8 code a weight. A run of 8/gcd(bits, 8) values fills whole bytes (8 5-bit
+    codes: 5 bytes), read as one integer and shifted apart: ~5x numpy's unpackbits and packbits."""
     raw = np.ascontiguousarray(weight).view(np.uint8)
+    run = 8 // math.gcd(bits, 8)  # values in a run of whole bytes
+    run_bytes = bits * run // 8
+    shifts = bits * np.arange(run, dtype=np.uint64)
+    mask = np.uint64((1 << bits) - 1)
     out = np.empty((raw.shape[0], in_dims), dtype=np.uint8)
-    step = max(1, (1 << 22) // max(1, in_dims))  # bounded temporaries on an embedding
+    step = max(1, (1 << 21) // max(1, in_dims))  # bounded temporaries on an embedding
     for r0 in range(0, raw.shape[0], step):
-        planes = np.unpackbits(raw[r0 : r0 + step], axis=-1, bitorder="little")
-        planes = planes.reshape(planes.shape[0], in_dims, bits)
-        out[r0 : r0 + step] = np.packbits(planes, axis=-1, bitorder="little")[..., 0]
+        runs = raw[r0 : r0 + step].reshape(-1, run_bytes).astype(np.uint64)
+        word = runs[:, 0].copy()
+        for k in range(1, run_bytes):
+            word |= runs[:, k] << np.uint64(8 * k)
+        out[r0 : r0 + step] = ((word[:, None] >> shifts) & mask).astype(np.uint8).reshape(-1, in_dims)
     return out
+
+
+def widened_codes(weight: mx.array, bits: int) -> mx.array:
+    """MLX's packed `bits`-bit codes (2, 3, 5 or 6) as MLX's 8-bit layout of the same codes: one
+    byte a code, which the kernel reads in place (with the same scales and biases, the same W)."""
+    mx.eval(weight)
+    in_dims = weight.shape[1] * 32 // bits
+    return mx.array(unpack_codes(np.asarray(weight), bits, in_dims).view(np.uint32))
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +98,7 @@ class QuantWeight:
     out_dims: int
     in_dims: int
     keep: tuple = ()
-    code_bits: int = 0  # the codes' own width (5 for 5-bit codes unpacked to bytes); 0: `bits`
+    code_bits: int = 0  # the codes' own width (5 for 5-bit codes held a byte each); 0: `bits`
 
     @property
     def centre_log2(self) -> int:
@@ -90,9 +107,16 @@ class QuantWeight:
 
     @classmethod
     def from_arrays(
-        cls, weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
+        cls,
+        weight: mx.array,
+        scales: mx.array,
+        biases: mx.array,
+        group_size: int,
+        bits: int,
+        code_bits: int = 0,
     ) -> QuantWeight:
-        """The kernel's view of MLX's triple (copies only what is not 4/8-bit codes or fp32)."""
+        """The kernel's view of MLX's triple (copies only what is not 4/8-bit codes or fp32);
+        code_bits: the codes' own width where narrower than their container (widened_codes)."""
         if bits not in SUPPORTED_BITS:
             raise ValueError(f"{bits}-bit codes are not supported (supported: {SUPPORTED_BITS})")
         mx.eval(weight)
@@ -103,7 +127,8 @@ class QuantWeight:
         else:
             codes, kernel_bits = unpack_codes(packed, bits, in_dims), 8
         s, b = _fp32_view(scales), _fp32_view(biases)
-        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, (weight, scales, biases), bits)
+        keep = (weight, scales, biases)
+        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, keep, code_bits or bits)
 
     @property
     def nbytes(self) -> int:
@@ -124,14 +149,18 @@ class QuantViews:
     weights: tuple[QuantWeight, ...]
 
 
-def quant_views(planes: Sequence[dict], plane_bits: Sequence[int], group_size: int) -> QuantViews | None:
+def quant_views(
+    planes: Sequence[dict], plane_bits: Sequence[int], group_size: int, code_bits: int = 0
+) -> QuantViews | None:
     """The kernel's views of MLX planes ({"weight", "scales", "biases"}), or None where a plane
-    has no biases or a shape the kernel does not take."""
+    has no biases or a shape the kernel does not take (code_bits: as QuantWeight.from_arrays)."""
     weights = []
     for plane, bits in zip(planes, plane_bits, strict=True):
         if plane.get("biases") is None or bits not in SUPPORTED_BITS:
             return None
-        view = QuantWeight.from_arrays(plane["weight"], plane["scales"], plane["biases"], group_size, bits)
+        view = QuantWeight.from_arrays(
+            plane["weight"], plane["scales"], plane["biases"], group_size, bits, code_bits
+        )
         if not view.fits_kernel():
             return None
         weights.append(view)

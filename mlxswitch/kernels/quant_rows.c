@@ -3,7 +3,7 @@
  * W (out × in) is MLX's triple: packed codes (row o's codes at w + o·in·bits/8, little-endian
  * words, values from the low bits up), and per group of `gs` inputs a scale and a bias, so that
  * W[o, i] = scales[o, g]·q[o, i] + biases[o, g]. Bits 4 and 8 are read in place; other widths are
- * unpacked by the loader into one code a byte and read as 8 (kernels/quant_cpu.py).
+ * widened or unpacked by the loader into one code a byte and read as 8 (kernels/quant_cpu.py).
  *
  * Few rows (a decoding step, a check of a few drafted tokens): an output's 16 codes at a time are
  * unpacked, converted and dequantized in registers (w = s·q + b) and multiplied into up to 8 rows,

@@ -249,7 +249,11 @@ def source_bits(model: nn.Module) -> int | None:
     state = getattr(model, "gear_state", None)
     if state is not None:  # already nested: the source was recorded then
         return state.source_bits
-    bits = [m.bits if isinstance(m, nn.QuantizedLinear) else None for _, m in linear_layers(model)]
+    # A CPU load widens narrow codes to bytes (rows.py): code_bits keeps the source's width.
+    bits = [
+        (getattr(m, "code_bits", 0) or m.bits) if isinstance(m, nn.QuantizedLinear) else None
+        for _, m in linear_layers(model)
+    ]
     widths = [b for b in bits if b is not None]
     return None if not bits or len(widths) < len(bits) else max(widths)
 

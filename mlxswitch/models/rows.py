@@ -18,7 +18,14 @@ import numpy as np
 from ..kernels.nested import quantized_matmul_rows
 from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul, resident_copy, resident_dense_matmul
 from ..kernels.panel_cpu import PanelWeight
-from ..kernels.quant_cpu import QuantViews, int8_inputs, quant_views
+from ..kernels.quant_cpu import (
+    DIRECT_BITS,
+    SUPPORTED_BITS,
+    QuantViews,
+    int8_inputs,
+    quant_views,
+    widened_codes,
+)
 from ..kernels.route import current_route
 from .cpu_blocks import use_numpy_blocks
 from .machine import available_memory_bytes
@@ -33,6 +40,8 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
     quant: QuantViews | None = None
     # Whether its input may be rounded to int8 (quant_cpu.int8_inputs: not a down projection's).
     int8_inputs: bool = True
+    # The stored codes' own width where keep_quantized widened them to bytes (`bits` is then 8).
+    code_bits: int = 0
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): by the quantized kernel on the stored codes, or on the resident fp32
@@ -66,11 +75,18 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
 
     def keep_quantized(self) -> bool:
         """Take the quantized kernel's view of the stored codes (no copy for 4- and 8-bit codes
-        with fp32 scales); False where the layer's shape or mode does not fit the kernel."""
+        with fp32 scales); False where the layer's shape or mode does not fit the kernel. 2-, 3-,
+        5- and 6-bit codes are widened in place to MLX's 8-bit layout, a byte a code, which the
+        kernel reads as it is: the same W, held once (before, the packed codes stayed beside the
+        kernel's byte copy: the Qwen 0.5B's 5-bit layers held ~190 MB twice)."""
         if self.mode != "affine" or self.get("biases") is None:
             return False
+        code_bits = self.code_bits or self.bits
+        if self.bits not in DIRECT_BITS and self.bits in SUPPORTED_BITS:
+            self.weight = widened_codes(self["weight"], self.bits)
+            self.bits, self.code_bits = 8, code_bits
         plane = {"weight": self["weight"], "scales": self["scales"], "biases": self["biases"]}
-        self.quant = quant_views([plane], (self.bits,), self.group_size)
+        self.quant = quant_views([plane], (self.bits,), self.group_size, code_bits)
         return self.quant is not None
 
     def keep_dense(self) -> None:
@@ -100,6 +116,7 @@ class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
 
     dense: np.ndarray | PanelWeight | None = None
     quant: QuantViews | None = None
+    code_bits: int = 0  # as RowsQuantizedLinear's
 
     def as_linear(self, x: mx.array) -> mx.array:
         """x · Wᵀ: by the quantized kernel, or on the resident fp32 weight when the route keeps one,
