@@ -77,8 +77,8 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
         """Take the quantized kernel's view of the stored codes (no copy for 4- and 8-bit codes
         with fp32 scales); False where the layer's shape or mode does not fit the kernel. 2-, 3-,
         5- and 6-bit codes are widened in place to MLX's 8-bit layout, a byte a code, which the
-        kernel reads as it is: the same W, held once (before, the packed codes stayed beside the
-        kernel's byte copy: the Qwen 0.5B's 5-bit layers held ~190 MB twice)."""
+        kernel reads as it is: the same W, held once (before, the packed codes, ~190 MB of the Qwen
+        0.5B's, stayed beside the kernel's byte copy; the pair's resident set 2.73 → 2.61 GB)."""
         if self.mode != "affine" or self.get("biases") is None:
             return False
         code_bits = self.code_bits or self.bits
