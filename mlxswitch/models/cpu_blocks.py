@@ -12,6 +12,7 @@ is not a plain one (a quantized KV cache), MLX's own code runs.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -290,20 +291,24 @@ def _rope_tables(rope: nn.RoPE, offsets: np.ndarray, length: int) -> tuple[np.nd
 _ROPE_TABLES: dict[str, tuple] = {}
 
 
+@dataclass(frozen=True)
+class _NumpyWeight:
+    """A norm's weight and its fp32 NumPy view, kept on the norm (a plain attribute, never a
+    parameter: not an mx.array, dict, list or tuple) while that array is still its weight."""
+
+    weight: mx.array
+    view: np.ndarray
+
+
 def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm) -> np.ndarray:
     """nn.RMSNorm on fp32 NumPy rows."""
-    weight = _NORM_WEIGHTS.get(id(norm))
-    if weight is None or weight[0] is not norm.weight:  # a norm's fp32 view, kept while it is its weight
+    kept = getattr(norm, "numpy_weight", None)
+    if kept is None or kept.weight is not norm.weight:
         view = np.asarray(norm.weight if norm.weight.dtype == mx.float32 else norm.weight.astype(mx.float32))
-        weight = _NORM_WEIGHTS[id(norm)] = (norm.weight, view)
+        kept = norm.numpy_weight = _NumpyWeight(norm.weight, view)
     # np.mean's own bits (a sum, then one division), without its Python-level wrapper
     mean_square = np.add.reduce(np.square(rows), axis=-1, keepdims=True) / np.float32(rows.shape[-1])
-    return rows / np.sqrt(mean_square + np.float32(norm.eps)) * weight[1]
-
-
-# id(norm) → (its weight array, that array's fp32 NumPy view); the array is held, so its id
-# cannot be reused while the entry lives.
-_NORM_WEIGHTS: dict[int, tuple[mx.array, np.ndarray]] = {}
+    return rows / np.sqrt(mean_square + np.float32(norm.eps)) * kept.view
 
 
 def _rows_times(linear: nn.Module, rows: np.ndarray) -> np.ndarray:
