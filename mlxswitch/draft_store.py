@@ -33,6 +33,8 @@ def store_path(ladder: Ladder) -> Path:
                 route.backend,
                 route.kernels,
                 route.plain_linears,
+                route.quant_activations,
+                route.quant_scales,
                 route.resident_product,
                 route.blas_threads,
                 route.compute_dtype,

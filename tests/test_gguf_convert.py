@@ -159,19 +159,20 @@ def _module(model, gguf_name: str):
 
 def _weight(module) -> np.ndarray:
     if hasattr(module, "scales"):
-        return np.asarray(
-            mx.dequantize(
-                module.weight, module.scales, module.biases, group_size=module.group_size, bits=module.bits
-            )
-        )
+        wide = (module.scales.astype(mx.float32), module.biases.astype(mx.float32))
+        return np.asarray(mx.dequantize(module.weight, *wide, group_size=module.group_size, bits=module.bits))
     return np.asarray(module.weight.astype(mx.float32))
 
 
 @pytest.mark.parametrize("kind", PYTHON_QUANTIZED + K_QUANTS, ids=lambda k: k.name)
 def test_every_supported_type_loads_as_gguf_dequantizes_it(tmp_path, vocab, kind):
+    from mlxswitch.kernels.route import kernels_override
+
     path = tmp_path / f"tiny-{kind.name}.gguf"
     write_qwen2_gguf(path, vocab, kind)
-    loaded = load_gguf_file("tiny", path, "tiny")
+    with kernels_override("exact"):  # the scales as converted (the default may hold them as fp16)
+        loaded = load_gguf_file("tiny", path, "tiny")
+    default = load_gguf_file("tiny", path, "tiny")
     truth = gguf_floats(path)
     for name, values in truth.items():
         if values.ndim != 2:
@@ -189,6 +190,12 @@ def test_every_supported_type_loads_as_gguf_dequantizes_it(tmp_path, vocab, kind
         else:  # off the grid: within one 8-bit step (MLX moves the offset to keep 0 exact)
             step = np.asarray(module.scales).repeat(32, axis=1)
             assert (np.abs(got - values) <= 1.01 * np.abs(step)).all(), name
+        # the default's W: the same, up to its scales and biases rounded to fp16's 11 bits
+        held = _module(default.model, name)
+        if hasattr(held, "scales"):
+            codes_top = float((1 << (getattr(held, "code_bits", 0) or held.bits)) - 1)
+            size = codes_top * np.abs(np.asarray(module.scales)) + np.abs(np.asarray(module.biases))
+            assert (np.abs(_weight(held) - got) <= 2.0**-11 * size.repeat(32, axis=1) + 1e-12).all(), name
     if needs_conversion(path):  # else mx.load read it directly (the test below proves it exact)
         assert loaded.config["mlxswitch_gguf"]["types"][kind.name] > 0
 

@@ -70,12 +70,38 @@ def test_one_and_two_threads_give_the_same_bits():
 
 
 @needs_kernel
-def test_half_precision_scales_are_widened_once_and_give_the_same_products():
-    weight, truth = _weight(16, 64, 4, 32, scale_dtype=mx.float16)
-    assert weight.scales.dtype == np.float32 and weight.biases.dtype == np.float32
-    xs = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
-    want = xs.astype(np.float64) @ truth.T
-    assert np.allclose(KERNEL.times(xs, weight), want, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("scale_dtype", [mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8, 5])
+def test_half_precision_scales_are_read_in_place_and_give_the_float64_products(scale_dtype, bits):
+    from mlxswitch.kernels.quant_cpu import int8_reference
+
+    weight, truth = _weight(19, 320, bits, 32, seed=bits, scale_dtype=scale_dtype)
+    assert weight.scales.itemsize == weight.biases.itemsize == 2  # no fp32 copy of them
+    assert weight.nbytes == weight.codes.nbytes + 2 * weight.scales.size * 2
+    rng = np.random.default_rng(2)
+    for rows in (1, 3, 13):
+        xs = rng.standard_normal((rows, 320)).astype(np.float32)
+        want = xs.astype(np.float64) @ truth.T
+        for many_from in (1 << 30, 1):  # registers, dequantized panel
+            got = KERNEL.times(xs, weight, 2, many_from)
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, many_from)
+        exact = int8_reference(xs, weight, truth)
+        got = KERNEL.times(xs, weight, 2, None, int8=True)
+        assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max()
+
+
+def test_fp32_scales_become_fp16_only_where_every_scale_is_in_its_normal_range():
+    from mlxswitch.kernels.quant_cpu import FP16_NORMAL_MIN, fp16_scales
+
+    scales = mx.array([[0.5, 0.0], [FP16_NORMAL_MIN, 3.0]])
+    biases = mx.array([[-4.0, 1e-9], [0.0, -24.0]])
+    narrowed = fp16_scales(scales, biases)
+    assert narrowed is not None and all(a.dtype == mx.float16 for a in narrowed)
+    assert np.array_equal(np.array(narrowed[0].astype(mx.float32)), np.array(scales))
+    # a step fp16 holds with fewer than 11 significant bits, or a value past its range: kept
+    assert fp16_scales(mx.array([[0.5, FP16_NORMAL_MIN / 2]]), mx.zeros((1, 2))) is None
+    assert fp16_scales(mx.array([[0.5, 1.0]]), mx.array([[0.0, 70000.0]])) is None
+    assert fp16_scales(scales.astype(mx.float16), biases.astype(mx.float16)) is None  # not fp32
 
 
 def test_4_and_8_bit_codes_are_read_in_place_and_other_widths_unpacked_once():
@@ -280,6 +306,48 @@ def test_the_cpu_default_takes_int8_activations_and_exact_takes_fp32():
     assert route_for("cpu", "auto", quant_kernel=False).quant_activations == "none"
     assert route_for("cpu", "fp32", quant_kernel=True).quant_activations == "none"
     assert route_for("metal", "auto", quant_kernel=True).quant_activations == "none"
+    # fp16 scales with int8 activations; exact keeps the scales as loaded
+    assert route_for("cpu", "auto", quant_kernel=True).quant_scales == "fp16"
+    assert route_for("cpu", "exact", quant_kernel=True).quant_scales == "stored"
+    assert route_for("cpu", "fp32", quant_kernel=True).quant_scales == "none"
+    assert route_for("metal", "auto", quant_kernel=True).quant_scales == "none"
+
+
+@needs_kernel
+def test_the_cpu_default_holds_a_models_scales_as_fp16_and_its_lookups_stay_fp32():
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models import rows
+
+    ids = mx.array([[5, 17, 42, 7, 99, 3]])
+    held = {}
+    for kernels in ("exact", "auto"):
+        resolve_route(kernels, "cpu")
+        model = make_model(llama_config(vocab_size=300, tie=True), seed=5)
+        nn.quantize(model, group_size=32, bits=4)
+        mx.eval(model.parameters())
+        stored = model.model.embed_tokens["scales"], model.model.embed_tokens["biases"]
+        rows.use_fast_rows(model)
+        layer, embed = model.model.layers[0].mlp.up_proj, model.model.embed_tokens
+        held[kernels] = (layer["scales"].dtype, embed["scales"].dtype, layer.quant.weights[0].scale_type)
+        looked_up = embed(ids)
+        assert looked_up.dtype == mx.float32
+        # the lookup is the narrowed W's rows, computed in fp32
+        want = mx.dequantize(
+            embed["weight"][ids],
+            embed["scales"][ids].astype(mx.float32),
+            embed["biases"][ids].astype(mx.float32),
+            group_size=32,
+            bits=4,
+        )
+        assert np.array_equal(np.array(looked_up), np.array(want))
+        if kernels == "auto":  # each narrowed value is its fp32 one to fp16's 11 bits
+            for narrowed, loaded in zip((embed["scales"], embed["biases"]), stored, strict=True):
+                loaded_np = np.array(loaded)
+                gap = np.abs(np.array(narrowed.astype(mx.float32)) - loaded_np)
+                assert (gap <= 2.0**-11 * np.abs(loaded_np)).all()
+    assert held["exact"] == (mx.float32, mx.float32, 0)
+    assert held["auto"] == (mx.float16, mx.float16, 1)
 
 
 def test_every_pass_a_decoding_round_makes_takes_the_int8_path():

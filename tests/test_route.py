@@ -30,6 +30,7 @@ FIELDS = [
     "signals",
     "plain_linears",
     "quant_activations",
+    "quant_scales",
     "resident_product",
     "nested",
     "multi_row",

@@ -49,12 +49,47 @@ DIRECT_BITS = (4, 8)  # read in place; other widths are widened (or unpacked) to
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 
 
-def _fp32_view(values: mx.array) -> np.ndarray:
-    """A float array as contiguous fp32 NumPy: a view of MLX's buffer where it is fp32 already."""
-    if values.dtype != mx.float32:
+# How the kernel reads scales and biases (quant_rows.c's SCALE_F32, SCALE_F16, SCALE_BF16).
+SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
+
+
+def _scale_view(values: mx.array) -> tuple[np.ndarray, int]:
+    """Scales or biases as the kernel reads them, and their type: a view of MLX's buffer where
+    they are fp32, fp16 or bf16 (bf16 as its uint16 bits: NumPy has no bf16); else an fp32 copy."""
+    if values.dtype not in SCALE_TYPES:
         values = values.astype(mx.float32)
+    if values.dtype == mx.bfloat16:
+        values = mx.view(values, mx.uint16)
     mx.eval(values)
-    return np.ascontiguousarray(np.asarray(values))
+    return np.ascontiguousarray(np.asarray(values)), SCALE_TYPES.get(values.dtype, 2)
+
+
+FP16_NORMAL_MIN = 2.0**-14  # below it an fp16 value is subnormal: fewer than 11 significant bits
+FP16_MAX = 65504.0
+
+
+def fp16_scales(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array] | None:
+    """A layer's fp32 scales and biases as fp16, where every non-zero scale is in fp16's normal
+    range (each then kept to 11 significant bits, a weight s·q + b as precise as an fp16 model's:
+    on the Qwen pair, all but the Q6_K-born 8-bit down and v projections whose smallest steps are
+    subnormal there); else None: the layer keeps its own."""
+    if scales.dtype != mx.float32 or biases.dtype != mx.float32:
+        return None
+    mx.eval(scales, biases)
+    size = np.abs(np.asarray(scales))  # views of MLX's buffers
+    largest = max(float(size.max()), float(np.abs(np.asarray(biases)).max()))
+    if (size[size > 0] < FP16_NORMAL_MIN).any() or largest > FP16_MAX:
+        return None
+    narrowed = scales.astype(mx.float16), biases.astype(mx.float16)
+    mx.eval(*narrowed)
+    return narrowed
+
+
+def scale_floats(values: np.ndarray) -> np.ndarray:
+    """A kernel view's scales or biases (fp32, fp16, or bf16 as uint16 bits) as float64."""
+    if values.dtype == np.uint16:  # bf16: the top half of an fp32
+        return (values.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return values.astype(np.float64)
 
 
 def unpack_codes(weight: np.ndarray, bits: int, in_dims: int) -> np.ndarray:
@@ -88,7 +123,8 @@ def widened_codes(weight: mx.array, bits: int) -> mx.array:
 @dataclass(frozen=True, eq=False)
 class QuantWeight:
     """One affine-quantized W (out × in) as the kernel reads it: codes (4-bit packed, or one byte
-    a code), fp32 scales and biases (out × groups). `keep` holds the MLX arrays the views read."""
+    a code), scales and biases (out × groups) of `scale_type` (SCALE_TYPES). `keep` holds the MLX
+    arrays the views read."""
 
     codes: np.ndarray
     scales: np.ndarray
@@ -99,6 +135,7 @@ class QuantWeight:
     in_dims: int
     keep: tuple = ()
     code_bits: int = 0  # the codes' own width (5 for 5-bit codes held a byte each); 0: `bits`
+    scale_type: int = 0  # SCALE_TYPES: fp32, fp16 or bf16 (held as its uint16 bits)
 
     @property
     def centre_log2(self) -> int:
@@ -115,8 +152,9 @@ class QuantWeight:
         bits: int,
         code_bits: int = 0,
     ) -> QuantWeight:
-        """The kernel's view of MLX's triple (copies only what is not 4/8-bit codes or fp32);
-        code_bits: the codes' own width where narrower than their container (widened_codes)."""
+        """The kernel's view of MLX's triple (copies only codes of other widths than 4 and 8, and
+        scales of other types than fp32, fp16 and bf16); code_bits: the codes' own width where
+        narrower than their container (widened_codes)."""
         if bits not in SUPPORTED_BITS:
             raise ValueError(f"{bits}-bit codes are not supported (supported: {SUPPORTED_BITS})")
         mx.eval(weight)
@@ -126,9 +164,12 @@ class QuantWeight:
             codes, kernel_bits = packed.view(np.uint8), bits
         else:
             codes, kernel_bits = unpack_codes(packed, bits, in_dims), 8
-        s, b = _fp32_view(scales), _fp32_view(biases)
+        if scales.dtype != biases.dtype:
+            scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
+        (s, scale_type), (b, _) = _scale_view(scales), _scale_view(biases)
         keep = (weight, scales, biases)
-        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, keep, code_bits or bits)
+        own_bits = code_bits or bits
+        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, keep, own_bits, scale_type)
 
     @property
     def nbytes(self) -> int:
@@ -174,9 +215,11 @@ class QuantKernel:
         self._library = library  # kept: the function below lives in it
         self._rows = library.quant_rows
         self._rows_int8 = library.quant_rows_int8
+        # x, codes, scales, biases, y; rows, in, out, group; bits, threads; many_from, scale type
         arguments = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
+        arguments += [ctypes.c_int]  # (+ log2 of the codes' centre, for int8)
         self._rows.argtypes = arguments
-        self._rows_int8.argtypes = arguments + [ctypes.c_int]  # log2 of the codes' centre
+        self._rows_int8.argtypes = arguments + [ctypes.c_int]
         for function in (self._rows, self._rows_int8):
             function.restype = ctypes.c_int
         self.flags = flags
@@ -211,9 +254,10 @@ class QuantKernel:
             threads,
         ]
         if int8:
-            done = self._rows_int8(*arguments, rows + 1, weight.centre_log2)
+            done = self._rows_int8(*arguments, rows + 1, weight.scale_type, weight.centre_log2)
         else:
-            done = self._rows(*arguments, MANY_ROWS_FROM if many_from is None else many_from)
+            many = MANY_ROWS_FROM if many_from is None else many_from
+            done = self._rows(*arguments, many, weight.scale_type)
         if done < 1:
             raise MemoryError("the quantized kernel could not get its scratch memory")
         return y
@@ -227,12 +271,17 @@ class QuantBuild:
     detail: str
 
 
-def _random_weight(rng, out_dims: int, in_dims: int, bits: int, group_size: int):
-    """A random quantized weight and its truth: MLX's own dequantization, in float64."""
+def _random_weight(rng, out_dims: int, in_dims: int, bits: int, group_size: int, scale_dtype=mx.float32):
+    """A random quantized weight (scales and biases of `scale_dtype`) and its truth: s·q + b in
+    float64 (q: MLX's own unpacking of the codes)."""
     w = mx.array(rng.standard_normal((out_dims, in_dims)).astype(np.float32))
     q, s, b = mx.quantize(w, group_size=group_size, bits=bits)
-    truth = np.array(mx.dequantize(q, s, b, group_size=group_size, bits=bits)).astype(np.float64)
-    return QuantWeight.from_arrays(q, s, b, group_size, bits), truth
+    s, b = s.astype(scale_dtype), b.astype(scale_dtype)
+    ones, zeros = mx.ones(s.shape, mx.float32), mx.zeros(s.shape, mx.float32)
+    codes = np.array(mx.dequantize(q, ones, zeros, group_size=group_size, bits=bits)).astype(np.float64)
+    view = QuantWeight.from_arrays(q, s, b, group_size, bits)
+    spread = np.repeat(scale_floats(view.scales), group_size, axis=1)
+    return view, codes * spread + np.repeat(scale_floats(view.biases), group_size, axis=1)
 
 
 INT8_BLOCK = 32  # inputs sharing one int8 step (quant_rows.c's BLOCK)
@@ -290,40 +339,46 @@ def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray) -> np
     step = (peak / np.float32(127)).astype(np.float32)
     rounded = (codes * step.astype(np.float64)).reshape(rows, -1)
     centre = float(1 << weight.centre_log2)
-    bias = np.repeat(weight.biases.astype(np.float64) + centre * weight.scales, g, axis=1)
+    bias = np.repeat(scale_floats(weight.biases) + centre * scale_floats(weight.scales), g, axis=1)
     return rounded @ (truth - bias).T + xs.astype(np.float64) @ bias.T
 
 
 def check_kernel(kernel: QuantKernel) -> str | None:
     """None when the kernel equals a float64 product of MLX's dequantized W on odd shapes, at
-    every bit width, group size and row grouping, on 1 and 2 threads, by both paths; else what
-    differed."""
+    every bit width, group size, scale type and row grouping, on 1 and 2 threads, by both paths;
+    else what differed."""
     rng = np.random.default_rng(0)
     for bits in SUPPORTED_BITS:
         for group_size in (32, 64):
-            # a whole tree of 8 int8 blocks and a part of one
-            weight, truth = _random_weight(rng, 19, 256 + group_size, bits, group_size)
-            for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13):
-                xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
-                want = xs.astype(np.float64) @ truth.T
-                for many_from in (1 << 30, 1):
-                    for threads in (1, 2):
-                        got = kernel.times(xs, weight, threads, many_from)
-                        scale = max(float(np.abs(want).max()), 1e-30)
-                        if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-5 * scale:
-                            path = "panel" if many_from == 1 else "register"
-                            return (
-                                f"{bits}-bit, group {group_size}, {rows} rows, {path} path, "
-                                f"{threads} threads differed from a float64 product"
-                            )
-                if group_size % INT8_BLOCK == 0:  # every code width, whichever the route sends
-                    exact = int8_reference(xs, weight, truth)
-                    got = kernel.times(xs, weight, 2, None, int8=True)
-                    if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
-                        return (
-                            f"int8 activations, {bits}-bit, group {group_size}, {rows} rows differed from "
-                            "their reference"
-                        )
+            for scale_dtype in SCALE_TYPES:
+                # a whole tree of 8 int8 blocks and a part of one
+                weight, truth = _random_weight(rng, 19, 256 + group_size, bits, group_size, scale_dtype)
+                every_row = scale_dtype == mx.float32  # the other types: a row, a tile, the panel
+                for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13) if every_row else (1, 3, 13):
+                    mismatch = _check_rows(kernel, rng, weight, truth, rows)
+                    if mismatch is not None:
+                        where = f"{bits}-bit, group {group_size}, {scale_dtype} scales, {rows} rows"
+                        return f"{mismatch}, {where}"
+    return None
+
+
+def _check_rows(kernel: QuantKernel, rng, weight: QuantWeight, truth: np.ndarray, rows: int) -> str | None:
+    """None when `rows` random rows times the weight equal their float64 product by both paths on
+    1 and 2 threads, and the int8 path its reference; else which differed."""
+    xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
+    want = xs.astype(np.float64) @ truth.T
+    for many_from in (1 << 30, 1):
+        for threads in (1, 2):
+            got = kernel.times(xs, weight, threads, many_from)
+            scale = max(float(np.abs(want).max()), 1e-30)
+            if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-5 * scale:
+                path = "panel" if many_from == 1 else "register"
+                return f"the {path} path on {threads} threads differed from a float64 product"
+    if weight.group_size % INT8_BLOCK == 0:  # every code width, whichever the route sends
+        exact = int8_reference(xs, weight, truth)
+        got = kernel.times(xs, weight, 2, None, int8=True)
+        if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
+            return "int8 activations differed from their reference"
     return None
 
 

@@ -2,7 +2,8 @@
  *
  * W (out × in) is MLX's triple: packed codes (row o's codes at w + o·in·bits/8, little-endian
  * words, values from the low bits up), and per group of `gs` inputs a scale and a bias, so that
- * W[o, i] = scales[o, g]·q[o, i] + biases[o, g]. Bits 4 and 8 are read in place; other widths are
+ * W[o, i] = scales[o, g]·q[o, i] + biases[o, g]. Scales and biases are fp32, fp16 or bf16
+ * (`scale_type`), read as they are and widened to fp32 in registers. Bits 4 and 8 are read in place; other widths are
  * widened or unpacked by the loader into one code a byte and read as 8 (kernels/quant_cpu.py).
  *
  * Few rows (a decoding step, a check of a few drafted tokens): an output's 16 codes at a time are
@@ -75,6 +76,63 @@ static inline float hsum(vf v) {
 }
 #endif
 
+/* How scales and biases are stored (quant_cpu.py's SCALE_TYPES). */
+enum { SCALE_F32 = 0, SCALE_F16 = 1, SCALE_BF16 = 2 };
+
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 31u, mantissa = h & 0x3ffu, u;
+    if (exponent == 0) { /* zero or subnormal: mantissa · 2^-24, exact in fp32 */
+        float f = (float)mantissa * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    u = sign | (exponent == 31 ? 0x7f800000u : (exponent + 112u) << 23) | (mantissa << 13);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+/* Element i of a scale (or bias) array of the given type, as fp32 (exact: every fp16 and bf16
+ * value is an fp32 value). */
+static inline float scale_at(const void *p, long i, int type) {
+    if (type == SCALE_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    if (type == SCALE_F16) return half_to_float(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Elements first..first+n-1 of a scale array as fp32: in place where they are fp32, else widened
+ * into `buffer` (n floats), once for a row of codes, so the inner loops read fp32 either way. */
+static inline const float *fp32_scales(const void *p, long first, long n, int type, float *buffer) {
+    if (type == SCALE_F32) return (const float *)p + first;
+    long i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const uint16_t *h = (const uint16_t *)p + first;
+    for (; i + 8 <= n; i += 8) {
+        __m128i bits = _mm_loadu_si128((const __m128i *)(h + i));
+#if defined(__F16C__)
+        __m256 wide = type == SCALE_F16 ? _mm256_cvtph_ps(bits)
+                                        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+        _mm256_storeu_ps(buffer + i, wide);
+#else
+        if (type == SCALE_F16) break;
+        _mm256_storeu_ps(buffer + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16)));
+#endif
+    }
+#endif
+    for (; i < n; i++) buffer[i] = scale_at(p, first + i, type);
+    return buffer;
+}
+
+/* Bytes an element of a scale array of this type takes. */
+static inline long scale_size(int type) { return type == SCALE_F32 ? 4 : 2; }
+
 /* x's columns in the order a 4-bit row's bytes give them: per 16 inputs, the even ones (low
  * nibbles of 8 bytes), then the odd ones (high nibbles). */
 static void split_nibble_order(const float *x, float *out, long rows, long n_in) {
@@ -103,10 +161,16 @@ static inline void dequantize16(const uint8_t *codes, long c, int bits, vf s, vf
  * stay in registers). Each output's codes are dequantized once in registers for the K rows;
  * O·K independent accumulators keep the multiply-adds from waiting on each other. */
 #define TILE(O, K, S)                                                                            \
-    static void tile_##O##x##K(const float *xs, const uint8_t *w, const float *scales,          \
-                               const float *biases, float *y, long n_in, long n_out, long gs,   \
-                               int bits) {                                                       \
+    static void tile_##O##x##K(const float *xs, const uint8_t *w, const void *scales,           \
+                               const void *biases, float *y, long n_in, long n_out, long gs,    \
+                               int bits, int type) {                                             \
         long groups = n_in / gs, row_bytes = n_in * bits / 8;                                    \
+        float widened[2][O][groups];                                                             \
+        const float *sc[O], *bi[O];                                                              \
+        for (int o = 0; o < O; o++) {                                                            \
+            sc[o] = fp32_scales(scales, o * groups, groups, type, widened[0][o]);                \
+            bi[o] = fp32_scales(biases, o * groups, groups, type, widened[1][o]);                \
+        }                                                                                        \
         vf acc[O][K][S];                                                                         \
         for (int o = 0; o < O; o++)                                                              \
             for (int r = 0; r < K; r++)                                                          \
@@ -115,8 +179,8 @@ static inline void dequantize16(const uint8_t *codes, long c, int bits, vf s, vf
             for (long c = g * gs; c < (g + 1) * gs; c += 16) {                                   \
                 for (int o = 0; o < O; o++) {                                                    \
                     vf w0, w1;                                                                   \
-                    dequantize16(w + o * row_bytes, c, bits, splat(scales[o * groups + g]),      \
-                                 splat(biases[o * groups + g]), &w0, &w1);                       \
+                    dequantize16(w + o * row_bytes, c, bits, splat(sc[o][g]), splat(bi[o][g]),   \
+                                 &w0, &w1);                                                      \
                     for (int r = 0; r < K; r++) {                                                \
                         acc[o][r][0] = fmadd(w0, loadf(xs + r * n_in + c), acc[o][r][0]);        \
                         acc[o][r][S - 1] = fmadd(w1, loadf(xs + r * n_in + c + 8), acc[o][r][S - 1]); \
@@ -147,8 +211,8 @@ TILE(1, 8, 1)
 TILE(1, 1, 1)
 TILE(1, 2, 1)
 
-typedef void (*tile_fn)(const float *, const uint8_t *, const float *, const float *, float *,
-                        long, long, long, int);
+typedef void (*tile_fn)(const float *, const uint8_t *, const void *, const void *, float *, long,
+                        long, long, int, int);
 /* Up to 8 rows share one unpack of each output's codes: a check of 7 drafted tokens reads and
  * unpacks the weights once, as a step does (5-8 rows keep one accumulator a row: 8 of 16
  * registers). */
@@ -160,12 +224,14 @@ static const tile_fn NARROW[ROW_GROUP + 1] = {0,        tile_1x1, tile_1x2, tile
 
 /* Outputs o0..o0+width of W dequantized into `tile` (width rows of n_in floats, in the order the
  * codes unpack in: x in the same order multiplies it), 16 weights at a time in registers. */
-static void dequantize_tile(const uint8_t *w, const float *scales, const float *biases,
-                            float *tile, long o0, long width, long n_in, long gs, int bits) {
+static void dequantize_tile(const uint8_t *w, const void *scales, const void *biases, float *tile,
+                            long o0, long width, long n_in, long gs, int bits, int type) {
     long groups = n_in / gs, row_bytes = n_in * bits / 8;
     for (long j = 0; j < width; j++) {
         const uint8_t *codes = w + (o0 + j) * row_bytes;
-        const float *s = scales + (o0 + j) * groups, *b = biases + (o0 + j) * groups;
+        float widened[2][groups];
+        const float *s = fp32_scales(scales, (o0 + j) * groups, groups, type, widened[0]);
+        const float *b = fp32_scales(biases, (o0 + j) * groups, groups, type, widened[1]);
         float *out = tile + j * n_in;
         for (long c = 0; c < n_in; c += 16) {
             vf w0, w1;
@@ -248,8 +314,9 @@ static const panel_fn PANEL_FN[PANEL_ROWS + 1] = {0,           panel_rows_1, pan
 
 /* The many-row path: each thread dequantizes PANEL outputs at a time (in registers, into a
  * tile), lays them out as a panel that stays in cache, and multiplies every row on it. */
-static int many_rows(const float *xs, const uint8_t *w, const float *scales, const float *biases,
-                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads) {
+static int many_rows(const float *xs, const uint8_t *w, const void *scales, const void *biases,
+                     float *y, long rows, long n_in, long n_out, long gs, int bits, int type,
+                     int threads) {
     long blocks = (n_out + PANEL - 1) / PANEL;
     int failed = 0;
 #ifdef _OPENMP
@@ -271,7 +338,7 @@ static int many_rows(const float *xs, const uint8_t *w, const float *scales, con
         for (long blk = 0; blk < blocks; blk++) {
             if (!tile || !panel) continue;
             long o0 = blk * PANEL, width = n_out - o0 < PANEL ? n_out - o0 : PANEL;
-            dequantize_tile(w, scales, biases, tile, o0, width, n_in, gs, bits);
+            dequantize_tile(w, scales, biases, tile, o0, width, n_in, gs, bits, type);
             tile_to_panel(tile, panel, width, n_in);
             for (long r = 0; r < rows; r += PANEL_ROWS) {
                 long k = rows - r < PANEL_ROWS ? rows - r : PANEL_ROWS;
@@ -314,27 +381,30 @@ static void for_each_tile(const int *width, long group, long rows, long n_out, i
 struct few_args {
     const float *xs;
     const uint8_t *w;
-    const float *scales, *biases;
+    const void *scales, *biases;
     float *y;
     long n_in, n_out, gs, groups, row_bytes;
-    int bits;
+    int bits, type;
 };
 
 static void few_step(const void *args, int wide, long k, long r, long o) {
     const struct few_args *a = args;
-    (wide ? WIDE[k] : NARROW[k])(a->xs + r * a->n_in, a->w + o * a->row_bytes, a->scales + o * a->groups,
-                                 a->biases + o * a->groups, a->y + r * a->n_out + o, a->n_in, a->n_out,
-                                 a->gs, a->bits);
+    long first = o * a->groups * scale_size(a->type); /* bytes to output o's first scale */
+    (wide ? WIDE[k] : NARROW[k])(a->xs + r * a->n_in, a->w + o * a->row_bytes,
+                                 (const char *)a->scales + first, (const char *)a->biases + first,
+                                 a->y + r * a->n_out + o, a->n_in, a->n_out, a->gs, a->bits, a->type);
 }
 
 /* y (rows × n_out) = x (rows × n_in) · Wᵀ for bits 4 or 8 (codes one a byte), group size `gs`
- * (a multiple of 16 dividing n_in). From `many_from` rows on, the
+ * (a multiple of 16 dividing n_in), scales and biases of `type`. From `many_from` rows on, the
  * dequantized-panel path. Returns the threads used, or -1 on a bad argument or no memory. */
-int quant_rows(const float *x, const void *codes, const float *scales, const float *biases,
-               float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
-               long many_from) {
+int quant_rows(const float *x, const void *codes, const void *scales, const void *biases, float *y,
+               long rows, long n_in, long n_out, long gs, int bits, int threads, long many_from,
+               int type) {
     const uint8_t *w = codes;
-    if (!biases || (bits != 4 && bits != 8) || gs < 16 || gs % 16 || n_in % gs || rows < 1) return -1;
+    if (!biases || (bits != 4 && bits != 8) || gs < 16 || gs % 16 || n_in % gs || rows < 1 ||
+        type < SCALE_F32 || type > SCALE_BF16)
+        return -1;
     if (threads < 1) threads = 1;
 #ifndef _OPENMP
     threads = 1;
@@ -348,11 +418,11 @@ int quant_rows(const float *x, const void *codes, const float *scales, const flo
         memcpy(xs, x, sizeof(float) * rows * n_in);
     long row_bytes = n_in * bits / 8;
     if (rows >= many_from) {
-        int failed = many_rows(xs, w, scales, biases, y, rows, n_in, n_out, gs, bits, threads);
+        int failed = many_rows(xs, w, scales, biases, y, rows, n_in, n_out, gs, bits, type, threads);
         free(xs);
         return failed ? -1 : threads;
     }
-    struct few_args args = {xs, w, scales, biases, y, n_in, n_out, gs, groups, row_bytes, bits};
+    struct few_args args = {xs, w, scales, biases, y, n_in, n_out, gs, groups, row_bytes, bits, type};
     for_each_tile(WIDTH, ROW_GROUP, rows, n_out, threads, few_step, &args);
     free(xs);
     return threads;
@@ -392,10 +462,10 @@ struct i8_args {
     const float *dx, *xsum;
     const int32_t *xqsum; /* Σ xq per block (padded like dx) */
     const uint8_t *w;
-    const float *scales, *biases;
+    const void *scales, *biases;
     float *y;
     long n_in, n_out, gs, groups, blocks, padded;
-    int bits, centre; /* the codes' container (4 or 8) and log2 of their centre */
+    int bits, centre, type; /* the codes' container (4 or 8), log2 of their centre, scale type */
 };
 
 /* Block `blk`'s 32 codes as u8 for _mm256_maddubs_epi16: the low nibbles of its 16 bytes, then the
@@ -424,16 +494,36 @@ static inline __m256i signed_dot(__m256i size, __m256i w, const int8_t *xq, long
     return _mm256_madd_epi16(_mm256_maddubs_epi16(size, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
-/* The scales of blocks b0..b0+7 (0 past the row's last block). */
-static inline __m256 block_scales(const float *s, long b0, long blocks, long gs) {
+/* Elements i..i+7 (n = 8) or i..i+3 (n = 4, the upper lanes then 0) of a scale array of `type`,
+ * widened to fp32. */
+static inline __m256 load_scales(const void *p, long i, int type, int n) {
+    if (type == SCALE_F32) {
+        const float *f = (const float *)p + i;
+        return n == 8 ? _mm256_loadu_ps(f) : _mm256_castps128_ps256(_mm_loadu_ps(f));
+    }
+    const uint16_t *h = (const uint16_t *)p + i;
+    __m128i bits = n == 8 ? _mm_loadu_si128((const __m128i *)h) : _mm_loadl_epi64((const __m128i *)h);
+    if (type == SCALE_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(bits);
+#else
+    float lanes[8] = {0};
+    for (int k = 0; k < n; k++) lanes[k] = half_to_float(h[k]);
+    return _mm256_loadu_ps(lanes);
+#endif
+}
+
+/* The scales of blocks b0..b0+7 of the row whose first scale is element `first` (0 past the
+ * row's last block). */
+static inline __m256 block_scales(const void *s, long first, long b0, long blocks, long gs, int type) {
     if (b0 + TREE <= blocks) {
-        if (gs == BLOCK) return _mm256_loadu_ps(s + b0);
+        if (gs == BLOCK) return load_scales(s, first + b0, type, 8);
         if (gs == 2 * BLOCK)
-            return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + b0 / 2)),
+            return _mm256_permutevar8x32_ps(load_scales(s, first + b0 / 2, type, 4),
                                             _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
     }
     float lanes[TREE];
-    for (int k = 0; k < TREE; k++) lanes[k] = b0 + k < blocks ? s[(b0 + k) * BLOCK / gs] : 0.f;
+    for (int k = 0; k < TREE; k++) lanes[k] = b0 + k < blocks ? scale_at(s, first + (b0 + k) * BLOCK / gs, type) : 0.f;
     return _mm256_loadu_ps(lanes);
 }
 
@@ -446,7 +536,7 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
 #define I8ROWS(BITS, K)                                                                          \
     static void i8rows##BITS##_##K(const struct i8_args *a, long r, long o) {                   \
         const uint8_t *codes = a->w + o * (a->n_in * (BITS == 4 ? 4 : 8) / 8);                   \
-        const float *s = a->scales + o * a->groups, *b = a->biases + o * a->groups;              \
+        long first = o * a->groups; /* output o's first scale and bias */                       \
         const int8_t *xq[K];                                                                     \
         for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->n_in;                          \
         __m256 acc[K];                                                                           \
@@ -474,7 +564,7 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
                 }                                                                                \
                 for (int k = 0; k < K; k++) half[k][quad] = _mm256_hadd_epi32(pair[k][0], pair[k][1]); \
             }                                                                                    \
-            __m256 scale = block_scales(s, b0, a->blocks, a->gs);                                \
+            __m256 scale = block_scales(a->scales, first, b0, a->blocks, a->gs, a->type);        \
             for (int k = 0; k < K; k++) {                                                        \
                 __m256i sums = _mm256_add_epi32(                                                 \
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x20),                     \
@@ -492,11 +582,14 @@ static inline __m256 block_scales(const float *s, long b0, long blocks, long gs)
             __m256 bv = _mm256_setzero_ps();                                                     \
             long g = 0;                                                                          \
             for (; g + 8 <= a->groups; g += 8) {                                                 \
-                __m256 bias = _mm256_fmadd_ps(_mm256_loadu_ps(s + g), centre, _mm256_loadu_ps(b + g)); \
+                __m256 bias = _mm256_fmadd_ps(load_scales(a->scales, first + g, a->type, 8), centre, \
+                                              load_scales(a->biases, first + g, a->type, 8));    \
                 bv = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xs + g), bv);                         \
             }                                                                                    \
             float bias = hsum(bv);                                                               \
-            for (; g < a->groups; g++) bias += (b[g] + (float)(1 << a->centre) * s[g]) * xs[g];  \
+            for (; g < a->groups; g++)                                                           \
+                bias += (scale_at(a->biases, first + g, a->type) +                               \
+                         (float)(1 << a->centre) * scale_at(a->scales, first + g, a->type)) * xs[g]; \
             a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias;                                  \
         }                                                                                        \
     }
@@ -567,11 +660,12 @@ static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum,
 /* quant_rows with int8 activations where it applies (groups a multiple of 32, fewer than
  * `many_from` rows, an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit codes, 4 for
  * 5-bit codes in bytes...); anything else is quant_rows itself. */
-int quant_rows_int8(const float *x, const void *codes, const float *scales, const float *biases,
+int quant_rows_int8(const float *x, const void *codes, const void *scales, const void *biases,
                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
-                    long many_from, int centre) {
+                    long many_from, int type, int centre) {
 #if defined(__AVX2__) && defined(__FMA__)
     if ((bits == 4 || bits == 8) && centre >= 0 && centre < bits && biases && gs >= BLOCK &&
+        type >= SCALE_F32 && type <= SCALE_BF16 &&
         gs % BLOCK == 0 && n_in % gs == 0 && rows >= 1 && rows < many_from) {
         if (threads < 1) threads = 1;
 #ifndef _OPENMP
@@ -590,7 +684,7 @@ int quant_rows_int8(const float *x, const void *codes, const float *scales, cons
         }
         quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, bits == 4);
         struct i8_args args = {xq, dx, xsum, xqsum, codes, scales, biases, y, n_in, n_out, gs, groups,
-                               blocks, padded, bits, centre};
+                               blocks, padded, bits, centre, type};
         for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, i8_step, &args);
         free(xq);
         free(dx);
@@ -601,5 +695,5 @@ int quant_rows_int8(const float *x, const void *codes, const float *scales, cons
 #else
     (void)centre;
 #endif
-    return quant_rows(x, codes, scales, biases, y, rows, n_in, n_out, gs, bits, threads, many_from);
+    return quant_rows(x, codes, scales, biases, y, rows, n_in, n_out, gs, bits, threads, many_from, type);
 }

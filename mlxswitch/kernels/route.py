@@ -11,9 +11,10 @@ MLXSWITCH_KERNELS values:
         on a CPU, quantized weights are multiplied as stored by the compiled quantized kernel,
         each row of activations rounded to int8 per 32 inputs for every pass a decoding round
         makes (as llama.cpp does; a step 1.4x faster, bench/bench_int8_accuracy.py measures what
-        the rounding changes);
+        the rounding changes), and fp32 scales and biases held as fp16 where every scale is in
+        fp16's normal range (a layer's weights then as precise as an fp16 model's);
   "exact": as "auto", but the quantized kernel multiplies fp32 activations (exact up to
-        summation order);
+        summation order) on the scales as loaded;
   "fp32": on a CPU, plain quantized linears keep a resident fp32 copy multiplied by the compiled
         panel kernel (4 bytes a weight: the route before the quantized kernel, for A/B runs);
   "blas": as "fp32", but the fp32 copies go through NumPy's BLAS, not the panel kernel;
@@ -88,6 +89,11 @@ _WORDS = {
         "int8": "int8 per 32 inputs for decoding's passes (up to 33 rows), fp32 for prefill",
         "none": "no quantized kernel",
     },
+    "quant_scales": {
+        "fp16": "fp16 where every scale of a layer is in fp16's normal range, else as loaded",
+        "stored": "as loaded (fp32 on a CPU; MLXSWITCH_KERNELS=exact)",
+        "none": "no quantized kernel",
+    },
     "resident_product": {
         "panel-kernel": "compiled C panel kernel: each weight read once for 1-6 rows (checked on load)",
         "numpy-blas": "NumPy's BLAS (sgemv, padded sgemm)",
@@ -124,6 +130,9 @@ class Route:
     quant_activations: what the quantized kernel multiplies the codes with — "int8" (x rounded
         per 32 inputs for decoding's passes, fp32 for prefill), "fp32" (exact up to summation
         order) or "none".
+    quant_scales: how the quantized kernel holds a layer's scales and biases — "fp16" (fp32 ones
+        narrowed on load where every scale is in fp16's normal range: a weight s·q + b then as
+        precise as an fp16 model's, ~1 bit a weight less to read and hold), "stored" or "none".
     resident_product: a product on a resident fp32 copy — "panel-kernel" (the compiled
         panel_rows.c, where it built and passed its check), "numpy-blas" or "none" (no copies).
     nested: a nested-gear product — "quant-kernel" (a CPU: the compiled kernel, one product a
@@ -141,6 +150,7 @@ class Route:
     signals: str
     plain_linears: str
     quant_activations: str
+    quant_scales: str
     resident_product: str
     nested: str
     multi_row: str
@@ -240,6 +250,7 @@ def route_for(
         signals=signals,
         plain_linears=plain,
         quant_activations=("fp32" if kernels == "exact" else "int8") if quantized else "none",
+        quant_scales=("stored" if kernels == "exact" else "fp16") if quantized else "none",
         resident_product=resident,
         nested=nested,
         multi_row=multi_row,

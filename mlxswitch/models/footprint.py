@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelFormatError
+from ..kernels.route import current_route
 from .gguf_convert import REQUANT_BITS
 from .gguf_reader import GROUP_SIZE as GGUF_GROUP_SIZE
 from .gguf_reader import ggml_type, read_header
@@ -50,6 +51,13 @@ def float_width(stored: int) -> int:
     return 4 if compute_dtype() is not None else stored
 
 
+def scale_width(stored: int) -> int:
+    """Bytes a quantization scale or bias stored in `stored` bytes takes once loaded: fp16 where
+    the quantized kernel holds them so (rows.py; a layer whose scales fp16 cannot hold keeps fp32,
+    which this estimate does not foresee), else as any float."""
+    return 2 if current_route().quant_scales == "fp16" else float_width(stored)
+
+
 def dir_footprint(folder: Path) -> Footprint | None:
     """An mlx-lm directory's footprint from its safetensors headers; None when incomplete."""
     try:
@@ -69,6 +77,8 @@ def _dir_footprint(folder: Path) -> Footprint | None:
     bits = int(quant.get("bits", 4)) if isinstance(quant, dict) else 4
     size = params = linear = embed = 0
     tied = True  # no lm_head tensor: the embedding is the output head
+    plain = "mlxswitch_gears" not in config  # a gear's planes keep their scales as they are
+    embed_scales = 0  # bytes an embedding's scales take beyond scale_width's, unless it is the head
     for file in files:
         # The header is an 8-byte little-endian length and a JSON table: no weights are read.
         with open(file, "rb") as handle:
@@ -80,11 +90,13 @@ def _dir_footprint(folder: Path) -> Footprint | None:
             count = math.prod(info["shape"])
             dtype = info["dtype"]
             is_float = dtype.startswith(("F", "BF"))
-            size += count * (
-                float_width(_SAFETENSORS_BYTES.get(dtype, 4))
-                if is_float
-                else _SAFETENSORS_BYTES.get(dtype, 4)
-            )
+            stored = _SAFETENSORS_BYTES.get(dtype, 4)
+            if is_float and plain and name.endswith((".scales", ".biases")):
+                size += count * scale_width(stored)
+                if "embed" in name:  # narrowed only where it is the output head too (below)
+                    embed_scales += count * (float_width(stored) - scale_width(stored))
+            else:
+                size += count * (float_width(stored) if is_float else stored)
             if dtype == "U32" and name.endswith("weight"):
                 params += count * 32 // bits  # packed quantized weights
                 if "embed" in name:
@@ -93,6 +105,7 @@ def _dir_footprint(folder: Path) -> Footprint | None:
                     linear += count * 32 // bits
             elif not name.endswith((".scales", ".biases")):
                 params += count
+    size += 0 if tied else embed_scales
     return Footprint(size, params, config, linear + (embed if tied else 0))
 
 
@@ -122,8 +135,8 @@ def _gguf_footprint(path: Path) -> Footprint:
         if gtype.float_bytes:
             size += count * float_width(gtype.float_bytes)
         elif bits:
-            # MLX holds a block as packed weights plus a scale and a bias (fp16; fp32 on a CPU).
-            size += count * bits // 8 + 2 * (count // GGUF_GROUP_SIZE) * float_width(2)
+            # MLX holds a block as packed weights plus a scale and a bias (fp16; see scale_width).
+            size += count * bits // 8 + 2 * (count // GGUF_GROUP_SIZE) * scale_width(2)
         else:  # a type the loader will refuse anyway: count it at 8 bits
             size += count
     arch = meta.get("general.architecture", "llama")

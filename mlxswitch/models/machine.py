@@ -70,3 +70,20 @@ def release_thread_state() -> None:
         mx.synchronize()  # nothing may still run on the streams dropped below
     finally:
         mx.clear_streams()
+
+
+def release_freed_memory() -> None:
+    """Hand memory a load freed back to the system: MLX's buffer cache (the fp32 scales narrowed
+    to fp16, rows.py) and the C heap's free lists (glibc's malloc_trim; it had kept ~200 MB of the
+    Qwen pair's load resident). Where the C library has no malloc_trim (macOS), the cache only."""
+    import ctypes
+
+    import mlx.core as mx
+
+    mx.clear_cache()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)

@@ -22,6 +22,7 @@ from ..kernels.quant_cpu import (
     DIRECT_BITS,
     SUPPORTED_BITS,
     QuantViews,
+    fp16_scales,
     int8_inputs,
     quant_views,
     widened_codes,
@@ -42,6 +43,8 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
     int8_inputs: bool = True
     # The stored codes' own width where keep_quantized widened them to bytes (`bits` is then 8).
     code_bits: int = 0
+    # Whether keep_quantized narrowed fp32 scales to fp16 (an embedding's lookups widen them back).
+    scales_narrowed: bool = False
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): by the quantized kernel on the stored codes, or on the resident fp32
@@ -75,10 +78,11 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
 
     def keep_quantized(self) -> bool:
         """Take the quantized kernel's view of the stored codes (no copy for 4- and 8-bit codes
-        with fp32 scales); False where the layer's shape or mode does not fit the kernel. 2-, 3-,
-        5- and 6-bit codes are widened in place to MLX's 8-bit layout, a byte a code, which the
-        kernel reads as it is: the same W, held once (before, the packed codes, ~190 MB of the Qwen
-        0.5B's, stayed beside the kernel's byte copy; the pair's resident set 2.73 → 2.61 GB)."""
+        with fp32, fp16 or bf16 scales); False where the layer's shape or mode does not fit the
+        kernel. Where the route says so, fp32 scales and biases are narrowed to fp16 in place
+        (quant_cpu.fp16_scales). 2-, 3-, 5- and 6-bit codes are widened in place to MLX's 8-bit
+        layout, a byte a code, which the kernel reads as it is: the same W, held once (before, the
+        packed codes, ~190 MB of the Qwen 0.5B's, stayed beside the kernel's byte copy)."""
         if self.mode != "affine" or self.get("biases") is None:
             return False
         code_bits = self.code_bits or self.bits
@@ -87,7 +91,17 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
             self.bits, self.code_bits = 8, code_bits
         plane = {"weight": self["weight"], "scales": self["scales"], "biases": self["biases"]}
         self.quant = quant_views([plane], (self.bits,), self.group_size, code_bits)
-        return self.quant is not None
+        if self.quant is None:
+            return False
+        # Only a layer the kernel takes: MLX's own quantized matmul is slower on fp16 scales.
+        narrowed = (
+            fp16_scales(plane["scales"], plane["biases"]) if current_route().quant_scales == "fp16" else None
+        )
+        if narrowed is not None:  # replaced, not copied: the fp32 ones are freed
+            self.scales, self.biases = plane["scales"], plane["biases"] = narrowed
+            self.scales_narrowed = True
+            self.quant = quant_views([plane], (self.bits,), self.group_size, code_bits)
+        return True
 
     def keep_dense(self) -> None:
         """Dequantize the weight once into the resident fp32 NumPy copy the route multiplies (not a
@@ -117,6 +131,21 @@ class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
     dense: np.ndarray | PanelWeight | None = None
     quant: QuantViews | None = None
     code_bits: int = 0  # as RowsQuantizedLinear's
+    scales_narrowed: bool = False  # as RowsQuantizedLinear's
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """The ids' rows, as fp32 as the model's other floats where keep_quantized narrowed the
+        scales (MLX's lookup would dequantize them in fp16)."""
+        if not self.scales_narrowed:
+            return super().__call__(x)
+        return mx.dequantize(
+            self["weight"][x],
+            self["scales"][x].astype(mx.float32),
+            self["biases"][x].astype(mx.float32),
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
 
     def as_linear(self, x: mx.array) -> mx.array:
         """x · Wᵀ: by the quantized kernel, or on the resident fp32 weight when the route keeps one,

@@ -21,6 +21,7 @@ from ..resources import (
 )
 from .footprint import Footprint, dir_footprint, gguf_footprint
 from .loading import load_gguf_file, load_mlx_dir
+from .machine import release_freed_memory
 from .packaged import CATALOGUE, PackagedGGUF, join_parts, part_file, parts_present
 from .weights import LoadedModel
 
@@ -240,7 +241,9 @@ def model_source(spec: str) -> ModelSource:
 
 def load_model(spec: str, progress: Progress | None = None) -> LoadedModel:
     """Load a model by name: whichever kind of source it is."""
-    return model_source(spec).load(progress)
+    loaded = model_source(spec).load(progress)
+    release_freed_memory()
+    return loaded
 
 
 def model_available_offline(spec: str) -> bool:
