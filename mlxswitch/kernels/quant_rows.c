@@ -465,17 +465,11 @@ struct i8_args {
     const void *scales, *biases;
     float *y;
     long n_in, n_out, gs, groups, blocks, padded;
+    long stride; /* bytes a row of xq takes: n_in, or for 4-bit codes n_in rounded up to 64 */
     int bits, centre, type; /* the codes' container (4 or 8), log2 of their centre, scale type */
 };
 
-/* Block `blk`'s 32 codes as u8 for _mm256_maddubs_epi16: the low nibbles of its 16 bytes, then the
- * high ones (the order quantize_rows gives x). */
-static inline __m256i block_codes(const uint8_t *codes, long blk) {
-    __m128i v = _mm_loadu_si128((const __m128i *)(codes + blk * 16));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
-}
-
-/* Σ over a block of codes × x (8 int32 partial sums). */
+/* Σ over a block of codes × x (8 int32 partial sums; codes below 128, a byte each). */
 static inline __m256i block_dot(__m256i q, const int8_t *xq, long blk) {
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
@@ -513,6 +507,27 @@ static inline __m256 load_scales(const void *p, long i, int type, int n) {
 #endif
 }
 
+/* 4-bit codes, two blocks at once: blocks blk and blk + 1 (blk even) are 32 bytes, whose low
+ * nibbles are the even inputs of each and the high nibbles the odd ones. x is laid out to match
+ * (quantize_rows): per 64 inputs, block blk's even inputs, blk + 1's, then their odd ones, so one
+ * load of codes and two nibble masks give 64 codes, and the two products, added in int16 (a
+ * lane's sum is at most 2·2·15·127 = 7620), are widened to int32 once. Lanes 0-3 of the result
+ * are block blk's partial sums, lanes 4-7 blk + 1's (zeros past the row's last block). */
+static inline __m256i nibble_pair_codes(const uint8_t *codes, long blk, long blocks, __m256i *high) {
+    __m256i v = blk + 1 < blocks ? _mm256_loadu_si256((const __m256i *)(codes + blk * 16))
+                                 : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(codes + blk * 16)));
+    const __m256i mask = _mm256_set1_epi8(15);
+    *high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    return _mm256_and_si256(v, mask);
+}
+
+static inline __m256i nibble_pair_dot(__m256i low, __m256i high, const int8_t *xq, long blk) {
+    __m256i even = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
+    __m256i odd = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK + BLOCK));
+    __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(low, even), _mm256_maddubs_epi16(high, odd));
+    return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
+}
+
 /* The scales of blocks b0..b0+7 of the row whose first scale is element `first` (0 past the
  * row's last block). */
 static inline __m256 block_scales(const void *s, long first, long b0, long blocks, long gs, int type) {
@@ -527,18 +542,74 @@ static inline __m256 block_scales(const void *s, long first, long b0, long block
     return _mm256_loadu_ps(lanes);
 }
 
+/* The bias term of output o and row r + k: Σ_g (b[o, g] + centre·s[o, g])·Σ_g x, in fp32. */
+static inline float bias_term(const struct i8_args *a, long first, long row) {
+    const float *xs = a->xsum + row * a->groups;
+    const __m256 centre = _mm256_set1_ps((float)(1 << a->centre));
+    __m256 bv = _mm256_setzero_ps();
+    long g = 0;
+    for (; g + 8 <= a->groups; g += 8) {
+        __m256 bias = _mm256_fmadd_ps(load_scales(a->scales, first + g, a->type, 8), centre,
+                                      load_scales(a->biases, first + g, a->type, 8));
+        bv = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xs + g), bv);
+    }
+    float bias = hsum(bv);
+    for (; g < a->groups; g++)
+        bias += (scale_at(a->biases, first + g, a->type) +
+                 (float)(1 << a->centre) * scale_at(a->scales, first + g, a->type)) * xs[g];
+    return bias;
+}
+
+/* One output o of 4-bit codes times K rows from r: per 8 blocks, four pairs of blocks
+ * (nibble_pair_dot), reduced in three horizontal adds to lanes [0, 2, 4, 6, 1, 3, 5, 7]'s block
+ * sums, put in block order by one permute, centred, converted once and scaled by s·dx; the float
+ * operations a row sees do not depend on K. */
+#define I8NIBBLES(K)                                                                             \
+    static void i8rows4_##K(const struct i8_args *a, long r, long o) {                          \
+        const uint8_t *codes = a->w + o * (a->n_in / 2);                                        \
+        long first = o * a->groups;                                                              \
+        const int8_t *xq[K];                                                                     \
+        for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->stride;                        \
+        __m256 acc[K];                                                                           \
+        for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);                        \
+        for (long b0 = 0; b0 < a->blocks; b0 += TREE) {                                          \
+            __m256i pair[K][4];                                                                  \
+            for (int p = 0; p < 4; p++) {                                                        \
+                long blk = b0 + 2 * p;                                                           \
+                if (blk < a->blocks) {                                                           \
+                    __m256i high, low = nibble_pair_codes(codes, blk, a->blocks, &high);         \
+                    for (int k = 0; k < K; k++) pair[k][p] = nibble_pair_dot(low, high, xq[k], blk); \
+                } else {                                                                         \
+                    for (int k = 0; k < K; k++) pair[k][p] = _mm256_setzero_si256();             \
+                }                                                                                \
+            }                                                                                    \
+            __m256 scale = block_scales(a->scales, first, b0, a->blocks, a->gs, a->type);        \
+            for (int k = 0; k < K; k++) {                                                        \
+                __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(pair[k][0], pair[k][1]),       \
+                                                 _mm256_hadd_epi32(pair[k][2], pair[k][3]));      \
+                sums = _mm256_permutevar8x32_epi32(sums, order);                                 \
+                __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + (r + k) * a->padded + b0)); \
+                sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre))); \
+                __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + (r + k) * a->padded + b0)); \
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
+    }
+
 /* One output o times K rows from r: per 8 blocks, each row's 8 integer block sums are reduced in
  * a horizontal tree to one vector (lane k: block k's sum), centred, converted once and scaled by
  * s·dx. The float operations a row sees do not depend on K, so a row's result does not either. */
-/* BITS: 4 (two codes a byte), 7 (a code a byte, below 128: one u8 × s8 product, as for 4-bit
- * codes) or 8 (a full byte, centred at 128 in registers: one u8 × s8 product of its size and x
- * with its sign, as llama.cpp multiplies its 8-bit blocks). */
+/* BITS: 7 (a code a byte, below 128: one u8 × s8 product, as for 4-bit codes) or 8 (a full
+ * byte, centred at 128 in registers: one u8 × s8 product of its size and x with its sign, as
+ * llama.cpp multiplies its 8-bit blocks). */
 #define I8ROWS(BITS, K)                                                                          \
     static void i8rows##BITS##_##K(const struct i8_args *a, long r, long o) {                   \
-        const uint8_t *codes = a->w + o * (a->n_in * (BITS == 4 ? 4 : 8) / 8);                   \
+        const uint8_t *codes = a->w + o * a->n_in;                                               \
         long first = o * a->groups; /* output o's first scale and bias */                       \
         const int8_t *xq[K];                                                                     \
-        for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->n_in;                          \
+        for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->stride;                        \
         __m256 acc[K];                                                                           \
         for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
         for (long b0 = 0; b0 < a->blocks; b0 += TREE) {                                          \
@@ -550,8 +621,7 @@ static inline __m256 block_scales(const void *s, long first, long b0, long block
                     for (int h = 0; h < 2; h++) {                                                \
                         long blk = b0 + 4 * quad + 2 * p + h;                                    \
                         if (blk < a->blocks && BITS != 8) {                                      \
-                            __m256i q = BITS == 4 ? block_codes(codes, blk)                      \
-                                                  : _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK)); \
+                            __m256i q = _mm256_loadu_si256((const __m256i *)(codes + blk * BLOCK)); \
                             for (int k = 0; k < K; k++) dot[k][h] = block_dot(q, xq[k], blk);    \
                         } else if (blk < a->blocks) {                                            \
                             __m256i w = centred_codes(codes, blk), size = _mm256_abs_epi8(w);    \
@@ -576,28 +646,13 @@ static inline __m256 block_scales(const void *s, long first, long b0, long block
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
             }                                                                                    \
         }                                                                                        \
-        const __m256 centre = _mm256_set1_ps((float)(1 << a->centre));                           \
-        for (int k = 0; k < K; k++) {                                                            \
-            const float *xs = a->xsum + (r + k) * a->groups;                                     \
-            __m256 bv = _mm256_setzero_ps();                                                     \
-            long g = 0;                                                                          \
-            for (; g + 8 <= a->groups; g += 8) {                                                 \
-                __m256 bias = _mm256_fmadd_ps(load_scales(a->scales, first + g, a->type, 8), centre, \
-                                              load_scales(a->biases, first + g, a->type, 8));    \
-                bv = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xs + g), bv);                         \
-            }                                                                                    \
-            float bias = hsum(bv);                                                               \
-            for (; g < a->groups; g++)                                                           \
-                bias += (scale_at(a->biases, first + g, a->type) +                               \
-                         (float)(1 << a->centre) * scale_at(a->scales, first + g, a->type)) * xs[g]; \
-            a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias;                                  \
-        }                                                                                        \
+        for (int k = 0; k < K; k++) a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
     }
 
-I8ROWS(4, 1)
-I8ROWS(4, 2)
-I8ROWS(4, 3)
-I8ROWS(4, 4)
+I8NIBBLES(1)
+I8NIBBLES(2)
+I8NIBBLES(3)
+I8NIBBLES(4)
 I8ROWS(7, 1)
 I8ROWS(7, 2)
 I8ROWS(7, 3)
@@ -619,12 +674,14 @@ static void i8_step(const void *args, int wide, long k, long r, long o) {
     (a->bits == 4 ? I8_ROWS4 : a->centre < 7 ? I8_ROWS7 : I8_ROWS8)[k](a, r, o);
 }
 
-/* x's rows as int8 per block of 32 inputs (4-bit codes: per block the even inputs, then the odd
- * ones, the order a block's 16 bytes unpack in), each block's step and Σ xq (rows padded with
- * zeros to a whole tree) and each weight group's exact sum. */
+/* x's rows as int8 per block of 32 inputs, each block's step and Σ xq (rows padded with zeros to a
+ * whole tree) and each weight group's exact sum. Rows are `stride` bytes apart; for 4-bit codes
+ * (split) each 64 inputs are laid out as nibble_pair_dot reads them: the even inputs of their
+ * first block, of their second, then the odd ones of each (zeros where a row ends mid-pair). */
 static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum, float *xsum, long rows,
-                          long n_in, long gs, long padded, int split) {
+                          long n_in, long gs, long padded, long stride, int split) {
     long groups = n_in / gs, blocks = n_in / BLOCK;
+    memset(xq, 0, (size_t)rows * stride);
     for (long r = 0; r < rows; r++) {
         for (long g = 0; g < groups; g++) {
             float sum = 0.f;
@@ -644,12 +701,15 @@ static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum,
             }
             float inverse = peak > 0 ? 127.f / peak : 0.f;
             dx[r * padded + blk] = peak / 127.f;
-            int8_t *out = xq + r * n_in + blk * BLOCK;
+            int8_t *row = xq + r * stride;
             int32_t total = 0;
             for (int k = 0; k < BLOCK; k++) {
-                int from = !split ? k : k < 16 ? 2 * k : 2 * (k - 16) + 1;
-                out[k] = (int8_t)__builtin_lrintf(v[from] * inverse);
-                total += out[k];
+                int8_t q = (int8_t)__builtin_lrintf(v[k] * inverse);
+                total += q;
+                if (!split)
+                    row[blk * BLOCK + k] = q;
+                else /* pair (blk / 2): [even of blk & ~1][even of blk | 1][odd ...][odd ...] */
+                    row[(blk / 2) * 2 * BLOCK + (k % 2) * BLOCK + (blk % 2) * 16 + k / 2] = q;
             }
             xqsum[r * padded + blk] = total;
         }
@@ -672,7 +732,8 @@ int quant_rows_int8(const float *x, const void *codes, const void *scales, const
         threads = 1;
 #endif
         long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
-        int8_t *xq = malloc((size_t)rows * n_in);
+        long stride = bits == 4 ? (n_in + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK) : n_in;
+        int8_t *xq = malloc((size_t)rows * stride);
         float *dx = malloc(sizeof(float) * rows * padded), *xsum = malloc(sizeof(float) * rows * groups);
         int32_t *xqsum = malloc(sizeof(int32_t) * rows * padded);
         if (!xq || !dx || !xsum || !xqsum) {
@@ -682,9 +743,9 @@ int quant_rows_int8(const float *x, const void *codes, const void *scales, const
             free(xqsum);
             return -1;
         }
-        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, bits == 4);
+        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, stride, bits == 4);
         struct i8_args args = {xq, dx, xsum, xqsum, codes, scales, biases, y, n_in, n_out, gs, groups,
-                               blocks, padded, bits, centre, type};
+                               blocks, padded, stride, bits, centre, type};
         for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, i8_step, &args);
         free(xq);
         free(dx);
