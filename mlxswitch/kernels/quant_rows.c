@@ -560,6 +560,16 @@ static inline float bias_term(const struct i8_args *a, long first, long row) {
     return bias;
 }
 
+/* acc plus row `row`'s 8 block sums of the tree at b0 (in block order), centred at the codes'
+ * midpoint where `centre` (Σ (q - c)·xq = Σ q·xq - c·Σ xq), converted once and scaled by s·dx. */
+static inline __m256 add_tree(__m256 acc, __m256i sums, __m256 scale, const struct i8_args *a, long row,
+                              long b0, int centre) {
+    __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + row * a->padded + b0));
+    if (centre) sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre)));
+    __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + row * a->padded + b0));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc);
+}
+
 /* One output o of 4-bit codes times K rows from r: per 8 blocks, four pairs of blocks
  * (nibble_pair_dot), reduced in three horizontal adds to lanes [0, 2, 4, 6, 1, 3, 5, 7]'s block
  * sums, put in block order by one permute, centred, converted once and scaled by s·dx; the float
@@ -589,10 +599,7 @@ static inline float bias_term(const struct i8_args *a, long first, long row) {
                 __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(pair[k][0], pair[k][1]),       \
                                                  _mm256_hadd_epi32(pair[k][2], pair[k][3]));      \
                 sums = _mm256_permutevar8x32_epi32(sums, order);                                 \
-                __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + (r + k) * a->padded + b0)); \
-                sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre))); \
-                __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + (r + k) * a->padded + b0)); \
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
+                acc[k] = add_tree(acc[k], sums, scale, a, r + k, b0, 1);                         \
             }                                                                                    \
         }                                                                                        \
         for (int k = 0; k < K; k++) a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
@@ -639,11 +646,8 @@ static inline float bias_term(const struct i8_args *a, long first, long row) {
                 __m256i sums = _mm256_add_epi32(                                                 \
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x20),                     \
                     _mm256_permute2x128_si256(half[k][0], half[k][1], 0x31));                    \
-                __m256i xqs = _mm256_loadu_si256((const __m256i *)(a->xqsum + (r + k) * a->padded + b0)); \
-                if (BITS != 8) /* 8-bit codes are centred in registers */                      \
-                    sums = _mm256_sub_epi32(sums, _mm256_sll_epi32(xqs, _mm_cvtsi32_si128(a->centre))); \
-                __m256 step = _mm256_mul_ps(scale, _mm256_loadu_ps(a->dx + (r + k) * a->padded + b0)); \
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, acc[k]);                \
+                /* 8-bit codes are centred in registers */                                       \
+                acc[k] = add_tree(acc[k], sums, scale, a, r + k, b0, BITS != 8);                 \
             }                                                                                    \
         }                                                                                        \
         for (int k = 0; k < K; k++) a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
