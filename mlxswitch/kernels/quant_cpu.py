@@ -58,10 +58,11 @@ def _scale_view(values: mx.array) -> tuple[np.ndarray, int]:
     they are fp32, fp16 or bf16 (bf16 as its uint16 bits: NumPy has no bf16); else an fp32 copy."""
     if values.dtype not in SCALE_TYPES:
         values = values.astype(mx.float32)
+    scale_type = SCALE_TYPES[values.dtype]
     if values.dtype == mx.bfloat16:
         values = mx.view(values, mx.uint16)
     mx.eval(values)
-    return np.ascontiguousarray(np.asarray(values)), SCALE_TYPES.get(values.dtype, 2)
+    return np.ascontiguousarray(np.asarray(values)), scale_type
 
 
 FP16_NORMAL_MIN = 2.0**-14  # below it an fp16 value is subnormal: fewer than 11 significant bits

@@ -685,8 +685,9 @@ static void i8_step(const void *args, int wide, long k, long r, long o) {
 static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum, float *xsum, long rows,
                           long n_in, long gs, long padded, long stride, int split) {
     long groups = n_in / gs, blocks = n_in / BLOCK;
-    memset(xq, 0, (size_t)rows * stride);
     for (long r = 0; r < rows; r++) {
+        if (stride > n_in) /* a row ending mid-pair: its last pair's unused halves stay zero */
+            memset(xq + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK);
         for (long g = 0; g < groups; g++) {
             float sum = 0.f;
             for (long i = 0; i < gs; i++) sum += x[r * n_in + g * gs + i];
