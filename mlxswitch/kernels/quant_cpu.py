@@ -20,7 +20,7 @@ import ctypes
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 import mlx.core as mx
@@ -172,6 +172,12 @@ class QuantWeight:
         own_bits = code_bits or bits
         return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, keep, own_bits, scale_type)
 
+    @cached_property
+    def addresses(self) -> tuple[int, int, int]:
+        """Where codes, scales and biases start: fixed for the view's life, so read once, not once
+        a product (NumPy's .ctypes makes an object a call)."""
+        return self.codes.ctypes.data, self.scales.ctypes.data, self.biases.ctypes.data
+
     @property
     def nbytes(self) -> int:
         """Bytes a product reads: codes, scales and biases."""
@@ -243,9 +249,7 @@ class QuantKernel:
         y = np.empty((rows, weight.out_dims), dtype=np.float32)
         arguments = [
             xs.ctypes.data,
-            weight.codes.ctypes.data,
-            weight.scales.ctypes.data,
-            weight.biases.ctypes.data,
+            *weight.addresses,
             y.ctypes.data,
             rows,
             in_dims,
