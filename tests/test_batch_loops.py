@@ -5,6 +5,7 @@ not taught by seconds that were not one answer's."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import mlx.core as mx
@@ -210,11 +211,9 @@ def test_which_sessions_batch_and_with_which_engine(models, tiny_gears_4_8):
         assert loops_batchable(session) and isinstance(batch_engine(session, 2), BatchedLoops)
     one = ChatSession(single_model_ladder(models[1]), RouterConfig(up=()), GenerationSettings())
     assert not loops_batchable(one) and isinstance(batch_engine(one, 2), BatchedAnswers)
-    controlled = ChatSession(_ladder(models, twin=False), ROUTED, GenerationSettings())
-    controlled.policy_factory = lambda config, tiers: make_policy(config, tiers)  # the bench's controls
-    assert not loops_batchable(controlled)
-    with pytest.raises(ValueError):
-        BatchedLoops(controlled, 2)
+    controlled = dataclasses.replace(routed.prepare_text("a"), control=make_policy)  # the bench's controls
+    with pytest.raises(ValueError, match="control policy"):
+        BatchedLoops(routed, 2).add(controlled, lambda event: None)
 
 
 def test_forks_share_the_split_checked_once_per_model(models, monkeypatch):

@@ -164,7 +164,7 @@ def test_the_top_tiers_entropy_is_measured_only_when_a_plan_needs_it_and_once():
     # A lookup draft that pays is chosen before any model draft is weighed: nothing measured.
     for _ in range(5):
         planner.record_round("lookup", 8, 8, seconds=1.5)
-    planner.lookup.record(8, 8)
+    planner.lookup_kept.record(8, 8)
     assert planner.plan(room=100, lookup_available=8).source == "lookup" and not calls
     # With none on offer the sureness gate reads it, once however many plans ask.
     assert planner.plan(room=100).length == planner.plan(room=100).length == 0

@@ -493,8 +493,7 @@ def test_the_live_oracle_reproduces_the_top_tier_with_fewer_top_tokens(near_pair
     answer = [e.id for e in top.tokens]
     chosen = set(disagreements(near_pair, ids, answer, len(answer) < 32))
     session.reset()
-    session.policy_factory = lambda config, tiers: OraclePolicy(chosen, tiers - 1)
-    oracle = session.ask(prompt)
+    oracle = session.ask(prompt, control=lambda config, tiers: OraclePolicy(chosen, tiers - 1))
     assert [e.id for e in oracle.tokens] == answer
     assert {t for t, e in enumerate(oracle.tokens) if e.tier == "large"} == chosen - {len(answer)}
     assert 0 < len(chosen) < len(answer)  # not vacuous: both kinds of position occur

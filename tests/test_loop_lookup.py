@@ -120,7 +120,7 @@ def test_lookup_stays_off_where_one_tier_decodes_alone_and_where_rows_cannot_sta
             pins_top=config.pins_top(),
             lookup=config.lookup,
         )
-        lookup = token_loop.lookup
+        lookup = token_loop.rung_lookup
         return [lookup is not None and lookup.planner(r) is not None for r in range(len(ladder.tiers))]
 
     assert planners(pair, RouterConfig(**CONFIGS["peek"])) == [True, True]

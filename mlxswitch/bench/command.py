@@ -57,7 +57,7 @@ def machine() -> dict:
         "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
         "backend": current_route().backend,  # metal, cuda or cpu: the route decided it once
-        "metal": mx.metal.is_available(),
+        "metal": current_route().metal,
     }
     try:
         info["device"] = mx.device_info().get("device_name")

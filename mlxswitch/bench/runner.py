@@ -25,7 +25,7 @@ from mlx_lm.generate import stream_generate
 from mlx_lm.utils import dequantize_model
 
 from ..decoding.answer import AnswerSummary
-from ..decoding.session import ChatSession
+from ..decoding.session import ChatSession, PolicyFactory
 from ..decoding.tiers import Ladder
 from ..json_numbers import json_float
 from ..kernels.route import kernels_override
@@ -146,10 +146,12 @@ MLX_LM_TIER_KINDS = ("mlx-lm", "mlx-lm-fp32")
 FP32_KINDS = ("mlx-lm-fp32", "speculative-fp32")
 
 
-def _engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
+def _engine_run(
+    session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int, control: PolicyFactory | None = None
+) -> dict:
     session.router_config = arm.engine_config()
     session.reset()
-    summary: AnswerSummary = session.ask(prompt.prompt, max_tokens)
+    summary: AnswerSummary = session.ask(prompt.prompt, max_tokens, control)
     decode_s = (summary.tokens[-1].elapsed_s - summary.tokens[0].elapsed_s) if summary.generated > 1 else 0.0
     return {
         "generated": summary.generated,
@@ -259,9 +261,12 @@ def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int
     }
 
 
-def engine_run(session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int) -> dict:
-    """One answer by our engine on `arm`'s router: the raw record every speed arm keeps."""
-    return _engine_run(session, arm, prompt, max_tokens)
+def engine_run(
+    session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int, control: PolicyFactory | None = None
+) -> dict:
+    """One answer by our engine on `arm`'s router (or a control policy: PreparedAnswer.control): the
+    raw record every speed arm keeps."""
+    return _engine_run(session, arm, prompt, max_tokens, control)
 
 
 def mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:

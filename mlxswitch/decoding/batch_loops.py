@@ -43,12 +43,11 @@ Deliver = Callable[[TokenEvent | AnswerSummary], None]
 
 def loops_batchable(session: ChatSession) -> bool:
     """Whether the session's answers can be batched here: two tiers or more (a routed or verified
-    pair, gears), no cloud, no bounded cache, no control policy, no probe (it reads a hidden
-    state that a packed pass does not give)."""
+    pair, gears), no cloud, no bounded cache, no probe (it reads a hidden state that a packed
+    pass does not give). An answer with a control policy is refused by `add`."""
     return (
         len(session.ladder.tiers) > 1
         and session.cloud is None
-        and session.policy_factory is None
         and session.settings.max_kv_size is None
         and session.ladder.probe is None
         and not SIGNAL_BY_NAME[session.router_config.signal].bottom_only
@@ -88,6 +87,8 @@ class BatchedLoops:
 
     def add(self, prepared: PreparedAnswer, deliver: Deliver) -> int:
         """Queue an answer; its events go to `deliver` as steps make them. Returns its handle."""
+        if prepared.control is not None:
+            raise ValueError("an answer with a control policy (the bench's) is not batched")
         # All of the prompt prefilled, until a kept conversation is taken (_admit).
         ids = prepared.prompt_ids
         builder = self.session.answer_builder(prepared.prompt, ids, prepared.settings, len(ids))

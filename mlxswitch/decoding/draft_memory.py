@@ -216,4 +216,4 @@ class DraftMemory:
     binned: BinnedAcceptance = field(default_factory=BinnedAcceptance)  # per token, by entropy
     rounds: RoundYield = field(default_factory=RoundYield)  # what the drafter's rounds made
     lookup_rounds: RoundYield = field(default_factory=RoundYield)  # what the lookup's rounds made
-    lookup: Acceptance = field(default_factory=Acceptance)
+    lookup_kept: Acceptance = field(default_factory=Acceptance)

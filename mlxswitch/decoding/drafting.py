@@ -103,7 +103,7 @@ class DraftPlanner:
         self.with_lookup = with_lookup
         self.memory = memory if memory is not None else DraftMemory()
         self.check, self.draft = self.memory.check, self.memory.draft
-        self.lookup = self.memory.lookup
+        self.lookup_kept = self.memory.lookup_kept
         self.binned = self.memory.binned
         # The top tier's entropy (bits) on this answer's latest own token: a model draft starts
         # after a sure one. Or the function that measures it, called only if a plan gets that far
@@ -132,7 +132,7 @@ class DraftPlanner:
         # A draft must promise MIN_GAIN over the top tier alone: what the model leaves out (timing
         # noise, the Python between passes) is paid by drafts that barely pay on paper.
         best = Plan(0, "none", alone.tokens_per_s * MIN_GAIN)
-        p_lookup = self.lookup.p
+        p_lookup = self.lookup_kept.p
         # Lookup drafts too are offered only while their rounds, measured, beat the top tier alone.
         offered = min(lookup_available, self.lookup_bound) if self.memory.lookup_rounds.gain > 1.0 else 0
         if lookup_in_answer and self.lookup_bound <= LOOKUP_FIRST:
@@ -268,10 +268,10 @@ class DraftPlanner:
             elif math.isfinite(seconds) and top_s > 0:
                 rounds.record(kept + 1 if tokens is None else tokens, seconds / top_s)
         if source == "lookup" and drafted > 0:
-            memory.lookup.record(drafted, kept)
+            memory.lookup_kept.record(drafted, kept)
             self.lookup_bound = 2 * self.lookup_bound if kept == drafted else LOOKUP_FIRST
         else:
-            memory.lookup.idle()
+            memory.lookup_kept.idle()
         if source == "model" and drafted > 0 and entropies:
             self.binned.record(entropies[:drafted], kept)
         else:

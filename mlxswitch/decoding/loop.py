@@ -50,7 +50,7 @@ from ..routing.probe import Probe
 from ..routing.registry import SIGNAL_BY_NAME, uncertainty
 from ..routing.router import Decision
 from ..routing.signals import LazySignals, read_time_signals
-from ..routing.walk import Settled, Walk
+from ..routing.walk import Walk
 from .drafting import DraftPlanner
 from .ledger import PassLedger
 from .lookup_rounds import LookupRows, RungLookup
@@ -215,7 +215,7 @@ class TokenLoop:
         self.pipelined = current_route().lazy_passes
         self.shared_pass = False  # set by a batch's driver: the last pass was packed with others'
         # Prompt lookup checked by the rung that makes the token (the module's docstring).
-        self.lookup = (
+        self.rung_lookup = (
             RungLookup(ladder, self._shared) if lookup and routed and not self.bottom_first else None
         )
         # Rows a review's pass computed for the next position on a guess: (rung, guess, row).
@@ -263,7 +263,7 @@ class TokenLoop:
             # Without a queued step, a review may compute the next position on a guess.
             guess_next = not self.pipelined and n + 1 < budget
             position = _LivePosition(self, pending, queue_next=queue_next, guess_next=guess_next)
-            settled = yield from self._walk(walk, pending.rung, position)
+            settled = yield from walk.walking(pending.rung, position.measure, position.take)
             pending, speculative, decision = position.pending, position.speculative, settled.decision
             group = self._group(pending.rung)
             opening = n == 0 and pending.rung != 0  # the top tier's prefill opened the answer
@@ -363,21 +363,6 @@ class TokenLoop:
             else:
                 pending = yield from self._produce(decision.rung)
             mx.async_eval(*pending.arrays)
-
-    @staticmethod
-    def _walk(walk: Walk, rung: int, position: _LivePosition) -> Generator[Score, mx.array, Settled]:
-        """One position walked (Walk.stepping), the passes its measures and takes need yielded."""
-        walking = walk.stepping(rung)
-        ask = next(walking)
-        while True:
-            kind, at, attempt = ask
-            value = yield from (
-                position.measure(at, attempt) if kind == "measure" else position.take(at, attempt)
-            )
-            try:
-                ask = walking.send(value)
-            except StopIteration as done:
-                return done.value
 
     def _span(self, room: int) -> Iterator[Step]:
         """The cloud's continuation of the answer so far, at most `room` tokens, as Steps."""
@@ -518,11 +503,13 @@ class TokenLoop:
 
     def _planner(self, rung: int) -> DraftPlanner | None:
         """The planner of lookup drafts `rung` checks itself; None where lookup is off there."""
-        return None if self.lookup is None else self.lookup.planner(rung)
+        return None if self.rung_lookup is None else self.rung_lookup.planner(rung)
 
     def _lookup_draft(self, rung: int, room: int) -> list[int]:
         """The lookup draft `rung` checks with the next position ([]: none)."""
-        return [] if self.lookup is None else self.lookup.draft(self.ids, self.prompt_tokens, rung, room)
+        if self.rung_lookup is None:
+            return []
+        return self.rung_lookup.draft(self.ids, self.prompt_tokens, rung, room)
 
     def _produce_rows(self, rung: int, draft: list[int]) -> Generator[Score, mx.array, LookupRows[_Pending]]:
         """Lazily run rung's tier on the ids its group has not seen and `draft` after them: the
@@ -564,8 +551,8 @@ class TokenLoop:
     ) -> tuple[str | None, bool]:
         """A row of a lookup pass walked (RungLookup.walked): the token's source and whether the
         next row stands; where it does not, the rung's cache keeps only ids taken."""
-        assert self.lookup is not None
-        walked = self.lookup.walked(rows, token, next_rung, more, len(self.ids))
+        assert self.rung_lookup is not None
+        walked = self.rung_lookup.walked(rows, token, next_rung, more, len(self.ids))
         if walked.keep is not None:
             group = self._group(rows.rung)
             group.rewind(min(group.seen, walked.keep))

@@ -19,6 +19,7 @@ from ..errors import PromptTooLongError, UsageError
 from ..models.machine import peak_memory_gb
 from ..routing.policies import Policy, make_policy
 from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
+from ..tier_names import CLOUD_TIER
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
 from .drafting import MAX_DRAFT, DraftPlanner
@@ -28,6 +29,8 @@ from .tiers import Ladder
 from .verify import VerifyLoop
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+# Builds an answer's policy from (router settings, tier count), as make_policy does.
+PolicyFactory = Callable[[RouterConfig, int], Policy]
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class PreparedAnswer:
     messages: list[dict] | None  # the conversation (None: a raw-text completion)
     settings: GenerationSettings
     budget: int  # tokens this answer may make: max_tokens, or what the context has left
+    # A control policy built from (router settings, tiers) in place of the router's: the bench's
+    # random and oracle arms. Such an answer takes the token loop, and is never batched.
+    control: PolicyFactory | None = None
 
 
 def check_cache_bound(settings: GenerationSettings, tier_names: list[str] | tuple[str, ...]) -> None:
@@ -112,9 +118,6 @@ class ChatSession:
         self.ids: list[int] = []
         self.last_summary: AnswerSummary | None = None
         check_cache_bound(self.settings, self.tier_names)
-        # A hook for controls (the bench's random and oracle arms): builds the next answer's
-        # policy from (router_config, tiers) instead of make_policy.
-        self.policy_factory: Callable[[RouterConfig, int], Policy] | None = None
         # Measure every token's entropy even where no router reads it (one tier, or the top tier
         # pinned): for a reader of the entropies (the bench's records, serve's provenance, --shade).
         self.measure_signals = measure_signals
@@ -129,7 +132,7 @@ class ChatSession:
     @property
     def tier_names(self) -> list[str]:
         """The ladder's tiers, bottom first, with "cloud" on top when the cloud takes spans."""
-        return self.ladder.tier_names + (["cloud"] if self.cloud and self.cloud.spans_on else [])
+        return self.ladder.tier_names + ([CLOUD_TIER] if self.cloud and self.cloud.spans_on else [])
 
     @property
     def router_config(self) -> RouterConfig:
@@ -165,15 +168,17 @@ class ChatSession:
             return list(tokenizer.apply_chat_template(full, add_generation_prompt=True))
         return list(tokenizer.encode("".join(f"{m['content']}\n" for m in full)))
 
-    def ask(self, prompt: str, max_tokens: int | None = None) -> AnswerSummary:
-        """Answer `prompt` and return the summary (no streaming)."""
-        for _ in self.stream(prompt, max_tokens):
+    def ask(
+        self, prompt: str, max_tokens: int | None = None, control: PolicyFactory | None = None
+    ) -> AnswerSummary:
+        """Answer `prompt` and return the summary (no streaming); control: PreparedAnswer.control."""
+        for _ in self.stream(prompt, max_tokens, control):
             pass
         assert self.last_summary is not None
         return self.last_summary
 
     def stream(
-        self, prompt: str, max_tokens: int | None = None
+        self, prompt: str, max_tokens: int | None = None, control: PolicyFactory | None = None
     ) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Yield a TokenEvent per token, then the AnswerSummary; history is kept even if interrupted.
 
@@ -183,7 +188,7 @@ class ChatSession:
         settings = (
             self.settings if max_tokens is None else dataclasses.replace(self.settings, max_tokens=max_tokens)
         )
-        return self._answer(prompt, self.render(messages), messages, settings)
+        return self.stream_prepared(self._prepare(prompt, self.render(messages), messages, settings, control))
 
     def stream_conversation(
         self, messages: list[dict], settings: GenerationSettings | None = None
@@ -215,9 +220,7 @@ class ChatSession:
     def stream_prepared(self, prepared: PreparedAnswer) -> Generator[TokenEvent | AnswerSummary, None, None]:
         """Answer a prepared request on this session's sequence and caches."""
         self.last_summary = None
-        return self._generate(
-            prepared.prompt, prepared.prompt_ids, prepared.messages, prepared.settings, prepared.budget
-        )
+        return self._generate(prepared)
 
     def sampler_for(self, settings: GenerationSettings) -> Callable[[mx.array], mx.array]:
         """mlx-lm's sampler for these settings (the session's own when they are its settings)."""
@@ -228,28 +231,23 @@ class ChatSession:
         )
 
     def _prepare(
-        self, prompt: str, prompt_ids: list[int], messages: list[dict] | None, settings: GenerationSettings
-    ) -> PreparedAnswer:
-        if not prompt_ids:
-            raise UsageError("the prompt is empty: there is nothing to continue")
-        return PreparedAnswer(
-            prompt, prompt_ids, messages, settings, self._token_budget(prompt_ids, settings.max_tokens)
-        )
-
-    def _answer(
-        self, prompt: str, prompt_ids: list[int], messages: list[dict] | None, settings: GenerationSettings
-    ) -> Generator[TokenEvent | AnswerSummary, None, None]:
-        """Check the prompt's length now (a refusal raises before the first event), then stream."""
-        return self.stream_prepared(self._prepare(prompt, prompt_ids, messages, settings))
-
-    def _generate(
         self,
         prompt: str,
         prompt_ids: list[int],
         messages: list[dict] | None,
         settings: GenerationSettings,
-        budget: int,
-    ) -> Generator[TokenEvent | AnswerSummary, None, None]:
+        control: PolicyFactory | None = None,
+    ) -> PreparedAnswer:
+        """The request checked against the context (PromptTooLongError): a refusal raises here,
+        before the first event."""
+        if not prompt_ids:
+            raise UsageError("the prompt is empty: there is nothing to continue")
+        budget = self._token_budget(prompt_ids, settings.max_tokens)
+        return PreparedAnswer(prompt, prompt_ids, messages, settings, budget, control)
+
+    def _generate(self, prepared: PreparedAnswer) -> Generator[TokenEvent | AnswerSummary, None, None]:
+        prompt, prompt_ids, messages = prepared.prompt, prepared.prompt_ids, prepared.messages
+        settings = prepared.settings
         if self.prompt_caches is not None:
             reused = self.prompt_caches.switch(self.ladder.groups, self.ids, prompt_ids)
             if reused is not None:  # a kept conversation that this prompt continues
@@ -273,14 +271,14 @@ class ChatSession:
                 def span(answer_ids: list[int], room: int) -> list[int]:
                     return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
 
-        loop = self.answer_loop(ladder, self.ids, settings, sampler, span)
+        loop = self.answer_loop(ladder, self.ids, settings, sampler, span, prepared.control)
         mx.reset_peak_memory()
         reason = "interrupted"
         try:
             # wired_limit sums the arrays of the module it is given against the recommended
             # working set: hand it every model the ladder holds, not only the top one.
             with wired_limit(ladder.weights(), [self._stream]), mx.stream(self._stream):
-                for step in loop.steps(budget):
+                for step in loop.steps(prepared.budget):
                     yield from builder.add(step)
                     if builder.stopped:
                         break
@@ -340,12 +338,14 @@ class ChatSession:
         settings: GenerationSettings,
         sampler: Callable[[mx.array], mx.array],
         cloud_span: CloudSpan | None = None,
+        control: PolicyFactory | None = None,
     ) -> TokenLoop | VerifyLoop:
         """The loop that decodes an answer onto `ids` on `ladder` (this session's, or a fork of it
         that a server's batch decodes beside others), by the router's settings: verified
-        drafting, or the token loop with the policy (and the cloud's spans, if given)."""
+        drafting, or the token loop with the policy (and the cloud's spans, if given); with a
+        control policy (PreparedAnswer.control), the token loop with that policy."""
         config = self.router_config
-        if config.verify and self.policy_factory is None:
+        if config.verify and control is None:
             return VerifyLoop(
                 ladder,
                 ids,
@@ -364,14 +364,14 @@ class ChatSession:
         return TokenLoop(
             ladder,
             ids,
-            (self.policy_factory or make_policy)(config, len(self.tier_names)),
+            (control or make_policy)(config, len(self.tier_names)),
             sampler,
             settings.prefill_step,
             cloud_span=cloud_span,
             signal=config.signal,
             normalize_for_sampler=0 < settings.top_p < 1,
             top_logprobs=settings.top_logprobs,
-            pins_top=config.pins_top() and self.policy_factory is None,
+            pins_top=config.pins_top() and control is None,
             measure_signals=self.measure_signals,
             lookup=config.lookup,
         )

@@ -21,6 +21,7 @@ from ..models.heads import SplitModel, split_model
 from ..models.model_bytes import bytes_per_token
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
+from ..tier_names import local_tier_names
 from .draft_memory import DraftMemory
 from .packed import can_pack, packed_caches
 
@@ -352,22 +353,23 @@ class Ladder:
         return self.rung_memory.setdefault(rung, DraftMemory())
 
 
-def single_model_ladder(model: LoadedModel, name: str = "model") -> Ladder:
+def single_model_ladder(model: LoadedModel, name: str = local_tier_names(1)[0]) -> Ladder:
     """A one-tier ladder: plain decoding on one model."""
     return Ladder([Tier(name, CacheGroup(model, name))], description=model.name)
 
 
 def pair_ladder(small: LoadedModel, large: LoadedModel) -> Ladder:
     """A small → large ladder; the models must share a tokenizer (checked by the caller)."""
+    names = local_tier_names(2)
     return Ladder(
-        [Tier("small", CacheGroup(small, "small")), Tier("large", CacheGroup(large, "large"))],
+        [Tier(name, CacheGroup(model, name)) for name, model in zip(names, (small, large), strict=True)],
         description=f"{small.name} → {large.name}",
     )
 
 
 def gear_ladder(model: LoadedModel, gears: list[int]) -> Ladder:
     """Gear tiers of one nested-gear model sharing a single cache, prefilled at the top gear."""
-    names = [f"g{bits}" for bits in gears]
+    names = local_tier_names(1, gears)
     group = CacheGroup(model, "+".join(names), prefill_gear=gears[-1])
     return Ladder(
         [Tier(name, group, gear=bits) for name, bits in zip(names, gears, strict=True)],

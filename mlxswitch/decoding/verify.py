@@ -84,11 +84,11 @@ class VerifyLoop:
         self.top_logprobs = top_logprobs
         self.prompt_tokens = len(ids)
         self.planner = planner or DraftPlanner(MAX_DRAFT, with_lookup=lookup)
-        self.lookup = lookup
+        self.lookup_on = lookup
         # The top tier's signals on its tokens are read where a reader asks (chat --shade, serve's
         # provenance, the benches' records); else only the planner may, lazily (observe_top).
         self.measure_signals = measure_signals
-        self._lookup = LookupIndex()  # the sequence's n-grams, indexed as it grows
+        self._lookup_index = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
         self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
         # A one-row pass is queued ahead only where passes stay lazy until read (a GPU; MLX ops
@@ -274,9 +274,10 @@ class VerifyLoop:
 
     def _plan(self, room: int) -> tuple[Plan, list[int]]:
         """This round's draft plan, and the prompt lookup's offer it was chosen against."""
-        offered = self._lookup.draft(self.ids, min(room, self.planner.max_draft)) if self.lookup else []
+        longest = min(room, self.planner.max_draft)
+        offered = self._lookup_index.draft(self.ids, longest) if self.lookup_on else []
         behind = len(self.ids) - self.ladder.tiers[0].group.seen
-        in_answer = self._lookup.found_at >= self.prompt_tokens
+        in_answer = self._lookup_index.found_at >= self.prompt_tokens
         return self.planner.plan(room, len(offered), behind, in_answer), offered
 
     def _timed(self, model: str, rows: int, prefill: bool, check: bool = False, teach: bool = True) -> None:

@@ -1,8 +1,8 @@
 """MLX affine-quantized weights multiplied as they are stored, by a small C kernel (quant_rows.c).
 
-Why our own: MLX's CPU quantized matmul is a scalar loop on x86 (0.4-1.1 GB/s), so the CPU route
-used to keep a resident fp32 copy of every quantized weight: 4 bytes a weight read per token
-where the model holds ~0.6-1.2, and 6-8 GB resident for the Qwen 1.5B. This kernel reads the
+Why our own: MLX's CPU quantized matmul is a scalar loop on x86 (0.4-1.1 GB/s), and the only
+fast alternative there, a resident fp32 copy of every quantized weight, reads 4 bytes a weight per
+token where the model holds ~0.6-1.2 (6-8 GB resident for the Qwen 1.5B). This kernel reads the
 packed codes, scales and biases in place (no copy at all for 4- and 8-bit codes with fp32,
 fp16 or bf16 scales; the CPU default holds a layer's as fp16 where they fit, fp16_scales),
 unpacks them in registers and reads each byte once for up to 8 rows; many rows go through a

@@ -15,7 +15,9 @@ def available_memory_bytes() -> int:
         try:
             import mlx.core as mx
 
-            if mx.metal.is_available():
+            from ..kernels.route import current_route
+
+            if current_route().metal:  # asked of MLX once, by the route
                 limit = mx.device_info().get("max_recommended_working_set_size")
                 if limit:
                     return int(limit)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InsufficientMemoryError
+from ..tier_names import local_tier_names
 from .footprint import Footprint, float_width
 from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
 from .machine import available_memory_bytes
@@ -129,7 +130,7 @@ def estimate_memory(profile_or_sources, tokens: int = KV_CONTEXT_TOKENS) -> Memo
     else:
         profile = profile_or_sources
         name, sources, gears = f"profile '{profile.name}'", tuple(profile.models), tuple(profile.gears)
-    roles = ("small", "large") if len(sources) == 2 else ("model",) * len(sources)
+    roles = local_tier_names(len(sources)) if len(sources) <= 2 else ("model",) * len(sources)
     models = []
     for role, source in zip(roles, sources, strict=True):
         weights, guessed = model_source(source).footprint(), False

@@ -81,8 +81,8 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
         with fp32, fp16 or bf16 scales); False where the layer's shape or mode does not fit the
         kernel. Where the route says so, fp32 scales and biases are narrowed to fp16 in place
         (quant_cpu.fp16_scales). 2-, 3-, 5- and 6-bit codes are widened in place to MLX's 8-bit
-        layout, a byte a code, which the kernel reads as it is: the same W, held once (before, the
-        packed codes, ~190 MB of the Qwen 0.5B's, stayed beside the kernel's byte copy)."""
+        layout, a byte a code, which the kernel reads as it is: the same W, held once (not the
+        packed codes beside a byte copy: ~190 MB more for the Qwen 0.5B)."""
         if self.mode != "affine" or self.get("biases") is None:
             return False
         code_bits = self.code_bits or self.bits

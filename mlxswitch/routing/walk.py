@@ -3,21 +3,25 @@
 Per position, `step` has the rung the policy asked for compute it; while the policy may review
 that rung, the signal measured there is reviewed and a higher rung may recompute the same
 position; the token is taken from the last rung tried and its signal committed, which decides
-the rung of the next position. The token loop runs `step` with a `Position` that computes
-lazily on the tiers; the bench replays it on teacher-forced arrays (`ColumnPosition`) and the
-telemetry check on recorded tries (`RecordedPosition`), so the three cannot drift apart.
+the rung of the next position. The token loop walks a position that computes lazily on the
+tiers (`walking`: its signals yield the passes they need); the bench replays `step` on
+teacher-forced arrays (`ColumnPosition`) and the telemetry check on recorded tries
+(`RecordedPosition`): one walk, so the three cannot drift apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .policies import Policy, make_policy
 from .router import Decision, RouterConfig
 
 Ask = tuple[str, int, int]  # what the walk needs of a position: ("measure" | "take", rung, attempt)
+# A position's measure or take as a generator: (rung, attempt) -> yields what computing it needs,
+# returns the signal.
+Signal = Callable[[int, int], Generator[Any, Any, float | None]]
 
 
 class Position(Protocol):
@@ -52,20 +56,31 @@ class Walk:
 
     def step(self, rung: int, position: Position) -> Settled:
         """Walk one position from `rung`: review up while the policy may, then commit the token."""
-        walking = self.stepping(rung)
-        ask = next(walking)
+        walking = self.walking(rung, _at_once(position.measure), _at_once(position.take))
+        try:
+            next(walking)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("a position computed at once yielded")
+
+    def walking(self, rung: int, measure: Signal, take: Signal) -> Generator[Any, Any, Settled]:
+        """`step` on a position whose signals are generators that may yield to compute (the token
+        loop's, whose passes are run by its driver): what they yield is passed on, and what is
+        sent back goes to them."""
+        asking = self.stepping(rung)
+        ask = next(asking)
         while True:
             kind, at, attempt = ask
-            value = position.measure(at, attempt) if kind == "measure" else position.take(at, attempt)
+            value = yield from (measure if kind == "measure" else take)(at, attempt)
             try:
-                ask = walking.send(value)
+                ask = asking.send(value)
             except StopIteration as done:
                 return done.value
 
     def stepping(self, rung: int) -> Generator[Ask, float | None, Settled]:
-        """`step` as a generator: it yields what it needs of the position, ("measure" or "take",
-        rung, attempt), is sent that signal back, and returns the Settled position (for a caller
-        whose position must itself yield to compute: the token loop in a server's batch)."""
+        """The walk of one position as the policy asks it: yields what it needs of the position,
+        ("measure" or "take", rung, attempt), is sent that signal back, and returns the Settled
+        position."""
         rungs, measured = [rung], []
         while self.policy.may_review(rungs[-1]):
             value = yield ("measure", rungs[-1], len(rungs) - 1)
@@ -110,6 +125,16 @@ class RecordedPosition:
     def take(self, rung: int, attempt: int) -> float | None:
         """The taken rung's signal, or the record's last when it lists fewer tries."""
         return self.values[min(attempt, len(self.values) - 1)]
+
+
+def _at_once(signal: Callable[[int, int], float | None]) -> Signal:
+    """A signal computed at once, as a generator that yields nothing."""
+
+    def computed(rung: int, attempt: int) -> Generator[Any, Any, float | None]:
+        yield from ()
+        return signal(rung, attempt)
+
+    return computed
 
 
 def replay(policy: Policy, initial: float | None, positions: Iterable[Position]) -> list[Settled]:

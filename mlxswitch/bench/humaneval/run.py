@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...decoding.session import ChatSession, GenerationSettings
+from ...decoding.session import ChatSession, GenerationSettings, PolicyFactory
 from ...decoding.tiers import Ladder
 from ...kernels import preloaded_mlx_blas
 from ...profiles import Profile
@@ -179,18 +179,16 @@ def _decode(
     if arm.kind in arm_sets.STOCK_KINDS:
         return mlx_lm_run(ladder, arm, prompt_ids, options.max_tokens)
     extra: dict = {}
+    control: PolicyFactory | None = None
     if arm.kind == "random":
         share = _share(done[(problem.task_id, arm_sets.matched_arm(arm.name))], top_name)
         seed = control_seed(options.seed, problem.task_id, arm.name)
-        session.policy_factory = lambda config, tiers: RandomPolicy(share, tiers - 1, seed)
+        control = lambda config, tiers: RandomPolicy(share, tiers - 1, seed)
         extra = {"probability": share, "seed": seed}
     elif arm.kind == "oracle":
         chosen = set(positions[problem.task_id]["disagree"])
-        session.policy_factory = lambda config, tiers: OraclePolicy(chosen, tiers - 1)
-    try:
-        record = engine_run(session, arm, _prompt(problem), options.max_tokens)
-    finally:
-        session.policy_factory = None
+        control = lambda config, tiers: OraclePolicy(chosen, tiers - 1)
+    record = engine_run(session, arm, _prompt(problem), options.max_tokens, control)
     if arm.kind == "oracle":
         top = done[(problem.task_id, f"{top_name} alone")]
         extra = {"reproduces_top": [t["id"] for t in record["tokens"]] == [t["id"] for t in top["tokens"]]}
