@@ -10,10 +10,12 @@ stderr as they came, and lays them out under the command line and the tiers' leg
 recording Rich console, which writes docs/NAME.svg. Nothing is drawn that the run did not print,
 except the command and the legend (the colours the chat itself uses, `cli/ui.py`).
 
-Every run starts as a fresh install does: its own empty config directory, so no pass costs saved
-by an earlier run. Who proposes a token under verified drafting depends on the passes the planner
-times as it goes, so each command runs --runs times in all (the picture is the first) and every
-run's status line is recorded: the README's caption quotes the 0.5B's share of each.
+Every run starts as a fresh install does: its own empty user directory (MLXSWITCH_HOME), so no
+pass costs saved by an earlier run. Who proposes a token under verified drafting depends on the
+passes the planner times as it goes, so each command runs --runs times (the picture is the
+first), then once more in the last run's directory, reading the pass costs it saved, as every
+later run on a machine does. Each status line is recorded: the README's caption quotes the
+0.5B's share in each.
 
 Beside each SVG, docs/NAME.json records what made it: the command, the profile and its resolved
 router settings, the commit, and the status lines as printed. tests/test_pictures.py fails when
@@ -61,12 +63,11 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def chat(command: list[str], width: int) -> subprocess.CompletedProcess:
-    """`command` run as a fresh install runs it: an empty config directory (no saved pass costs)."""
-    with tempfile.TemporaryDirectory() as config:
-        env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(width), XDG_CONFIG_HOME=config)
-        argv = [sys.executable, "-m", "mlxswitch", *command[1:]]
-        run = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+def chat(command: list[str], width: int, home: str) -> subprocess.CompletedProcess:
+    """`command` run with `home` as its user directory (MLXSWITCH_HOME: where pass costs are saved)."""
+    env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(width), MLXSWITCH_HOME=home)
+    argv = [sys.executable, "-m", "mlxswitch", *command[1:]]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if run.returncode != 0:
         sys.exit(f"error: {shlex.join(command)} exited {run.returncode}:\n{run.stderr}")
     return run
@@ -81,9 +82,13 @@ def render(name: str, overrides: dict, flags: list[str], max_tokens: int, width:
     preferred = load_profiles().preferred
     profile = resolve_profile(preferred, **overrides)
     command = ["mlxswitch", "chat", *flags, "-p", PROMPT, "--max-tokens", str(max_tokens), "--color"]
-    shown = chat(command, width)
-    statuses = [status_line(shown)] + [status_line(chat(command, width)) for _ in range(runs - 1)]
-    if not all(status.startswith(f"{max_tokens} tokens") for status in statuses):
+    with tempfile.TemporaryDirectory() as scratch:
+        homes = [str(Path(scratch) / f"run{i}") for i in range(runs)]  # each empty: a fresh install
+        shown = chat(command, width, homes[0])
+        statuses = [status_line(shown)] + [status_line(chat(command, width, home)) for home in homes[1:]]
+        # Once more where the last run saved its pass costs: what every later run starts from.
+        again = status_line(chat(command, width, homes[-1]))
+    if not all(status.startswith(f"{max_tokens} tokens") for status in [*statuses, again]):
         sys.exit(f"error: {shlex.join(command)} did not run the {preferred} profile to {max_tokens} tokens")
 
     console = Console(record=True, width=width, force_terminal=True, color_system="truecolor")
@@ -101,7 +106,8 @@ def render(name: str, overrides: dict, flags: list[str], max_tokens: int, width:
         "watched": list(WATCHED),
         "rendered": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "status_line": statuses[0],
-        "runs": statuses,  # each from a fresh config directory, the first the picture's
+        "runs": statuses,  # each from a fresh user directory, the first the picture's
+        "again": again,  # the last run's directory again: its saved pass costs read
     }
 
 
