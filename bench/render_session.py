@@ -10,12 +10,12 @@ stderr as they came, and lays them out under the command line and the tiers' leg
 recording Rich console, which writes docs/NAME.svg. Nothing is drawn that the run did not print,
 except the command and the legend (the colours the chat itself uses, `cli/ui.py`).
 
-Every run starts as a fresh install does: its own empty user directory (MLXSWITCH_HOME), so no
-pass costs saved by an earlier run. Who proposes a token under verified drafting depends on the
-passes the planner times as it goes, so each command runs --runs times (the picture is the
-first), then once more in the last run's directory, reading the pass costs it saved, as every
-later run on a machine does. Each status line is recorded: the README's caption quotes the
-0.5B's share in each.
+Every run starts as a fresh install does: its own empty user directory (under XDG_CONFIG_HOME),
+so no pass costs saved by an earlier run (the models, converted once, stay in the machine's
+cache). Who proposes a token under verified drafting depends on the passes the planner times as
+it goes, so each command runs --runs times (the picture is the first), then once more in the
+last run's directory, reading the pass costs it saved, as every later run on a machine does.
+Each status line is recorded: the README's caption quotes the 0.5B's share in each.
 
 Beside each SVG, docs/NAME.json records what made it: the command, the profile and its resolved
 router settings, the commit, and the status lines as printed. tests/test_pictures.py fails when
@@ -64,8 +64,11 @@ def git(*args: str) -> str:
 
 
 def chat(command: list[str], width: int, home: str) -> subprocess.CompletedProcess:
-    """`command` run with `home` as its user directory (MLXSWITCH_HOME: where pass costs are saved)."""
-    env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(width), MLXSWITCH_HOME=home)
+    """`command` run with `home`/mlxswitch as its user directory (where pass costs are saved); the
+    converted models stay in the machine's cache (MLXSWITCH_HOME would move that too)."""
+    (Path(home) / "mlxswitch").mkdir(parents=True, exist_ok=True)  # so ~/.config/mlxswitch is not read
+    env = dict(os.environ, FORCE_COLOR="1", COLUMNS=str(width), XDG_CONFIG_HOME=home)
+    env.pop("MLXSWITCH_HOME", None)
     argv = [sys.executable, "-m", "mlxswitch", *command[1:]]
     run = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if run.returncode != 0:
