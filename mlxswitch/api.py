@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .cloud.budget import CLOUD_MODES, cloud_settings
 from .decoding.prompt_caches import PromptCaches
@@ -29,6 +30,27 @@ from .routing.probe import load_probe
 from .routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig, parse_thresholds
 
 Progress = Callable[[str], None]
+
+
+# resolve_profile's overrides that are flags of `chat` and `serve` of the same name (EngineOptions).
+PROFILE_FLAGS = (
+    "small",
+    "large",
+    "model",
+    "draft_model",
+    "gears",
+    "tau",
+    "tau_down",
+    "window",
+    "min_run",
+    "normalize",
+    "policy",
+    "signal",
+    "verify",
+    "draft",
+    "lookup",
+    "cloud",
+)
 
 
 def resolve_profile(
@@ -120,18 +142,19 @@ def resolve_profile(
         up, down = ((old.up[0] if old.up else 1.0),) * (tiers - 1), None
     if tau_down is not None:
         down = parse_thresholds(tau_down)
-    router = RouterConfig(
-        up=up,
-        down=down,
-        window=old.window if window is None else window,
-        min_run=old.min_run if min_run is None else min_run,
-        normalize=old.normalize if normalize is None else normalize,
-        policy=old.policy if policy is None else policy,
-        signal=old.signal if signal is None else signal,
-        verify=old.verify if verify is None else verify,
-        draft=old.draft if draft is None else draft,
-        lookup=old.lookup if lookup is None else lookup,
-    )
+    given: dict[str, Any] = {
+        "window": window,
+        "min_run": min_run,
+        "normalize": normalize,
+        "policy": policy,
+        "signal": signal,
+        "verify": verify,
+        "draft": draft,
+        "lookup": lookup,
+    }
+    # Each router setting a flag gives wins; the profile's own stands where none is given.
+    settings = {name: getattr(old, name) if value is None else value for name, value in given.items()}
+    router = RouterConfig(up=up, down=down, **settings)
     router.validate(tiers)
     return dataclasses.replace(profile, router=router)
 

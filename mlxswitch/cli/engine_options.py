@@ -83,28 +83,13 @@ def takes_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def resolve(engine: EngineOptions, max_tokens: int):
     """The profile with the flags laid over it, and the sampling settings; all checked, nothing
     loaded. The BLAS thread count is set here, once, for the whole process."""
-    from ..api import resolve_profile
+    from ..api import PROFILE_FLAGS, resolve_profile
     from ..decoding.session import GenerationSettings, check_cache_bound
     from ..kernels._common import set_blas_threads
 
     chosen = resolve_profile(
         engine.profile,
-        small=engine.small,
-        large=engine.large,
-        model=engine.model,
-        draft_model=engine.draft_model,
-        gears=engine.gears,
-        tau=engine.tau,
-        tau_down=engine.tau_down,
-        window=engine.window,
-        min_run=engine.min_run,
-        normalize=engine.normalize,
-        policy=engine.policy,
-        signal=engine.signal,
-        verify=engine.verify,
-        draft=engine.draft,
-        lookup=engine.lookup,
-        cloud=engine.cloud,
+        **{flag: getattr(engine, flag) for flag in PROFILE_FLAGS},
         cloud_options=o.cloud_options(
             engine.cloud_model,
             engine.cloud_budget,
