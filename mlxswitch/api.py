@@ -27,7 +27,7 @@ from .models.sources import load_model
 from .models.tokenizers import check_shared_tokenizer
 from .profiles import Profile, load_profiles
 from .routing.probe import load_probe
-from .routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig, parse_thresholds
+from .routing.router import BOTTOM_ONLY_SIGNALS, SETTINGS_BY_NAME, RouterConfig, parse_thresholds
 
 Progress = Callable[[str], None]
 
@@ -41,14 +41,7 @@ PROFILE_FLAGS = (
     "gears",
     "tau",
     "tau_down",
-    "window",
-    "min_run",
-    "normalize",
-    "policy",
-    "signal",
-    "verify",
-    "draft",
-    "lookup",
+    *SETTINGS_BY_NAME,
     "cloud",
 )
 
@@ -142,16 +135,8 @@ def resolve_profile(
         up, down = ((old.up[0] if old.up else 1.0),) * (tiers - 1), None
     if tau_down is not None:
         down = parse_thresholds(tau_down)
-    given: dict[str, Any] = {
-        "window": window,
-        "min_run": min_run,
-        "normalize": normalize,
-        "policy": policy,
-        "signal": signal,
-        "verify": verify,
-        "draft": draft,
-        "lookup": lookup,
-    }
+    flags = (window, min_run, normalize, policy, signal, verify, draft, lookup)
+    given: dict[str, Any] = dict(zip(SETTINGS_BY_NAME, flags, strict=True))
     # Each router setting a flag gives wins; the profile's own stands where none is given.
     settings = {name: getattr(old, name) if value is None else value for name, value in given.items()}
     router = RouterConfig(up=up, down=down, **settings)

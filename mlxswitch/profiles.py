@@ -32,7 +32,7 @@ from .errors import CloudError, ConfigError, SettingError, UsageError
 from .models.gears import plane_bits_for
 from .models.sources import PackagedGGUFSource, model_available_offline, model_source
 from .resources import bundled_models_toml, user_dir
-from .routing.router import RouterConfig
+from .routing.router import SETTINGS_BY_NAME, RouterConfig
 from .tier_names import CLOUD_TIER, local_tier_names
 from .toml_text import TomlFile, read_toml
 
@@ -46,14 +46,7 @@ _PROFILE_KEYS = (
     "gears",
     "up",
     "down",
-    "window",
-    "min_run",
-    "normalize",
-    "policy",
-    "signal",
-    "verify",
-    "draft",
-    "lookup",
+    *SETTINGS_BY_NAME,
     "cloud",
 )
 _DEFAULT_KEYS = ("window", "min_run", "normalize")

@@ -67,6 +67,11 @@ def max_entropy_bits(vocab_size: int) -> float:
     return math.log2(vocab_size)
 
 
+# RouterConfig's fields that models.toml and the flags of `chat` and `serve` set by these names
+# (the thresholds come as `up`/`down` and `--tau`/`--tau-down`).
+SETTINGS_BY_NAME = ("window", "min_run", "normalize", "policy", "signal", "verify", "draft", "lookup")
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """Thresholds, timing, normalisation and guard settings of the router, checked when built.
