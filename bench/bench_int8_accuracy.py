@@ -15,12 +15,20 @@ each arm's argmax is the baseline's (`exact`, or MLX's with --reference); where 
 not, the baseline's gap between its top token and the default's; the largest logit difference
 from the baseline. The first line checks that teacher forcing reproduces the default's own greedy
 tokens (a pass of k positions computes a position as a step does).
+
+--down int8 or --down split:T:K measures a route not built yet: the default arm's down
+projections (on fp32 activations in the code) take int8 activations too, and with split:T:K each
+row's inputs above T times the row's RMS (at most K, the largest) are left out of the int8 product
+and multiplied in float64 on the dequantized codes instead. An emulation in NumPy: its answers,
+not its speed, say whether such a kernel path would be accurate enough.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -28,7 +36,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxswitch.kernels.route import kernels_override
+from mlxswitch.kernels import nested_cpu, quant_cpu
+from mlxswitch.kernels.route import current_route, kernels_override
 from mlxswitch.models.sources import load_model
 
 PASS_ROWS = 32  # the longest check decoding makes is 33 rows; any k up to it computes rows alike
@@ -61,6 +70,54 @@ def forced(model, prompt: list[int], continuation: list[int], rows: int) -> np.n
     return np.concatenate(out)[: len(continuation)]
 
 
+def _columns(weight, idx: np.ndarray) -> np.ndarray:
+    """W[:, idx] in float64 (out × k) from a kernel view (4-bit codes two a byte, or one a byte)."""
+    rows = weight.codes.reshape(weight.out_dims, -1)
+    if weight.bits == 4:
+        packed = rows[:, idx // 2]
+        codes = np.where(idx % 2 == 1, packed >> 4, packed & 15).astype(np.float64)
+    else:
+        codes = rows[:, idx].astype(np.float64)
+    group = idx // weight.group_size
+    scales = quant_cpu.scale_floats(weight.scales.reshape(weight.out_dims, -1)[:, group])
+    return scales * codes + quant_cpu.scale_floats(weight.biases.reshape(weight.out_dims, -1)[:, group])
+
+
+@contextlib.contextmanager
+def down_projections(spec: str):
+    """While it runs, layers on fp32 activations (down projections) take int8 ones, as --down says."""
+    if not spec:
+        yield
+        return
+    kind, *numbers = spec.split(":")
+    ratio, most = (float(numbers[0]), int(numbers[1])) if kind == "split" else (math.inf, 0)
+    real = nested_cpu.quant_rows_times
+
+    def product(xs, weights, decoding, int8_inputs):
+        if int8_inputs or not decoding:
+            return real(xs, weights, decoding, int8_inputs)
+        xs = np.ascontiguousarray(xs, dtype=np.float32)
+        clean, parts = xs.copy(), []
+        for r, row in enumerate(xs):
+            rms = np.sqrt(np.mean(row.astype(np.float64) ** 2))
+            idx = np.flatnonzero(np.abs(row) > ratio * rms)
+            idx = np.sort(idx[np.argsort(-np.abs(row[idx]))[:most]])
+            clean[r, idx] = 0
+            parts.append(idx)
+        y = quant_cpu.quant_weights_times(clean, weights, current_route().blas_threads, True, by_row=True)
+        for r, idx in enumerate(parts):
+            for weight in weights:
+                if idx.size:
+                    y[r] += (_columns(weight, idx) @ xs[r, idx].astype(np.float64)).astype(np.float32)
+        return y
+
+    nested_cpu.quant_rows_times = product
+    try:
+        yield
+    finally:
+        nested_cpu.quant_rows_times = real
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct")
@@ -68,6 +125,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=10, help="prompts from the file")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--reference", action="store_true", help="also MLX's reference route (slow)")
+    parser.add_argument("--down", default="", help="int8 or split:T:K: down projections on int8 (see above)")
     args = parser.parse_args()
     lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][: args.limit]
@@ -85,9 +143,10 @@ def main() -> None:
             chat = [{"role": "user", "content": text}]
             prompt = list(tokenizer.apply_chat_template(chat, add_generation_prompt=True))
             logits = {}
-            with kernels_override("auto"):
+            with kernels_override("auto"), down_projections(args.down):
                 continuation = greedy(model, prompt, args.tokens)
                 logits["default"] = forced(model, prompt, continuation, PASS_ROWS)
+            with kernels_override("auto"):
                 logits["int8 on fp32 scales"] = forced(stored, prompt, continuation, PASS_ROWS)
             with kernels_override("exact"):
                 logits["exact"] = forced(stored, prompt, continuation, PASS_ROWS)
