@@ -83,14 +83,27 @@ def _columns(weight, idx: np.ndarray) -> np.ndarray:
     return scales * codes + quant_cpu.scale_floats(weight.biases.reshape(weight.out_dims, -1)[:, group])
 
 
+def down_spec(text: str) -> tuple[float, int]:
+    """--down: int8 (no input split off: ratio inf, none) or split:T:K (ratio T, at most K)."""
+    kind, *numbers = text.split(":")
+    try:
+        if kind == "int8" and not numbers:
+            return math.inf, 0
+        if kind == "split" and len(numbers) == 2:
+            return float(numbers[0]), int(numbers[1])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"--down takes int8 or split:T:K (got {text!r})")
+
+
 @contextlib.contextmanager
-def down_projections(spec: str):
-    """While it runs, layers on fp32 activations (down projections) take int8 ones, as --down says."""
-    if not spec:
+def down_projections(spec: tuple[float, int] | None):
+    """While it runs, layers on fp32 activations (down projections) take int8 ones, as --down says
+    (down_spec: inputs above ratio times the row's RMS, at most `most`, split off)."""
+    if spec is None:
         yield
         return
-    kind, *numbers = spec.split(":")
-    ratio, most = (float(numbers[0]), int(numbers[1])) if kind == "split" else (math.inf, 0)
+    ratio, most = spec
     real = nested_cpu.quant_rows_times
 
     def product(xs, weights, decoding, int8_inputs):
@@ -125,7 +138,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=10, help="prompts from the file")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--reference", action="store_true", help="also MLX's reference route (slow)")
-    parser.add_argument("--down", default="", help="int8 or split:T:K: down projections on int8 (see above)")
+    parser.add_argument("--down", type=down_spec, help="int8 or split:T:K: down projections on int8")
     args = parser.parse_args()
     lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][: args.limit]
