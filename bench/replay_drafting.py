@@ -11,7 +11,9 @@ position where that token differs from the answer's. --collect also times each m
 row count on this machine (best of a few, the machine otherwise idle). The replay then runs the
 real DraftPlanner (mlxswitch/decoding/drafting.py) and LookupIndex round by round, as
 decoding/verify.py does, with those pass costs for its seconds, and prints per category the
-time against the top tier alone's (its prefill, then one-row passes). It is a model of the run,
+time against the top tier alone's (its prefill, then one-row passes). A round's draft grows and
+settles by decoding.drafting.ModelDraft, as the live loop's does (tests/test_replay_round.py holds
+the two to the same rounds on an answer decoded live). It is a model of the run,
 not a measurement: no timing noise, no Python between passes; compare its decisions with a real
 run's (bench/bench_everyday.py --report) before trusting a rule it prefers.
 
@@ -93,14 +95,35 @@ def _answers(everyday: list[tuple[str, str]], humaneval: bool) -> list[dict]:
     return out
 
 
-def collect(path: Path, everyday: list[tuple[str, str]], humaneval: bool) -> None:
+def trace_answer(ladder, prompt_ids: list[int], answer: list[int]) -> dict:
+    """Each end of the ladder ("small": its bottom tier, "large": its top) teacher-forced over the
+    answer after the prompt: its greedy token and signals at every answer position (and the one
+    after the last)."""
     import mlx.core as mx
     import numpy as np
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxswitch.kernels.entropy import numpy_token_signals
+
+    out = {}
+    for name, group in (("small", ladder.tiers[0].group), ("large", ladder.tiers[-1].group)):
+        model = group.model.model
+        cache = make_prompt_cache(model)
+        model(mx.array(prompt_ids[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        fed = mx.array((prompt_ids + answer)[len(prompt_ids) - 1 :])[None]
+        logits = np.asarray(model(fed, cache=cache)[0].astype(mx.float32))
+        signals = numpy_token_signals(logits.astype(np.float64), np.float64)
+        out[name] = dict(greedy=logits.argmax(axis=-1).tolist(), signals=np.round(signals, 5).tolist())
+    return out
+
+
+def collect(path: Path, everyday: list[tuple[str, str]], humaneval: bool) -> None:
+    import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
     from mlxswitch.api import build_ladder, resolve_profile
     from mlxswitch.decoding.session import ChatSession, GenerationSettings
-    from mlxswitch.kernels.entropy import numpy_token_signals
     from mlxswitch.routing.router import RouterConfig
 
     profile = resolve_profile(PROFILE)
@@ -122,20 +145,7 @@ def collect(path: Path, everyday: list[tuple[str, str]], humaneval: bool) -> Non
             ended=a["ended"],
             budget=a["budget"],
         )
-        prompt_ids_full = prompt_ids + a["ids"]
-        for name, group in (("small", ladder.tiers[0].group), ("large", ladder.tiers[-1].group)):
-            model = group.model.model
-            cache = make_prompt_cache(model)
-            model(mx.array(prompt_ids[:-1])[None], cache=cache)
-            mx.eval([c.state for c in cache])
-            logits = np.asarray(
-                model(mx.array(prompt_ids_full[len(prompt_ids) - 1 :])[None], cache=cache)[0].astype(
-                    mx.float32
-                )
-            )
-            signals = numpy_token_signals(logits.astype(np.float64), np.float64)
-            entry[name] = dict(greedy=logits.argmax(axis=-1).tolist(), signals=np.round(signals, 5).tolist())
-            del cache
+        entry.update(trace_answer(ladder, prompt_ids, a["ids"]))
         traces.append(entry)
         print(f"traced {i + 1}/{len(answers)} {a['id']}", file=sys.stderr)
     costs = {}
@@ -197,7 +207,7 @@ def replay(
     trace: dict, small: Costs, large: Costs, threshold: float, signal: str, planner, lookup: bool = True
 ) -> dict:
     """One answer decoded by verified drafting as verify.py runs it, priced by the cost tables."""
-    from mlxswitch.decoding.drafting import Plan
+    from mlxswitch.decoding.drafting import ModelDraft, Plan, kept_prefix
     from mlxswitch.decoding.lookup import LookupIndex
     from mlxswitch.routing.registry import uncertainty
 
@@ -221,11 +231,10 @@ def replay(
         else:
             offered, plan = [], Plan(0, "none", math.nan)
         seconds, prompt_read = 0.0, 0.0
-        entropies: list[float] = []
+        made = ModelDraft(threshold, plan.length, trace["eos"])
         if plan.source == "lookup":
             draft = offered[: plan.length]
         elif plan.length:
-            draft = []
             fed = length - bottom_seen if bottom_seen < length else 1
             prefill = bottom_seen < p0
             cost = small(fed)
@@ -235,24 +244,18 @@ def replay(
             else:
                 planner.draft.record(fed, cost)
             bottom_seen = length
-            while True:
-                at = n + len(draft)  # the answer position this drafted token stands for
+            while True:  # the drafter's greedy token and signals at each answer position it reaches
+                at = n + len(made.tokens)
                 values = sig[at] if at < len(sig) else [math.nan] * 3
-                s = uncertainty(signal, values)
-                if not math.isfinite(s) or s > threshold:
-                    break
-                draft.append(greedy[at] if at < len(greedy) else -1)
-                entropies.append(values[0])
-                if draft[-1] in trace["eos"] or not planner.keep_drafting(
-                    entropies, min(budget - n, planner.max_draft)
-                ):
+                token = greedy[at] if at < len(greedy) else -1
+                if not made.take(token, values[0], uncertainty(signal, values), planner):
                     break
                 cost = small(1)
                 seconds += cost
                 planner.draft.record(1, cost)
                 bottom_seen += 1
-                checked = planner.settle(entropies)
-            draft, entropies = draft[:checked], entropies[:checked]
+            made.settle(planner)
+            draft = made.tokens
             tally["small_tokens"] += len(draft)
         else:
             draft = []
@@ -261,10 +264,8 @@ def replay(
         seconds += cost
         if top_seen >= p0:
             planner.check.record(rows, cost)
-        kept = 0
-        while kept < len(draft) and n + kept < len(answer) and draft[kept] == answer[n + kept]:
-            kept += 1
-        planner.record_round(plan.source, len(draft), kept, entropies, seconds - prompt_read)
+        kept = kept_prefix(draft, answer[n:])
+        planner.record_round(plan.source, len(draft), kept, made.entropies, seconds - prompt_read)
         total += seconds
         if n:  # the opening check is the prompt's prefill
             by_source[plan.source][0] += seconds

@@ -36,9 +36,10 @@ So on a CPU where a 16-row check costs 3.4 one-row passes (NumPy's BLAS; 2.2 on 
 bench/results/model-rows-qwen.txt) and the 0.5B 0.41 of the 1.5B, drafts
 are made only through stretches the drafter is sure of, and the top tier decodes alone
 elsewhere; on a Mac, where a check costs about one row, drafts run long. Replayed on the Qwen
-pair's recorded answers (bench/replay_drafting.py), the 0.5B's rounds here make at best 1.25×
-the 1.5B's one-row rate (HumanEval, drafter in step), lookup rounds 3.7×: where lookup drafts
-are on offer the drafter falls behind, and the reading that costs keeps it from starting.
+pair's recorded answers (bench/replay_drafting.py --no-lookup, draft-replay-pair.txt), the
+0.5B's rounds here make at best 1.23× the 1.5B's one-row rate (HumanEval, drafter in step),
+lookup rounds 3.7×: where lookup drafts are on offer the drafter falls behind, and the reading
+that costs keeps it from starting.
 
 What the planner reads (pass costs by row count, kept shares by entropy bin, what each kind of
 round made) is learned as the answers go and kept on the ladder: draft_memory.py.
@@ -47,8 +48,8 @@ round made) is learned as the answers go and kept on the ladder: draft_memory.py
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 
 from .draft_memory import DraftMemory
 
@@ -283,3 +284,50 @@ class DraftPlanner:
         a millisecond over a 152k-id vocabulary, and most rounds are decided without it)."""
         if callable(entropy) or math.isfinite(entropy):
             self.top_entropy = entropy
+
+
+@dataclass
+class ModelDraft:
+    """A round's model draft as the drafter makes it, position by position, and the part settled
+    for the check: the one rule that verify.py's rounds and bench/replay_drafting.py's modelled
+    rounds both run (a test holds them to the same rounds on a recorded answer)."""
+
+    threshold: float  # a position whose routed signal exceeds it ends the draft without a token
+    room: int  # the longest draft the round allows
+    eos: Collection[int]
+    tokens: list[int] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)  # the drafter's, at each drafted token
+    # The routed signal at each position the drafter computed: its tokens', then the one that
+    # ended the draft unsure (settle leaves these whole: the position after the kept ones is read).
+    signals: list[float | None] = field(default_factory=list)
+    ended_unsure: bool = False  # ended at a position the drafter was unsure of, or cut by settle
+
+    def take(self, token: int, entropy: float, signal: float, planner: DraftPlanner) -> bool:
+        """The drafter's next position (its token, entropy and routed signal): whether to draft
+        another. An unsure position ends the draft without its token; an end-of-sequence token, or
+        the planner's keep_drafting, after it."""
+        self.signals.append(signal)
+        if not math.isfinite(signal) or signal > self.threshold:
+            self.ended_unsure = True
+            return False
+        self.tokens.append(token)
+        self.entropies.append(entropy)
+        return token not in self.eos and planner.keep_drafting(self.entropies, self.room)
+
+    def settle(self, planner: DraftPlanner) -> None:
+        """Keep the prefix the planner checks (DraftPlanner.settle), once the drafting is done; the
+        rest is dropped unchecked, though the drafter computed it."""
+        checked = planner.settle(self.entropies)
+        if checked < len(self.tokens):
+            del self.tokens[checked:], self.entropies[checked:]
+            self.ended_unsure = True
+
+
+def kept_prefix(draft: Sequence[int], samples: Sequence[int]) -> int:
+    """How much of the draft stands: up to the first position where the top tier's own sample
+    differs. Each kept token is then that sample, so the answer is drawn as the top tier alone
+    draws it (the test of this plants a bias here and must see it)."""
+    kept = 0
+    while kept < len(draft) and kept < len(samples) and samples[kept] == draft[kept]:
+        kept += 1
+    return kept

@@ -37,7 +37,7 @@ import numpy as np
 from ..kernels.route import current_route
 from ..routing.registry import uncertainty
 from ..routing.signals import LazySignals, read_time_signals
-from .drafting import MAX_DRAFT, DraftPlanner, Plan
+from .drafting import MAX_DRAFT, DraftPlanner, ModelDraft, Plan, kept_prefix
 from .ledger import PassLedger
 from .lookup import LookupIndex
 from .passes import Score, run_alone, score
@@ -94,7 +94,7 @@ class VerifyLoop:
         # A one-row pass is queued ahead only where passes stay lazy until read (a GPU; MLX ops
         # forced on a CPU): on the CPU's NumPy route a pass computes as it is built, so queuing it
         # overlaps nothing and only blurs the pass times the planner learns from (it drafted 4×
-        # as much and lost 9% on the everyday prompts: bench/results/everyday-pair-v7.txt). And
+        # as much and lost 9% on the everyday prompts: everyday-pair-v7.txt, in git history). And
         # only where the top tier has a cache of its own (a gear ladder's bottom gear would write
         # the draft into it before the check).
         self.pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
@@ -130,16 +130,14 @@ class VerifyLoop:
             round_started = time.perf_counter()
             plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
             catch_up: dict[str, int] = {}
-            entropies: list[float] = []
-            signals: list[float | None] = []
-            ended_unsure = False
+            made = ModelDraft(self.threshold, plan.length, eos)
             if plan.source == "lookup":
                 draft = offered[: plan.length]
             else:
-                draft, entropies, signals, ended_unsure = yield from self._draft(plan.length, eos, catch_up)
-                checked = self.planner.settle(entropies)
-                if checked < len(draft):  # the rest is dropped unchecked; the bottom tier computed it
-                    draft, entropies, ended_unsure = draft[:checked], entropies[:checked], True
+                yield from self._draft(made, catch_up)
+                made.settle(self.planner)
+                draft = made.tokens
+            entropies, signals = made.entropies, made.signals
             # A check whose first row was queued ahead ran partly while the last token was read:
             # its seconds are not one pass's, so the planner does not learn from them.
             teach = ahead is None
@@ -214,7 +212,7 @@ class VerifyLoop:
                 self.planner.observe_top(_entropy_of(rows[kept]))
             # The bottom tier computed this position too: a token it drafted differently, or the
             # position whose doubt ended the draft.
-            computed_below = not from_lookup and (kept < len(draft) or ended_unsure)
+            computed_below = not from_lookup and (kept < len(draft) or made.ended_unsure)
             bottom_signal = signals[kept] if kept < len(signals) else None
             logprob, top = self._token_logprobs(logprobs, kept, token)
             yield Step(
@@ -262,15 +260,7 @@ class VerifyLoop:
         mx.async_eval(queued.samples, *([first.array] if first is not None else []))
         return queued
 
-    @staticmethod
-    def _kept(draft: list[int], samples: list[int]) -> int:
-        """How much of the draft stands: up to the first position where the top tier's own sample
-        differs. Each kept token is then that sample, so the answer is drawn as the top tier alone
-        draws it (the test of this plants a bias here and must see it)."""
-        kept = 0
-        while kept < len(draft) and samples[kept] == draft[kept]:
-            kept += 1
-        return kept
+    _kept = staticmethod(kept_prefix)  # a method, so that a test can plant a bias in it
 
     def _plan(self, room: int) -> tuple[Plan, list[int]]:
         """This round's draft plan, and the prompt lookup's offer it was chosen against."""
@@ -294,15 +284,14 @@ class VerifyLoop:
         if teach:
             (self.planner.check if check else self.planner.draft).record(rows, seconds)
 
-    def _draft(
-        self, room: int, eos, catch_up: dict[str, int]
-    ) -> Generator[Score, mx.array, tuple[list[int], list[float], list[float | None], bool]]:
-        """The bottom tier's draft from the end of `ids`: its ids, entropies and signals, and whether
-        it ended at a position the bottom tier was unsure of (that position's signal is last).
-        No room: no draft, and the bottom tier reads nothing. Generated ids it is fed that it did
-        not compute (the top tier's tokens, kept lookup drafts) are counted into `catch_up`."""
+    def _draft(self, made: ModelDraft, catch_up: dict[str, int]) -> Generator[Score, mx.array, None]:
+        """The bottom tier's draft from the end of `ids`, into `made` (ModelDraft.take decides
+        where it ends). No room: no draft, and the bottom tier reads nothing. Generated ids it is
+        fed that it did not compute (the top tier's tokens, kept lookup drafts) are counted into
+        `catch_up`."""
+        room = made.room
         if room == 0:
-            return [], [], [], False
+            return
         bottom = self.ladder.tiers[0]
         group = bottom.group
         length = len(self.ids)
@@ -313,9 +302,6 @@ class VerifyLoop:
             group.rewind(length - 1)
         fed, prefill = length - group.seen, group.seen < self.prompt_tokens
         logits = yield from score(group, mx.array(self.ids[group.seen :]), 1, bottom.gear)
-        draft: list[int] = []
-        entropies: list[float] = []
-        signals: list[float | None] = []
         current = self._lazy(logits)
         rows = fed
         # The fixed rule drafts to `room`: the next position is queued before this one is read
@@ -324,21 +310,14 @@ class VerifyLoop:
         queue_ahead = not self.planner.adaptive
         while True:
             token, lazy = current
-            if queue_ahead and len(draft) + 1 < room:
+            if queue_ahead and len(made.tokens) + 1 < room:
                 current = self._lazy((yield from score(group, token, 1, bottom.gear)))
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
             self._timed(group.name, rows, prefill)
             rows, prefill = 1, False
-            signal = uncertainty(self.signal, values)
-            if not math.isfinite(signal) or signal > self.threshold:
-                signals.append(signal)
-                return draft, entropies, signals, True
-            draft.append(int(token.item()))
-            entropies.append(values[0])
-            signals.append(signal)
-            if draft[-1] in eos or not self.planner.keep_drafting(entropies, room):
-                return draft, entropies, signals, False
+            if not made.take(int(token.item()), values[0], uncertainty(self.signal, values), self.planner):
+                return
             if not queue_ahead:
                 current = self._lazy((yield from score(group, token, 1, bottom.gear)))
 
