@@ -4,7 +4,7 @@
     uv run --extra qwen-coder python bench/bench_batch_steps.py --profile qwen2.5-coder-0.5b-1.5b
 
 In-process, on `serve`'s engine (decoding/batch.py, mlx-lm's BatchGenerator, for a single
-model; decoding/batch_loops.py, packed passes, for a pair), no HTTP: `--answers` prompts are
+model; decoding/engine.py, packed passes, for a pair), no HTTP: `--answers` prompts are
 added at the same moment and the batch is stepped until they end; printed per level are the
 median first token, the seconds of the first steps, the median of the later ones (decoding) and
 the tokens per second of the whole level. On mlx-lm's batch the first step is the prompts'
@@ -27,8 +27,8 @@ import time
 
 from mlxswitch.api import build_ladder, resolve_profile
 from mlxswitch.decoding.answer import TokenEvent
-from mlxswitch.decoding.batch import BatchedAnswers
-from mlxswitch.decoding.batch_loops import BatchedLoops, batch_engine
+from mlxswitch.decoding.batch import BatchedAnswers, batch_engine
+from mlxswitch.decoding.engine import Engine
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 
@@ -36,7 +36,7 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 
 def level(
-    engine: BatchedAnswers | BatchedLoops, session: ChatSession, answers: int, numbers
+    engine: BatchedAnswers | Engine, session: ChatSession, answers: int, numbers
 ) -> tuple[float, list[float], int]:
     """Add `answers` prompts at once and step until all end: (median first token s, step seconds,
     tokens made)."""

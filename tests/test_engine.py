@@ -208,7 +208,7 @@ def test_the_wired_limit_counts_every_model_of_the_ladder(ladder, monkeypatch):
 
     from mlx.utils import tree_reduce
 
-    import mlxswitch.decoding.session as session_module
+    import mlxswitch.decoding.engine as engine_module
 
     seen = []
 
@@ -217,7 +217,7 @@ def test_the_wired_limit_counts_every_model_of_the_ladder(ladder, monkeypatch):
         seen.append(model)
         yield
 
-    monkeypatch.setattr(session_module, "wired_limit", recording)
+    monkeypatch.setattr(engine_module, "wired_limit", recording)
     ChatSession(ladder, RouterConfig(up=(0.5,))).ask("Hi", max_tokens=2)
 
     def nbytes(tree):

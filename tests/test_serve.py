@@ -26,7 +26,7 @@ from mlxswitch.server import is_loopback
 KEY = "test-key-123"
 ROUTING = ["--tau", "1.5", "--tau-down", "1.0", "--window", "2", "--min-run", "2"]
 QUEUE = 2
-BATCH = 2  # answers decoded together (the routed pair batches: decoding/batch_loops.py)
+BATCH = 2  # answers decoded together (the routed pair batches: decoding/engine.py)
 
 
 def _free_port() -> int:

@@ -209,9 +209,9 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
         return offer
 
     prompt_length = [0]
-    original = verify.VerifyLoop.steps
+    original = verify.VerifyLoop.rounds
 
-    def steps(self, budget):
+    def rounds(self, budget):
         prompt_length[0] = self.prompt_tokens
         return original(self, budget)
 
@@ -222,7 +222,7 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
             return oracle(ids, 0, max_tokens)
 
     monkeypatch.setattr(verify, "LookupIndex", OracleIndex)
-    monkeypatch.setattr(verify.VerifyLoop, "steps", steps)
+    monkeypatch.setattr(verify.VerifyLoop, "rounds", rounds)
     (answer,) = _answers_for(
         pair, _verify(2.0, "adaptive", lookup=True), 40, PROMPTS[:1], measure_signals=True
     )

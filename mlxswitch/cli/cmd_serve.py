@@ -97,7 +97,7 @@ def serve(
             + ("" if api_key else "; anyone who can reach it may use it (set --api-key)")
         )
     # One local model, a routed or verified pair, gears: many requests decoded together
-    # (decoding/batch.py, decoding/batch_loops.py); a cloud tier or the probe, one at a time.
+    # (decoding/batch.py, decoding/engine.py); a cloud tier or the probe, one at a time.
     bottom_only = SIGNAL_BY_NAME[chosen.router.signal].bottom_only
     batched = chosen.cloud is None and not bottom_only and limits.max_batch > 1
     worker: Worker | BatchWorker = (

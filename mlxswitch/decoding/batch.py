@@ -13,7 +13,7 @@ model computes the next position (and how many rows), which mlx-lm's batch canno
 
 from __future__ import annotations
 
-import os
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -27,8 +27,10 @@ from ..models.heads import SplitModel
 from ..models.machine import peak_memory_gb
 from ..routing.signals import read_time_signals
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
+from .engine import Engine, shares_passes
 from .prompt_caches import PromptCaches
-from .session import ChatSession, GenerationSettings, PreparedAnswer
+from .samplers import seeded
+from .session import ChatSession, PreparedAnswer
 from .steps import Step, token_and_top
 
 Deliver = Callable[[TokenEvent | AnswerSummary], None]
@@ -38,32 +40,6 @@ def batchable(session: ChatSession) -> bool:
     """Whether the session's answers can be batched: one local tier, no cloud, no drafting."""
     ladder = session.ladder
     return len(ladder.tiers) == 1 and ladder.tiers[0].gear is None and session.cloud is None
-
-
-class SeededSampler:
-    """A seeded request's sampler inside a batch. mlx-lm calls each row's own sampler in turn;
-    this one seeds the generator from (seed, step) before its row samples, then reseeds it from
-    fresh entropy for the rows after it. So a seeded answer is the same whoever shares the batch,
-    and no other row's draws follow from its seed."""
-
-    def __init__(self, sampler: Callable[[mx.array], mx.array], seed: int):
-        self.sampler, self.seed, self.step = sampler, seed, 0
-
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        """Sample this row's token from its own stream."""
-        mx.random.seed((self.seed * 0x9E3779B97F4A7C15 + self.step) % (1 << 64))
-        self.step += 1
-        try:
-            return self.sampler(logprobs)
-        finally:
-            mx.random.seed(int.from_bytes(os.urandom(8), "little"))
-
-
-def batch_sampler(session: ChatSession, settings: GenerationSettings) -> Callable[[mx.array], mx.array]:
-    """A batched request's sampler: the session's for its settings, on a stream of its own where
-    it is seeded (SeededSampler)."""
-    sampler = session.sampler_for(settings)
-    return sampler if settings.seed is None else SeededSampler(sampler, settings.seed)
 
 
 class LastRowLogits:
@@ -137,7 +113,7 @@ class BatchedAnswers:
             if taken is not None:
                 caches, reused = taken
         settings = prepared.settings
-        sampler = batch_sampler(self.session, settings)
+        sampler = seeded(self.session.sampler_for(settings), settings.seed)
         # The batch's steps carry each token's entropy, whatever signal the profile names.
         builder = self.session.answer_builder(
             prepared.prompt, prompt_ids, settings, len(prompt_ids) - reused, signal="entropy"
@@ -169,6 +145,10 @@ class BatchedAnswers:
         next: models.machine.release_thread_state) and give back the memory limit mlx-lm's batch set."""
         self.generator.close()
         mx.synchronize(self.generator.stream)
+
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        """Around steps, as Engine.running: mlx-lm's batch runs on its own stream already."""
+        return contextlib.nullcontext()
 
     def step(self) -> None:
         """One step of the batch: prompt chunks for joining answers, a token for decoding ones."""
@@ -231,3 +211,15 @@ class BatchedAnswers:
         if last is not None:
             answer.deliver(last)
         answer.deliver(summary)
+
+
+def batch_engine(
+    session: ChatSession, max_batch: int, prompt_caches: PromptCaches | None = None
+) -> BatchedAnswers | Engine:
+    """What batches a server's answers: mlx-lm's batch for one model, the engine (packed passes)
+    for a ladder whose answers share passes; a ValueError for others."""
+    if batchable(session):
+        return BatchedAnswers(session, max_batch, prompt_caches)
+    if not shares_passes(session):
+        raise ValueError("only a ladder of two tiers or more, with no cloud or probe, is batched")
+    return Engine(session, max_batch, prompt_caches)

@@ -414,7 +414,7 @@ class TokenLoop:
                 catch_up[group.name] = fed
             token = mx.array(self.ids[group.seen :])
         # The probe reads the bottom rung's hidden state: only there is the model run in halves,
-        # by the loop itself (a batch does not take a probe-routed ladder: batch_loops.py).
+        # by the loop itself (a batch does not take a probe-routed ladder: engine.shares_passes).
         probe = self.ladder.probe if rung == 0 and self.bottom_first else None
         if probe is not None:
             logits, hidden = group.feed(token, tier.gear, self.prefill_step, self.ladder.bottom_split())

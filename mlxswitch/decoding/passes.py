@@ -1,9 +1,10 @@
 """The passes a decoding loop asks for, and the driver that runs them as they come.
 
 The loops (loop.py, verify.py) do not call the model: they yield a `Score` for each pass they
-need and are sent its logits back. Alone, `run_alone` runs each at once, so an answer is the
-same code either way; in a server's batch (batch_loops.py) a step runs every answer's pending
-pass together, those on one model packed into one call (CacheGroup.score_together, tiers.py).
+need and are sent its logits back. The engine (engine.py) runs them for every answer: a step runs
+each answer's pending pass, those of answers that share passes on one model packed into one call
+(CacheGroup.score_together, tiers.py). `run_alone` runs a loop's passes at once, for a loop
+driven by itself (its `steps`), as the tests drive one.
 """
 
 from __future__ import annotations

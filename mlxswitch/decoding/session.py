@@ -7,80 +7,26 @@ conversation, runs the token loop and builds the answer from its steps. It never
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.generate import wired_limit
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import PromptTooLongError, UsageError
-from ..models.machine import peak_memory_gb
-from ..routing.policies import Policy, make_policy
+from ..routing.policies import make_policy
 from ..routing.router import BOTTOM_ONLY_SIGNALS, RouterConfig
 from ..tier_names import CLOUD_TIER
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
 from .cloud_span import CloudTier
 from .drafting import MAX_DRAFT, DraftPlanner
+from .engine import Engine
 from .loop import CloudSpan, TokenLoop
 from .prompt_caches import PromptCaches
+from .requests import GenerationSettings, PolicyFactory, PreparedAnswer
 from .tiers import Ladder
 from .verify import VerifyLoop
-
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit
-# Builds an answer's policy from (router settings, tier count), as make_policy does.
-PolicyFactory = Callable[[RouterConfig, int], Policy]
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """How to sample and when to stop; checked when built."""
-
-    max_tokens: int = 512
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    prefill_step: int = 512
-    max_kv_size: int | None = None  # a rotating KV cache of this many tokens (mlx-lm's option)
-    top_logprobs: int | None = None  # None: no log-probabilities; k ≥ 0: each token's and the top k
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise UsageError(f"--max-tokens must be at least 1 (got {self.max_tokens})")
-        if self.temperature < 0:
-            raise UsageError(f"--temp must be ≥ 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"--top-p must be in (0, 1] (got {self.top_p})")
-        if self.top_k < 0:
-            raise UsageError(f"--top-k must be ≥ 0 (got {self.top_k}; 0 keeps every token)")
-        if not 0 <= self.min_p <= 1:
-            raise UsageError(f"--min-p must be in [0, 1] (got {self.min_p})")
-        if self.max_kv_size is not None and self.max_kv_size < 1:
-            raise UsageError(f"--max-kv-size must be at least 1 token (got {self.max_kv_size})")
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise UsageError(
-                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {self.top_logprobs})"
-            )
-        if self.prefill_step < 1:
-            raise UsageError(f"the prefill step must be at least 1 token (got {self.prefill_step})")
-
-
-@dataclass(frozen=True)
-class PreparedAnswer:
-    """A request made ready to answer: the rendered prompt ids, checked against the context."""
-
-    prompt: str  # the text the answer is to (the last user message, or the raw text)
-    prompt_ids: list[int]
-    messages: list[dict] | None  # the conversation (None: a raw-text completion)
-    settings: GenerationSettings
-    budget: int  # tokens this answer may make: max_tokens, or what the context has left
-    # A control policy built from (router settings, tiers) in place of the router's: the bench's
-    # random and oracle arms. Such an answer takes the token loop, and is never batched.
-    control: PolicyFactory | None = None
 
 
 def check_cache_bound(settings: GenerationSettings, tier_names: list[str] | tuple[str, ...]) -> None:
@@ -273,39 +219,38 @@ class ChatSession:
 
         loop = self.answer_loop(ladder, self.ids, settings, sampler, span, prepared.control)
         mx.reset_peak_memory()
-        reason = "interrupted"
+        # A batch of one: the engine every answer is decoded by (engine.py).
+        engine = Engine(self, 1, stream=self._stream)
+        events: deque[TokenEvent | AnswerSummary] = deque()
+        uid = engine.add_own(prepared, events.append, loop, builder)
+        summary: AnswerSummary | None = None
         try:
-            # wired_limit sums the arrays of the module it is given against the recommended
-            # working set: hand it every model the ladder holds, not only the top one.
-            with wired_limit(ladder.weights(), [self._stream]), mx.stream(self._stream):
-                for step in loop.steps(prepared.budget):
-                    yield from builder.add(step)
-                    if builder.stopped:
-                        break
-            reason = "stop" if builder.stopped or loop.ended_by_eos else "length"
+            with engine.running():
+                while engine.active:
+                    engine.step()
+                    while events:
+                        event = events.popleft()
+                        if isinstance(event, AnswerSummary):
+                            summary = event
+                        else:
+                            yield event
         finally:
             # Ctrl-C (or a closed generator) lands here too: keep what was produced.
-            for group in ladder.groups:  # no cache may claim ids the sequence does not have
-                group.rewind(len(self.ids))
-            last, self.last_summary = builder.finish(
-                reason,
-                loop.initial_entropy,
-                peak_memory_gb(),
-                loop.ended_by_eos,
-                loop.initial_signal,
-            )
-            self.last_summary.refed_tokens = refed
-            self.last_summary.passes = loop.ledger.record(self.last_summary.elapsed_s)
+            engine.cancel(uid)
+            while events:  # the interrupted answer's last event and summary
+                event = events.popleft()
+                summary = event if isinstance(event, AnswerSummary) else summary
+            assert summary is not None, "the engine hands over every answer's summary"
+            self.last_summary = summary
+            summary.refed_tokens = refed
             if cloud is not None:
-                self.last_summary.cloud = cloud.answer_record()
+                summary.cloud = cloud.answer_record()
             if messages is not None:
-                if self.last_summary.text.strip():
-                    self.messages.append({"role": "assistant", "content": self.last_summary.text})
+                if summary.text.strip():
+                    self.messages.append({"role": "assistant", "content": summary.text})
                 else:  # no text, no turn: the question goes too, so the turns still alternate
                     self.messages = messages[:-1]
-        if last is not None:
-            yield last
-        yield self.last_summary
+        yield summary
 
     def answer_builder(
         self,

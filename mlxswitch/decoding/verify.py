@@ -98,7 +98,7 @@ class VerifyLoop:
         # only where the top tier has a cache of its own (a gear ladder's bottom gear would write
         # the draft into it before the check).
         self.pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
-        # Set by a driver that packs this answer's passes with others' (batch_loops.py): the
+        # Set by a driver that packs this answer's passes with others' (engine.py): the
         # last pass's seconds were not this answer's alone, so the planner learns nothing from it.
         self.shared_pass = False
         self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass

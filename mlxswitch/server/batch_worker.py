@@ -17,8 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..decoding.answer import AnswerSummary, TokenEvent
-from ..decoding.batch import BatchedAnswers
-from ..decoding.batch_loops import BatchedLoops, batch_engine
+from ..decoding.batch import BatchedAnswers, batch_engine
+from ..decoding.engine import Engine
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
 from .worker import DONE, Prepare, QueuedJob, SessionOwner, refuse_if_closing, refuse_when_full
@@ -32,7 +32,7 @@ class BatchWorker(SessionOwner):
         self.max_batch = max_batch
         self.prompt_caches = prompt_caches
         self._session = None
-        self._engine: BatchedAnswers | BatchedLoops | None = None
+        self._engine: BatchedAnswers | Engine | None = None
         self.last_summary: AnswerSummary | None = None
         self.closing = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-batch")
@@ -125,7 +125,8 @@ class BatchWorker(SessionOwner):
                 return
             self._decoding = engine.active
             try:
-                engine.step()
+                with engine.running():
+                    engine.step()
             except Exception as exc:  # handed to every request in the batch (500); a fresh batch goes on
                 for job in self._jobs.values():
                     job.fail(exc)

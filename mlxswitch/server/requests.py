@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ..decoding.prompt_caches import DEFAULT_MAX_BYTES, DEFAULT_SIZE, PromptCaches, check_bounds
-from ..decoding.session import MAX_TOP_LOGPROBS, GenerationSettings
+from ..decoding.requests import MAX_TOP_LOGPROBS, GenerationSettings
 from ..errors import RequestError, UsageError
 from .guard import Timeouts
 

@@ -1,4 +1,4 @@
-"""Continuous batching of verified drafting (decoding/batch_loops.py) and the packed pass it runs
+"""Continuous batching of verified drafting (decoding/engine.py) and the packed pass it runs
 on (decoding/packed.py, CacheGroup.score_together): the same logits as each conversation's own pass,
 the same answers as one at a time, requests joining mid-way and leaving early, and the planner
 not taught by seconds that were not one answer's."""
@@ -13,9 +13,9 @@ import pytest
 from batch_helpers import Collector, run_batch
 
 from mlxswitch.decoding.answer import AnswerSummary
-from mlxswitch.decoding.batch import BatchedAnswers
-from mlxswitch.decoding.batch_loops import BatchedLoops, batch_engine, loops_batchable
+from mlxswitch.decoding.batch import BatchedAnswers, batch_engine
 from mlxswitch.decoding.draft_memory import DraftMemory
+from mlxswitch.decoding.engine import Engine, shares_passes
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import CacheGroup, Ladder, gear_ladder, pair_ladder, single_model_ladder
@@ -118,7 +118,7 @@ LADDERS_AND_RULES = [
 def test_batched_answers_are_the_answers_made_one_at_a_time(models, tiny_gears_4_8, name, config):
     alone = [_alone(_ladder_named(models, tiny_gears_4_8, name), config, p) for p in PROMPTS]
     session = _session(_ladder_named(models, tiny_gears_4_8, name), config)
-    engine = BatchedLoops(session, max_batch=3)  # one of the four waits for a place
+    engine = Engine(session, max_batch=3)  # one of the four waits for a place
     got = [_add(engine, session, p) for p in PROMPTS[:2]]
     engine.step()
     engine.step()  # the others join mid-way, at a step boundary
@@ -141,7 +141,7 @@ def test_batched_answers_are_the_answers_made_one_at_a_time(models, tiny_gears_4
 def test_a_cancelled_answer_leaves_and_the_others_go_on(models):
     ladder = _ladder(models, twin=True)
     session = _session(ladder, _verify(draft="fixed", lookup=False))
-    engine = BatchedLoops(session, max_batch=4)
+    engine = Engine(session, max_batch=4)
     left = _add(engine, session, PROMPTS[0])
     stays = _add(engine, session, PROMPTS[1])
     for _ in range(3):
@@ -160,7 +160,7 @@ def test_stop_strings_log_probabilities_and_a_kept_conversation(models):
     stop = want.text[len(want.text) // 2 :][:3]
     caches = PromptCaches(size=2)
     session = _session(_ladder(models, twin=False), config, max_tokens=30)
-    engine = BatchedLoops(session, max_batch=2, prompt_caches=caches)
+    engine = Engine(session, max_batch=2, prompt_caches=caches)
     stopped = _add(engine, session, PROMPTS[1], max_tokens=30, stop=(stop,))
     logged = _add(engine, session, PROMPTS[0], max_tokens=30, top_logprobs=2)
     run_batch(engine)
@@ -190,7 +190,7 @@ def test_the_planner_learns_no_seconds_from_a_shared_pass(models):
     ladder = _ladder(models, twin=True)
     ladder.draft_memory = DraftMemory()
     session = _session(ladder, _verify(), max_tokens=12)
-    engine = BatchedLoops(session, max_batch=2)
+    engine = Engine(session, max_batch=2)
     # The same request twice: the two answers run side by side from the first pass to the last,
     # every pass packed with the other's, so no pass was one answer's and nothing is learned.
     _add(engine, session, PROMPTS[0])
@@ -208,12 +208,11 @@ def test_which_sessions_batch_and_with_which_engine(models, tiny_gears_4_8):
     routed = ChatSession(_ladder(models, twin=False), ROUTED, GenerationSettings())
     geared = ChatSession(gear_ladder(tiny_gears_4_8, [4, 8]), ROUTED, GenerationSettings())
     for session in (pair, routed, geared):
-        assert loops_batchable(session) and isinstance(batch_engine(session, 2), BatchedLoops)
+        assert shares_passes(session) and isinstance(batch_engine(session, 2), Engine)
     one = ChatSession(single_model_ladder(models[1]), RouterConfig(up=()), GenerationSettings())
-    assert not loops_batchable(one) and isinstance(batch_engine(one, 2), BatchedAnswers)
+    assert not shares_passes(one) and isinstance(batch_engine(one, 2), BatchedAnswers)
     controlled = dataclasses.replace(routed.prepare_text("a"), control=make_policy)  # the bench's controls
-    with pytest.raises(ValueError, match="control policy"):
-        BatchedLoops(routed, 2).add(controlled, lambda event: None)
+    assert not shares_passes(routed, controlled)  # decoded beside the others, each pass alone
 
 
 def test_forks_share_the_split_checked_once_per_model(models, monkeypatch):
