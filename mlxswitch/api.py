@@ -17,7 +17,7 @@ from .cloud.budget import CLOUD_MODES, cloud_settings
 from .decoding.prompt_caches import PromptCaches
 from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
-from .draft_store import load_draft_costs
+from .draft_store import load_draft_costs, save_draft_costs
 from .errors import UsageError
 from .kernels.route import current_route
 from .models.gear_files import build_geared, check_writable_dir, prepare_geared
@@ -264,6 +264,7 @@ def open_chat(
         cloud=cloud,
         prompt_caches=prompt_caches,
         measure_signals=measure_signals,
+        keep_learned=save_draft_costs if len(ladder.tiers) > 1 else None,
     )
 
 

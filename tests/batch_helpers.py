@@ -24,9 +24,11 @@ class Collector:
 
 
 def run_batch(engine, steps: int = 2000) -> None:
-    """Step `engine` until no answer is active; fail the test if that takes over `steps` steps."""
-    for _ in range(steps):
-        if not engine.active:
-            return
-        engine.step()
+    """Step `engine` until no answer is active, inside its `running()` as a server's worker steps
+    it; fail the test if that takes over `steps` steps."""
+    with engine.running():
+        for _ in range(steps):
+            if not engine.active:
+                return
+            engine.step()
     pytest.fail("the batch did not finish")

@@ -52,3 +52,29 @@ def test_an_unreadable_store_is_timed_again_and_an_unwritable_one_skipped(models
     blocked.write_text("")
     monkeypatch.setenv("MLXSWITCH_HOME", str(blocked / "home"))  # a path through a file
     save_draft_costs(ladder)  # no error: learning is never a reason to fail
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_sessions_answers_keep_the_costs_they_timed_alone_or_in_a_servers_batch(models, batched):
+    """The engine keeps what drafting learned after every answer, where the session was opened to
+    keep it (api.open_chat): a library's or a server's answers as much as a chat's."""
+    from batch_helpers import Collector, run_batch
+
+    from mlxswitch.decoding.engine import Engine
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+    from mlxswitch.routing.router import RouterConfig
+
+    ladder = pair_ladder(*models)
+    assert not load_draft_costs(ladder)  # nothing kept yet
+    verify = RouterConfig(up=(2.0,), policy="peek", window=1, min_run=1, verify=True, draft="adaptive")
+    session = ChatSession(ladder, verify, GenerationSettings(max_tokens=12), keep_learned=save_draft_costs)
+    if batched:
+        engine = Engine(session, max_batch=2)
+        collector = Collector()
+        engine.add(session.prepare_text("Count: one two three"), collector)
+        run_batch(engine)
+        assert collector.summary is not None
+    else:
+        session.ask("Count: one two three")
+    later = pair_ladder(*models)
+    assert load_draft_costs(later) and later.draft_memory.check.seconds == ladder.draft_memory.check.seconds

@@ -36,7 +36,6 @@ def chat(
 ) -> None:
     """Chat on a terminal, answer prompts piped through stdin, or answer one --prompt."""
     from ..api import default_note, open_chat
-    from ..draft_store import save_draft_costs
     from .chat import ChatRunner
     from .streams import TelemetryFile, peek_prompts
 
@@ -76,8 +75,5 @@ def chat(
                 measure_signals=shade,  # shading reads every token's entropy, routed or not
             )
         runner = ChatRunner(session, json_output=json_output, color=color, shade=shade, telemetry=sink)
-        try:
-            code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
-        finally:
-            save_draft_costs(session.ladder)  # the pass costs timed here, for the next run
+        code = runner.interactive() if prompts is None else runner.piped(prompts, keep_history)
     raise typer.Exit(code)

@@ -73,7 +73,6 @@ def serve(
     """Serve the profile over an OpenAI-compatible HTTP API; every token says which tier made it."""
     from ..api import open_chat
     from ..checks import profile_rows
-    from ..draft_store import save_draft_costs
     from ..errors import UsageError
     from ..routing.registry import SIGNAL_BY_NAME
     from ..server import BatchWorker, ServeConfig, ServerLimits, Worker, is_loopback, run
@@ -128,8 +127,4 @@ def serve(
     )
     how = f"up to {limits.max_batch} answers at once" if batched else "one answer at a time"
     ui.print_dim(ui.make_console(stderr=True), f"serving '{chosen.name}' on http://{host}:{port}/v1 ({how})")
-    try:
-        run(config, worker, host, port, log_level=log_level)
-    finally:
-        if worker.ready:
-            save_draft_costs(worker.session.ladder)  # the pass costs timed here, for the next run
+    run(config, worker, host, port, log_level=log_level)

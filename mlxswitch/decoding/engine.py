@@ -10,8 +10,9 @@ batch of one.
   CacheGroup.score_together: a one-row step, a catch-up, a draft's check and a drafter's step side
   by side, each against its own cache), the rest alone. Each answer then moves on to its next
   pass, its tokens' events handed to the callback it was added with;
-- finish: its caches rewound to the tokens it holds (a fork's kept for the conversation), its
-  summary built and handed over.
+- finish: its caches rewound to the tokens it holds (a fork's kept for the conversation), what
+  drafting learned kept for the next run (where the session keeps it), its summary built and
+  handed over.
 One answer's pass runs as the loop would run it alone (score_together of one pass is its group's
 `score`), so a chat turn through the engine is the loop's own answer. Answers join at step
 boundaries (a long prompt is prefilled alone, as mlx-lm's batch does between steps) and leave
@@ -75,6 +76,8 @@ class Conversations(Protocol):
     ) -> Loop: ...
 
     def sampler_for(self, settings: GenerationSettings) -> Sampler: ...
+
+    def keep_learned(self) -> None: ...
 
 
 def shares_passes(session: Conversations, request: PreparedAnswer | None = None) -> bool:
@@ -271,6 +274,7 @@ class Engine:
         )
         if loop is not None:
             summary.passes = loop.ledger.record(summary.elapsed_s)
+        self.session.keep_learned()  # the pass costs timed so far, for the next run
         if last is not None:
             answer.deliver(last)
         answer.deliver(summary)

@@ -53,8 +53,12 @@ class ChatSession:
         cloud: CloudTier | None = None,
         prompt_caches: PromptCaches | None = None,
         measure_signals: bool = False,
+        keep_learned: Callable[[Ladder], None] | None = None,
     ):
         self.ladder = ladder
+        # Keeps what drafting learned on the ladder (its pass costs) for the next run, after each
+        # answer (api.open_chat gives draft_store's; a bench's sessions keep nothing).
+        self._keep_learned = keep_learned
         self.cloud = cloud
         self.prompt_caches = prompt_caches  # other conversations' caches (a server's clients)
         self.router_config = router_config
@@ -251,6 +255,11 @@ class ChatSession:
                 else:  # no text, no turn: the question goes too, so the turns still alternate
                     self.messages = messages[:-1]
         yield summary
+
+    def keep_learned(self) -> None:
+        """Keep what drafting has learned so far on this ladder, where the session was opened so."""
+        if self._keep_learned is not None:
+            self._keep_learned(self.ladder)
 
     def answer_builder(
         self,
