@@ -61,6 +61,22 @@ def _entropy_of(row: mx.array) -> Callable[[], float]:
     return lambda: read_time_signals(row).values()[0]
 
 
+@dataclass
+class _Round:
+    """A round as checked: its draft (from lookup, or the bottom tier's `made`), the top tier's
+    check and samples, how much of the draft it kept, the ids fed to catch up, and the check's
+    rows as log-probabilities where asked."""
+
+    from_lookup: bool
+    draft: list[int]
+    made: ModelDraft
+    check: _Queued
+    samples: list[int]
+    kept: int
+    catch_up: dict[str, int]
+    logprobs: np.ndarray | None
+
+
 class VerifyLoop:
     """Decodes one answer onto `ids` by verified drafting (the TokenLoop's interface)."""
 
@@ -114,9 +130,8 @@ class VerifyLoop:
 
     def rounds(self, budget: int) -> Rounds:
         """`steps`, with each pass the loop needs yielded as a `Score` for the driver to run and
-        its logits sent back."""
-        eos = self.ladder.tokenizer.eos_token_ids
-        top_rung = len(self.ladder.tiers) - 1
+        its logits sent back. Each round (_round) plans, drafts, checks and settles; then the
+        draft the check kept goes out token by token, and the top tier's own token after it."""
         n = 0
         self.ledger.restart()
         # The top tier's one-row pass over the token a round with no draft takes, queued before
@@ -124,111 +139,136 @@ class VerifyLoop:
         # whatever that round drafts, so it is never thrown away (`_queue_check`).
         ahead: _Queued | None = None
         while n < budget:
-            length = len(self.ids)
-            # The top tier opens the answer with a check of no draft: the first token comes after
-            # its prefill alone, as when it decodes by itself, not after a draft too.
-            round_started = time.perf_counter()
-            plan, offered = self._plan(budget - n) if n else (Plan(0, "none", math.nan), [])
-            catch_up: dict[str, int] = {}
-            made = ModelDraft(self.threshold, plan.length, eos)
-            if plan.source == "lookup":
-                draft = offered[: plan.length]
-            else:
-                yield from self._draft(made, catch_up)
-                made.settle(self.planner)
-                draft = made.tokens
-            entropies, signals = made.entropies, made.signals
-            # A check whose first row was queued ahead ran partly while the last token was read:
-            # its seconds are not one pass's, so the planner does not learn from them.
-            teach = ahead is None
-            check, ahead = (yield from self._queue_check(draft, catch_up, ahead)), None
-            if not draft and n + 1 < budget and self.pipelined:
-                ahead = yield from self._queue_one(check.samples)  # this round's token is its first sample
-            rows, top_signals = check.rows, check.top_signals
-            samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
-            top_name = self.ladder.tiers[-1].group.name
-            self._timed(top_name, self._check_rows, self._check_prefill, check=True, teach=teach)
-            kept = self._kept(draft, samples)
-            # The round's seconds, less the drafter's first read of the prompt: paid once an answer
-            # (none where a pass of the round was shared with other answers).
-            seconds = time.perf_counter() - round_started - self._prompt_read_s
-            if self._round_shared:
-                seconds = math.nan
-            self._prompt_read_s, self._round_shared = 0.0, False
-            self.planner.record_round(plan.source, len(draft), kept, entropies, seconds)
-            keep = length + kept
-            top_group = self.ladder.tiers[-1].group
-            for group in self.ladder.groups:
-                # The pass queued ahead holds this round's token too (kept is 0 there).
-                held = keep + 1 if ahead is not None and group is top_group else keep
-                group.rewind(min(group.seen, held))
-            logprobs = self._logprobs(rows)
-            from_lookup = plan.source == "lookup"
-            for j in range(kept):
-                self.ids.append(draft[j])
-                if draft[j] in eos:
-                    self.ended_by_eos = True
-                    return
-                if from_lookup:  # the top tier's own token, checked in a batch: its distribution
-                    step_rung, entropy, signal = top_rung, None, None
-                    if self.measure_signals:
-                        queued_row = top_signals if j == 0 and top_signals is not None else None
-                        values = (queued_row or read_time_signals(rows[j])).values()
-                        entropy, signal = values[0], uncertainty(self.signal, values)
-                else:
-                    step_rung, entropy, signal = 0, entropies[j], signals[j]
-                logprob, top = self._token_logprobs(logprobs, j, draft[j])
-                yield Step(
-                    token=draft[j],
-                    rung=step_rung,
-                    entropy=entropy,
-                    mean=math.nan,
-                    guard=False,
-                    tried=(step_rung,),
-                    tried_signals=(signal,),
-                    catch_up=catch_up,
-                    logprob=logprob,
-                    top_logprobs=top,
-                    source="lookup" if from_lookup else None,
-                )
-                catch_up = {}
+            done, ahead = yield from self._round(budget - n, n == 0, ahead)
+            for step in self._kept_steps(done):
+                yield step
                 n += 1
-            if n >= budget:
+            if self.ended_by_eos or n >= budget:
                 return
-            token = samples[kept]
+            own = self._top_step(done)
+            if own is None:  # an end-of-sequence token
+                return
+            yield own
+            n += 1
+            self.ledger.restart()  # the consumer's time between steps is not this loop's
+
+    def _round(
+        self, room: int, opening: bool, ahead: _Queued | None
+    ) -> Generator[Score, mx.array, tuple[_Round, _Queued | None]]:
+        """One round: plan, draft (the bottom tier's, settled; or lookup's), the top tier's check,
+        what it kept; the planner taught and the caches trimmed to the kept ids. Also the one-row
+        pass queued ahead for the next round, where one is."""
+        length = len(self.ids)
+        # The top tier opens the answer with a check of no draft: the first token comes after
+        # its prefill alone, as when it decodes by itself, not after a draft too.
+        started = time.perf_counter()
+        plan, offered = (Plan(0, "none", math.nan), []) if opening else self._plan(room)
+        catch_up: dict[str, int] = {}
+        made = ModelDraft(self.threshold, plan.length, self.ladder.tokenizer.eos_token_ids)
+        if plan.source == "lookup":
+            draft = offered[: plan.length]
+        else:
+            yield from self._draft(made, catch_up)
+            made.settle(self.planner)
+            draft = made.tokens
+        # A check whose first row was queued ahead ran partly while the last token was read:
+        # its seconds are not one pass's, so the planner does not learn from them.
+        teach = ahead is None
+        check, ahead = (yield from self._queue_check(draft, catch_up, ahead)), None
+        if not draft and room > 1 and self.pipelined:
+            ahead = yield from self._queue_one(check.samples)  # this round's token is its first sample
+        samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
+        top_group = self.ladder.tiers[-1].group
+        self._timed(top_group.name, self._check_rows, self._check_prefill, check=True, teach=teach)
+        kept = self._kept(draft, samples)
+        # The round's seconds, less the drafter's first read of the prompt: paid once an answer
+        # (none where a pass of the round was shared with other answers).
+        seconds = time.perf_counter() - started - self._prompt_read_s
+        if self._round_shared:
+            seconds = math.nan
+        self._prompt_read_s, self._round_shared = 0.0, False
+        self.planner.record_round(plan.source, len(draft), kept, made.entropies, seconds)
+        for group in self.ladder.groups:
+            # The pass queued ahead holds this round's token too (kept is 0 there).
+            held = length + kept + (1 if ahead is not None and group is top_group else 0)
+            group.rewind(min(group.seen, held))
+        done = _Round(
+            plan.source == "lookup", draft, made, check, samples, kept, catch_up, self._logprobs(check.rows)
+        )
+        return done, ahead
+
+    def _kept_steps(self, done: _Round) -> Iterator[Step]:
+        """The drafted tokens the check kept, as steps (up to an end-of-sequence token: ended_by_eos)."""
+        eos = self.ladder.tokenizer.eos_token_ids
+        top_rung = len(self.ladder.tiers) - 1
+        rows, top_signals = done.check.rows, done.check.top_signals
+        for j in range(done.kept):
+            token = done.draft[j]
             self.ids.append(token)
             if token in eos:
                 self.ended_by_eos = True
                 return
-            top_entropy: float | None = None
-            top_signal: float | None = None
-            if self.measure_signals:
-                if kept or top_signals is None:
-                    top_signals = read_time_signals(rows[kept])
-                top_values = top_signals.values()
-                top_entropy, top_signal = top_values[0], uncertainty(self.signal, top_values)
-                self.planner.observe_top(top_entropy)
+            if done.from_lookup:  # the top tier's own token, checked in a batch: its distribution
+                step_rung, entropy, signal = top_rung, None, None
+                if self.measure_signals:
+                    queued_row = top_signals if j == 0 and top_signals is not None else None
+                    values = (queued_row or read_time_signals(rows[j])).values()
+                    entropy, signal = values[0], uncertainty(self.signal, values)
             else:
-                self.planner.observe_top(_entropy_of(rows[kept]))
-            # The bottom tier computed this position too: a token it drafted differently, or the
-            # position whose doubt ended the draft.
-            computed_below = not from_lookup and (kept < len(draft) or made.ended_unsure)
-            bottom_signal = signals[kept] if kept < len(signals) else None
-            logprob, top = self._token_logprobs(logprobs, kept, token)
+                step_rung, entropy, signal = 0, done.made.entropies[j], done.made.signals[j]
+            logprob, top = self._token_logprobs(done.logprobs, j, token)
             yield Step(
                 token=token,
-                rung=top_rung,
-                entropy=top_entropy,
+                rung=step_rung,
+                entropy=entropy,
                 mean=math.nan,
                 guard=False,
-                tried=(0, top_rung) if computed_below else (top_rung,),
-                tried_signals=(bottom_signal, top_signal) if computed_below else (top_signal,),
-                catch_up=catch_up,
+                tried=(step_rung,),
+                tried_signals=(signal,),
+                catch_up=done.catch_up if j == 0 else {},
                 logprob=logprob,
                 top_logprobs=top,
+                source="lookup" if done.from_lookup else None,
             )
-            n += 1
-            self.ledger.restart()  # the consumer's time between steps is not this loop's
+
+    def _top_step(self, done: _Round) -> Step | None:
+        """The top tier's own token after the kept draft, as a step; None at an end-of-sequence
+        token (ended_by_eos)."""
+        kept, rows, top_signals = done.kept, done.check.rows, done.check.top_signals
+        token = done.samples[kept]
+        self.ids.append(token)
+        if token in self.ladder.tokenizer.eos_token_ids:
+            self.ended_by_eos = True
+            return None
+        top_entropy: float | None = None
+        top_signal: float | None = None
+        if self.measure_signals:
+            if kept or top_signals is None:
+                top_signals = read_time_signals(rows[kept])
+            top_values = top_signals.values()
+            top_entropy, top_signal = top_values[0], uncertainty(self.signal, top_values)
+            self.planner.observe_top(top_entropy)
+        else:
+            self.planner.observe_top(_entropy_of(rows[kept]))
+        # The bottom tier computed this position too: a token it drafted differently, or the
+        # position whose doubt ended the draft.
+        signals = done.made.signals
+        computed_below = not done.from_lookup and (kept < len(done.draft) or done.made.ended_unsure)
+        bottom_signal = signals[kept] if kept < len(signals) else None
+        top_rung = len(self.ladder.tiers) - 1
+        logprob, top = self._token_logprobs(done.logprobs, kept, token)
+        return Step(
+            token=token,
+            rung=top_rung,
+            entropy=top_entropy,
+            mean=math.nan,
+            guard=False,
+            tried=(0, top_rung) if computed_below else (top_rung,),
+            tried_signals=(bottom_signal, top_signal) if computed_below else (top_signal,),
+            catch_up=done.catch_up if kept == 0 else {},
+            logprob=logprob,
+            top_logprobs=top,
+        )
 
     def _queue_check(
         self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None
