@@ -50,7 +50,7 @@ from ..routing.probe import Probe
 from ..routing.registry import SIGNAL_BY_NAME, uncertainty
 from ..routing.router import Decision
 from ..routing.signals import LazySignals, read_time_signals
-from ..routing.walk import Walk
+from ..routing.walk import Settled, Walk
 from .drafting import DraftPlanner
 from .ledger import PassLedger
 from .lookup_rounds import LookupRows, RungLookup
@@ -227,35 +227,14 @@ class TokenLoop:
 
     def rounds(self, budget: int) -> Rounds:
         """`steps`, with each pass the loop needs yielded as a `Score` for the driver to run and
-        its logits sent back."""
+        its logits sent back. Per position: the walk settles which rung's token is taken
+        (routing/walk.py), the pass is booked (_book), the step goes out, and the next position's
+        pass is made ready (_following)."""
         eos = self.ladder.tokenizer.eos_token_ids
         walk = Walk(self.policy)
         self.ledger.restart()
-        first: _Pending | None = None
-        if self.pins_top:
-            self.initial_entropy = self.initial_signal = None
-            walk.start(0.0)  # the policy's state; whatever it measured, the top tier opens
-            decision = Decision(rung=self.top_local, moved=0, guard=False, mean=math.nan)
-        else:
-            # The bottom tier's signal at the end of the prompt seeds the policy.
-            bottom_new = len(self.ids) - self._group(0).seen
-            first = yield from self._produce(0)
-            self.initial_entropy = first.entropy()
-            self.ledger.add(self._group(0).name, bottom_new, self.ledger.lap(), prefill=True)
-            self.initial_signal = first.signal(self.signal)
-            decision = walk.start(self.initial_signal)
+        n, decision, pending, opening_new = yield from self._open(walk, budget)
         guard = decision.guard
-        n = 0  # steps made, cloud ones included
-        if decision.rung > self.top_local:  # unsure from the start: the cloud opens the answer
-            for step in self._span(budget):
-                n += 1
-                yield step
-            decision = walk.resume(self.top_local)
-        opening_new = len(self.ids) - self._group(decision.rung).seen
-        pending = (
-            first if first is not None and decision.rung == 0 else (yield from self._produce(decision.rung))
-        )
-        mx.async_eval(*pending.arrays)
         lookup_rows: LookupRows[_Pending] | None = None  # the rows of a lookup pass still being walked
         while n < budget:
             # Within a lookup round the next position's row is computed already.
@@ -264,32 +243,8 @@ class TokenLoop:
             guess_next = not self.pipelined and n + 1 < budget
             position = _LivePosition(self, pending, queue_next=queue_next, guess_next=guess_next)
             settled = yield from walk.walking(pending.rung, position.measure, position.take)
-            pending, speculative, decision = position.pending, position.speculative, settled.decision
-            group = self._group(pending.rung)
-            opening = n == 0 and pending.rung != 0  # the top tier's prefill opened the answer
-            seconds = self.ledger.lap()
-            on_rows = lookup_rows is not None and pending.rung == lookup_rows.rung
-            walked_row = on_rows and lookup_rows is not None and lookup_rows.used > 0
-            if walked_row or (pending.ahead and not on_rows):
-                pass  # a row an earlier pass computed: these seconds are the rest's (Python)
-            else:
-                rows = (
-                    lookup_rows.pass_rows
-                    if on_rows and lookup_rows is not None
-                    else opening_new
-                    if opening
-                    else 1 + position.catch_up.get(group.name, 0)
-                )
-                self.ledger.add(group.name, rows, seconds, prefill=opening)
-                planner = self._planner(pending.rung)
-                if (
-                    planner is not None
-                    and n
-                    and len(settled.rungs) == 1
-                    and not self.shared_pass
-                    and not pending.ahead
-                ):
-                    planner.check.record(rows, seconds)  # what this rung's passes cost, by rows
+            pending, decision = position.pending, settled.decision
+            seconds = self._book(position, settled, lookup_rows, n, opening_new)
             self.ids.append(position.token)
             if self._guessed:
                 self._settle_guesses()
@@ -304,65 +259,157 @@ class TokenLoop:
             if position.token in eos:
                 self.ended_by_eos = True
                 return
-            earlier = settled.measured[: len(settled.rungs) - 1]  # the tries it replaced
-            logprob, top = (
-                pending.token_logprobs(position.token, self.top_logprobs)
-                if self.top_logprobs is not None
-                else (None, ())
-            )
-            yield Step(
-                token=position.token,
-                rung=pending.rung,
-                entropy=pending.entropy(),
-                mean=decision.mean,
-                guard=guard,
-                tried=settled.rungs,
-                tried_signals=earlier + (settled.taken,),
-                catch_up=position.catch_up,
-                logprob=logprob,
-                top_logprobs=top,
-                source=source,
-            )
+            yield self._step(position, settled, guard, source)
             self.ledger.restart()  # the consumer's time between steps is not this loop's
             if n and n % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             n += 1
             if n >= budget:
                 return
+            following = yield from self._following(walk, budget, n, decision, position, lookup_rows)
+            if following is None:  # a cloud span used up the budget
+                return
+            n, decision, guard, pending, lookup_rows = following
+
+    def _open(
+        self, walk: Walk, budget: int
+    ) -> Generator[Step | Score, mx.array, tuple[int, Decision, _Pending, int]]:
+        """The answer's first position: which rung opens it (the top tier where it is pinned, else
+        the policy on the bottom tier's signal at the end of the prompt; a cloud span first where
+        that is unsure), and that rung's pending pass. Returns the steps made (a span's), the
+        decision, the pass, and the prompt ids the opening rung had not seen."""
+        first: _Pending | None = None
+        if self.pins_top:
+            self.initial_entropy = self.initial_signal = None
+            walk.start(0.0)  # the policy's state; whatever it measured, the top tier opens
+            decision = Decision(rung=self.top_local, moved=0, guard=False, mean=math.nan)
+        else:
+            # The bottom tier's signal at the end of the prompt seeds the policy.
+            bottom_new = len(self.ids) - self._group(0).seen
+            first = yield from self._produce(0)
+            self.initial_entropy = first.entropy()
+            self.ledger.add(self._group(0).name, bottom_new, self.ledger.lap(), prefill=True)
+            self.initial_signal = first.signal(self.signal)
+            decision = walk.start(self.initial_signal)
+        n = 0  # steps made, cloud ones included
+        if decision.rung > self.top_local:  # unsure from the start: the cloud opens the answer
+            for step in self._span(budget):
+                n += 1
+                yield step
+            decision = walk.resume(self.top_local)
+        opening_new = len(self.ids) - self._group(decision.rung).seen
+        pending = (
+            first if first is not None and decision.rung == 0 else (yield from self._produce(decision.rung))
+        )
+        mx.async_eval(*pending.arrays)
+        return n, decision, pending, opening_new
+
+    def _book(
+        self,
+        position: _LivePosition,
+        settled: Settled,
+        lookup_rows: LookupRows[_Pending] | None,
+        n: int,
+        opening_new: int,
+    ) -> float:
+        """Book the seconds since the last sync to the pass that made this position (and teach its
+        rung's planner what a pass of that many rows costs); those seconds."""
+        pending = position.pending
+        group = self._group(pending.rung)
+        opening = n == 0 and pending.rung != 0  # the top tier's prefill opened the answer
+        seconds = self.ledger.lap()
+        on_rows = lookup_rows is not None and pending.rung == lookup_rows.rung
+        if (on_rows and lookup_rows is not None and lookup_rows.used > 0) or (pending.ahead and not on_rows):
+            return seconds  # a row an earlier pass computed: these seconds are the rest's (Python)
+        if on_rows and lookup_rows is not None:
+            rows = lookup_rows.pass_rows
+        else:
+            rows = opening_new if opening else 1 + position.catch_up.get(group.name, 0)
+        self.ledger.add(group.name, rows, seconds, prefill=opening)
+        planner = self._planner(pending.rung)
+        if (
+            planner is not None
+            and n
+            and len(settled.rungs) == 1
+            and not self.shared_pass
+            and not pending.ahead
+        ):
+            planner.check.record(rows, seconds)  # what this rung's passes cost, by rows
+        return seconds
+
+    def _step(self, position: _LivePosition, settled: Settled, guard: bool, source: str | None) -> Step:
+        """The step of the token the walk took at this position."""
+        pending, decision = position.pending, settled.decision
+        earlier = settled.measured[: len(settled.rungs) - 1]  # the tries it replaced
+        logprob, top = (
+            pending.token_logprobs(position.token, self.top_logprobs)
+            if self.top_logprobs is not None
+            else (None, ())
+        )
+        return Step(
+            token=position.token,
+            rung=pending.rung,
+            entropy=pending.entropy(),
+            mean=decision.mean,
+            guard=guard,
+            tried=settled.rungs,
+            tried_signals=earlier + (settled.taken,),
+            catch_up=position.catch_up,
+            logprob=logprob,
+            top_logprobs=top,
+            source=source,
+        )
+
+    def _following(
+        self,
+        walk: Walk,
+        budget: int,
+        n: int,
+        decision: Decision,
+        position: _LivePosition,
+        lookup_rows: LookupRows[_Pending] | None,
+    ) -> Generator[
+        Step | Score, mx.array, tuple[int, Decision, bool, _Pending, LookupRows[_Pending] | None] | None
+    ]:
+        """The next position's pending pass, on the rung the policy decided: the lookup round's
+        next row, the step queued ahead (a lookup draft's rows after it, where one is offered), or
+        a pass made now (after a cloud span, where the policy moved above the local tiers; a
+        lookup round's rows, where one is offered). Returns the steps made so far, the decision,
+        the guard flag, the pass and the lookup rows; None where a cloud span used up the budget."""
+        speculative = position.speculative
+        guard = decision.guard
+        if lookup_rows is not None:  # the token taken was the drafted one: the next row stands
+            return n, decision, guard, lookup_rows.rows[lookup_rows.used], lookup_rows
+        if speculative is not None and decision.rung == speculative.rung:
+            draft = self._lookup_draft(decision.rung, budget - n)
+            if draft:  # the queued step is the round's first row; the draft's rows follow it
+                lookup_rows = yield from self._rows_after(speculative, draft)
+            return n, decision, False, speculative, lookup_rows
+        if speculative is not None:  # a move: park the queued step (see the module's docstring)
+            self._parked = (speculative, self._group(speculative.rung).seen)
+        spanned = decision.rung > self.top_local
+        if spanned:
+            for step in self._span(budget - n):
+                n += 1
+                yield step
+            if n >= budget:
+                return None
+            decision = walk.resume(self.top_local)
             guard = decision.guard
-            if lookup_rows is not None:  # the token taken was the drafted one: the next row stands
-                pending = lookup_rows.rows[lookup_rows.used]
-                continue
-            if speculative is not None and decision.rung == speculative.rung:
-                draft = self._lookup_draft(decision.rung, budget - n)
-                if draft:  # the queued step is the round's first row; the draft's rows follow it
-                    lookup_rows = yield from self._rows_after(speculative, draft)
-                pending, guard = speculative, False
-                continue
-            if speculative is not None:  # a move: park the queued step (see the module's docstring)
-                self._parked = (speculative, self._group(speculative.rung).seen)
-            spanned = decision.rung > self.top_local
-            if spanned:
-                for step in self._span(budget - n):
-                    n += 1
-                    yield step
-                if n >= budget:
-                    return
-                decision = walk.resume(self.top_local)
-                guard = decision.guard
-            following = self._group(decision.rung)
-            draft = [] if spanned else self._lookup_draft(decision.rung, budget - n)
-            if draft:
-                lookup_rows = yield from self._produce_rows(decision.rung, draft)
-                pending = lookup_rows.rows[0]
-            elif not position.queue_next and not spanned and following.seen == len(self.ids) - 1:
-                # The step the pipelined loop queues, built now: the token just made is this
-                # rung's next input (its group holds every id before it), not a catch-up (a
-                # cloud's token is one).
-                pending = yield from self._produce(decision.rung, mx.array([self.ids[-1]]))
-            else:
-                pending = yield from self._produce(decision.rung)
-            mx.async_eval(*pending.arrays)
+        following = self._group(decision.rung)
+        draft = [] if spanned else self._lookup_draft(decision.rung, budget - n)
+        if draft:
+            lookup_rows = yield from self._produce_rows(decision.rung, draft)
+            pending = lookup_rows.rows[0]
+        elif not position.queue_next and not spanned and following.seen == len(self.ids) - 1:
+            # The step the pipelined loop queues, built now: the token just made is this
+            # rung's next input (its group holds every id before it), not a catch-up (a
+            # cloud's token is one).
+            pending = yield from self._produce(decision.rung, mx.array([self.ids[-1]]))
+        else:
+            pending = yield from self._produce(decision.rung)
+        mx.async_eval(*pending.arrays)
+        return n, decision, guard, pending, lookup_rows
 
     def _span(self, room: int) -> Iterator[Step]:
         """The cloud's continuation of the answer so far, at most `room` tokens, as Steps."""
