@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PATHS = ["mlxswitch", "tests", "bench"]
+PATHS = ["mlxswitch", "tests", "bench", "docs"]
 
 
 def _run(*args: str) -> None:

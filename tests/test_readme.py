@@ -1,6 +1,6 @@
 """The README and docs/ against the CLI: every option table against `--help`, every command line
 shown against Click's parser, the README's shape, its results against the generated headline,
-and every relative link; and bench/headline.py's section in docs/benchmarks.md."""
+and every relative link; and docs/headline.py's section in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 CLI_DOC = DOCS / "cli.md"
-BENCHMARKS = DOCS / "benchmarks.md"  # where bench/headline.py writes the headline
+BENCHMARKS = DOCS / "benchmarks.md"  # where docs/headline.py writes the headline
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 # Commands whose options docs/cli.md documents in a table; a command with options but no table
 # fails below, so a new command gets one.
@@ -221,13 +221,13 @@ def test_every_relative_link_and_anchor_exists(page):
             assert anchor in {_slug(h) for h in headings}, f"{page.name}: no heading for {target}"
 
 
-# -- the headline (bench/headline.py writes it into docs/benchmarks.md) -------------------------
+# -- the headline (docs/headline.py writes it into docs/benchmarks.md) -------------------------
 
 
 def _headline():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("headline", ROOT / "bench" / "headline.py")
+    spec = importlib.util.spec_from_file_location("headline", ROOT / "docs" / "headline.py")
     assert spec is not None and spec.loader is not None
     headline = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(headline)
@@ -235,7 +235,7 @@ def _headline():
 
 
 def _written_report():
-    """bench/headline.py, the report path the headline names, and that report."""
+    """docs/headline.py, the report path the headline names, and that report."""
     headline = _headline()
     found = headline.written(BENCHMARKS.read_text(encoding="utf-8"))
     assert found
@@ -247,7 +247,7 @@ def test_the_headline_is_what_bench_headline_writes_from_its_report():
     found = headline.written(BENCHMARKS.read_text(encoding="utf-8"))
     assert found, "docs/benchmarks.md has no <!-- headline: REPORT --> … <!-- /headline --> section"
     report, section = found
-    assert section == headline.render(report), "run: uv run python bench/headline.py --write"
+    assert section == headline.render(report), "run: uv run python docs/headline.py --write"
 
 
 def test_a_pooled_report_puts_its_figures_and_its_curve_in_the_headline():

@@ -1,6 +1,6 @@
 """The headline of docs/benchmarks.md, written from a HumanEval report (`bench --suite humaneval --json`).
 
-    uv run python bench/headline.py [--report bench/results/humaneval-pair.json] [--write]
+    uv run python docs/headline.py [--report bench/results/humaneval-pair.json] [--write]
 
 Prints the section; `--write` puts it into docs/benchmarks.md between `<!-- headline: REPORT -->`
 and `<!-- /headline -->` (tests/test_readme.py checks that the page holds what this renders, so
@@ -591,7 +591,7 @@ class Headline:
                 "the first token. "
                 f"{self.first_token_note()}"
                 "The command and its records are in `bench/results/README.md`; `--report` "
-                "re-derives every figure from the records, and `bench/headline.py` writes this section "
+                "re-derives every figure from the records, and `docs/headline.py` writes this section "
                 "from that report.",
                 self.bullets(),
                 f"Teacher-forced along the {self.large}'s answers to "
