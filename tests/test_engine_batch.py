@@ -15,7 +15,7 @@ from batch_helpers import Collector, run_batch
 from mlxswitch.decoding.answer import AnswerSummary
 from mlxswitch.decoding.batch import BatchedAnswers, batch_engine
 from mlxswitch.decoding.draft_memory import DraftMemory
-from mlxswitch.decoding.engine import Engine, shares_passes
+from mlxswitch.decoding.engine import MLX_LM_BATCH, ONE_AT_A_TIME, PACKED, Engine, batching, shares_passes
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import CacheGroup, Ladder, gear_ladder, pair_ladder, single_model_ladder
@@ -213,6 +213,23 @@ def test_which_sessions_batch_and_with_which_engine(models, tiny_gears_4_8):
     assert not shares_passes(one) and isinstance(batch_engine(one, 2), BatchedAnswers)
     controlled = dataclasses.replace(routed.prepare_text("a"), control=make_policy)  # the bench's controls
     assert not shares_passes(routed, controlled)  # decoded beside the others, each pass alone
+    # The engines follow the one rule (engine.batching) that `serve` picks its worker by.
+    assert batching(2, False, ROUTED.signal) == PACKED and batching(1, False, "entropy") == MLX_LM_BATCH
+
+
+@pytest.mark.parametrize(
+    ("tiers", "cloud", "signal", "kind"),
+    [
+        (1, False, "entropy", MLX_LM_BATCH),
+        (2, False, "entropy", PACKED),
+        (3, False, "margin", PACKED),
+        (2, True, "entropy", ONE_AT_A_TIME),
+        (1, True, "entropy", ONE_AT_A_TIME),
+        (2, False, "probe", ONE_AT_A_TIME),
+    ],
+)
+def test_how_a_server_batches_a_profile(tiers, cloud, signal, kind):
+    assert batching(tiers, cloud, signal) == kind
 
 
 def test_forks_share_the_split_checked_once_per_model(models, monkeypatch):

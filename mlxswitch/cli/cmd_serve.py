@@ -73,9 +73,10 @@ def serve(
     """Serve the profile over an OpenAI-compatible HTTP API; every token says which tier made it."""
     from ..api import open_chat
     from ..checks import profile_rows
+    from ..decoding.engine import ONE_AT_A_TIME, batching
     from ..errors import UsageError
-    from ..routing.registry import SIGNAL_BY_NAME
     from ..server import BatchWorker, ServeConfig, ServerLimits, Worker, is_loopback, run
+    from ..tier_names import local_tier_names
 
     chosen, settings = resolve(engine, max_tokens)
     limits = ServerLimits(
@@ -97,8 +98,9 @@ def serve(
         )
     # One local model, a routed or verified pair, gears: many requests decoded together
     # (decoding/batch.py, decoding/engine.py); a cloud tier or the probe, one at a time.
-    bottom_only = SIGNAL_BY_NAME[chosen.router.signal].bottom_only
-    batched = chosen.cloud is None and not bottom_only and limits.max_batch > 1
+    local_tiers = len(local_tier_names(len(chosen.models), chosen.gears))
+    together = batching(local_tiers, chosen.cloud is not None, chosen.router.signal) != ONE_AT_A_TIME
+    batched = together and limits.max_batch > 1
     worker: Worker | BatchWorker = (
         BatchWorker(limits.queue_size, limits.max_batch, prompt_caches)
         if batched

@@ -27,7 +27,7 @@ from ..models.heads import SplitModel
 from ..models.machine import peak_memory_gb
 from ..routing.signals import read_time_signals
 from .answer import AnswerBuilder, AnswerSummary, TokenEvent
-from .engine import Engine, shares_passes
+from .engine import MLX_LM_BATCH, Engine, batching, shares_passes
 from .prompt_caches import PromptCaches
 from .samplers import seeded
 from .session import ChatSession, PreparedAnswer
@@ -37,9 +37,10 @@ Deliver = Callable[[TokenEvent | AnswerSummary], None]
 
 
 def batchable(session: ChatSession) -> bool:
-    """Whether the session's answers can be batched: one local tier, no cloud, no drafting."""
+    """Whether mlx-lm's batch takes the session's answers (engine.batching)."""
     ladder = session.ladder
-    return len(ladder.tiers) == 1 and ladder.tiers[0].gear is None and session.cloud is None
+    kind = batching(len(ladder.tiers), session.cloud is not None, session.router_config.signal)
+    return kind == MLX_LM_BATCH and ladder.tiers[0].gear is None
 
 
 class LastRowLogits:

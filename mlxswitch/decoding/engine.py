@@ -80,18 +80,32 @@ class Conversations(Protocol):
     def keep_learned(self) -> None: ...
 
 
+# How a server decodes its answers together (`batching`).
+MLX_LM_BATCH, PACKED, ONE_AT_A_TIME = "mlx-lm batch", "packed passes", "one at a time"
+
+
+def batching(local_tiers: int, cloud: bool, signal: str) -> str:
+    """How a server decodes a profile's answers together — the one place that says so:
+    MLX_LM_BATCH for one plain model (mlx-lm's BatchGenerator, batch.py: one call a step for
+    every row), PACKED for a ladder of two tiers or more (a routed or verified pair, gears: this
+    engine, each model's passes packed into one call), ONE_AT_A_TIME with a cloud tier (its
+    answer's state is the session's) or the probe's signal (it reads a hidden state that a packed
+    pass does not give)."""
+    if cloud or SIGNAL_BY_NAME[signal].bottom_only:
+        return ONE_AT_A_TIME
+    return PACKED if local_tiers > 1 else MLX_LM_BATCH
+
+
 def shares_passes(session: Conversations, request: PreparedAnswer | None = None) -> bool:
     """Whether the session's answers (and this request) may share a model's pass with other
-    answers: two tiers or more (a routed or verified pair, gears), no cloud, no bounded cache, no
-    probe (it reads a hidden state that a packed pass does not give), and no control policy (the
+    answers: a ladder the server packs (`batching`), and no bounded cache or control policy (the
     bench's). Others decode in the engine too, each pass alone."""
     settings = request.settings if request is not None else session.settings
+    kind = batching(len(session.ladder.tiers), session.cloud is not None, session.router_config.signal)
     return (
-        len(session.ladder.tiers) > 1
-        and session.cloud is None
+        kind == PACKED
         and settings.max_kv_size is None
         and session.ladder.probe is None
-        and not SIGNAL_BY_NAME[session.router_config.signal].bottom_only
         and (request is None or request.control is None)
     )
 
