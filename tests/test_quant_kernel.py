@@ -153,14 +153,27 @@ def test_shapes_the_kernel_does_not_take_get_no_view():
 
 
 @needs_kernel
-def test_the_check_catches_a_wrong_row():
+def test_the_check_catches_a_wrong_row_and_a_wrong_code():
     class OffByOne:
+        unpack = staticmethod(KERNEL.unpack)
+
         def times(self, xs, weight, threads=1, many_from=None):
             y = KERNEL.times(xs, weight, threads, many_from)
             y[-1, -1] += 1e-2
             return y
 
     assert "differed" in check_kernel(OffByOne())
+
+    class WrongCode:
+        times = staticmethod(KERNEL.times)
+
+        @staticmethod
+        def unpack(packed, bits, in_dims):
+            codes = KERNEL.unpack(packed, bits, in_dims)
+            codes[-1, -1] ^= 1
+            return codes
+
+    assert "unpacked differently" in check_kernel(WrongCode())
 
 
 def _rebuilt(monkeypatch, **patches):

@@ -428,6 +428,45 @@ int quant_rows(const float *x, const void *codes, const void *scales, const void
     return threads;
 }
 
+/* MLX's packed `bits`-bit codes (rows × n_in, each row a little-endian bit stream of whole
+ * 32-bit words: value i at bits i·bits…) as one byte a code (the kernel's 8-bit layout). 6-bit
+ * codes, the common case (GGUF's Q6_K), go 4 at a time from 3 bytes; other widths bit by bit.
+ * Returns 0, or -1 on a bad width. */
+int quant_unpack(const uint8_t *packed, uint8_t *out, long rows, long n_in, int bits, int threads) {
+    if (bits < 1 || bits > 8 || (n_in * bits) % 32) return -1;
+    if (threads < 1) threads = 1;
+    long row_bytes = n_in * bits / 8;
+    unsigned mask = (1u << bits) - 1u;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 64)
+#endif
+    for (long r = 0; r < rows; r++) {
+        const uint8_t *p = packed + r * row_bytes;
+        uint8_t *o = out + r * n_in;
+        if (bits == 6) {
+            for (long i = 0; i < n_in; i += 4, p += 3, o += 4) {
+                o[0] = p[0] & 63;
+                o[1] = (uint8_t)((p[0] >> 6) | ((p[1] & 15) << 2));
+                o[2] = (uint8_t)((p[1] >> 4) | ((p[2] & 3) << 4));
+                o[3] = p[2] >> 2;
+            }
+            continue;
+        }
+        uint32_t acc = 0;
+        int have = 0;
+        for (long i = 0; i < n_in; i++) {
+            if (have < bits) {
+                acc |= (uint32_t)(*p++) << have;
+                have += 8;
+            }
+            o[i] = (uint8_t)(acc & mask);
+            acc >>= bits;
+            have -= bits;
+        }
+    }
+    return 0;
+}
+
 /* Whether this build runs products on more than one thread. */
 int quant_threaded(void) {
 #ifdef _OPENMP
