@@ -244,17 +244,24 @@ class ChatSession:
             while events:  # the interrupted answer's last event and summary
                 event = events.popleft()
                 summary = event if isinstance(event, AnswerSummary) else summary
-            assert summary is not None, "the engine hands over every answer's summary"
-            self.last_summary = summary
-            summary.refed_tokens = refed
-            if cloud is not None:
-                summary.cloud = cloud.answer_record()
-            if messages is not None:
-                if summary.text.strip():
-                    self.messages.append({"role": "assistant", "content": summary.text})
-                else:  # no text, no turn: the question goes too, so the turns still alternate
-                    self.messages = messages[:-1]
+            # None only where the engine failed before handing the summary over: its error goes on.
+            if summary is not None:
+                self._finished(summary, refed, messages)
+        assert summary is not None, "the engine hands over every answer's summary"
         yield summary
+
+    def _finished(self, summary: AnswerSummary, refed: int, messages: list[dict] | None) -> None:
+        """The answer's summary kept, with what only the session knows; the conversation gains
+        the answer (or loses the question, where there is no text, so the turns still alternate)."""
+        self.last_summary = summary
+        summary.refed_tokens = refed
+        if self.cloud is not None:
+            summary.cloud = self.cloud.answer_record()
+        if messages is not None:
+            if summary.text.strip():
+                self.messages.append({"role": "assistant", "content": summary.text})
+            else:
+                self.messages = messages[:-1]
 
     def keep_learned(self) -> None:
         """Keep what drafting has learned so far on this ladder, where the session was opened so."""
