@@ -22,6 +22,7 @@ from .errors import UsageError
 from .kernels.route import current_route
 from .models.gear_files import build_geared, check_writable_dir, prepare_geared
 from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for
+from .models.loading import shared_tokenizers
 from .models.memory import check_memory
 from .models.sources import load_model
 from .models.tokenizers import check_shared_tokenizer
@@ -203,7 +204,8 @@ def build_ladder(
     for source in profile.models:
         say(f"loading {source}")
     if len(profile.models) == 2:  # a pair, or a cascade on a pair
-        small, large = (load_model(source, say) for source in profile.models)
+        with shared_tokenizers():  # the pair's tokenizer files are the same: parsed once
+            small, large = (load_model(source, say) for source in profile.models)
         check_shared_tokenizer(small.source, small.tokenizer, large.source, large.tokenizer)
         ladder = pair_ladder(small, large)
     else:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,8 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     if "mlxswitch_gears" in config:
         return load_geared_dir(source, path, name)
     try:
-        # mlx-lm's load, its two halves: the model, then the tokenizer (one already loaded in this
-        # process from the same files is taken instead: the pair's second costs ~2.7 s to parse).
+        # mlx-lm's load, its two halves: the model, then the tokenizer (where loads share them, one
+        # already loaded from the same files is taken instead: the pair's second costs ~2.7 s).
         model, config = mlx_lm_load_model(path)
         tokenizer = _tokenizer(path, config)
     except ValueError as exc:  # mlx-lm's word for an unknown model_type or missing weights
@@ -86,8 +86,22 @@ TOKENIZER_FILES = (
     "tokenizer.model",
     "added_tokens.json",
 )
-# Tokenizers loaded in this process, by tokenizer_key, while a model holds them.
-_TOKENIZERS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+# Tokenizers by tokenizer_key while loads share them (shared_tokenizers); None: each load its own.
+_SHARED: dict[str, Any] | None = None
+
+
+@contextmanager
+def shared_tokenizers() -> Iterator[None]:
+    """Within it, models loaded from directories whose tokenizers are the same (tokenizer_key)
+    share one tokenizer object, parsed once: a ladder's tiers (api.build_ladder). Outside, each
+    load parses its own, so no caller's changes to a tokenizer reach another's."""
+    global _SHARED
+    outer = _SHARED
+    _SHARED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _SHARED = outer
 
 
 def tokenizer_key(path: Path, config: dict) -> str:
@@ -102,13 +116,16 @@ def tokenizer_key(path: Path, config: dict) -> str:
 
 
 def _tokenizer(path: Path, config: dict):
-    """mlx-lm's tokenizer of the directory (as mlx_lm.load gives it), or the one a model loaded
-    in this process holds already from the same files (its detokenizer is copied per caller)."""
+    """mlx-lm's tokenizer of the directory (as mlx_lm.load gives it), or, within
+    shared_tokenizers, the one an earlier load there took from the same files (mlx-lm copies its
+    detokenizer per caller)."""
     from mlx_lm.utils import load_tokenizer
 
-    key = tokenizer_key(path, config)
-    tokenizer = _TOKENIZERS.get(key)
+    shared = _SHARED
+    key = tokenizer_key(path, config) if shared is not None else ""
+    tokenizer = shared.get(key) if shared is not None else None
     if tokenizer is None:
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-        _TOKENIZERS[key] = tokenizer
+        if shared is not None:
+            shared[key] = tokenizer
     return tokenizer
