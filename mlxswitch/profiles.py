@@ -68,14 +68,18 @@ class Profile:
     description: str = ""
     origin: str = ""
 
+    def local_tiers(self) -> tuple[str, ...]:
+        """The local tiers' names, bottom first: small/large, g<bits>, model."""
+        return local_tier_names(len(self.models), self.gears)
+
     def tier_names(self) -> tuple[str, ...]:
-        """Tier names, bottom first: small/large, g<bits>, model; cloud on top when it takes spans."""
+        """Tier names, bottom first: the local ones, and cloud on top when it takes spans."""
         spans = self.cloud is not None and self.cloud.mode == "span"
-        return local_tier_names(len(self.models), self.gears) + ((CLOUD_TIER,) if spans else ())
+        return self.local_tiers() + ((CLOUD_TIER,) if spans else ())
 
     def probe_key(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
         """What a trained probe is saved under: the profile's name, models and local tiers."""
-        return self.name, tuple(self.models), local_tier_names(len(self.models), self.gears)
+        return self.name, tuple(self.models), self.local_tiers()
 
 
 @dataclass

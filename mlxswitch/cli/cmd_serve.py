@@ -76,7 +76,6 @@ def serve(
     from ..decoding.engine import ONE_AT_A_TIME, batching
     from ..errors import UsageError
     from ..server import BatchWorker, ServeConfig, ServerLimits, Worker, is_loopback, run
-    from ..tier_names import local_tier_names
 
     chosen, settings = resolve(engine, max_tokens)
     limits = ServerLimits(
@@ -98,9 +97,8 @@ def serve(
         )
     # One local model, a routed or verified pair, gears: many requests decoded together
     # (decoding/batch.py, decoding/engine.py); a cloud tier or the probe, one at a time.
-    local_tiers = len(local_tier_names(len(chosen.models), chosen.gears))
-    together = batching(local_tiers, chosen.cloud is not None, chosen.router.signal) != ONE_AT_A_TIME
-    batched = together and limits.max_batch > 1
+    kind = batching(len(chosen.local_tiers()), chosen.cloud is not None, chosen.router.signal)
+    batched = kind != ONE_AT_A_TIME and limits.max_batch > 1
     worker: Worker | BatchWorker = (
         BatchWorker(limits.queue_size, limits.max_batch, prompt_caches)
         if batched

@@ -27,7 +27,7 @@ which is faster there; alone they come here too.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -194,16 +194,16 @@ class Engine:
         """One step: every answer's pending pass (packed per model where they share passes), then
         each answer moves on. Run it inside `running()`."""
         self._admit()
-        together: dict[tuple[int, int | None] | int, list[int]] = {}
+        together: dict[tuple[int, int | None] | int, list[tuple[int, Score]]] = {}
         for uid, answer in self._answers.items():
-            if answer.pending is not None:
-                key = (id(answer.pending.group.model), answer.pending.gear) if answer.shares else uid
-                together.setdefault(key, []).append(uid)
-        for uids in together.values():
-            passes = [self._answers[uid].pending for uid in uids]
+            if (pending := answer.pending) is not None:
+                key = (id(pending.group.model), pending.gear) if answer.shares else uid
+                together.setdefault(key, []).append((uid, pending))
+        for group in together.values():
+            uids = [uid for uid, _ in group]
             chunk = self._answers[uids[0]].request.settings.prefill_step
             results = CacheGroup.score_together(
-                [(p.group, p.inputs, p.rows) for p in passes if p is not None], _gear(passes), chunk
+                [(p.group, p.inputs, p.rows) for _, p in group], group[0][1].gear, chunk
             )
             for uid, logits in zip(uids, results, strict=True):
                 answer = self._answers[uid]
@@ -292,9 +292,3 @@ class Engine:
         if last is not None:
             answer.deliver(last)
         answer.deliver(summary)
-
-
-def _gear(passes: Sequence[Score | None]) -> int | None:
-    """The gear a step's group of passes runs at (all share it: they were grouped by it)."""
-    first = passes[0]
-    return None if first is None else first.gear
