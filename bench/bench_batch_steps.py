@@ -71,7 +71,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8)
     args = parser.parse_args()
     profile = resolve_profile(args.profile)
-    session = ChatSession(build_ladder(profile), profile.router, GenerationSettings(max_tokens=args.tokens))
+    session = ChatSession(
+        build_ladder(profile),
+        profile.router,
+        GenerationSettings(max_tokens=args.tokens),
+        decoding=profile.decoding,
+    )
     numbers = itertools.count(1)
     for cached in (False, True):
         engine = batch_engine(session, max(8, args.answers), PromptCaches() if cached else None)

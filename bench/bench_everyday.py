@@ -30,12 +30,12 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from mlxswitch.api import build_ladder, resolve_profile
 from mlxswitch.bench.humaneval.arms import calibrated_config
 from mlxswitch.decoding.draft_memory import DraftMemory, PassCosts
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.kernels._common import set_blas_threads
 from mlxswitch.kernels.route import current_route
@@ -51,18 +51,21 @@ INF = float("inf")
 PROJECTED_GBPS = 400 * 0.7
 
 
-def arm_config(arm: str, profile_router: RouterConfig, peek_tau: float | None = None) -> RouterConfig:
-    """The router configuration of an arm (the profile's threshold for the verified arms)."""
+def arm_config(
+    arm: str, profile_router: RouterConfig, peek_tau: float | None = None
+) -> tuple[RouterConfig, DecodingMode]:
+    """The router configuration and decoding mode of an arm (the profile's threshold for the
+    verified arms)."""
     if arm == "large":
-        return RouterConfig(up=(-INF,))
+        return RouterConfig(up=(-INF,)), DecodingMode()
     if arm == "small":
-        return RouterConfig(up=(INF,), lookup=False)
+        return RouterConfig(up=(INF,)), DecodingMode(lookup=False)
     if arm in PEEK_ARMS:
         if peek_tau is None:
             raise SystemExit(f"error: the {arm} arm needs --peek-tau")
-        return replace(calibrated_config("entropy", peek_tau, 2), lookup=arm == "peek")
+        return calibrated_config("entropy", peek_tau, 2), DecodingMode(lookup=arm == "peek")
     rule = "fixed" if arm == "fixed" else "adaptive"
-    return replace(profile_router, verify=True, draft=rule, lookup=arm == "adaptive")
+    return profile_router, DecodingMode(verify=True, draft=rule, lookup=arm == "adaptive")
 
 
 def load_records(path: Path) -> list[dict]:
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace) -> None:
                 if (prompt["id"], arm) in done:
                     continue
                 ladder.draft_memory, ladder.rung_memory = memories[arm], rung_memories[arm]
-                session = ChatSession(ladder, arm_config(arm, profile.router, args.peek_tau), settings)
+                config, mode = arm_config(arm, profile.router, args.peek_tau)
+                session = ChatSession(ladder, config, settings, decoding=mode)
                 started = time.perf_counter()
                 summary = session.ask(prompt["prompt"])
                 wall = time.perf_counter() - started

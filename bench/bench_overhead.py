@@ -62,6 +62,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import save_config, save_model
 
 from mlxswitch.decoding.answer import TokenEvent
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import Ladder, pair_ladder, single_model_ladder
 from mlxswitch.kernels.route import route_for, use_route
@@ -264,14 +265,23 @@ class BodyRows:
             cls.__call__ = real
 
 
-def pair_configs(session: ChatSession, prompt: str) -> dict[str, RouterConfig]:
+ROUTED = DecodingMode()
+
+
+def pair_configs(session: ChatSession, prompt: str) -> dict[str, tuple[RouterConfig, DecodingMode]]:
     """The routed arms, with thresholds at the small model's entropy quantiles on this prompt."""
     entropies = sorted(e.entropy for e in session.stream(prompt) if isinstance(e, TokenEvent))
     q = lambda f: entropies[int(f * (len(entropies) - 1))]
     return {
-        "ead": RouterConfig(up=(q(0.6),), down=(q(0.4),), window=3, min_run=2),
-        "peek": RouterConfig(up=(q(0.7),), down=(q(0.5),), window=1, min_run=1, policy="peek"),
-        "verified": RouterConfig(up=(q(0.8),), window=1, min_run=1, policy="peek", verify=True),
+        "ead": (RouterConfig(up=(q(0.6),), down=(q(0.4),), window=3, min_run=2), DecodingMode()),
+        "peek": (
+            RouterConfig(up=(q(0.7),), down=(q(0.5),), window=1, min_run=1, policy="peek"),
+            DecodingMode(),
+        ),
+        "verified": (
+            RouterConfig(up=(q(0.8),), window=1, min_run=1, policy="peek"),
+            DecodingMode(verify=True),
+        ),
     }
 
 
@@ -291,8 +301,8 @@ def pair_main(args: argparse.Namespace, tokenizer) -> None:
     prompt_ids = alone.render([{"role": "user", "content": PROMPT}])
     sampler = make_sampler(temp=0.0)
 
-    def ours(config: RouterConfig) -> Iterator[int]:
-        session = ChatSession(ladder, config, settings)
+    def ours(config: RouterConfig, mode: DecodingMode) -> Iterator[int]:
+        session = ChatSession(ladder, config, settings, decoding=mode)
         for event in session.stream(PROMPT):
             if isinstance(event, TokenEvent):
                 yield event.id
@@ -310,7 +320,7 @@ def pair_main(args: argparse.Namespace, tokenizer) -> None:
     arms = {
         "large alone (mlx-lm)": large_alone,
         "mlx-lm speculative": speculative,
-        **{name: (lambda c=c: ours(c)) for name, c in configs.items()},
+        **{name: (lambda c=c: ours(*c)) for name, c in configs.items()},
     }
     bodies = {name: m.model.model for name, m in models.items()}
     for make in arms.values():  # warm every arm up
@@ -335,9 +345,9 @@ def pair_main(args: argparse.Namespace, tokenizer) -> None:
         f"tiny correlated pair (2 and 4 layers × 64, vocab {config['vocab_size']}), a Mac's route on this CPU"
     )
     print(f"{args.tokens} tokens an answer, {args.rounds} rounds, arms alternating; greedy; EOS ignored")
-    for name, c in configs.items():
-        thresholds = f"up {c.up[0]:.3f} bits, down {c.downs()[0]:.3f}"
-        print(f"  {name}: {thresholds}, window {c.window}, min run {c.min_run}")
+    for name, (c, mode) in configs.items():
+        timing = "" if mode.verify else f", window {c.window}, min run {c.min_run}"
+        print(f"  {name}: up {c.up[0]:.3f} bits, down {c.downs()[0]:.3f}{timing}")
     header = f"{'arm':<22} {'ms/tok':>7} {'small passes':>13} {'large passes':>13} {'small rows':>11}"
     print(header + f" {'large rows':>11} {'fed − held':>11}   (per token; rows past the prompt)")
     for name in arms:

@@ -17,10 +17,11 @@ it goes, so each command runs --runs times (the picture is the first), then once
 last run's directory, reading the pass costs it saved, as every later run on a machine does.
 Each status line is recorded: the README's caption quotes the 0.5B's share in each.
 
-Beside each SVG, docs/NAME.json records what made it: the command, the profile and its resolved
-router settings, the commit, and the status lines as printed. tests/test_pictures.py fails when
-those settings are no longer the code's, a file in WATCHED changed after the recorded commit, or
-the caption does not quote the recorded shares: re-render then. The tree must be clean in
+Beside each SVG, docs/NAME.json records what made it: the command, the profile, its resolved
+router settings and decoding mode, the commit, and the status lines as printed.
+tests/test_pictures.py fails when those settings are no longer the code's, a file in WATCHED
+changed after the recorded commit, or the caption does not quote the recorded shares: re-render
+then. The tree must be clean in
 WATCHED, so that the recorded commit is what ran.
 """
 
@@ -105,6 +106,7 @@ def render(name: str, overrides: dict, flags: list[str], max_tokens: int, width:
         "profile": profile.name,
         "overrides": overrides,
         "router": profile.router.settings(json_float),
+        "decoding": profile.decoding.settings(),
         "commit": git("rev-parse", "HEAD"),
         "watched": list(WATCHED),
         "rendered": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .cloud.budget import CLOUD_MODES, cloud_settings
+from .decoding.mode import MODE_SETTINGS, DecodingMode
 from .decoding.prompt_caches import PromptCaches
 from .decoding.session import ChatSession, GenerationSettings, check_cache_bound
 from .decoding.tiers import Ladder, gear_ladder, pair_ladder, single_model_ladder
@@ -43,6 +44,7 @@ PROFILE_FLAGS = (
     "tau",
     "tau_down",
     *SETTINGS_BY_NAME,
+    *MODE_SETTINGS,
     "cloud",
 )
 
@@ -98,6 +100,7 @@ def resolve_profile(
             gears=(),
             cloud=None,
             router=ad_hoc,
+            decoding=DecodingMode(),
             description="",
         )
     elif model:
@@ -109,6 +112,7 @@ def resolve_profile(
             gears=gear_bits,
             cloud=None,
             router=ad_hoc,
+            decoding=DecodingMode(),
             description="",
         )
     elif gears:
@@ -136,13 +140,20 @@ def resolve_profile(
         up, down = ((old.up[0] if old.up else 1.0),) * (tiers - 1), None
     if tau_down is not None:
         down = parse_thresholds(tau_down)
-    flags = (window, min_run, normalize, policy, signal, verify, draft, lookup)
-    given: dict[str, Any] = dict(zip(SETTINGS_BY_NAME, flags, strict=True))
-    # Each router setting a flag gives wins; the profile's own stands where none is given.
+    # Each setting a flag gives wins; the profile's own stands where none is given.
+    given: dict[str, Any] = dict(
+        zip(SETTINGS_BY_NAME, (window, min_run, normalize, policy, signal), strict=True)
+    )
     settings = {name: getattr(old, name) if value is None else value for name, value in given.items()}
     router = RouterConfig(up=up, down=down, **settings)
     router.validate(tiers)
-    return dataclasses.replace(profile, router=router)
+    given = dict(zip(MODE_SETTINGS, (verify, draft, lookup), strict=True))
+    modes = {
+        name: getattr(profile.decoding, name) if value is None else value for name, value in given.items()
+    }
+    decoding = DecodingMode(**modes)
+    decoding.validate(router, tiers)
+    return dataclasses.replace(profile, router=router, decoding=decoding)
 
 
 def default_note(profile: Profile) -> str:
@@ -262,6 +273,7 @@ def open_chat(
         ladder,
         chosen.router,
         settings,
+        decoding=chosen.decoding,
         system=system,
         cloud=cloud,
         prompt_caches=prompt_caches,

@@ -37,6 +37,7 @@ def profile_table(profile: Profile, comment: str) -> str:
     if profile.gears:
         keys["gears"] = list(profile.gears)
     keys.update(router.settings())
+    keys.update(profile.decoding.settings())
     if profile.description:
         keys["description"] = profile.description
     lines += [f"{key} = {_value(value)}" for key, value in keys.items()]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cloud.budget import CloudSettings, cloud_settings
+from .decoding.mode import MODE_SETTINGS, DecodingMode
 from .errors import CloudError, ConfigError, SettingError, UsageError
 from .models.gears import plane_bits_for
 from .models.sources import PackagedGGUFSource, model_available_offline, model_source
@@ -47,6 +48,7 @@ _PROFILE_KEYS = (
     "up",
     "down",
     *SETTINGS_BY_NAME,
+    *MODE_SETTINGS,
     "cloud",
 )
 _DEFAULT_KEYS = ("window", "min_run", "normalize")
@@ -57,13 +59,14 @@ _LADDER_KEYS = {"pair": ("small", "large"), "single": ("model",), "gears": ("mod
 
 @dataclass(frozen=True)
 class Profile:
-    """A ladder of tiers and the router settings that drive it."""
+    """A ladder of tiers, the router settings that drive it and how it decodes."""
 
     name: str
     mode: str
     models: tuple[str, ...]
     gears: tuple[int, ...] = ()
     router: RouterConfig = RouterConfig(up=())
+    decoding: DecodingMode = DecodingMode()
     cloud: CloudSettings | None = None  # the cloud tier: a top rung (mode span) or hand-off (answer)
     description: str = ""
     origin: str = ""
@@ -332,9 +335,12 @@ def _profile(name: str, table: dict, defaults: dict, toml: TomlFile) -> Profile:
             if problem:
                 raise fail(key, problem)
             settings[key] = table[key]
+    decoding_settings = {key: settings.pop(key) for key in MODE_SETTINGS if key in settings}
     try:
         router = RouterConfig(up=up, down=down, **settings)
         router.validate(len(profile.tier_names()))
+        decoding = DecodingMode(**decoding_settings)
+        decoding.validate(router, len(profile.tier_names()))
     except SettingError as exc:
         origin = (
             " (normalize = true comes from [defaults])"
@@ -342,7 +348,7 @@ def _profile(name: str, table: dict, defaults: dict, toml: TomlFile) -> Profile:
             else ""
         )
         raise fail(exc.key, f"{exc}{origin}") from None
-    return dataclasses.replace(profile, router=router)
+    return dataclasses.replace(profile, router=router, decoding=decoding)
 
 
 def _ladder_kind(mode: str, table: dict) -> str:

@@ -15,6 +15,7 @@ LAYERS = [
     ("mlxswitch", "mlxswitch.errors", "mlxswitch.resources", "mlxswitch.files", "mlxswitch.toml_text"),
     (
         "mlxswitch.routing.router",
+        "mlxswitch.decoding.mode",  # a setting beside the router's, read by the profiles
         "mlxswitch.routing.policies",
         "mlxswitch.routing",
         "mlxswitch.kernels",
@@ -31,6 +32,7 @@ LAYERS = [
 ]
 PURE = (
     "mlxswitch.routing.router",
+    "mlxswitch.decoding.mode",
     "mlxswitch.routing.policies",
     "mlxswitch.routing.walk",
     "mlxswitch.routing.registry",

@@ -23,6 +23,7 @@ from mlxswitch.bench.prompts import (
 )
 from mlxswitch.bench.report import summarize_bench
 from mlxswitch.bench.runner import Arm, BenchRun, forced_config, make_arms, sweep_config
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.errors import ConfigError, UsageError
 from mlxswitch.routing.router import RouterConfig
 
@@ -144,7 +145,9 @@ def _record(arm, tiers, decode_s, generated=5, prompt="p0"):
 
 
 def _summary(positions):
-    profile = SimpleNamespace(router=RouterConfig(up=(1.0,), window=1, min_run=1, policy="peek"))
+    profile = SimpleNamespace(
+        router=RouterConfig(up=(1.0,), window=1, min_run=1, policy="peek"), decoding=DecodingMode()
+    )
     tiers = [SimpleNamespace(bytes_per_token=100), SimpleNamespace(bytes_per_token=300)]
     ladder = SimpleNamespace(tier_names=["small", "large"], tiers=tiers)
     peek = sweep_config("peek", 1.0, 2)
@@ -227,7 +230,9 @@ def test_the_threshold_for_a_share_is_the_naive_search_over_the_quantiles(config
 def test_the_ead_sweep_runs_as_its_paper_whatever_the_profiles_timing():
     """A profile tuned for peek (window 1, min run 1) must not turn the bench's `ead` into a lagged
     peek: the swept `ead` arms read a 5-token mean and wait 10 tokens; the profile arm keeps its own."""
-    profile = SimpleNamespace(router=RouterConfig(up=(3.0,), window=1, min_run=1, policy="peek"))
+    profile = SimpleNamespace(
+        router=RouterConfig(up=(3.0,), window=1, min_run=1, policy="peek"), decoding=DecodingMode()
+    )
     ladder = SimpleNamespace(
         tier_names=["small", "large"],
         tiers=[SimpleNamespace(group=object()), SimpleNamespace(group=object())],

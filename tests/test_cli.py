@@ -66,7 +66,16 @@ def test_piped_lines_give_one_json_object_each_in_order(pair_args):
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["prompt"] for r in records] == prompts
     for record in records:
-        assert set(record) == {"prompt", "text", "finish_reason", "tokens", "stats", "router", "route"}
+        assert set(record) == {
+            "prompt",
+            "text",
+            "finish_reason",
+            "tokens",
+            "stats",
+            "router",
+            "decoding",
+            "route",
+        }
         # The route, said once per answer: this CPU's, and each model's linears.
         assert record["route"]["backend"] == "cpu" and record["route"]["compute_dtype"] == "float32"
         assert set(record["route"]["models"].values()) <= {"resident-fp32", "rows", "none"}

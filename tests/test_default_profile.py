@@ -54,7 +54,7 @@ def test_with_the_pair_here_the_default_is_the_pair_and_says_nothing(monkeypatch
     monkeypatch.setattr(profiles_module, "profile_available", lambda profile: profile.name == PAIR)
     profiles = load_profiles()
     assert (profiles.default, profiles.default_note) == (PAIR, "")
-    assert profiles.get(None).mode == "pair" and profiles.get(None).router.verify
+    assert profiles.get(None).mode == "pair" and profiles.get(None).decoding.verify
     result = chat()
     assert result.exit_code == 0, result.output
     assert built == [PAIR]

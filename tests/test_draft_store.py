@@ -61,13 +61,19 @@ def test_a_sessions_answers_keep_the_costs_they_timed_alone_or_in_a_servers_batc
     from batch_helpers import Collector, run_batch
 
     from mlxswitch.decoding.engine import Engine
+    from mlxswitch.decoding.mode import DecodingMode
     from mlxswitch.decoding.session import ChatSession, GenerationSettings
     from mlxswitch.routing.router import RouterConfig
 
     ladder = pair_ladder(*models)
     assert not load_draft_costs(ladder)  # nothing kept yet
-    verify = RouterConfig(up=(2.0,), policy="peek", window=1, min_run=1, verify=True, draft="adaptive")
-    session = ChatSession(ladder, verify, GenerationSettings(max_tokens=12), keep_learned=save_draft_costs)
+    session = ChatSession(
+        ladder,
+        RouterConfig(up=(2.0,)),
+        GenerationSettings(max_tokens=12),
+        decoding=DecodingMode(verify=True, draft="adaptive"),
+        keep_learned=save_draft_costs,
+    )
     if batched:
         engine = Engine(session, max_batch=2)
         collector = Collector()

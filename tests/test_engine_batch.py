@@ -16,6 +16,7 @@ from mlxswitch.decoding.answer import AnswerSummary
 from mlxswitch.decoding.batch import BatchedAnswers, batch_engine
 from mlxswitch.decoding.draft_memory import DraftMemory
 from mlxswitch.decoding.engine import MLX_LM_BATCH, ONE_AT_A_TIME, PACKED, Engine, batching, shares_passes
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import CacheGroup, Ladder, gear_ladder, pair_ladder, single_model_ladder
@@ -32,10 +33,11 @@ def models(tiny_pair):
     return load_model(str(tiny_pair[0])), load_model(str(tiny_pair[1]))
 
 
-def _verify(tau: float = 2.0, draft: str = "adaptive", lookup: bool = True) -> RouterConfig:
-    return RouterConfig(
-        up=(tau,), policy="peek", window=1, min_run=1, verify=True, draft=draft, lookup=lookup
-    )
+Decoding = tuple[RouterConfig, DecodingMode]
+
+
+def _verify(tau: float = 2.0, draft: str = "adaptive", lookup: bool = True) -> Decoding:
+    return RouterConfig(up=(tau,)), DecodingMode(verify=True, draft=draft, lookup=lookup)
 
 
 def _ladder(models, twin: bool) -> Ladder:
@@ -43,12 +45,15 @@ def _ladder(models, twin: bool) -> Ladder:
     return pair_ladder(large if twin else small, large)
 
 
-def _session(ladder: Ladder, config: RouterConfig, max_tokens: int = 40) -> ChatSession:
-    return ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens), measure_signals=True)
+def _session(ladder: Ladder, config: RouterConfig | Decoding, max_tokens: int = 40) -> ChatSession:
+    router, mode = config if isinstance(config, tuple) else (config, DecodingMode())
+    return ChatSession(
+        ladder, router, GenerationSettings(max_tokens=max_tokens), decoding=mode, measure_signals=True
+    )
 
 
 def _alone(
-    ladder: Ladder, config: RouterConfig, prompt: str, max_tokens: int = 40, **settings
+    ladder: Ladder, config: RouterConfig | Decoding, prompt: str, max_tokens: int = 40, **settings
 ) -> AnswerSummary:
     session = _session(ladder, config, max_tokens)
     prepared = session.prepare_conversation(

@@ -311,3 +311,21 @@ def test_a_reinstalled_model_resumes_its_records(tmp_path, monkeypatch):
     second.write_bytes(b"other" * 100)
     with pytest.raises(UsageError, match="models"):
         Records.open(path, {**SETTINGS, "models": [identity(second)]})
+
+
+def test_records_made_while_the_mode_was_a_router_setting_resume_and_read_alike(tmp_path):
+    """Older records kept verify/draft/lookup inside the router's settings: a run of the same
+    settings resumes them, a changed mode is refused, and their arms read the same mode."""
+    from mlxswitch.decoding.mode import DecodingMode
+
+    router = {"policy": "peek", "up": [3.0], "window": 1, "min_run": 1}
+    mode = {"verify": True, "draft": "adaptive", "lookup": True}
+    current = {**SETTINGS, "router": router, "decoding": mode}
+    older = {**SETTINGS, "router": {**router, **mode}}
+    path = tmp_path / "r.jsonl"
+    Records.open(path, older).start(older, {"taus": []})
+    assert Records.open(path, current).header is not None
+    with pytest.raises(UsageError, match=r"decoding.lookup true → false"):
+        Records.open(path, {**current, "decoding": {**mode, "lookup": False}})
+    assert DecodingMode.of_record(older) == DecodingMode.of_record(current) == DecodingMode(verify=True)
+    assert DecodingMode.of_record({"router": router}) == DecodingMode()  # routed, lookup on

@@ -8,8 +8,9 @@ from collections import Counter
 
 import pytest
 
-from mlxswitch.bench.runner import forced_config
+from mlxswitch.bench.runner import PLAIN, forced_config
 from mlxswitch.decoding import lookup_rounds, loop
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
 from mlxswitch.models.sources import load_model
@@ -33,11 +34,17 @@ def pair(tiny_pair):
     return pair_ladder(load_model(str(small)), load_model(str(large)))
 
 
-def _conversation(ladder, config: RouterConfig, max_tokens: int = 40):
+def _conversation(ladder, config: RouterConfig, lookup: bool, max_tokens: int = 40):
     """Both prompts asked in one conversation (the second reuses the first's caches), and the
     sequence after each answer. What the rungs learned before is forgotten: each run starts alike."""
     ladder.rung_memory.clear()
-    session = ChatSession(ladder, config, GenerationSettings(max_tokens=max_tokens), measure_signals=True)
+    session = ChatSession(
+        ladder,
+        config,
+        GenerationSettings(max_tokens=max_tokens),
+        decoding=DecodingMode(lookup=lookup),
+        measure_signals=True,
+    )
     answers, sequences = [], []
     for prompt in PROMPTS:
         answers.append(session.ask(prompt))
@@ -79,9 +86,9 @@ def test_lookup_checked_by_the_chosen_rung_changes_no_token_and_no_route(
     from mlxswitch.kernels.route import kernels_override
 
     with kernels_override("mx" if lazy else "auto"):
-        plain, sequences = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=False))
+        plain, sequences = _conversation(pair, RouterConfig(**CONFIGS[name]), False)
         monkeypatch.setattr(lookup_rounds, "LookupIndex", _oracle(sequences, corrupt_every))
-        looked, _ = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=True))
+        looked, _ = _conversation(pair, RouterConfig(**CONFIGS[name]), True)
     marked = 0
     for alone, ours in zip(plain, looked, strict=True):
         assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
@@ -95,9 +102,9 @@ def test_lookup_checked_by_the_chosen_rung_changes_no_token_and_no_route(
 
 def test_a_lookup_pass_is_booked_once_with_its_rows(pair, monkeypatch):
     """The pass over a draft is one pass of its rows; the rows walked after its first add none."""
-    _, sequences = _conversation(pair, RouterConfig(**CONFIGS["peek"], lookup=False))
+    _, sequences = _conversation(pair, RouterConfig(**CONFIGS["peek"]), False)
     monkeypatch.setattr(lookup_rounds, "LookupIndex", _oracle(sequences, 0))
-    (answer, _), _ = _conversation(pair, RouterConfig(**CONFIGS["peek"], lookup=True))
+    (answer, _), _ = _conversation(pair, RouterConfig(**CONFIGS["peek"]), True)
     multi_row = {key: e for key, e in answer.passes.items() if key != "rest_s" and not key.endswith(" 1")}
     assert any(key.startswith("small ") and "prefill" not in key for key in multi_row)
     passes = sum(e["passes"] for key, e in answer.passes.items() if key != "rest_s" and "prefill" not in key)
@@ -110,7 +117,7 @@ def test_lookup_stays_off_where_one_tier_decodes_alone_and_where_rows_cannot_sta
     """A tier alone (a forced arm, the top tier pinned) decodes plainly; gears sharing one cache
     and the probe's bottom-only signal never check lookup drafts."""
 
-    def planners(ladder, config: RouterConfig) -> list[bool]:
+    def planners(ladder, config: RouterConfig, lookup: bool = True) -> list[bool]:
         token_loop = loop.TokenLoop(
             ladder,
             [1, 2, 3],
@@ -118,13 +125,13 @@ def test_lookup_stays_off_where_one_tier_decodes_alone_and_where_rows_cannot_sta
             lambda x: x,
             signal=config.signal,
             pins_top=config.pins_top(),
-            lookup=config.lookup,
+            lookup=lookup,
         )
-        lookup = token_loop.rung_lookup
-        return [lookup is not None and lookup.planner(r) is not None for r in range(len(ladder.tiers))]
+        checker = token_loop.rung_lookup
+        return [checker is not None and checker.planner(r) is not None for r in range(len(ladder.tiers))]
 
     assert planners(pair, RouterConfig(**CONFIGS["peek"])) == [True, True]
-    assert planners(pair, forced_config(2, 0)) == [False, False]
+    assert planners(pair, forced_config(2, 0), PLAIN.lookup) == [False, False]
     assert planners(pair, RouterConfig(up=(-INF,))) == [False, False]
     gears = gear_ladder(tiny_gears_4_8, [4, 8])
     assert planners(gears, RouterConfig(**CONFIGS["peek"])) == [False, False]
@@ -164,8 +171,8 @@ def _second_tokens(ladder, monkeypatch, lookup: bool, seed: int, loop_class=loop
     from mlx_lm.sample_utils import make_sampler
 
     monkeypatch.setattr(lookup_rounds, "LookupIndex", _OffersX)
-    config = RouterConfig(**CONFIGS["peek"], lookup=lookup)
-    session = ChatSession(ladder, config)
+    config = RouterConfig(**CONFIGS["peek"])
+    session = ChatSession(ladder, config, decoding=DecodingMode(lookup=lookup))
     prompt_ids = session.render([{"role": "user", "content": PROMPTS[0]}])
     sampler = make_sampler(temp=2.0)
     mx.random.seed(seed)
@@ -215,17 +222,17 @@ def test_a_reviews_guessed_row_changes_no_token_and_saves_the_next_pass(
     pay here): the tokens and routes are those without it; on the twin, where the guesses hold,
     guessed rows were used and each one took no pass of its own."""
     pair = request.getfixturevalue(ladder_name)
-    plain, _ = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=False))
+    plain, _ = _conversation(pair, RouterConfig(**CONFIGS[name]), False)
     monkeypatch.setattr(loop, "GUESS_USED", 100.0)
     used: list[bool] = []
     settle = loop.TokenLoop._settle_guesses
 
     def spy(self):
-        used.extend(self.ids[-1] == guess for _, guess, _ in self._guessed)
+        used.extend(self.ids[-1] == guess for _, guess, _ in self.ahead.guessed)
         settle(self)
 
     monkeypatch.setattr(loop.TokenLoop, "_settle_guesses", spy)
-    guessed, _ = _conversation(pair, RouterConfig(**CONFIGS[name], lookup=True))
+    guessed, _ = _conversation(pair, RouterConfig(**CONFIGS[name]), True)
     for alone, ours in zip(plain, guessed, strict=True):
         assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
         assert [e.tried for e in ours.tokens] == [e.tried for e in alone.tokens]

@@ -34,7 +34,9 @@ def test_a_picture_shows_the_default_profile_as_the_code_resolves_it(path):
     record = json.loads(path.read_text(encoding="utf-8"))
     preferred = load_profiles().preferred
     assert record["profile"] == preferred
-    assert record["router"] == resolve_profile(preferred, **record["overrides"]).router.settings(json_float)
+    resolved = resolve_profile(preferred, **record["overrides"])
+    assert record["router"] == resolved.router.settings(json_float)
+    assert record["decoding"] == resolved.decoding.settings()
     assert path.with_suffix(".svg").exists()
     assert f"]({path.with_suffix('.svg').relative_to(ROOT)})" in README
     # The caption gives the command as run (less --color) and the commit it ran at.

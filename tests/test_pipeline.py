@@ -9,6 +9,7 @@ import random
 import pytest
 
 from mlxswitch.decoding.answer import TokenEvent
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
 from mlxswitch.models.sources import load_model
@@ -109,10 +110,10 @@ def _count_body_rows(monkeypatch, models) -> dict[int, int]:
     [
         # Without lookup: its drafts and a review's guessed row feed ids that may be dropped, by
         # design (tests/test_loop_lookup.py checks those).
-        RouterConfig(up=(1.5,), down=(1.0,), window=1, min_run=1, policy="peek", lookup=False),
-        RouterConfig(up=(1.2,), down=(0.8,), window=2, min_run=3, policy="peek", lookup=False),
-        RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2, lookup=False),
-        RouterConfig(up=(1.0,), down=(0.5,), window=2, min_run=1, lookup=False),
+        RouterConfig(up=(1.5,), down=(1.0,), window=1, min_run=1, policy="peek"),
+        RouterConfig(up=(1.2,), down=(0.8,), window=2, min_run=3, policy="peek"),
+        RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2),
+        RouterConfig(up=(1.0,), down=(0.5,), window=2, min_run=1),
     ],
 )
 def test_on_a_switching_pair_no_model_is_fed_an_id_twice(pair, config, monkeypatch, route):
@@ -122,7 +123,9 @@ def test_on_a_switching_pair_no_model_is_fed_an_id_twice(pair, config, monkeypat
     for group in ladder.groups:
         group.checked_split()  # the split's one-time check runs a pass of its own
     rows = _count_body_rows(monkeypatch, pair)
-    session = ChatSession(ladder, config, GenerationSettings(max_tokens=32))
+    session = ChatSession(
+        ladder, config, GenerationSettings(max_tokens=32), decoding=DecodingMode(lookup=False)
+    )
     events = [e for e in session.stream("What is the capital of France?") if isinstance(e, TokenEvent)]
     tiers = [e.rung for e in events]
     assert any(a != b for a, b in zip(tiers, tiers[1:], strict=False))  # the policy moved
@@ -195,12 +198,12 @@ def _entropies(session: ChatSession, prompt: str) -> list[float | None]:
 def test_signals_are_measured_only_where_a_router_reads_them(pair, monkeypatch):
     """A single model decodes as plain decoding does: no signals computed, entropy None; asked for
     (the bench's records, --shade), they are the same numbers a routed loop measures."""
-    import mlxswitch.decoding.loop as loop_module
+    import mlxswitch.decoding.positions as positions
     from mlxswitch.decoding.tiers import single_model_ladder
 
     calls = []
-    real = loop_module.read_time_signals
-    monkeypatch.setattr(loop_module, "read_time_signals", lambda logits: calls.append(1) or real(logits))
+    real = positions.read_time_signals
+    monkeypatch.setattr(positions, "read_time_signals", lambda logits: calls.append(1) or real(logits))
     settings = GenerationSettings(max_tokens=8)
     plain = ChatSession(single_model_ladder(pair[1]), RouterConfig(up=()), settings)
     assert _entropies(plain, "Count: one two three") == [None] * 8 and not calls

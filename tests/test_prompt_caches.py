@@ -16,7 +16,7 @@ SECOND = "List some colours of the sky at dusk, and of the sea at dawn, please. 
 
 
 ROUTED = dict(tau="1.5", tau_down="1.0", window=2, min_run=2)
-VERIFIED = dict(tau="3.0", policy="peek", window=1, min_run=1, verify=True)
+VERIFIED = dict(tau="3.0", verify=True)
 
 
 @pytest.fixture(scope="module", params=[ROUTED, VERIFIED], ids=["routed", "verified"])
@@ -40,7 +40,9 @@ def _tokens(summary) -> list[tuple[int, str]]:
 def test_a_client_returning_after_another_reuses_its_caches_and_answers_the_same(pair):
     profile, ladder = pair
     settings = GenerationSettings(max_tokens=12)
-    kept = ChatSession(ladder, profile.router, settings, prompt_caches=PromptCaches(2))
+    kept = ChatSession(
+        ladder, profile.router, settings, decoding=profile.decoding, prompt_caches=PromptCaches(2)
+    )
     first = [{"role": "user", "content": FIRST}]
     answer = _answer(kept, first)
     assert len(kept.render(first)) > KEEP_MIN_DROPPED + 8
@@ -51,19 +53,24 @@ def test_a_client_returning_after_another_reuses_its_caches_and_answers_the_same
     prompt = len(kept.render(again))
     assert returned.prefilled_tokens < prompt - len(kept.render(first)) + 8  # its history was kept
 
-    fresh = ChatSession(ladder, profile.router, settings)  # the same ladder, its caches started over
+    # The same ladder, its caches started over.
+    fresh = ChatSession(ladder, profile.router, settings, decoding=profile.decoding)
     fresh.reset()
     alone = _answer(fresh, again)
     assert alone.prefilled_tokens == prompt
     assert _tokens(returned) == _tokens(alone)
-    if not profile.router.verify:  # (verified drafting feeds both caches whichever tier's token it keeps)
+    if not profile.decoding.verify:  # (verified drafting feeds both caches whichever tier's token it keeps)
         assert {tier for _, tier in _tokens(alone)} == {"small", "large"}  # both caches were in play
 
 
 def _fresh(pair, kept: int) -> ChatSession:
     profile, ladder = pair
     session = ChatSession(
-        ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=PromptCaches(kept)
+        ladder,
+        profile.router,
+        GenerationSettings(max_tokens=6),
+        decoding=profile.decoding,
+        prompt_caches=PromptCaches(kept),
     )
     session.reset()
     return session
@@ -119,7 +126,13 @@ def _started(routed, caches: PromptCaches) -> ChatSession:
     profile, ladder = routed
     for group in ladder.groups:
         group.reset()
-    session = ChatSession(ladder, profile.router, GenerationSettings(max_tokens=6), prompt_caches=caches)
+    session = ChatSession(
+        ladder,
+        profile.router,
+        GenerationSettings(max_tokens=6),
+        decoding=profile.decoding,
+        prompt_caches=caches,
+    )
     session.reset()
     return session
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from loopback import running_server
 
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import pair_ladder, single_model_ladder
 from mlxswitch.models.sources import load_model
@@ -27,7 +28,7 @@ CHAT = "/v1/chat/completions"
 PROMPTS = ["Tell me a long story", "Write about the sea", "Count to a hundred", "Name the stars"]
 
 
-VERIFIED = RouterConfig(up=(2.0,), policy="peek", window=1, min_run=1, verify=True, lookup=True)
+VERIFIED = RouterConfig(up=(2.0,))
 
 
 @contextlib.contextmanager
@@ -38,7 +39,13 @@ def serving(tiny_pair, limits: ServerLimits, max_tokens: int = 400, pair: bool =
     worker = BatchWorker(limits.queue_size, limits.max_batch, limits.prompt_caches())
     if pair:  # verified drafting, the large model drafting for itself: long drafts, all kept
         worker.open(
-            lambda: ChatSession(pair_ladder(loaded, loaded), VERIFIED, settings, measure_signals=True)
+            lambda: ChatSession(
+                pair_ladder(loaded, loaded),
+                VERIFIED,
+                settings,
+                decoding=DecodingMode(verify=True, lookup=True),
+                measure_signals=True,
+            )
         )
     else:
         worker.open(lambda: ChatSession(single_model_ladder(loaded), RouterConfig(up=()), settings))

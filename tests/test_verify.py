@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from mlxswitch.cli import app
 from mlxswitch.decoding import verify
+from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
 from mlxswitch.errors import ConfigError, SettingError
@@ -21,23 +22,34 @@ PROMPTS = ["What is the capital of France?", "Count: one two three", "def add(a,
 INF = math.inf
 
 
-def _verify(tau: float, draft: str = "fixed", lookup: bool = False) -> RouterConfig:
+Decoding = tuple[RouterConfig, DecodingMode]
+
+
+def _verify(tau: float, draft: str = "fixed", lookup: bool = False) -> Decoding:
     # "fixed" without lookup: drafts end only where the drafter is unsure (deterministic shapes);
     # the adaptive rule's lengths follow wall-clock timings, so its tests check answers, not shapes.
-    return RouterConfig(
-        up=(tau,), policy="peek", window=1, min_run=1, verify=True, draft=draft, lookup=lookup
-    )
+    return RouterConfig(up=(tau,)), DecodingMode(verify=True, draft=draft, lookup=lookup)
 
 
-def _answers(ladder, config: RouterConfig, max_tokens: int, **settings) -> list:
+def _answers(ladder, config: RouterConfig | Decoding, max_tokens: int, **settings) -> list:
     return _answers_for(ladder, config, max_tokens, PROMPTS, **settings)
 
 
 def _answers_for(
-    ladder, config: RouterConfig, max_tokens: int, prompts, measure_signals: bool = False, **settings
+    ladder,
+    config: RouterConfig | Decoding,
+    max_tokens: int,
+    prompts,
+    measure_signals: bool = False,
+    **settings,
 ) -> list:
+    router, mode = config if isinstance(config, tuple) else (config, DecodingMode())
     session = ChatSession(
-        ladder, config, GenerationSettings(max_tokens=max_tokens, **settings), measure_signals=measure_signals
+        ladder,
+        router,
+        GenerationSettings(max_tokens=max_tokens, **settings),
+        decoding=mode,
+        measure_signals=measure_signals,
     )
     out = []
     for prompt in prompts:
@@ -121,25 +133,42 @@ def test_sampled_verified_answers_are_reproducible_with_a_seed(pair):
 # -- the settings ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("router", [{"policy": "ead"}, {"window": 3}, {"min_run": 2}, {"policy": "peek"}])
+def test_verify_is_a_mode_beside_the_router_and_ignores_its_timing(pair, router):
+    """The router's policy, window and min run do not reach verified drafting: the same greedy
+    tokens, drafts and kept tokens whatever they are (drafts end on the signal and up[0] alone)."""
+    mode = DecodingMode(verify=True, draft="fixed", lookup=False)
+    reference = _answers(pair, (RouterConfig(up=(2.0,), policy="peek", window=1, min_run=1), mode), 30)
+    answers = _answers(pair, (RouterConfig(up=(2.0,), **router), mode), 30)
+    for ours, theirs in zip(answers, reference, strict=True):
+        assert [(e.id, e.tier, e.proposer) for e in ours.tokens] == [
+            (e.id, e.tier, e.proposer) for e in theirs.tokens
+        ]
+
+
 @pytest.mark.parametrize(
-    ("changes", "words"),
+    ("router", "tiers", "key", "words"),
     [
-        ({"policy": "ead"}, "needs --policy peek --window 1 --min-run 1"),
-        ({"window": 3}, "needs --policy peek --window 1 --min-run 1"),
-        ({"min_run": 2}, "needs --policy peek --window 1 --min-run 1"),
+        ({"up": (1.0, 2.0)}, 3, "verify", r"two local tiers, a drafter and a checker \(this ladder has 3\)"),
+        ({"up": (0.5,), "normalize": True}, 2, "normalize", "in its own units: drop normalize"),
+        (
+            {"up": (0.5,), "signal": "probe", "policy": "peek"},
+            2,
+            "verify",
+            "a signal of the logits, not the probe",
+        ),
     ],
 )
-def test_verify_needs_peek_deciding_each_position_alone(changes, words):
-    settings = {"up": (1.0,), "policy": "peek", "window": 1, "min_run": 1, "verify": True, **changes}
+def test_verify_refuses_a_router_or_ladder_it_cannot_run(router, tiers, key, words):
     with pytest.raises(SettingError, match=words) as caught:
-        RouterConfig(**settings)
-    assert caught.value.key == "verify"
+        DecodingMode(verify=True).validate(RouterConfig(**router), tiers)
+    assert caught.value.key == key
+    DecodingMode(verify=False).validate(RouterConfig(**router), tiers)  # routed: the router's to judge
 
 
-def test_verify_needs_two_tiers():
-    config = RouterConfig(up=(1.0, 2.0), policy="peek", window=1, min_run=1, verify=True)
-    with pytest.raises(SettingError, match=r"two local tiers, a drafter and a checker \(this ladder has 3\)"):
-        config.validate(3)
+def test_the_draft_rule_is_checked_when_the_mode_is_built():
+    with pytest.raises(SettingError, match=r"the draft rule must be one of adaptive, fixed \(got 'long'\)"):
+        DecodingMode(draft="long")
 
 
 def test_a_profile_turns_verify_on_and_a_bad_value_names_its_line(tmp_path, monkeypatch):
@@ -147,21 +176,24 @@ def test_a_profile_turns_verify_on_and_a_bad_value_names_its_line(tmp_path, monk
     monkeypatch.setenv("MLXSWITCH_MODELS", str(path))
     table = '[profiles.v]\nmode = "pair"\nsmall = "a"\nlarge = "b"\nup = [1.0]\npolicy = "peek"\n'
     path.write_text(table + "window = 1\nmin_run = 1\nverify = true\n")
-    assert load_profiles().get("v").router.verify
+    assert load_profiles().get("v").decoding.verify
     path.write_text(table + "window = 1\nmin_run = 1\nverify = 1\n")
     with pytest.raises(ConfigError, match=r"models.toml:9: profile 'v': 'verify' must be true or false"):
         load_profiles()
     path.write_text(table + "verify = true\n")
-    with pytest.raises(ConfigError, match=r"models.toml:7: profile 'v': verify checks the drafts"):
+    assert load_profiles().get("v").decoding.verify  # the router's window and min run do not matter
+    path.write_text(table.replace("up = [1.0]", "up = [1.0]\nnormalize = true\nverify = true"))
+    with pytest.raises(
+        ConfigError, match=r"models.toml:6: profile 'v': verify compares the drafter's signal"
+    ):
         load_profiles()
 
 
-def test_chat_refuses_verify_on_a_profile_that_routes_with_ead_before_loading(isolated_home):
+def test_chat_refuses_verify_on_a_single_model_before_loading(isolated_home):
     result = CliRunner().invoke(app, ["chat", "--profile", "embedded-plain", "--verify", "-p", "hi"])
     assert result.exit_code == 2
-    assert result.stderr == (
-        "error: verify checks the drafts where peek escalates, deciding each position on its own: "
-        "it needs --policy peek --window 1 --min-run 1\n"
+    assert (
+        result.stderr == "error: verify needs two local tiers, a drafter and a checker (this ladder has 1)\n"
     )
 
 
@@ -171,8 +203,7 @@ def test_chat_with_verify_prints_the_large_models_answer(isolated_home, tiny_pai
     alone = CliRunner().invoke(app, [*pair, "--tau", "-inf", "-p", "Count: one two three"])
     verified = CliRunner().invoke(
         app,
-        [*pair, "--policy", "peek", "--window", "1", "--min-run", "1", "--tau", "2"]
-        + ["--verify", "-p", "Count: one two three"],
+        [*pair, "--tau", "2", "--verify", "-p", "Count: one two three"],
     )
     assert alone.exit_code == verified.exit_code == 0, verified.stderr
     assert verified.stdout == alone.stdout and verified.stdout.strip()
@@ -184,7 +215,7 @@ def test_a_verified_answers_record_has_no_initial_entropy(isolated_home, tiny_pa
     result = CliRunner().invoke(
         app,
         ["chat", "--small", small, "--large", large, "--max-tokens", "6", "--json"]
-        + ["--policy", "peek", "--window", "1", "--min-run", "1", "--tau", "2", "--verify", "-p", "hi"],
+        + ["--tau", "2", "--verify", "-p", "hi"],
     )
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)

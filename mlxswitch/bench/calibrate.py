@@ -28,7 +28,7 @@ from ..routing.router import (
 from . import metrics, probe, simulate
 from .prompts import BenchPrompt
 from .report import GAIN_NATS
-from .runner import Progress, collect_positions, forced_config, sweep_config
+from .runner import PLAIN, Progress, collect_positions, forced_config, sweep_config
 
 SIGNALS = SIGNAL_NAMES
 GRID = 41  # thresholds per policy and signal: quantiles of the bottom tier's signal, 2%–98%
@@ -130,7 +130,7 @@ def train_probe(
     held_scores = learned.score(x_held)
     # What the probe adds to a token, against a step of the cheap tier alone (measured here).
     cost = probe.per_token_cost_s(learned)
-    session.router_config = forced_config(len(ladder.tiers), 0)
+    session.decode_with(forced_config(len(ladder.tiers), 0), PLAIN)
     session.reset()
     step = session.ask("Say one short sentence about the sea.", 8)
     cheap_s = 1 / step.tok_per_s if step.tok_per_s else math.nan

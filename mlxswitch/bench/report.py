@@ -76,7 +76,7 @@ def _quality(arm: Arm, run: BenchRun, profile: Profile, tier_bytes: list[int]) -
     n = len(tier_bytes)
     if arm.kind in ("tier", "mlx-lm"):
         tried = simulate.forced(run.positions, arm.rung())
-    elif arm.kind == "speculative" or arm.engine_config().verify:  # lossless: the large model's tokens
+    elif arm.kind == "speculative" or arm.decoding.verify:  # lossless: the large model's tokens
         tried = simulate.forced(run.positions, n - 1)
     else:
         tried = [simulate.route(arm.engine_config(), p) for p in run.positions]

@@ -25,6 +25,7 @@ from mlx_lm.generate import stream_generate
 from mlx_lm.utils import dequantize_model
 
 from ..decoding.answer import AnswerSummary
+from ..decoding.mode import DecodingMode
 from ..decoding.session import ChatSession, PolicyFactory
 from ..decoding.tiers import Ladder
 from ..json_numbers import json_float
@@ -60,6 +61,7 @@ class Arm:
     name: str
     kind: str  # "tier", "profile", "sweep", "mlx-lm", "speculative" (HumanEval: more, arms.py)
     config: RouterConfig | None = None
+    decoding: DecodingMode = DecodingMode()  # with `config`: routed or verified, lookup
     tier: int | None = None  # for "tier" and MLX_LM_TIER_KINDS
     policy: str | None = None
     tau: float | None = None
@@ -73,6 +75,7 @@ class Arm:
             "tau": self.tau,
             "tier": self.tier,
             "router": None if self.config is None else self.config.settings(json_float),
+            "decoding": None if self.config is None else self.decoding.settings(),
         }
 
     def engine_config(self) -> RouterConfig:
@@ -88,10 +91,14 @@ class Arm:
         return self.tier
 
 
+# One tier alone (forced_config's arms, the controls): plain decoding, no prompt lookup.
+PLAIN = DecodingMode(lookup=False)
+
+
 def forced_config(num_tiers: int, rung: int) -> RouterConfig:
-    """A router that keeps every token on one rung (-inf below it, inf above): that tier alone,
-    plain decoding (no prompt lookup)."""
-    return RouterConfig(up=tuple(-INF if i < rung else INF for i in range(num_tiers - 1)), lookup=False)
+    """A router that keeps every token on one rung (-inf below it, inf above): that tier alone
+    (decoded PLAIN)."""
+    return RouterConfig(up=tuple(-INF if i < rung else INF for i in range(num_tiers - 1)))
 
 
 def sweep_config(policy: str, tau: float, num_tiers: int) -> RouterConfig:
@@ -109,10 +116,16 @@ def sweep_config(policy: str, tau: float, num_tiers: int) -> RouterConfig:
 def make_arms(profile: Profile, ladder: Ladder, sweep: Mapping[str, Sequence[float]]) -> list[Arm]:
     """Every speed arm for this ladder and each policy's swept thresholds (`sweep`: policy → τs)."""
     names, n = ladder.tier_names, len(ladder.tiers)
-    arms = [Arm(f"{name} alone", "tier", forced_config(n, r), tier=r) for r, name in enumerate(names)]
+    arms = [Arm(f"{name} alone", "tier", forced_config(n, r), PLAIN, tier=r) for r, name in enumerate(names)]
     if n > 1:
         arms.append(
-            Arm(f"profile ({profile.router.policy})", "profile", profile.router, policy=profile.router.policy)
+            Arm(
+                f"profile ({profile.router.policy})",
+                "profile",
+                profile.router,
+                profile.decoding,
+                policy=profile.router.policy,
+            )
         )
         for policy in POLICY_NAMES:
             for tau in sweep.get(policy, ()):
@@ -149,7 +162,7 @@ FP32_KINDS = ("mlx-lm-fp32", "speculative-fp32")
 def _engine_run(
     session: ChatSession, arm: Arm, prompt: BenchPrompt, max_tokens: int, control: PolicyFactory | None = None
 ) -> dict:
-    session.router_config = arm.engine_config()
+    session.decode_with(arm.engine_config(), arm.decoding)
     session.reset()
     summary: AnswerSummary = session.ask(prompt.prompt, max_tokens, control)
     decode_s = (summary.tokens[-1].elapsed_s - summary.tokens[0].elapsed_s) if summary.generated > 1 else 0.0
@@ -301,10 +314,10 @@ def collect_positions(
     say = progress or (lambda stage, done, total: None)
     n = len(ladder.tiers)
     # One session, reset between runs; every arm's records keep each token's entropy.
-    session = ChatSession(ladder, forced_config(n, n - 1), measure_signals=True)
+    session = ChatSession(ladder, forced_config(n, n - 1), decoding=PLAIN, measure_signals=True)
     prompt_ids = {p.id: session.render([{"role": "user", "content": p.prompt}]) for p in prompts}
     budget = {p.id: min(max_tokens, p.max_tokens or max_tokens) for p in prompts}
-    top = Arm("top", "tier", forced_config(n, n - 1), tier=n - 1)
+    top = Arm("top", "tier", forced_config(n, n - 1), PLAIN, tier=n - 1)
     answers, positions = {}, []
     scored = ladder.probe is not None  # a profile routed on the probe: its replay reads the scores
     for i, prompt in enumerate(prompts):

@@ -82,6 +82,7 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
         "tokens": [event.record() for event in summary.tokens],
         "stats": summary.stats(),
         "router": router_record(session, summary),
+        "decoding": session.decoding.settings(),
         "route": route_record(session),
         **({"handoff": summary.handoff} if summary.handoff is not None else {}),
     }
@@ -320,6 +321,7 @@ class ChatRunner:
                             "finish_reason": summary.finish_reason,
                             "stats": summary.stats(),
                             "router": router_record(self.session, summary),
+                            "decoding": self.session.decoding.settings(),
                             **({"handoff": summary.handoff} if summary.handoff is not None else {}),
                         },
                     }

@@ -210,6 +210,7 @@ def calibrate(
     from ..bench.calibrate import calibrate as run
     from ..bench.command import check_output_path, finite, write_json
     from ..bench.prompts import default_suite_path, load_prompts, select
+    from ..decoding.mode import DecodingMode
     from ..errors import UsageError
     from ..profile_edit import write_profile
     from ..routing.router import RouterConfig
@@ -260,5 +261,7 @@ def calibrate(
             f"{target_share if target_share is not None else target_retained}: held-out share "
             f"{held['top_share']:.2f}, retained {held['retained']:.2f} (random {held['random_retained']:.2f})"
         )
-        path = write_profile(dataclasses.replace(chosen, router=router), note)
+        # A calibrated profile routes (its thresholds are for the policy, not a verify's drafts).
+        routed = dataclasses.replace(chosen, router=router, decoding=DecodingMode())
+        path = write_profile(routed, note)
         ui.print_dim(ui.make_console(), f"wrote profile '{chosen.name}' to {path}")

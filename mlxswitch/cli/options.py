@@ -66,7 +66,8 @@ VerifyOpt = Annotated[
     typer.Option(
         "--verify/--no-verify",
         help="The large tier checks every token the small one drafts (lossless, as speculative "
-        "decoding); a draft ends where peek would escalate. Needs --policy peek --window 1 --min-run 1.",
+        "decoding); a draft ends where the small tier's signal exceeds the first --tau (the "
+        "router's policy, window and min run do not apply). Needs two local tiers.",
     ),
 ]
 DraftRuleOpt = Annotated[

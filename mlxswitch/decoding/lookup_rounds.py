@@ -16,7 +16,7 @@ from .drafting import MAX_DRAFT, DraftPlanner
 from .lookup import LookupIndex
 from .tiers import Ladder
 
-Row = TypeVar("Row")  # a position the loop computed lazily (loop._Pending)
+Row = TypeVar("Row")  # a position the loop computed lazily (positions.Pending)
 
 
 @dataclass

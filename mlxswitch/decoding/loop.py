@@ -39,23 +39,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 
 import mlx.core as mx
-import numpy as np
 
 from ..kernels.route import current_route
 from ..routing.policies import Policy
-from ..routing.probe import Probe
-from ..routing.registry import SIGNAL_BY_NAME, uncertainty
+from ..routing.registry import SIGNAL_BY_NAME
 from ..routing.router import Decision
-from ..routing.signals import LazySignals, read_time_signals
 from ..routing.walk import Settled, Walk
 from .drafting import DraftPlanner
 from .ledger import PassLedger
 from .lookup_rounds import LookupRows, RungLookup
 from .passes import Score, run_alone, score
-from .steps import Rounds, Sampler, Step, token_and_top
+from .positions import Pending, RowsAhead, Sampling
+from .steps import Rounds, Sampler, Step
 from .tiers import CacheGroup, Ladder
 
 # How often a review's guessed row is used (the guess was the token taken, and the same rung
@@ -68,66 +65,15 @@ CloudSpan = Callable[[list[int], int], list[int]]
 CLEAR_CACHE_EVERY = 256
 
 
-@dataclass
-class _Pending:
-    """A position computed lazily on one rung: the sampled id and its signals, not yet read."""
-
-    rung: int
-    token: mx.array
-    signals: LazySignals | None  # the logits reduction's outputs (registry.MEASURED), if measured
-    catch_up: dict[str, int]
-    hidden: mx.array | None = None  # the last hidden state, when the probe reads this rung
-    probe: Probe | None = None
-    _probe_score: float | None = None
-    logprobs: mx.array | None = None  # log-softmax of the logits, when log-probabilities are asked for
-    ahead: bool = False  # computed in an earlier position's pass (a guessed row): no pass of its own
-
-    @property
-    def arrays(self) -> list[mx.array]:
-        """What must be computed before this position can be read (for async_eval)."""
-        return (
-            [self.token]
-            + ([self.signals.array] if self.signals is not None else [])
-            + ([self.hidden] if self.hidden is not None else [])
-            + ([self.logprobs] if self.logprobs is not None else [])
-        )
-
-    def entropy(self) -> float | None:
-        """Entropy in bits (reads the lazy signals: a sync point); None where none were measured."""
-        return self._read()[0] if self.signals is not None else None
-
-    def signal(self, name: str) -> float | None:
-        """The routed signal as an uncertainty (registry.py), or the probe's score (None on a rung
-        the probe does not read)."""
-        if not SIGNAL_BY_NAME[name].bottom_only:
-            return uncertainty(name, self._read()) if self.signals is not None else None
-        if self.hidden is None or self.probe is None:
-            return None
-        if self._probe_score is None:
-            hidden = np.asarray(self.hidden.astype(mx.float32))
-            self._probe_score = self.probe.score_position(hidden, self._read())
-        return self._probe_score
-
-    def _read(self) -> list[float]:
-        assert self.signals is not None  # only a routed loop reads them, and it measures them
-        return self.signals.values()
-
-    def token_logprobs(self, token: int, top: int) -> tuple[float | None, tuple[tuple[int, float], ...]]:
-        """The token's log-probability and the `top` likeliest ids with theirs (a sync point)."""
-        if self.logprobs is None:
-            return None, ()
-        return token_and_top(np.asarray(self.logprobs.astype(mx.float32)).reshape(-1), token, top)
-
-
 class _LivePosition:
     """One position computed on the tiers for the walk (routing/walk.py), lazily; its methods
     are generators that yield the passes they need (passes.py)."""
 
-    def __init__(self, loop: TokenLoop, pending: _Pending, queue_next: bool, guess_next: bool = False):
+    def __init__(self, loop: TokenLoop, pending: Pending, queue_next: bool, guess_next: bool = False):
         self.loop, self.pending, self.queue_next = loop, pending, queue_next
         self.guess_next = guess_next  # a review's pass may also compute the next position (a guess)
         self.catch_up = dict(pending.catch_up)  # ids fed per cache group, every try counted
-        self.speculative: _Pending | None = None
+        self.speculative: Pending | None = None
         self.token = -1  # read in take()
 
     def measure(self, rung: int, attempt: int) -> Generator[Score, mx.array, float | None]:
@@ -145,7 +91,7 @@ class _LivePosition:
         self.token = int(pending.token.item())  # type: ignore[arg-type]  # mlx: int | float | complex
         return pending.signal(self.loop.signal)
 
-    def _on(self, rung: int) -> Generator[Score, mx.array, _Pending]:
+    def _on(self, rung: int) -> Generator[Score, mx.array, Pending]:
         if rung != self.pending.rung:  # a higher rung recomputes the same position
             # The lower rung's token here: the guess a review's pass may compute the next row on.
             guess = int(self.pending.token.item()) if self.guess_next else None  # type: ignore[arg-type]
@@ -181,11 +127,7 @@ class TokenLoop:
         # none pinned, or a cloud above) or the caller asks (`measure_signals`): else a token
         # costs what plain decoding does, and its entropy is None.
         routed = cloud_span is not None or (len(ladder.tiers) > 1 and not self.pins_top)
-        self.measures = measure_signals or routed
-        self.top_logprobs = top_logprobs  # None: no log-probabilities; k: the token's and the top k
-        # mlx-lm's greedy, temperature, min-p and top-k samplers are all unchanged by a shift of
-        # every logit; only top-p reads probabilities. Otherwise the log-sum-exp pass is skipped.
-        self.normalize_for_sampler = normalize_for_sampler
+        self.sampling = Sampling(sampler, normalize_for_sampler, top_logprobs, measure_signals or routed)
         self.signal = signal  # what the policy reads (RouterConfig.signal)
         # A bottom-only signal (the probe): every position starts on rung 0, which reads it.
         self.bottom_first = SIGNAL_BY_NAME[signal].bottom_only
@@ -193,7 +135,6 @@ class TokenLoop:
         self.top_local = len(ladder.tiers) - 1
         self.ids = ids
         self.policy = policy
-        self.sampler = sampler
         self.prefill_step = prefill_step
         self.prompt_tokens = len(ids)
         self.initial_entropy: float | None = math.nan  # None: the top tier opened, or not measured
@@ -205,9 +146,9 @@ class TokenLoop:
         # Rungs whose cache group another rung shares (gears): no step is queued there on a guess.
         tiers = ladder.tiers
         self._shared = {r for r, tier in enumerate(tiers) if sum(t.group is tier.group for t in tiers) > 1}
-        # The queued step of the latest move and its group's `seen` then: if its rung computes
-        # that position after all (peek's review), it is taken instead of feeding the id again.
-        self._parked: tuple[_Pending, int] | None = None
+        # The queued step of the latest move (if its rung computes that position after all, peek's
+        # review, it is taken instead of feeding the id again) and a review's guessed rows.
+        self.ahead = RowsAhead()
         # The next step is queued before this token is read only where passes stay lazy until
         # read (a GPU; MLX ops forced on a CPU). On the CPU's NumPy route a pass computes as it is
         # built: queuing it would compute the next step before this token is yielded, so every
@@ -218,8 +159,6 @@ class TokenLoop:
         self.rung_lookup = (
             RungLookup(ladder, self._shared) if lookup and routed and not self.bottom_first else None
         )
-        # Rows a review's pass computed for the next position on a guess: (rung, guess, row).
-        self._guessed: list[tuple[int, int, _Pending]] = []
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
@@ -235,7 +174,7 @@ class TokenLoop:
         self.ledger.restart()
         n, decision, pending, opening_new = yield from self._open(walk, budget)
         guard = decision.guard
-        lookup_rows: LookupRows[_Pending] | None = None  # the rows of a lookup pass still being walked
+        lookup_rows: LookupRows[Pending] | None = None  # the rows of a lookup pass still being walked
         while n < budget:
             # Within a lookup round the next position's row is computed already.
             queue_next = self.pipelined and n + 1 < budget and lookup_rows is None
@@ -246,7 +185,7 @@ class TokenLoop:
             pending, decision = position.pending, settled.decision
             seconds = self._book(position, settled, lookup_rows, n, opening_new)
             self.ids.append(position.token)
-            if self._guessed:
+            if self.ahead.guessed:
                 self._settle_guesses()
             source = None
             if lookup_rows is not None:
@@ -273,12 +212,12 @@ class TokenLoop:
 
     def _open(
         self, walk: Walk, budget: int
-    ) -> Generator[Step | Score, mx.array, tuple[int, Decision, _Pending, int]]:
+    ) -> Generator[Step | Score, mx.array, tuple[int, Decision, Pending, int]]:
         """The answer's first position: which rung opens it (the top tier where it is pinned, else
         the policy on the bottom tier's signal at the end of the prompt; a cloud span first where
         that is unsure), and that rung's pending pass. Returns the steps made (a span's), the
         decision, the pass, and the prompt ids the opening rung had not seen."""
-        first: _Pending | None = None
+        first: Pending | None = None
         if self.pins_top:
             self.initial_entropy = self.initial_signal = None
             walk.start(0.0)  # the policy's state; whatever it measured, the top tier opens
@@ -308,7 +247,7 @@ class TokenLoop:
         self,
         position: _LivePosition,
         settled: Settled,
-        lookup_rows: LookupRows[_Pending] | None,
+        lookup_rows: LookupRows[Pending] | None,
         n: int,
         opening_new: int,
     ) -> float:
@@ -342,8 +281,8 @@ class TokenLoop:
         pending, decision = position.pending, settled.decision
         earlier = settled.measured[: len(settled.rungs) - 1]  # the tries it replaced
         logprob, top = (
-            pending.token_logprobs(position.token, self.top_logprobs)
-            if self.top_logprobs is not None
+            pending.token_logprobs(position.token, self.sampling.top_logprobs)
+            if self.sampling.top_logprobs is not None
             else (None, ())
         )
         return Step(
@@ -367,9 +306,9 @@ class TokenLoop:
         n: int,
         decision: Decision,
         position: _LivePosition,
-        lookup_rows: LookupRows[_Pending] | None,
+        lookup_rows: LookupRows[Pending] | None,
     ) -> Generator[
-        Step | Score, mx.array, tuple[int, Decision, bool, _Pending, LookupRows[_Pending] | None] | None
+        Step | Score, mx.array, tuple[int, Decision, bool, Pending, LookupRows[Pending] | None] | None
     ]:
         """The next position's pending pass, on the rung the policy decided: the lookup round's
         next row, the step queued ahead (a lookup draft's rows after it, where one is offered), or
@@ -386,7 +325,7 @@ class TokenLoop:
                 lookup_rows = yield from self._rows_after(speculative, draft)
             return n, decision, False, speculative, lookup_rows
         if speculative is not None:  # a move: park the queued step (see the module's docstring)
-            self._parked = (speculative, self._group(speculative.rung).seen)
+            self.ahead.park(speculative, self._group(speculative.rung).seen)
         spanned = decision.rung > self.top_local
         if spanned:
             for step in self._span(budget - n):
@@ -428,7 +367,7 @@ class TokenLoop:
                 tried_signals=(None,),
             )
 
-    def _queue(self, made: _Pending, certain: int | None) -> Generator[Score, mx.array, _Pending | None]:
+    def _queue(self, made: Pending, certain: int | None) -> Generator[Score, mx.array, Pending | None]:
         """The next position, queued before the policy decides, after the token `made` made: on
         the rung that made it (or the bottom rung for a bottom-only signal, where every position
         starts), or where the policy's next rung is `certain` (and its cache holds every id
@@ -440,7 +379,7 @@ class TokenLoop:
 
     def _produce(
         self, rung: int, token: mx.array | None = None, guess: int | None = None
-    ) -> Generator[Score, mx.array, _Pending]:
+    ) -> Generator[Score, mx.array, Pending]:
         """Lazily run rung's tier on the ids its group has not seen (or on `token`); with `guess`
         (the token a lower rung sampled at this position, which this rung reviews), the same pass
         may also compute the next position as if the guess were taken (`_guess_pays`)."""
@@ -448,7 +387,7 @@ class TokenLoop:
         group = tier.group
         catch_up = {}
         if token is None:
-            parked = self._take_parked(rung)
+            parked = self.ahead.take(rung, group, len(self.ids))
             if parked is not None:
                 return parked
             if group.seen >= len(self.ids):
@@ -476,25 +415,14 @@ class TokenLoop:
             if planner is not None:
                 planner.check.record(rows + guessing, seconds)  # (nan: not learned)
             if not guessing:
-                return self._pending(rung, logits, catch_up)
-            ahead = self._pending(rung, logits[1:2], {})
+                return self.sampling.pending(rung, logits, catch_up)
+            ahead = self.sampling.pending(rung, logits[1:2], {})
             ahead.ahead = True
-            self._guessed.append((rung, guess, ahead))
-            return self._pending(rung, logits[0:1], catch_up)
+            self.ahead.guessed.append((rung, guess, ahead))
+            return self.sampling.pending(rung, logits[0:1], catch_up)
         else:
             logits, hidden = (yield from score(group, token, 1, tier.gear)), None
-        return self._pending(rung, logits, catch_up, hidden, probe)
-
-    def _take_parked(self, rung: int) -> _Pending | None:
-        """The parked step of `rung` (a queued step after a move, or a review's guessed row),
-        taken if it computed the position now due: its group holds every id and nothing more."""
-        if self._parked is None:
-            return None
-        parked, seen = self._parked
-        if parked.rung != rung or not seen == self._group(rung).seen == len(self.ids):
-            return None
-        self._parked = None
-        return parked
+        return self.sampling.pending(rung, logits, catch_up, hidden, probe)
 
     def _timed_score(
         self, group: CacheGroup, inputs: mx.array, rows: int, gear: int | None
@@ -522,31 +450,8 @@ class TokenLoop:
         return costs.estimate(rows + 1) - costs.estimate(rows) < GUESS_USED * costs.estimate(1)
 
     def _settle_guesses(self) -> None:
-        """After a position's token is taken: a guessed row stands where the guess was that token
-        (parked for its rung's next position); elsewhere the guess is trimmed off its cache."""
-        token = self.ids[-1]
-        for rung, guess, ahead in self._guessed:
-            group = self._group(rung)
-            if token == guess and group.seen == len(self.ids):
-                self._parked = (ahead, group.seen)
-            else:
-                group.rewind(min(group.seen, len(self.ids) - 1))
-        self._guessed = []
-
-    def _pending(
-        self,
-        rung: int,
-        logits: mx.array,
-        catch_up: dict[str, int],
-        hidden: mx.array | None = None,
-        probe: Probe | None = None,
-    ) -> _Pending:
-        """A position's token sampled from rung's logits (1, V), lazily, with what is measured of it."""
-        signals = read_time_signals(logits) if self.measures else None
-        if self.normalize_for_sampler or self.top_logprobs is not None:
-            logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        logprobs = logits if self.top_logprobs is not None else None
-        return _Pending(rung, self.sampler(logits), signals, catch_up, hidden, probe, logprobs=logprobs)
+        """After a position's token is taken: each guessed row parked or trimmed (RowsAhead.settle)."""
+        self.ahead.settle(self.ids[-1], len(self.ids), self._group)
 
     def _planner(self, rung: int) -> DraftPlanner | None:
         """The planner of lookup drafts `rung` checks itself; None where lookup is off there."""
@@ -558,12 +463,12 @@ class TokenLoop:
             return []
         return self.rung_lookup.draft(self.ids, self.prompt_tokens, rung, room)
 
-    def _produce_rows(self, rung: int, draft: list[int]) -> Generator[Score, mx.array, LookupRows[_Pending]]:
+    def _produce_rows(self, rung: int, draft: list[int]) -> Generator[Score, mx.array, LookupRows[Pending]]:
         """Lazily run rung's tier on the ids its group has not seen and `draft` after them: the
         next position's row, and one after each drafted id."""
         tier = self.ladder.tiers[rung]
         group = tier.group
-        parked = self._take_parked(rung)
+        parked = self.ahead.take(rung, group, len(self.ids))
         if parked is not None:  # its row is the round's first
             return (yield from self._rows_after(parked, draft))
         if group.seen >= len(self.ids):
@@ -576,13 +481,14 @@ class TokenLoop:
         inputs = self.ids[group.seen :] + draft
         logits, seconds = yield from self._timed_score(group, mx.array(inputs), len(draft) + 1, tier.gear)
         rows = [
-            self._pending(rung, logits[j : j + 1], catch_up if j == 0 else {}) for j in range(len(draft) + 1)
+            self.sampling.pending(rung, logits[j : j + 1], catch_up if j == 0 else {})
+            for j in range(len(draft) + 1)
         ]
         return LookupRows(rung, draft, rows, len(inputs), seconds=seconds)
 
     def _rows_after(
-        self, first: _Pending, draft: list[int]
-    ) -> Generator[Score, mx.array, LookupRows[_Pending]]:
+        self, first: Pending, draft: list[int]
+    ) -> Generator[Score, mx.array, LookupRows[Pending]]:
         """A lookup round whose first row was computed ahead (a step queued on lazy passes, or a
         review's guessed row): its rung's group holds every id, so only the draft is fed, in one
         pass, for the rows after it."""
@@ -590,11 +496,11 @@ class TokenLoop:
         assert tier.group.seen == len(self.ids)  # the queued step fed the token just taken
         # Timed, where it is, as the draft's pass alone: a guessed first row was paid in its review.
         logits, seconds = yield from self._timed_score(tier.group, mx.array(draft), len(draft), tier.gear)
-        rows = [first] + [self._pending(first.rung, logits[j : j + 1], {}) for j in range(len(draft))]
+        rows = [first] + [self.sampling.pending(first.rung, logits[j : j + 1], {}) for j in range(len(draft))]
         return LookupRows(first.rung, draft, rows, len(draft) + 1, seconds=seconds)
 
     def _row_walked(
-        self, rows: LookupRows[_Pending], token: int, next_rung: int, more: bool
+        self, rows: LookupRows[Pending], token: int, next_rung: int, more: bool
     ) -> tuple[str | None, bool]:
         """A row of a lookup pass walked (RungLookup.walked): the token's source and whether the
         next row stands; where it does not, the rung's cache keeps only ids taken."""

@@ -23,6 +23,7 @@ from .cloud_span import CloudTier
 from .drafting import MAX_DRAFT, DraftPlanner
 from .engine import Engine
 from .loop import CloudSpan, TokenLoop
+from .mode import DecodingMode
 from .prompt_caches import PromptCaches
 from .requests import GenerationSettings, PolicyFactory, PreparedAnswer
 from .tiers import Ladder
@@ -51,6 +52,7 @@ class ChatSession:
         settings: GenerationSettings | None = None,
         system: str | None = None,
         cloud: CloudTier | None = None,
+        decoding: DecodingMode | None = None,
         prompt_caches: PromptCaches | None = None,
         measure_signals: bool = False,
         keep_learned: Callable[[Ladder], None] | None = None,
@@ -61,7 +63,8 @@ class ChatSession:
         self._keep_learned = keep_learned
         self.cloud = cloud
         self.prompt_caches = prompt_caches  # other conversations' caches (a server's clients)
-        self.router_config = router_config
+        self._decoding = decoding or DecodingMode()
+        self.router_config = router_config  # checked with the mode
         self.settings = settings or GenerationSettings()
         self.system = system
         self.messages: list[dict] = []
@@ -92,6 +95,7 @@ class ChatSession:
     @router_config.setter
     def router_config(self, config: RouterConfig) -> None:
         config.validate(len(self.tier_names))
+        self._decoding.validate(config, len(self.tier_names))
         if config.signal in BOTTOM_ONLY_SIGNALS and self.ladder.probe is None:
             raise UsageError(
                 "routing on the probe needs the probe that `mlxswitch calibrate` trains for "
@@ -103,6 +107,17 @@ class ChatSession:
             # The guard never calls the cloud: its top is the strongest local tier.
             config = dataclasses.replace(config, top_local=len(self.ladder.tiers) - 1)
         self._router_config = config
+
+    @property
+    def decoding(self) -> DecodingMode:
+        """How the next answer is decoded: routed or verified, its draft rule, prompt lookup."""
+        return self._decoding
+
+    def decode_with(self, config: RouterConfig, decoding: DecodingMode) -> None:
+        """The routing settings and decoding mode of the next answer, checked together (an arm)."""
+        decoding.validate(config, len(self.tier_names))
+        self._decoding = decoding
+        self.router_config = config
 
     def reset(self) -> None:
         """Forget the conversation (the caches are rewound, not rebuilt)."""
@@ -289,7 +304,7 @@ class ChatSession:
             [g.name for g in ladder.groups],
             {t.name: t.bytes_per_token for t in ladder.tiers},
             self.router_config.signal if signal is None else signal,
-            checked_by=self.tier_names[-1] if self.router_config.verify else None,
+            checked_by=self.tier_names[-1] if self.decoding.verify else None,
         )
 
     def answer_loop(
@@ -305,8 +320,8 @@ class ChatSession:
         that a server's batch decodes beside others), by the router's settings: verified
         drafting, or the token loop with the policy (and the cloud's spans, if given); with a
         control policy (PreparedAnswer.control), the token loop with that policy."""
-        config = self.router_config
-        if config.verify and control is None:
+        config, mode = self.router_config, self.decoding
+        if mode.verify and control is None:
             return VerifyLoop(
                 ladder,
                 ids,
@@ -316,10 +331,8 @@ class ChatSession:
                 signal=config.signal,
                 normalize_for_sampler=0 < settings.top_p < 1,
                 top_logprobs=settings.top_logprobs,
-                planner=DraftPlanner(
-                    MAX_DRAFT, config.draft == "adaptive", ladder.draft_memory, config.lookup
-                ),
-                lookup=config.lookup,
+                planner=DraftPlanner(MAX_DRAFT, mode.draft == "adaptive", ladder.draft_memory, mode.lookup),
+                lookup=mode.lookup,
                 measure_signals=self.measure_signals,
             )
         return TokenLoop(
@@ -334,7 +347,7 @@ class ChatSession:
             top_logprobs=settings.top_logprobs,
             pins_top=config.pins_top() and control is None,
             measure_signals=self.measure_signals,
-            lookup=config.lookup,
+            lookup=mode.lookup,
         )
 
     def hand_off(self, summary: AnswerSummary, on_text=None) -> dict | None:

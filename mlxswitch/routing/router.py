@@ -59,17 +59,15 @@ SIGNAL_NAMES = tuple(s.name for s in SIGNALS)
 BOTTOM_ONLY_SIGNALS = tuple(s.name for s in SIGNALS if s.bottom_only)
 
 
-DRAFT_RULES = ("adaptive", "fixed")
-
-
 def max_entropy_bits(vocab_size: int) -> float:
     """Entropy of the uniform distribution over the vocabulary: log2 V (the normalisation unit)."""
     return math.log2(vocab_size)
 
 
 # RouterConfig's fields that models.toml and the flags of `chat` and `serve` set by these names
-# (the thresholds come as `up`/`down` and `--tau`/`--tau-down`).
-SETTINGS_BY_NAME = ("window", "min_run", "normalize", "policy", "signal", "verify", "draft", "lookup")
+# (the thresholds come as `up`/`down` and `--tau`/`--tau-down`; the decoding mode's beside them are
+# decoding/mode.py's MODE_SETTINGS).
+SETTINGS_BY_NAME = ("window", "min_run", "normalize", "policy", "signal")
 
 
 @dataclass(frozen=True)
@@ -92,14 +90,6 @@ class RouterConfig:
     top_local: int | None = None
     policy: str = "ead"
     signal: str = "entropy"
-    # The top tier checks every token the bottom one drafts (decoding/verify.py): lossless.
-    verify: bool = False
-    # With verify: how long each draft is ("adaptive": what pays, from measured pass costs and the
-    # kept share, decoding/drafting.py; "fixed": up to the longest draft, while the drafter is
-    # sure). Whether drafts may come from the sequence itself (prompt lookup), checked by the
-    # top tier with verify, else by the rung the policy chose (decoding/loop.py).
-    draft: str = "adaptive"
-    lookup: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -153,19 +143,6 @@ class RouterConfig:
                 )
         if self.window < 1:
             raise SettingError("window", f"the window must be at least 1 token (got {self.window})")
-        if self.verify and (self.policy, self.window, self.min_run) != ("peek", 1, 1):
-            # A draft ends where peek, deciding each position on its own, would escalate.
-            raise SettingError(
-                "verify",
-                "verify checks the drafts where peek escalates, deciding each position on its own: "
-                "it needs --policy peek --window 1 --min-run 1",
-            )
-        if self.draft not in DRAFT_RULES:
-            raise SettingError(
-                "draft", f"the draft rule must be one of {', '.join(DRAFT_RULES)} (got {self.draft!r})"
-            )
-        if self.verify and spec.bottom_only:
-            raise SettingError("verify", f"verify routes on a signal of the logits, not the {self.signal}")
         if self.min_run < 1:
             raise SettingError("min_run", f"the min run must be at least 1 token (got {self.min_run})")
         if self.vocab_size is not None and self.vocab_size < 2:
@@ -190,11 +167,6 @@ class RouterConfig:
         if len(self.up) != num_tiers - 1:
             raise SettingError(
                 "up", f"{num_tiers} tiers need {num_tiers - 1} up threshold(s), got {len(self.up)}"
-            )
-        if self.verify and num_tiers != 2:
-            raise SettingError(
-                "verify",
-                f"verify needs two local tiers, a drafter and a checker (this ladder has {num_tiers})",
             )
         if self.top_local is not None and not 0 <= self.top_local < num_tiers:
             raise UsageError(
@@ -228,9 +200,6 @@ class RouterConfig:
             "window": self.window,
             "min_run": self.min_run,
             "normalize": self.normalize,
-            "verify": self.verify,
-            **({"draft": self.draft} if self.verify else {}),
-            "lookup": self.lookup,
         }
 
     def with_thresholds(self, up: tuple[float, ...], down: tuple[float, ...] | None = None) -> RouterConfig:

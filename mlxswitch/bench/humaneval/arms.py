@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...decoding.mode import DecodingMode
 from ...decoding.tiers import Ladder
 from ...errors import UsageError
 from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from ...routing.router import RouterConfig
-from ..runner import MLX_LM_TIER_KINDS, SPECULATIVE_KINDS, Arm, forced_config, make_arms
+from ..runner import MLX_LM_TIER_KINDS, PLAIN, SPECULATIVE_KINDS, Arm, forced_config, make_arms
 
 GROUPS = (
     "profile",
@@ -55,11 +56,9 @@ def calibrated_signal(profile: Profile) -> str:
     return "entropy" if profile.router.signal == "probe" else profile.router.signal
 
 
-def calibrated_config(signal: str, tau: float, num_tiers: int, verify: bool = False) -> RouterConfig:
-    """peek on `signal`, each position on its own, at `tau` (and verified drafting)."""
-    return RouterConfig(
-        up=(tau,) * (num_tiers - 1), policy="peek", window=1, min_run=1, signal=signal, verify=verify
-    )
+def calibrated_config(signal: str, tau: float, num_tiers: int) -> RouterConfig:
+    """peek on `signal`, each position on its own, at `tau` (a verify arm's drafts end there)."""
+    return RouterConfig(up=(tau,) * (num_tiers - 1), policy="peek", window=1, min_run=1, signal=signal)
 
 
 def parse_groups(text: str | None, quick: bool = False) -> tuple[str, ...]:
@@ -158,8 +157,8 @@ def humaneval_arms(
         for kind, verify in (("calibrated", False), ("verify", True)):
             if kind in groups:
                 name = f"{kind} (peek τ={tau:g})"
-                config = calibrated_config(calibrated_signal(profile), tau, n, verify)
-                bench.append(Arm(name, kind, config, policy="peek", tau=tau))
+                config = calibrated_config(calibrated_signal(profile), tau, n)
+                bench.append(Arm(name, kind, config, DecodingMode(verify=verify), policy="peek", tau=tau))
     if "mlx-lm-fp32" in groups and not profile.gears:
         bench += [
             Arm(f"mlx-lm {name} (fp32 weights)", "mlx-lm-fp32", tier=r)
@@ -175,10 +174,10 @@ def humaneval_arms(
     controls = []
     if n > 1 and "random" in groups:
         controls += [
-            Arm(random_control(arm.name), "random", forced_config(n, 0))
+            Arm(random_control(arm.name), "random", forced_config(n, 0), PLAIN)
             for arm in own
-            if arm.kind in ROUTED_KINDS and not arm.engine_config().verify  # verified: lossless
+            if arm.kind in ROUTED_KINDS and not arm.decoding.verify  # verified: lossless
         ]
     if n > 1 and "oracle" in groups:
-        controls.append(Arm("oracle", "oracle", forced_config(n, 0)))
+        controls.append(Arm("oracle", "oracle", forced_config(n, 0), PLAIN))
     return own + controls + stock

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from ...decoding.mode import MODE_SETTINGS
 from ...errors import OutputError, UsageError
 from ...models.sources import EmbeddedSource, model_source
 from ..command import finite
@@ -82,6 +83,21 @@ def _without_install_paths(settings: dict) -> dict:
     return {**settings, "models": stripped}
 
 
+def _mode_apart(settings: dict) -> dict:
+    """Settings as compared: with the decoding mode apart from the router's settings, where older
+    records kept it (DecodingMode.of_record reads their arms the same way)."""
+    router = settings.get("router")
+    if "decoding" in settings or not isinstance(router, dict):
+        return settings
+    mode = {key: router[key] for key in MODE_SETTINGS if key in router}
+    kept = {key: value for key, value in router.items() if key not in MODE_SETTINGS}
+    return {**settings, "router": kept, "decoding": mode}
+
+
+def _comparable(settings: dict) -> dict:
+    return _mode_apart(_without_install_paths(settings))
+
+
 def _check(path: Path, header: dict | None, settings: dict, read_only: bool = False) -> None:
     """Refuse a records file of another version, or made with other settings (but for
     PROCESS_SETTINGS, when it is only read). A run may ask for more arm groups than the file
@@ -99,7 +115,7 @@ def _check(path: Path, header: dict | None, settings: dict, read_only: bool = Fa
         settings = {key: value for key, value in settings.items() if key not in PROCESS_SETTINGS}
     if not read_only and set(settings.get("groups", [])) > set(made.get("groups", [])):
         made = {**made, "groups": settings["groups"]}  # more arm groups: the run adds their arms
-    changed = _differences(_without_install_paths(made), _without_install_paths(settings))
+    changed = _differences(_comparable(made), _comparable(settings))
     if changed:
         raise UsageError(
             f"--records {path} was made with other settings ({_listed(changed)}): "

@@ -20,6 +20,7 @@ import statistics
 
 import numpy as np
 
+from ...decoding.mode import DecodingMode
 from ...routing.router import RouterConfig
 from .. import metrics, seconds, simulate
 from ..runner import MLX_LM_TIER_KINDS, sweep_config
@@ -54,7 +55,6 @@ def _config(router: dict) -> RouterConfig:
         policy=router["policy"],
         normalize=router["normalize"],
         signal=router["signal"],
-        verify=router.get("verify", False),
     )
 
 
@@ -345,7 +345,7 @@ def _verdicts(results: list[dict], arms: tuple[str, ...]) -> dict[str, dict[str,
 
 def _lossless(arm: dict) -> bool:
     """Every token is the top tier's sample: speculative decoding, or verified drafting."""
-    return arm["kind"] in LOSSLESS or bool((arm["router"] or {}).get("verify"))
+    return arm["kind"] in LOSSLESS or (arm["router"] is not None and DecodingMode.of_record(arm).verify)
 
 
 def _ids(record: dict) -> list[int]:

@@ -27,12 +27,13 @@ import numpy as np
 
 from ...decoding.session import ChatSession, GenerationSettings, PolicyFactory
 from ...decoding.tiers import Ladder
+from ...json_numbers import json_float
 from ...kernels import preloaded_mlx_blas
 from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from .. import simulate
 from ..prompts import BenchPrompt
-from ..runner import Arm, engine_run, forced_config, mlx_lm_run, sweep_config
+from ..runner import PLAIN, Arm, engine_run, forced_config, mlx_lm_run, sweep_config
 from ..teacher import teacher_forced
 from . import arms as arm_sets
 from .controls import OraclePolicy, RandomPolicy, control_seed
@@ -67,7 +68,6 @@ class HumanEvalOptions:
 
 def settings(profile: Profile, problems: list[Problem], options: HumanEvalOptions) -> dict:
     """The header's settings: what must match for a records file to be resumed."""
-    router = Arm("profile", "profile", profile.router).to_dict()["router"]
     out = {
         "suite": "humaneval",
         "prompt_version": PROMPT_VERSION,
@@ -75,7 +75,8 @@ def settings(profile: Profile, problems: list[Problem], options: HumanEvalOption
         "models": [model_identity(source) for source in profile.models],
         "gears": list(profile.gears),
         "tiers": list(profile.tier_names()),
-        "router": router,
+        "router": profile.router.settings(json_float),
+        "decoding": profile.decoding.settings(),
         "problems": [p.task_id for p in problems],
         **dataclasses.asdict(options),
         "groups": list(options.groups),
@@ -104,7 +105,7 @@ def _thresholds(
     share), on calibration problems' top-tier answers; those answers too (the top-alone arm's, when
     the problem is run: not decoded twice)."""
     n = len(ladder.tiers)
-    top = Arm(f"{ladder.tier_names[-1]} alone", "tier", forced_config(n, n - 1), tier=n - 1)
+    top = Arm(f"{ladder.tier_names[-1]} alone", "tier", forced_config(n, n - 1), PLAIN, tier=n - 1)
     positions, answers = [], {}
     for i, problem in enumerate(calibration):
         say("thresholds (top-tier answers)", i, len(calibration))
@@ -242,7 +243,7 @@ def run_humaneval(
     n = len(ladder.tiers)
     generation = GenerationSettings(max_tokens=options.max_tokens)
     # Every arm's records keep each token's entropy, the models alone too.
-    session = ChatSession(ladder, forced_config(n, n - 1), generation, measure_signals=True)
+    session = ChatSession(ladder, forced_config(n, n - 1), generation, decoding=PLAIN, measure_signals=True)
     wanted = settings(profile, problems, options)
     if records.header is None:
         swept = n > 1 and set(arm_sets.THRESHOLD_GROUPS) & set(options.groups)
