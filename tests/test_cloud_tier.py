@@ -326,3 +326,18 @@ def test_an_empty_answer_leaves_no_turn_and_the_next_span_still_goes_up(server, 
     sent = server.requests[0].body["messages"]
     assert all(m["content"].strip() for m in sent) and sent[-1]["role"] == "user"
     assert [m["role"] for m in session.messages][-2:] == ["user", "assistant"]
+
+
+def test_the_library_hands_off_as_the_chat_does(server, tiny_pair):
+    """The hand-off is the session's, not the CLI's: a library caller's unsure answer is re-asked,
+    and the conversation keeps the cloud's answer."""
+    small, large = tiny_pair
+    profile = resolve_profile(
+        small=str(small), large=str(large), cloud="answer", cloud_options={"handoff_threshold": 0.0}
+    )
+    server.script(reply("Paris.", output_tokens=2))
+    session = open_chat(profile, GenerationSettings(max_tokens=8))
+    summary = session.ask("What is the capital of France?")
+    assert summary.handoff is not None and summary.handoff["shown"] == "cloud"
+    assert summary.handoff["local_text"] == summary.text and summary.cloud["answer"]["calls"] == 1
+    assert session.messages[-1] == {"role": "assistant", "content": "Paris."}

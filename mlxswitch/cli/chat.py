@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
@@ -286,12 +286,13 @@ class ChatRunner:
 
         None when the prompt was refused before any token.
         """
-        stream = self.session.stream(prompt)
-        summary: AnswerSummary | None = None
-        written = 0  # events whose telemetry line is out
         cloud = self.session.cloud
         # Piped, a hand-off holds the local answer back: stdout gets only the answer shown.
         hold = cloud is not None and not cloud.spans_on and not self._interactive
+        self.session.on_cloud_text = self._cloud_text_shower(painter, hold)
+        stream = self.session.stream(prompt)  # a hand-off, if any, runs before its summary comes
+        summary: AnswerSummary | None = None
+        written = 0  # events whose telemetry line is out
         try:
             for item in stream:
                 if isinstance(item, AnswerSummary):
@@ -305,8 +306,8 @@ class ChatRunner:
                         painter.paint(item.text, item.tier, item.entropy, item.source)
                     else:
                         self._write(item.text)
-            if summary is not None and cloud is not None and not cloud.spans_on:
-                self._hand_off(summary, painter, hold)
+            if summary is not None and hold and not self.json_output:
+                self._show_held(summary, painter)
         finally:
             stream.close()  # on Ctrl-C this keeps the partial answer in the history
             summary = summary or self.session.last_summary
@@ -330,16 +331,15 @@ class ChatRunner:
                 self.answer_index += 1
         return summary
 
-    def _hand_off(self, summary: AnswerSummary, painter: ui.TokenPainter | None, hold: bool) -> None:
-        """Ask the cloud again when the answer is unsure; show the answer chosen."""
-        live = not hold and not self.json_output
+    def _cloud_text_shower(self, painter: ui.TokenPainter | None, hold: bool) -> Callable[[str], None] | None:
+        """Where a hand-off's cloud answer goes as it arrives: after the local answer on screen,
+        marked with the model's name; nowhere when the answer is held (piped) or JSON."""
         cloud = self.session.cloud
-        assert cloud is not None  # only a session with a cloud tier hands off
+        if cloud is None or cloud.spans_on or hold or self.json_output:
+            return None
         started: list[bool] = []
 
         def on_text(piece: str) -> None:
-            if not live:
-                return
             if not started:  # the local answer is on screen: the cloud's follows, marked
                 started.append(True)
                 self._write(f"\n\n[{cloud.settings.model}]\n")
@@ -348,18 +348,21 @@ class ChatRunner:
             else:
                 self._write(piece)
 
-        record = self.session.hand_off(summary, on_text)
-        if hold and not self.json_output:
-            if record is not None and record["shown"] == "cloud":
-                pieces = [(record["cloud_text"], "cloud")]
+        return on_text
+
+    def _show_held(self, summary: AnswerSummary, painter: ui.TokenPainter | None) -> None:
+        """A held (piped) answer, once the hand-off chose it: the cloud's, or the local tokens."""
+        record = summary.handoff
+        if record is not None and record["shown"] == "cloud":
+            pieces = [(record["cloud_text"], "cloud")]
+        else:
+            pieces = [(e.text, e.tier) for e in summary.tokens]
+        for text, tier in pieces:
+            if painter is not None:
+                self._write("")
+                painter.paint(text, tier, None)
             else:
-                pieces = [(e.text, e.tier) for e in summary.tokens]
-            for text, tier in pieces:
-                if painter is not None:
-                    self._write("")
-                    painter.paint(text, tier, None)
-                else:
-                    self._write(text)
+                self._write(text)
 
     def _print_notices(self) -> None:
         if self.session.cloud is not None:

@@ -62,6 +62,9 @@ class ChatSession:
         # answer (api.open_chat gives draft_store's; a bench's sessions keep nothing).
         self._keep_learned = keep_learned
         self.cloud = cloud
+        # Where a hand-off's cloud answer is shown as it arrives (the CLI's terminal); the summary
+        # carries it either way (AnswerSummary.handoff).
+        self.on_cloud_text: Callable[[str], None] | None = None
         self.prompt_caches = prompt_caches  # other conversations' caches (a server's clients)
         self._decoding = decoding or DecodingMode()
         self.router_config = router_config  # checked with the mode
@@ -263,6 +266,8 @@ class ChatSession:
             if summary is not None:
                 self._finished(summary, refed, messages)
         assert summary is not None, "the engine hands over every answer's summary"
+        if messages is not None:  # a chat answer (a raw-text completion has no conversation to re-ask)
+            self.hand_off(summary, self.on_cloud_text)
         yield summary
 
     def _finished(self, summary: AnswerSummary, refed: int, messages: list[dict] | None) -> None:
@@ -353,7 +358,8 @@ class ChatSession:
     def hand_off(self, summary: AnswerSummary, on_text=None) -> dict | None:
         """With the cloud in answer mode: score the answer, re-ask it when unsure; the record.
 
-        The conversation keeps the answer shown; the summary carries the record and the costs.
+        Every chat answer that ends whole goes through it (`_generate`): chat, serve and the library
+        alike. The conversation keeps the answer shown; the summary carries the record and the costs.
         """
         cloud = self.cloud
         if cloud is None or cloud.spans_on or not summary.text.strip():

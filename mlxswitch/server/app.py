@@ -148,9 +148,12 @@ def build_app(config: ServeConfig, worker: Worker | BatchWorker) -> Starlette:
             ) from None
         ident = out.new_id(kind)
         decode = _decoder(worker.session.ladder.tokenizer) if req.settings.top_logprobs is not None else None
+        # An answer the cloud may take over (answer mode) is held until the hand-off chose it.
+        cloud = worker.session.cloud
+        hold = kind == "chat" and cloud is not None and not cloud.spans_on
         if req.stream:
             return StreamingResponse(
-                _sse(job, kind, ident, model, req.include_usage, decode),
+                _sse(job, kind, ident, model, req.include_usage, decode, hold),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -233,15 +236,20 @@ def _decoder(tokenizer):
     return lambda token: tokenizer.decode([token])
 
 
-async def _sse(job, kind: str, ident: str, model: str, include_usage: bool, decode):
-    """The streamed answer: one chunk per token, the finish chunk, the usage chunk, [DONE]."""
+async def _sse(job, kind: str, ident: str, model: str, include_usage: bool, decode, hold: bool = False):
+    """The streamed answer: one chunk per token (`hold`: one chunk of the answer shown, once a
+    hand-off chose it), the finish chunk, the usage chunk, [DONE]."""
     created, first, offset = int(time.time()), True, 0
     async for item in job.events():  # a client that leaves cancels this: events() stops the job
         if isinstance(item, AnswerSummary):
+            if hold:
+                yield out.sse(out.held_chunk(kind, ident, model, created, item, decode))
             yield out.sse(out.final_chunk(kind, ident, model, created, item))
             if include_usage:
                 yield out.sse(out.usage_chunk(kind, ident, model, created, item))
             break
+        if hold:
+            continue
         yield out.sse(out.chunk(kind, ident, model, created, [item], first, decode, offset))
         first, offset = False, offset + len(item.text)
     yield out.sse("[DONE]")

@@ -116,6 +116,31 @@ def provenance(summary: AnswerSummary) -> dict:
         "cloud_cost_usd": round(float((cloud.get("answer") or {}).get("usd", 0.0)), 6),
         "prompt_tokens_reused": summary.prompt_tokens - summary.prefilled_tokens,
         "finish_reason": summary.finish_reason,
+        # A cloud hand-off's score, decision and both answers (the local one's tokens are the tiers').
+        **({"handoff": summary.handoff} if summary.handoff is not None else {}),
+    }
+
+
+def shown_text(summary: AnswerSummary) -> str:
+    """The answer's text as the client gets it: the cloud's where a hand-off chose it."""
+    handoff = summary.handoff
+    return handoff["cloud_text"] if handoff is not None and handoff["shown"] == "cloud" else summary.text
+
+
+def held_chunk(
+    kind: str, ident: str, model: str, created: int, summary: AnswerSummary, decode: Decode | None
+) -> dict:
+    """A held answer (one that may be handed off) streamed in one chunk once it is chosen: the
+    local tokens, or the cloud's text as one piece of tier "cloud"."""
+    if shown_text(summary) == summary.text:
+        return chunk(kind, ident, model, created, summary.tokens, True, decode)
+    return {
+        "id": ident,
+        "object": OBJECTS[kind][1],
+        "created": created,
+        "model": model,
+        "choices": [_choice(kind, shown_text(summary), None, True, True)],
+        "mlxswitch": {"tiers": ["cloud"], "proposers": ["cloud"], "entropies": [None]},
     }
 
 
@@ -183,7 +208,7 @@ def completion(
         "object": OBJECTS[kind][0],
         "created": int(time.time()),
         "model": model,
-        "choices": [_choice(kind, summary.text, _finish(summary), False, probs=probs)],
+        "choices": [_choice(kind, shown_text(summary), _finish(summary), False, probs=probs)],
         "usage": usage(summary),
         "mlxswitch": {
             "tiers": [e.tier for e in summary.tokens],
