@@ -346,7 +346,8 @@ def test_humaneval_flags_are_refused_on_the_prompt_suite(tmp_path):
     ):
         result = runner.invoke(app, ["bench", *flags])
         assert result.exit_code == 2
-        assert result.stderr == f"error: {flags[0]} applies to --suite humaneval only\n"
+        suites = "humaneval or everyday" if flags[0] == "--records" else "humaneval"
+        assert result.stderr == f"error: {flags[0]} applies to --suite {suites} only\n"
 
 
 def test_other_settings_on_the_same_records_are_one_error_line(full_run):

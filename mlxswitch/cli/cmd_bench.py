@@ -35,7 +35,8 @@ def bench(
     suite: Annotated[
         str,
         typer.Option(
-            help="prompts (the prompt suite) or humaneval (pass@1 by execution; needs the humaneval extra)."
+            help="prompts (the prompt suite), humaneval (pass@1 by execution; needs the humaneval extra)"
+            " or everyday (everyday requests: seconds per answer against the top tier alone, resumable)."
         ),
     ] = "prompts",
     records: Annotated[
@@ -97,8 +98,37 @@ def bench(
     from ..errors import UsageError
 
     chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
-    if suite not in ("prompts", "humaneval"):
-        raise UsageError(f"--suite must be prompts or humaneval (got '{suite}')")
+    if suite not in ("prompts", "humaneval", "everyday"):
+        raise UsageError(f"--suite must be prompts, humaneval or everyday (got '{suite}')")
+    if suite == "everyday":
+        from .everyday import bench_everyday
+
+        for given, flag in (
+            (quick, "--quick"),
+            (repeats != 1, "--repeats"),
+            (speed_prompts is not None, "--speed-prompts"),
+            (plot is not None, "--plot"),
+            (problems is not None, "--problems"),
+            (split != "all", "--split"),
+            (limit is not None, "--limit"),
+            (timeout is not None, "--timeout"),
+            (shard is not None, "--shard"),
+            (bool(with_records), "--with-records"),
+        ):
+            if given:
+                raise UsageError(f"{flag} does not apply to --suite everyday")
+        bench_everyday(
+            chosen,
+            prompts=prompts,
+            records=records,
+            restart=restart,
+            arms=arms,
+            max_tokens=max_tokens,
+            json_path=json_path,
+            force_memory=force_memory,
+            report_only=report,
+        )
+        return
     if suite == "humaneval":
         from .humaneval import bench_humaneval
 
@@ -124,20 +154,20 @@ def bench(
             with_records=with_records,
         )
         return
-    for given, flag in (
-        (records is not None, "--records"),
-        (restart, "--restart"),
-        (problems is not None, "--problems"),
-        (split != "all", "--split"),
-        (limit is not None, "--limit"),
-        (arms is not None, "--arms"),
-        (timeout is not None, "--timeout"),
-        (report, "--report"),
-        (shard is not None, "--shard"),
-        (bool(with_records), "--with-records"),
+    for given, flag, suites in (
+        (records is not None, "--records", "humaneval or everyday"),
+        (restart, "--restart", "humaneval or everyday"),
+        (problems is not None, "--problems", "humaneval"),
+        (split != "all", "--split", "humaneval"),
+        (limit is not None, "--limit", "humaneval"),
+        (arms is not None, "--arms", "humaneval or everyday"),
+        (timeout is not None, "--timeout", "humaneval"),
+        (report, "--report", "humaneval or everyday"),
+        (shard is not None, "--shard", "humaneval"),
+        (bool(with_records), "--with-records", "humaneval"),
     ):
         if given:
-            raise UsageError(f"{flag} applies to --suite humaneval only")
+            raise UsageError(f"{flag} applies to --suite {suites} only")
     for value, flag in (
         (repeats, "--repeats"),
         (max_tokens, "--max-tokens"),

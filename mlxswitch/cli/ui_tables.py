@@ -1,4 +1,5 @@
-"""The result tables of bench, calibrate and bench --suite humaneval. Rich code, like ui.py."""
+"""The result tables of bench (the prompts, humaneval and everyday suites) and calibrate. Rich code,
+like ui.py."""
 
 from __future__ import annotations
 
@@ -392,3 +393,51 @@ def humaneval_pooled_table(record: dict) -> Table:
         "oracle at the arm's live share"
     )
     return table
+
+
+def everyday_tables(record: dict) -> tuple[Table, Table]:
+    """The everyday suite: per category, each arm's seconds per answer (× the top tier alone's);
+    then per arm, its answers, tokens, answers identical to the top tier's, first token and who
+    proposed the tokens."""
+    arms = record["arms"]
+    timed = Table(
+        title=literal(f"mlxswitch bench --suite everyday · {record['profile']['name']}"),
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in ("category", "prompts", *(f"{a} s/answer" for a in arms)):
+        timed.add_column(literal(column), justify="left" if column == "category" else "right")
+    for row in record["categories"]:
+        cells = [row["category"], str(row["prompts"])]
+        for a in arms:
+            ratio = row["vs_top"][a]
+            shown = f" ({ratio:.2f}×)" if ratio is not None and a != "top" else ""
+            cells.append(_cell(row["seconds_per_answer"][a], 1) + shown)
+        timed.add_row(*map(literal, cells))
+    timed.caption = (
+        f"greedy, {record['max_tokens']} tokens at most; wall seconds per answer, prompt included, over the "
+        f"{record['prompts']} prompt(s) every arm answered, arms rotated prompt by prompt; "
+        "(×) against the top tier alone"
+    )
+    per_arm = Table(show_edge=False)
+    for column in ("arm", "answers", "tokens", "same as top", "first token s", "proposed by"):
+        per_arm.add_column(column, justify="left" if column in ("arm", "proposed by") else "right")
+    for a in arms:
+        figures = record["per_arm"][a]
+        tokens = figures["tokens"] or 1
+        shares = [f"{name} {100 * n / tokens:.0f}%" for name, n in figures["proposers"].items() if n]
+        same = figures["same_as_top"]
+        per_arm.add_row(
+            *map(
+                literal,
+                [
+                    a,
+                    str(figures["answers"]),
+                    str(figures["tokens"]),
+                    "–" if same is None else f"{same}/{figures['answers']}",
+                    _cell(figures["median_first_token_s"], 2),
+                    ", ".join(shares) or "–",
+                ],
+            )
+        )
+    return timed, per_arm

@@ -1,0 +1,227 @@
+"""The everyday suite (`mlxswitch bench --suite everyday`): does the profile buy time on everyday
+requests, against its top tier alone, on this machine?
+
+Each prompt (bench_prompts/everyday.jsonl: code, prose, shell, SQL, maths, written for this bench,
+none from HumanEval; or `--prompts`) is answered greedily by every arm, the arms rotated prompt by
+prompt so that the machine's drift hits them alike. One record per (prompt, arm) is appended as
+it finishes, in humaneval's records format (a header of settings, fsynced lines, a torn last line
+dropped), so the same command run again goes on where it stopped, and `--report` reads it without
+loading a model. Arms:
+
+- `top`: the top tier alone (plain decoding, no prompt lookup): the bar.
+- `bottom`: the bottom tier alone: the floor of what drafting can reach.
+- `profile`: the profile as configured (the shipped pair: verified drafting, adaptive, lookup).
+- `fixed` (two local tiers): verified drafting with fixed-length model drafts and no lookup.
+
+Each arm keeps what it learns (pass costs, kept shares) across its own answers, as a chat does,
+starting from what earlier runs on this machine saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..decoding.draft_memory import DraftMemory, PassCosts
+from ..decoding.mode import DecodingMode
+from ..decoding.session import ChatSession, GenerationSettings
+from ..decoding.tiers import Ladder
+from ..errors import SettingError, UsageError
+from ..json_numbers import json_float
+from ..profiles import Profile
+from ..resources import bundled_file, user_dir
+from ..routing.router import RouterConfig
+from .humaneval.records import Records, model_identity
+from .prompts import BenchPrompt
+from .runner import PLAIN, forced_config
+
+ARMS = ("top", "bottom", "profile", "fixed")
+DEFAULT_ARMS = ("top", "profile")
+DEFAULT_MAX_TOKENS = 64
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def default_prompts_path() -> Path:
+    """The bundled everyday prompts (the package's bench_prompts/, or bench/prompts/ in a checkout)."""
+    return bundled_file("bench_prompts/everyday.jsonl", "bench/prompts/everyday.jsonl")
+
+
+def default_records_path(profile: Profile) -> Path:
+    """Where a profile's everyday records go unless --records says: one file per ladder."""
+    key = hashlib.sha256("\n".join(profile.models + tuple(map(str, profile.gears))).encode()).hexdigest()[:8]
+    return user_dir() / "bench" / f"everyday-{key}.jsonl"
+
+
+def parse_arms(text: str | None, profile: Profile) -> tuple[str, ...]:
+    """`--arms a,b,…` (default: top,profile) in ARMS order; a UsageError for an unknown one, or
+    for `fixed` on a ladder that is not two local tiers."""
+    if text is None:
+        return DEFAULT_ARMS
+    asked = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [part for part in asked if part not in ARMS]
+    if unknown or not asked:
+        raise UsageError(f"--arms for --suite everyday: choose among {', '.join(ARMS)} (got '{text}')")
+    if "fixed" in asked:
+        config, mode = arm_decoding("fixed", profile)
+        try:
+            mode.validate(config, len(profile.tier_names()))
+        except SettingError as exc:
+            raise UsageError(f"the fixed arm cannot run on '{profile.name}': {exc}") from None
+    return tuple(arm for arm in ARMS if arm in asked)
+
+
+def arm_decoding(arm: str, profile: Profile) -> tuple[RouterConfig, DecodingMode]:
+    """The router settings and decoding mode an arm answers with."""
+    n = len(profile.local_tiers())
+    if arm == "top":
+        return forced_config(n, n - 1), PLAIN
+    if arm == "bottom":
+        return forced_config(n, 0), PLAIN
+    if arm == "fixed":  # the profile's threshold ends the drafts
+        return profile.router, DecodingMode(verify=True, draft="fixed", lookup=False)
+    return profile.router, profile.decoding
+
+
+def settings(profile: Profile, prompts: list[BenchPrompt], max_tokens: int) -> dict:
+    """The header's settings: what must match for a records file to be resumed (arms may differ:
+    a run adds the arms it asks for)."""
+    texts = "\n".join(f"{p.id}\t{p.prompt}" for p in prompts)
+    return {
+        "suite": "everyday",
+        "profile": profile.name,
+        "models": [model_identity(source) for source in profile.models],
+        "gears": list(profile.gears),
+        "tiers": list(profile.tier_names()),
+        "router": profile.router.settings(json_float),
+        "decoding": profile.decoding.settings(),
+        "max_tokens": max_tokens,
+        "prompts": hashlib.sha256(texts.encode()).hexdigest()[:16],
+    }
+
+
+@dataclass
+class EverydayRun:
+    """What one run answers: the prompts, the arms and the records it appends to."""
+
+    profile: Profile
+    prompts: list[BenchPrompt]
+    arms: tuple[str, ...]
+    max_tokens: int
+    records: Records
+
+
+def open_run(
+    profile: Profile,
+    prompts: list[BenchPrompt],
+    arms: tuple[str, ...],
+    max_tokens: int,
+    records_path: Path,
+    restart: bool = False,
+    read_only: bool = False,
+) -> EverydayRun:
+    """The records opened (or resumed; refused when made with other settings) for these prompts."""
+    wanted = settings(profile, prompts, max_tokens)
+    records = Records.open(records_path, wanted, restart=restart, read_only=read_only)
+    if records.header is None and not read_only:
+        records.start(wanted, {"prompts": [p.id for p in prompts]})
+    return EverydayRun(profile, prompts, arms, max_tokens, records)
+
+
+def run(everyday: EverydayRun, ladder: Ladder, progress: Progress | None = None) -> dict:
+    """Answer every (prompt, arm) the records lack, arms rotated by prompt; the report."""
+    say = progress or (lambda stage, done, total: None)
+    done = everyday.records.results()
+    todo = [
+        (i, p, arm)
+        for i, p in enumerate(everyday.prompts)
+        for arm in everyday.arms[i % len(everyday.arms) :] + everyday.arms[: i % len(everyday.arms)]
+        if (p.id, arm) not in done
+    ]
+    kept = ladder.draft_memory
+    memories = {
+        arm: DraftMemory(check=PassCosts(dict(kept.check.seconds)), draft=PassCosts(dict(kept.draft.seconds)))
+        for arm in everyday.arms
+    }
+    rungs: dict[str, dict] = {arm: {} for arm in everyday.arms}
+    settings_ = GenerationSettings(max_tokens=everyday.max_tokens, temperature=0.0)
+    try:
+        for made, (_, prompt, arm) in enumerate(todo):
+            say("answering", made, len(todo))
+            ladder.draft_memory, ladder.rung_memory = memories[arm], rungs[arm]
+            config, mode = arm_decoding(arm, everyday.profile)
+            session = ChatSession(ladder, config, settings_, decoding=mode)
+            started = time.perf_counter()
+            summary = session.ask(prompt.prompt)
+            wall = time.perf_counter() - started
+            everyday.records.append(
+                {
+                    "type": "result",
+                    "task_id": prompt.id,
+                    "category": prompt.category,
+                    "arm": arm,
+                    "ids": [e.id for e in summary.tokens],
+                    "text": summary.text,
+                    "wall_s": round(wall, 4),
+                    "stats": summary.stats(),
+                }
+            )
+            ladder.reset()
+        say("answering", len(todo), len(todo))
+    finally:
+        ladder.draft_memory = kept
+        everyday.records.close()
+    return report(everyday)
+
+
+def report(everyday: EverydayRun) -> dict:
+    """Per category and arm, seconds per answer and against the top tier alone; answers token for
+    token the top tier's; first token; tokens by proposer. Over the prompts every arm answered."""
+    by = everyday.records.results()
+    arms = [a for a in everyday.arms if any(key[1] == a for key in by)]
+    prompts = [p for p in everyday.prompts if all((p.id, a) in by for a in arms)]
+    categories = sorted({p.category for p in prompts})
+    rows = []
+    for category in [*categories, "all"]:
+        chosen = [p for p in prompts if category in ("all", p.category)]
+        walls = {a: sum(by[(p.id, a)]["wall_s"] for p in chosen) for a in arms}
+        rows.append(
+            {
+                "category": category,
+                "prompts": len(chosen),
+                "seconds_per_answer": {a: walls[a] / len(chosen) if chosen else None for a in arms},
+                "vs_top": {
+                    a: walls[a] / walls["top"] if "top" in walls and walls["top"] else None for a in arms
+                },
+            }
+        )
+    per_arm = {}
+    for a in arms:
+        answers = [by[(p.id, a)] for p in prompts]
+        proposers: dict[str, int] = {}
+        for r in answers:
+            for name, count in r["stats"].get("proposers", {}).items():
+                proposers[name] = proposers.get(name, 0) + count
+        firsts = [r["stats"]["first_token_s"] for r in answers if r["stats"].get("first_token_s") is not None]
+        per_arm[a] = {
+            "answers": len(answers),
+            "tokens": sum(len(r["ids"]) for r in answers),
+            "same_as_top": (
+                sum(r["ids"] == by[(r["task_id"], "top")]["ids"] for r in answers) if "top" in arms else None
+            ),
+            "median_first_token_s": statistics.median(firsts) if firsts else None,
+            "proposers": proposers,
+        }
+    return {
+        "suite": "everyday",
+        "profile": {"name": everyday.profile.name, "tiers": list(everyday.profile.tier_names())},
+        "records": str(everyday.records.path),
+        "arms": arms,
+        "max_tokens": everyday.max_tokens,
+        "prompts": len(prompts),
+        "categories": rows,
+        "per_arm": per_arm,
+    }

@@ -1,0 +1,132 @@
+"""`mlxswitch bench --suite everyday` on the tiny pair: every (prompt, arm) answered once, arms
+rotated, records resumed by the same command and refused under other settings, a report that
+loads no model, and one error line for each flag or arm the suite cannot take."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mlxswitch.cli import app
+
+runner = CliRunner()
+PROMPTS = [
+    {"id": "code-01", "category": "code", "prompt": "def add(a, b):"},
+    {"id": "prose-01", "category": "prose", "prompt": "Write one sentence about the sea."},
+]
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def everyday(tiny_pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("everyday")
+    prompts = out / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    small, large = tiny_pair
+    args = ["bench", "--suite", "everyday", "--small", str(small), "--large", str(large)]
+    args += ["--prompts", str(prompts), "--records", str(out / "r.jsonl"), "--max-tokens", "6"]
+    args += ["--arms", "top,profile,fixed"]
+    with pytest.MonkeyPatch.context() as patch:  # module-scoped: before the autouse home fixture
+        patch.setenv("MLXSWITCH_HOME", str(out / "home"))
+        result = runner.invoke(app, [*args, "--json", str(out / "r.json")])
+    assert result.exit_code == 0, result.stderr
+    return result, out, args
+
+
+def test_every_prompt_is_answered_by_every_arm_in_rotation(everyday):
+    result, out, _ = everyday
+    lines = _lines(out / "r.jsonl")
+    assert lines[0]["type"] == "header" and lines[0]["settings"]["suite"] == "everyday"
+    answered = [(r["task_id"], r["arm"]) for r in lines[1:]]
+    # The second prompt starts with the second arm: drift hits every arm alike.
+    assert answered == [
+        ("code-01", "top"),
+        ("code-01", "profile"),
+        ("code-01", "fixed"),
+        ("prose-01", "profile"),
+        ("prose-01", "fixed"),
+        ("prose-01", "top"),
+    ]
+    assert all(len(r["ids"]) <= 6 and r["wall_s"] > 0 for r in lines[1:])
+    record = json.loads((out / "r.json").read_text())
+    assert record["arms"] == ["top", "profile", "fixed"] and record["prompts"] == 2
+    assert [row["category"] for row in record["categories"]] == ["code", "prose", "all"]
+    everything = record["categories"][-1]
+    assert everything["vs_top"]["top"] == 1.0
+    by = {(r["task_id"], r["arm"]): r for r in lines[1:]}
+    total = sum(by[(p["id"], "fixed")]["wall_s"] for p in PROMPTS)
+    assert everything["seconds_per_answer"]["fixed"] == pytest.approx(total / 2)
+    # Verified drafting answers as the top tier alone does, token for token (greedy).
+    assert record["per_arm"]["fixed"]["same_as_top"] == 2
+    assert "everyday" in result.stdout and "top s/answer" in result.stdout and "same as top" in result.stdout
+
+
+def test_the_same_command_resumes_and_a_report_loads_no_model(everyday, monkeypatch):
+    result, out, args = everyday
+    before = (out / "r.jsonl").read_text()
+    monkeypatch.setenv("MLXSWITCH_HOME", str(out / "home"))
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.stderr
+    assert "resuming: 6 answers kept" in again.stderr
+    assert (out / "r.jsonl").read_text() == before  # nothing answered twice
+    import mlxswitch.api as api
+
+    monkeypatch.setattr(api, "build_ladder", lambda *a, **k: pytest.fail("a report loaded a model"))
+    report = runner.invoke(app, [*args, "--report"])
+    assert report.exit_code == 0, report.stderr
+    assert report.stdout == result.stdout
+
+
+def test_other_settings_on_the_same_records_are_one_error_line(everyday, monkeypatch):
+    _, out, args = everyday
+    monkeypatch.setenv("MLXSWITCH_HOME", str(out / "home"))
+    changed = [
+        *args[: args.index("--max-tokens")],
+        "--max-tokens",
+        "7",
+        *args[args.index("--max-tokens") + 2 :],
+    ]
+    result = runner.invoke(app, changed)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"error: --records {out / 'r.jsonl'} was made with other settings (max_tokens 6 → 7)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--arms", "top,best"],
+            "error: --arms for --suite everyday: choose among top, bottom, profile, fixed (got 'top,best')\n",
+        ),
+        (["--quick"], "error: --quick does not apply to --suite everyday\n"),
+        (["--split", "heldout"], "error: --split does not apply to --suite everyday\n"),
+        (
+            ["--report", "--records", "missing.jsonl"],
+            "error: --records missing.jsonl: no such file: nothing to report yet\n",
+        ),
+    ],
+)
+def test_flags_the_suite_cannot_take_are_one_error_line(tiny_pair, flags, message):
+    small, large = tiny_pair
+    result = runner.invoke(
+        app, ["bench", "--suite", "everyday", "--small", str(small), "--large", str(large), *flags]
+    )
+    assert (result.exit_code, result.stderr) == (2, message)
+
+
+def test_the_fixed_arm_needs_two_local_tiers(tiny_pair):
+    result = runner.invoke(
+        app, ["bench", "--suite", "everyday", "--model", str(tiny_pair[1]), "--arms", "fixed"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: the fixed arm cannot run on 'ad-hoc': verify needs two local tiers, a drafter and a checker "
+        "(this ladder has 1)\n"
+    )
