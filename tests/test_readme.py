@@ -537,27 +537,31 @@ def test_the_readme_peer_table_is_its_record():
         assert rss == f"{max(results[config]['rss_gb']):.2f} GB", label
 
 
-def test_the_readme_everyday_table_is_its_two_rounds_pooled():
-    """The README's everyday table: per category, the seconds per answer of the 1.5B alone and of
-    verified drafting over both rounds it names (bench/bench_everyday.py's records), and their
-    ratio, as bench_everyday.py --report --also prints them pooled."""
+def test_the_readme_everyday_table_is_its_suite_record():
+    """The README's everyday table: per category, the seconds per answer of the top tier alone and
+    of the profile, and their ratio, from the everyday suite's records it names, as `mlxswitch
+    bench --suite everyday --report` computes them (mlxswitch/bench/everyday.py)."""
     readme = README.read_text(encoding="utf-8")
     section = re.search(r"^## Results: everyday.*?(?=^## )", readme, re.MULTILINE | re.DOTALL)
     assert section
-    first = re.search(r"--records (bench/results/\S+)\.jsonl", section[0])
-    assert first
-    rounds = [ROOT / f"{first[1]}.jsonl", ROOT / f"{first[1]}-round2.jsonl"]
-    assert f"-{first[1].rsplit('-', 1)[-1]}-round2.jsonl" in section[0]  # the second round is named too
-    records = [json.loads(line) for path in rounds for line in path.read_text(encoding="utf-8").splitlines()]
+    named = re.search(r"`(bench/results/everyday-\S+-suite)\.\*`", section[0])
+    assert named
+    text = (ROOT / f"{named[1]}.jsonl").read_text(encoding="utf-8")
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["settings"]["suite"] == "everyday"
+    records = lines[1:]
+    report = json.loads((ROOT / f"{named[1]}.json").read_text(encoding="utf-8"))
     rows = [line for line in section[0].splitlines() if line.startswith("|")][2:]
-    names = {"sql": "SQL", "all": "all"}
-    for category in [*sorted({r["category"] for r in records}), "all"]:
-        chosen = [r for r in records if category in ("all", r["category"])]
-        alone = [r["wall_s"] for r in chosen if r["arm"] == "large"]
-        drafted = [r["wall_s"] for r in chosen if r["arm"] == "adaptive"]
-        assert len(alone) == len(drafted)
+    names = {"sql": "SQL"}
+    for row in report["categories"]:
+        chosen = [r for r in records if row["category"] in ("all", r["category"])]
+        top = [r["wall_s"] for r in chosen if r["arm"] == "top"]
+        profile = [r["wall_s"] for r in chosen if r["arm"] == "profile"]
+        assert len(top) == len(profile) == row["prompts"]
         want = (
-            f"| {names.get(category, category)} | {sum(alone) / len(alone):.1f} | "
-            f"{sum(drafted) / len(drafted):.1f} ({sum(drafted) / sum(alone):.3f}×) |"
+            f"| {names.get(row['category'], row['category'])} | {sum(top) / len(top):.1f} | "
+            f"{sum(profile) / len(profile):.1f} ({sum(profile) / sum(top):.2f}×) |"
         )
-        assert any(row.startswith(want) for row in rows), want
+        assert want in rows, want
+    same = report["per_arm"]["profile"]["same_as_top"]
+    assert f"own answer {same}/{report['prompts']} times" in section[0]
