@@ -79,6 +79,12 @@ class Sampling:
     top_logprobs: int | None  # None: no log-probabilities; k: the token's and the top k
     measures: bool  # compute the signals (a router reads them, or a caller asked)
 
+    @property
+    def normalizes(self) -> bool:
+        """Whether logits become log-probabilities before sampling (top-p reads probabilities; a
+        token's log-probability is read from them)."""
+        return self.normalize or self.top_logprobs is not None
+
     def pending(
         self,
         rung: int,
@@ -89,7 +95,7 @@ class Sampling:
     ) -> Pending:
         """A position's token sampled from rung's logits (1, V), lazily, with what is measured of it."""
         signals = read_time_signals(logits) if self.measures else None
-        if self.normalize or self.top_logprobs is not None:
+        if self.normalizes:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         logprobs = logits if self.top_logprobs is not None else None
         return Pending(rung, self.sampler(logits), signals, catch_up, hidden, probe, logprobs=logprobs)

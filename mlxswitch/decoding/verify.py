@@ -41,6 +41,7 @@ from .drafting import MAX_DRAFT, DraftPlanner, ModelDraft, Plan, kept_prefix
 from .ledger import PassLedger
 from .lookup import LookupIndex
 from .passes import Score, run_alone, score
+from .positions import Sampling
 from .steps import Rounds, Sampler, Step, token_and_top
 from .tiers import Ladder
 
@@ -94,16 +95,13 @@ class VerifyLoop:
         lookup: bool = True,
         measure_signals: bool = False,
     ):
-        self.ladder, self.ids, self.threshold, self.sampler = ladder, ids, threshold, sampler
-        self.prefill_step, self.signal = prefill_step, signal
-        self.normalize = normalize_for_sampler or top_logprobs is not None
-        self.top_logprobs = top_logprobs
-        self.prompt_tokens = len(ids)
+        self.ladder, self.ids, self.threshold = ladder, ids, threshold
+        # How a row becomes its token; signals measured where a reader asks (chat --shade, serve,
+        # the benches' records), else read only by the planner, lazily (observe_top).
+        self.sampling = Sampling(sampler, normalize_for_sampler, top_logprobs, measure_signals)
+        self.prefill_step, self.signal, self.prompt_tokens = prefill_step, signal, len(ids)
         self.planner = planner or DraftPlanner(MAX_DRAFT, with_lookup=lookup)
         self.lookup_on = lookup
-        # The top tier's signals on its tokens are read where a reader asks (chat --shade, serve's
-        # provenance, the benches' records); else only the planner may, lazily (observe_top).
-        self.measure_signals = measure_signals
         self._lookup_index = LookupIndex()  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
         self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
@@ -210,7 +208,7 @@ class VerifyLoop:
                 return
             if done.from_lookup:  # the top tier's own token, checked in a batch: its distribution
                 step_rung, entropy, signal = top_rung, None, None
-                if self.measure_signals:
+                if self.sampling.measures:
                     queued_row = top_signals if j == 0 and top_signals is not None else None
                     values = (queued_row or read_time_signals(rows[j])).values()
                     entropy, signal = values[0], uncertainty(self.signal, values)
@@ -242,7 +240,7 @@ class VerifyLoop:
             return None
         top_entropy: float | None = None
         top_signal: float | None = None
-        if self.measure_signals:
+        if self.sampling.measures:
             if kept or top_signals is None:
                 top_signals = read_time_signals(rows[kept])
             top_values = top_signals.values()
@@ -277,15 +275,15 @@ class VerifyLoop:
         a one-row pass queued `ahead`, that pass is the check's first row and only the draft is fed."""
         if ahead is None:
             rows = self._normalized((yield from self._check(draft, catch_up)))
-            samples = self.sampler(rows)
-            first = None if draft or not self.measure_signals else read_time_signals(rows[0])
+            samples = self.sampling.sampler(rows)
+            first = None if draft or not self.sampling.measures else read_time_signals(rows[0])
         else:
             rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
             self._check_rows, self._check_prefill = 0, False
             if draft:
                 more = self._normalized((yield from self._check(draft, catch_up, after_ahead=True)))
                 rows = mx.concatenate([rows, more])
-                samples = mx.concatenate([samples, self.sampler(more)])
+                samples = mx.concatenate([samples, self.sampling.sampler(more)])
             self._check_rows += 1  # the row queued ahead, read at the same sync
         mx.async_eval(samples, *([first.array] if first is not None else []))
         return _Queued(rows, samples, first)
@@ -295,8 +293,8 @@ class VerifyLoop:
         top = self.ladder.tiers[-1]
         rows = (yield from score(top.group, token, 1, top.gear)).astype(mx.float32)
         rows = self._normalized(rows)
-        first = read_time_signals(rows[0]) if self.measure_signals else None
-        queued = _Queued(rows, self.sampler(rows), first)  # fed its own token: no catch-up
+        first = read_time_signals(rows[0]) if self.sampling.measures else None
+        queued = _Queued(rows, self.sampling.sampler(rows), first)  # fed its own token: no catch-up
         mx.async_eval(queued.samples, *([first.array] if first is not None else []))
         return queued
 
@@ -362,12 +360,12 @@ class VerifyLoop:
                 current = self._lazy((yield from score(group, token, 1, bottom.gear)))
 
     def _lazy(self, logits: mx.array):
-        return self.sampler(self._normalized(logits)), read_time_signals(logits)
+        return self.sampling.sampler(self._normalized(logits)), read_time_signals(logits)
 
     def _normalized(self, logits: mx.array) -> mx.array:
         """Log-probabilities where the sampler or the log-probabilities need them (else the logits:
         mlx-lm's samplers other than top-p do not mind a shift)."""
-        return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.normalize else logits
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.sampling.normalizes else logits
 
     def _check(
         self, draft: list[int], catch_up: dict[str, int], after_ahead: bool = False
@@ -395,11 +393,11 @@ class VerifyLoop:
 
     def _logprobs(self, rows: mx.array) -> np.ndarray | None:
         """The rows as NumPy log-probabilities (already normalized: asking for them turns it on)."""
-        return None if self.top_logprobs is None else np.asarray(rows)
+        return None if self.sampling.top_logprobs is None else np.asarray(rows)
 
     def _token_logprobs(
         self, logprobs: np.ndarray | None, row: int, token: int
     ) -> tuple[float | None, tuple[tuple[int, float], ...]]:
-        if logprobs is None or self.top_logprobs is None:
+        if logprobs is None or self.sampling.top_logprobs is None:
             return None, ()
-        return token_and_top(logprobs[row], token, self.top_logprobs)
+        return token_and_top(logprobs[row], token, self.sampling.top_logprobs)
