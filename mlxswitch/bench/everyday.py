@@ -31,11 +31,10 @@ from ..decoding.mode import DecodingMode
 from ..decoding.session import ChatSession, GenerationSettings
 from ..decoding.tiers import Ladder
 from ..errors import SettingError, UsageError
-from ..json_numbers import json_float
 from ..profiles import Profile
 from ..resources import bundled_file, user_dir
 from ..routing.router import RouterConfig
-from .humaneval.records import Records, model_identity
+from .humaneval.records import Records, profile_settings
 from .prompts import BenchPrompt
 from .runner import PLAIN, forced_config
 
@@ -92,12 +91,7 @@ def settings(profile: Profile, prompts: list[BenchPrompt], max_tokens: int) -> d
     texts = "\n".join(f"{p.id}\t{p.prompt}" for p in prompts)
     return {
         "suite": "everyday",
-        "profile": profile.name,
-        "models": [model_identity(source) for source in profile.models],
-        "gears": list(profile.gears),
-        "tiers": list(profile.tier_names()),
-        "router": profile.router.settings(json_float),
-        "decoding": profile.decoding.settings(),
+        **profile_settings(profile),
         "max_tokens": max_tokens,
         "prompts": hashlib.sha256(texts.encode()).hexdigest()[:16],
     }

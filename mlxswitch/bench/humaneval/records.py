@@ -25,7 +25,9 @@ from typing import BinaryIO
 
 from ...decoding.mode import MODE_SETTINGS
 from ...errors import OutputError, UsageError
+from ...json_numbers import json_float
 from ...models.sources import EmbeddedSource, model_source
+from ...profiles import Profile
 from ..command import finite
 
 FORMAT = 1
@@ -71,6 +73,19 @@ def model_identity(source: str) -> dict:
     name = "embedded" if isinstance(located, EmbeddedSource) else source
     # Not the install path: a reinstall (another clone, another venv) is the same model and resumes.
     return {"source": name, "bytes": total, "fingerprint": digest.hexdigest()}
+
+
+def profile_settings(profile: Profile) -> dict:
+    """What names a profile's ladder in a records header: its name, its models (by identity), gears,
+    tiers, router settings and decoding mode."""
+    return {
+        "profile": profile.name,
+        "models": [model_identity(source) for source in profile.models],
+        "gears": list(profile.gears),
+        "tiers": list(profile.tier_names()),
+        "router": profile.router.settings(json_float),
+        "decoding": profile.decoding.settings(),
+    }
 
 
 def _without_install_paths(settings: dict) -> dict:

@@ -27,7 +27,6 @@ import numpy as np
 
 from ...decoding.session import ChatSession, GenerationSettings, PolicyFactory
 from ...decoding.tiers import Ladder
-from ...json_numbers import json_float
 from ...kernels import preloaded_mlx_blas
 from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
@@ -45,7 +44,7 @@ from .execution import (
 )
 from .oracle import disagreements
 from .problems import PROMPT_VERSION, Problem, extract_code, instruction, program
-from .records import Records, model_identity
+from .records import Records, profile_settings
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total), as the bench's
 # The range of top-tier shares a sweep aims at: the EAD paper's table (its headline is at 0.25).
@@ -71,12 +70,7 @@ def settings(profile: Profile, problems: list[Problem], options: HumanEvalOption
     out = {
         "suite": "humaneval",
         "prompt_version": PROMPT_VERSION,
-        "profile": profile.name,
-        "models": [model_identity(source) for source in profile.models],
-        "gears": list(profile.gears),
-        "tiers": list(profile.tier_names()),
-        "router": profile.router.settings(json_float),
-        "decoding": profile.decoding.settings(),
+        **profile_settings(profile),
         "problems": [p.task_id for p in problems],
         **dataclasses.asdict(options),
         "groups": list(options.groups),
