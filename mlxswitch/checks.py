@@ -24,6 +24,7 @@ def profile_rows() -> list[dict]:
             "name": p.name,
             "default": p.name == profiles.default,
             "mode": p.mode,
+            "decoding": p.decoding.describe(p.router, len(p.local_tiers()), one_cache=bool(p.gears)),
             "tiers": list(p.tier_names()),
             "models": list(p.models),
             "notes": p.description,

@@ -250,6 +250,19 @@ def test_models_lists_profiles_and_offline_availability():
     assert "embedded-plain (default)" in result.stdout and "qwen2.5-0.5b-7b" in result.stdout
 
 
+def test_models_says_how_each_profile_decodes():
+    """The decoding mode beside the ladder's shape: verified or routed (policy, signal, lookup where
+    it runs: not on gears sharing a cache), or one tier."""
+    from mlxswitch.checks import profile_rows
+
+    rows = {row["name"]: row["decoding"] for row in profile_rows()}
+    assert rows["qwen2.5-coder-0.5b-1.5b"] == "verified (adaptive drafts, lookup)"
+    assert rows["embedded"] == "routed (peek on margin)"  # gears: one cache, no lookup
+    assert rows["qwen2.5-0.5b-7b"] == "routed (ead on entropy, lookup)"
+    assert rows["embedded-plain"] == "one tier"
+    assert "verified (adaptive" in invoke(["models"]).stdout
+
+
 def test_doctor_reports_without_revealing_the_key(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-secret-value")
     result = invoke(["doctor"])

@@ -213,7 +213,8 @@ def stats_table(summaries: list) -> Table:
 
 
 def profiles_table(rows: list[dict]) -> Table:
-    """The `mlxswitch models` table: name, mode, models and whether each is on this machine."""
+    """The `mlxswitch models` table: name, mode (and how it decodes), models and whether each is on
+    this machine."""
     table = Table(show_edge=False)
     for column in ("profile", "mode", "tiers", "models", "offline", "notes"):
         table.add_column(column, overflow="fold")
@@ -221,7 +222,7 @@ def profiles_table(rows: list[dict]) -> Table:
         name = row["name"] + (" (default)" if row.get("default") else "")
         table.add_row(
             name,
-            row["mode"],
+            f"{row['mode']}\n{row['decoding']}",
             " → ".join(row["tiers"]),
             "\n".join(row["models"]),
             "\n".join(

@@ -58,6 +58,16 @@ class DecodingMode:
                 "normalize", "verify compares the drafter's signal in its own units: drop normalize"
             )
 
+    def describe(self, router: RouterConfig, local_tiers: int, one_cache: bool = False) -> str:
+        """How a ladder of `local_tiers` decodes, in a few words (`mlxswitch models`). Routed, lookup
+        is off where the tiers share one cache (gears) or the probe routes (loop.py says why)."""
+        if self.verify:
+            return f"verified ({self.draft} drafts{', lookup' if self.lookup else ''})"
+        if local_tiers < 2:
+            return "one tier"
+        lookup = self.lookup and not one_cache and not SIGNAL_BY_NAME[router.signal].bottom_only
+        return f"routed ({router.policy} on {router.signal}{', lookup' if lookup else ''})"
+
     def settings(self) -> dict:
         """The settings a record or a profile rebuilds this mode from (the draft rule with verify)."""
         return {

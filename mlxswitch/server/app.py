@@ -111,7 +111,9 @@ def build_app(config: ServeConfig, worker: Worker | BatchWorker) -> Starlette:
         row = next((row for row in config.profiles if row["name"] == config.model), None)
         extension: dict = {"served": True, "available": True}
         if row is not None:
-            extension.update(mode=row["mode"], tiers=row["tiers"], description=row["notes"])
+            extension.update(
+                mode=row["mode"], decoding=row["decoding"], tiers=row["tiers"], description=row["notes"]
+            )
         return {
             "id": config.model,
             "object": "model",
