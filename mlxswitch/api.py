@@ -147,9 +147,9 @@ def resolve_profile(
     settings = {name: getattr(old, name) if value is None else value for name, value in given.items()}
     router = RouterConfig(up=up, down=down, **settings)
     router.validate(tiers)
-    given = dict(zip(MODE_SETTINGS, (verify, draft, lookup), strict=True))
+    flags: dict[str, Any] = dict(zip(MODE_SETTINGS, (verify, draft, lookup), strict=True))
     modes = {
-        name: getattr(profile.decoding, name) if value is None else value for name, value in given.items()
+        name: getattr(profile.decoding, name) if value is None else value for name, value in flags.items()
     }
     decoding = DecodingMode(**modes)
     decoding.validate(router, tiers)

@@ -32,7 +32,7 @@ from ..decoding.session import ChatSession, GenerationSettings
 from ..decoding.tiers import Ladder
 from ..errors import SettingError, UsageError
 from ..profiles import Profile
-from ..resources import bundled_file, user_dir
+from ..resources import bundled_file
 from ..routing.router import RouterConfig
 from .humaneval.records import Records, profile_settings
 from .prompts import BenchPrompt
@@ -47,12 +47,6 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 def default_prompts_path() -> Path:
     """The bundled everyday prompts (the package's bench_prompts/, or bench/prompts/ in a checkout)."""
     return bundled_file("bench_prompts/everyday.jsonl", "bench/prompts/everyday.jsonl")
-
-
-def default_records_path(profile: Profile) -> Path:
-    """Where a profile's everyday records go unless --records says: one file per ladder."""
-    key = hashlib.sha256("\n".join(profile.models + tuple(map(str, profile.gears))).encode()).hexdigest()[:8]
-    return user_dir() / "bench" / f"everyday-{key}.jsonl"
 
 
 def parse_arms(text: str | None, profile: Profile) -> tuple[str, ...]:
@@ -141,13 +135,16 @@ def run(everyday: EverydayRun, ladder: Ladder, progress: Progress | None = None)
         for arm in everyday.arms
     }
     rungs: dict[str, dict] = {arm: {} for arm in everyday.arms}
+    # One session, its conversation reset and its caches emptied between answers.
+    config, mode = arm_decoding(everyday.arms[0], everyday.profile)
     settings_ = GenerationSettings(max_tokens=everyday.max_tokens, temperature=0.0)
+    session = ChatSession(ladder, config, settings_, decoding=mode)
     try:
         for made, (_, prompt, arm) in enumerate(todo):
             say("answering", made, len(todo))
             ladder.draft_memory, ladder.rung_memory = memories[arm], rungs[arm]
-            config, mode = arm_decoding(arm, everyday.profile)
-            session = ChatSession(ladder, config, settings_, decoding=mode)
+            session.decode_with(*arm_decoding(arm, everyday.profile))
+            session.reset()
             started = time.perf_counter()
             summary = session.ask(prompt.prompt)
             wall = time.perf_counter() - started

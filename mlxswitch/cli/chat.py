@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
-from ..decoding.session import ChatSession
+from ..decoding.session import ChatSession, shown_by_cloud, shown_text
 from ..errors import EXIT_INTERRUPTED, MlxSwitchError, UsageError
 from ..kernels.route import current_route
 from ..resources import user_dir
@@ -72,12 +72,7 @@ def answer_record(summary: AnswerSummary, session: ChatSession) -> dict:
     """The JSON object printed for one answer with --json."""
     return {
         "prompt": summary.prompt,
-        # A hand-off's answer shown is the cloud's; both answers are in "handoff".
-        "text": (
-            summary.handoff["cloud_text"]
-            if summary.handoff and summary.handoff["shown"] == "cloud"
-            else summary.text
-        ),
+        "text": shown_text(summary),  # both answers of a hand-off are in "handoff"
         "finish_reason": summary.finish_reason,
         "tokens": [event.record() for event in summary.tokens],
         "stats": summary.stats(),
@@ -352,9 +347,8 @@ class ChatRunner:
 
     def _show_held(self, summary: AnswerSummary, painter: ui.TokenPainter | None) -> None:
         """A held (piped) answer, once the hand-off chose it: the cloud's, or the local tokens."""
-        record = summary.handoff
-        if record is not None and record["shown"] == "cloud":
-            pieces = [(record["cloud_text"], "cloud")]
+        if shown_by_cloud(summary):
+            pieces = [(shown_text(summary), "cloud")]
         else:
             pieces = [(e.text, e.tier) for e in summary.tokens]
         for text, tier in pieces:

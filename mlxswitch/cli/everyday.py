@@ -25,6 +25,7 @@ def bench_everyday(
     from ..api import build_ladder
     from ..bench import everyday
     from ..bench.command import check_output_path, write_json
+    from ..bench.humaneval.records import default_records_path
     from ..bench.prompts import load_prompts
 
     if max_tokens is not None and max_tokens < 1:
@@ -36,7 +37,7 @@ def bench_everyday(
     items = load_prompts(prompts or everyday.default_prompts_path())
     if not items:
         raise UsageError(f"{prompts}: no prompts in the file")
-    path = records or everyday.default_records_path(profile)
+    path = records or default_records_path("everyday", profile)
     if report_only and not Path(path).is_file():
         raise UsageError(f"--records {path}: no such file: nothing to report yet")
     run = everyday.open_run(

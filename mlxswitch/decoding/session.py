@@ -42,6 +42,18 @@ def check_cache_bound(settings: GenerationSettings, tier_names: list[str] | tupl
         )
 
 
+def shown_by_cloud(summary: AnswerSummary) -> bool:
+    """Whether the hand-off chose the cloud's answer (ChatSession.hand_off; the summary's tokens stay
+    the local answer's)."""
+    return summary.handoff is not None and summary.handoff["shown"] == "cloud"
+
+
+def shown_text(summary: AnswerSummary) -> str:
+    """The answer's text as shown: the cloud's where the hand-off chose it."""
+    handoff = summary.handoff
+    return handoff["cloud_text"] if handoff is not None and shown_by_cloud(summary) else summary.text
+
+
 class ChatSession:
     """A conversation on a ladder: the token ids so far, reused across turns."""
 

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 
 from ..decoding.answer import AnswerSummary, TokenEvent, json_float
+from ..decoding.session import shown_by_cloud, shown_text
 from ..errors import RequestError
 
 Decode = Callable[[int], str]
@@ -121,18 +122,12 @@ def provenance(summary: AnswerSummary) -> dict:
     }
 
 
-def shown_text(summary: AnswerSummary) -> str:
-    """The answer's text as the client gets it: the cloud's where a hand-off chose it."""
-    handoff = summary.handoff
-    return handoff["cloud_text"] if handoff is not None and handoff["shown"] == "cloud" else summary.text
-
-
 def held_chunk(
     kind: str, ident: str, model: str, created: int, summary: AnswerSummary, decode: Decode | None
 ) -> dict:
     """A held answer (one that may be handed off) streamed in one chunk once it is chosen: the
     local tokens, or the cloud's text as one piece of tier "cloud"."""
-    if shown_text(summary) == summary.text:
+    if not shown_by_cloud(summary):
         return chunk(kind, ident, model, created, summary.tokens, True, decode)
     return {
         "id": ident,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
 import sys
 from dataclasses import dataclass
@@ -11,11 +10,10 @@ from pathlib import Path
 
 from ...errors import UsageError
 from ...profiles import Profile
-from ...resources import user_dir
 from ..command import machine, versions
 from . import arms as arm_sets
 from .problems import Problem, load_problems, select_problems
-from .records import Records
+from .records import Records, default_records_path
 from .report import summarize
 from .run import HumanEvalOptions, Progress, run_humaneval, settings
 
@@ -33,13 +31,6 @@ class HumanEvalPlan:
     records: Records
     shard: tuple[int, int] = (1, 1)  # (I, N): this process answers problems I, I+N, … of the run
     pooled: list[Records] = dataclasses.field(default_factory=list)  # other runs of the same tiers
-
-
-def default_records_path(profile: Profile) -> Path:
-    """Where a profile's records go unless --records says: the user directory, one file per ladder."""
-    key = hashlib.sha256("\n".join(profile.models + tuple(map(str, profile.gears))).encode()).hexdigest()[:8]
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", profile.name).strip("-") or "profile"
-    return user_dir() / "bench" / f"humaneval-{slug}-{key}.jsonl"
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -92,7 +83,7 @@ def plan(
     calibration = (
         [p for p in chosen if p.split == "calibration"] or [p for p in every if p.split == "calibration"]
     )[: options.threshold_problems]
-    path = records_path or default_records_path(profile)
+    path = records_path or default_records_path("humaneval", profile)
     if records_path is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     wanted = settings(profile, chosen, options)

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import BinaryIO
 
@@ -28,6 +29,7 @@ from ...errors import OutputError, UsageError
 from ...json_numbers import json_float
 from ...models.sources import EmbeddedSource, model_source
 from ...profiles import Profile
+from ...resources import user_dir
 from ..command import finite
 
 FORMAT = 1
@@ -86,6 +88,14 @@ def profile_settings(profile: Profile) -> dict:
         "router": profile.router.settings(json_float),
         "decoding": profile.decoding.settings(),
     }
+
+
+def default_records_path(suite: str, profile: Profile) -> Path:
+    """Where a suite's records for a profile go unless --records says: the user directory, one
+    file per suite and ladder."""
+    key = hashlib.sha256("\n".join(profile.models + tuple(map(str, profile.gears))).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", profile.name).strip("-") or "profile"
+    return user_dir() / "bench" / f"{suite}-{slug}-{key}.jsonl"
 
 
 def _without_install_paths(settings: dict) -> dict:
