@@ -5,6 +5,9 @@ nested gears that run on it give the reference's logits."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -67,6 +70,31 @@ def test_one_and_two_threads_give_the_same_bits():
     xs = np.random.default_rng(1).standard_normal((7, 256)).astype(np.float32)
     for many_from in (1 << 30, 1):
         assert np.array_equal(KERNEL.times(xs, weight, 1, many_from), KERNEL.times(xs, weight, 2, many_from))
+
+
+@needs_kernel
+def test_products_from_other_threads_and_a_forked_child_give_the_same_bits():
+    # The kernel's one thread pool serves whichever thread calls (a server's engine thread after
+    # the main thread's checks), several callers at once, and a forked child starts its own.
+    weight, _ = _weight(301, 256, 4, 32)
+    xs = np.random.default_rng(2).standard_normal((3, 256)).astype(np.float32)
+    want = {int8: KERNEL.times(xs, weight, 2, int8=int8) for int8 in (False, True)}
+    with concurrent.futures.ThreadPoolExecutor(4) as callers:
+        got = list(callers.map(lambda i: KERNEL.times(xs, weight, 2, int8=i % 2 == 1), range(40)))
+    for i, y in enumerate(got):
+        assert np.array_equal(y, want[i % 2 == 1])
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: one product on its own pool, its bytes sent back
+        try:
+            os.write(write, KERNEL.times(xs, weight, 2).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        sent = pipe.read()
+    os.waitpid(child, 0)
+    assert np.array_equal(np.frombuffer(sent, dtype=np.float32).reshape(want[False].shape), want[False])
 
 
 @needs_kernel

@@ -90,9 +90,9 @@ class Compiled:
     flags: tuple[str, ...]
     cached: bool
 
-    def detail(self, threaded: bool, checked_against: str) -> str:
-        """How it was built, for `mlxswitch doctor`."""
-        threads = "OpenMP threads" if threaded else "one thread (no OpenMP)"
+    def detail(self, threaded: bool, checked_against: str, pool: str = "OpenMP threads") -> str:
+        """How it was built, for `mlxswitch doctor` (pool: what runs its threads)."""
+        threads = pool if threaded else "one thread (no OpenMP)"
         where = "cached build" if self.cached else "compiled now"
         return (
             f"{Path(self.compiler).name} {' '.join(self.flags)} ({where}), {threads}, "

@@ -29,12 +29,10 @@ import numpy as np
 from .cbuild import compile_source
 
 SOURCE = Path(__file__).with_name("quant_rows.c")
-# Tried in order: a compiler may refuse -march=native or lack OpenMP (then one thread).
+# Tried in order: a compiler may refuse -march=native. Threads are the kernel's own pool (pthreads).
 COMPILE_FLAGS = (
-    ("-O3", "-march=native", "-fopenmp"),
-    ("-O3", "-fopenmp"),
-    ("-O3", "-march=native"),
-    ("-O3",),
+    ("-O3", "-march=native", "-pthread"),
+    ("-O3", "-pthread"),
 )
 # From this many rows the kernel dequantizes a small panel of outputs into cache and multiplies
 # every row on it (prefill, long checks); below, it unpacks codes in registers for 8 rows at a time.
@@ -422,7 +420,7 @@ def build_quant_kernel() -> QuantBuild:
     mismatch = check_kernel(kernel)
     if mismatch is not None:
         return QuantBuild(None, f"check failed: {mismatch}")
-    return QuantBuild(kernel, built.detail(kernel.threaded, "float64"))
+    return QuantBuild(kernel, built.detail(kernel.threaded, "float64", pool="its own thread pool"))
 
 
 def quant_kernel() -> QuantKernel | None:

@@ -236,15 +236,18 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
     values_rows = _rows_times(attention.v_proj, normed)
     values = mx.array(values_rows.reshape(batch, length, attention.n_kv_heads, -1).transpose(0, 2, 1, 3))
     offset = 0 if cache is None else cache.offset
+    q: np.ndarray | None = None
     if type(attention.rope) is nn.RoPE:  # MLX's rope of a step cost more than its linears
-        queries, keys = (mx.array(_rope(a, attention.rope, offset)) for a in shaped)
+        # the queries stay NumPy's: only the keys and values go through the (MLX) cache
+        q, rotated_keys = (_rope(a, attention.rope, offset) for a in shaped)
+        keys = mx.array(rotated_keys)
     else:  # a scaled RoPE (Llama 3's, YaRN): the model's own
         queries, keys = (attention.rope(mx.array(a), offset=offset) for a in shaped)
     if cache is not None:
         keys, values = cache.update_and_fetch(keys, values)
-    views = _evaluated(queries, keys, values)
+    views = _evaluated(keys, values) if q is not None else _evaluated(queries, keys, values)
     assert views is not None, "x was evaluated above: so are these"
-    q, k, v = views
+    q, k, v = (q, *views) if q is not None else views
     with single_threaded_blas():  # as numpy_attention does for a step's products
         attended = _attention_rows(q, k, v, attention.scale, mask)
     h = h + _rows_times(attention.o_proj, attended.transpose(0, 2, 1, 3).reshape(batch * length, -1))
