@@ -464,3 +464,61 @@ def test_a_check_gets_the_bits_of_the_steps_it_replaces(kernels):
     check = np.array(model(mx.array([drafted]), cache=checked))[0]  # 13 rows: past the panel's 12
     for position, step in enumerate(steps):
         assert np.array_equal(check[position], step), position
+
+
+@needs_kernel
+def test_weights_reading_the_same_rows_multiply_together_with_the_bits_of_a_call_each(monkeypatch):
+    from mlxswitch.kernels.quant_packs import times_together, weight_pack
+
+    # a block's q, k and v shapes in small: 4-bit, a byte a code (5-bit), full bytes, mixed scales
+    weights = [
+        _weight(40, 256, 4, 32, seed=1)[0],
+        _weight(9, 256, 5, 64, seed=2, scale_dtype=mx.float16)[0],
+        _weight(17, 256, 8, 32, seed=3, scale_dtype=mx.bfloat16)[0],
+    ]
+    pack = weight_pack(weights)
+    assert pack is not None and pack.ends == (40, 49, 66)
+    rng = np.random.default_rng(4)
+    for rows in (1, 3, 6):  # 6: past the int8 path's group of 4 rows
+        xs = rng.standard_normal((rows, 256)).astype(np.float32)
+        want = np.concatenate([KERNEL.times(xs, w, 2, int8=True) for w in weights], axis=1)
+        for threads in (1, 2):
+            assert np.array_equal(times_together(KERNEL, xs, pack, threads), want), (rows, threads)
+    # another input width, a single weight, or a weight the int8 path does not take: no pack
+    assert weight_pack([weights[0], _weight(8, 128, 4, 32)[0]]) is None
+    assert weight_pack(weights[:1]) is None
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 512)  # rows of 256 inputs keep fp32 now
+    assert weight_pack(weights) is None
+
+
+@needs_kernel
+def test_a_block_multiplies_its_projections_together_and_gets_a_call_eachs_logits(monkeypatch):
+    from mlx_lm.models.cache import make_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.kernels import nested_cpu
+    from mlxswitch.models import cpu_blocks, rows
+
+    resolve_route("auto", "cpu")
+    model = make_model(llama_config(vocab_size=300), seed=9)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    rows.use_fast_rows(model)
+    calls = []
+    real = nested_cpu.decoding_quant_rows_together
+    monkeypatch.setattr(cpu_blocks, "decoding_quant_rows_together", lambda *a: calls.append(1) or real(*a))
+
+    def logits() -> np.ndarray:
+        cache = make_prompt_cache(model)
+        model(mx.array([[5, 17, 42, 7]]), cache=cache)
+        return np.array(model(mx.array([[11, 250, 8]]), cache=cache))
+
+    together = logits()
+    layers = len(model.model.layers)
+    # q, k, v together and gate, up together in every block, on both passes (4 and 3 positions)
+    assert len(calls) == 4 * layers
+    monkeypatch.setattr(cpu_blocks, "weight_pack", lambda weights: None)  # a call each
+    for layer in model.model.layers:
+        layer.self_attn.weight_pack = layer.mlp.weight_pack = None
+    assert np.array_equal(logits(), together)
+    assert len(calls) == 4 * layers

@@ -17,7 +17,14 @@ import numpy as np
 
 from ._common import blas_threads
 from .panel_cpu import PanelWeight, panel_copy, panel_kernel
-from .quant_cpu import INT8_MAX_POSITIONS, QuantWeight, quant_weights_times
+from .quant_cpu import (
+    INT8_MAX_POSITIONS,
+    QuantWeight,
+    int8_applies,
+    quant_kernel,
+    quant_weights_times,
+)
+from .quant_packs import WeightPack, times_together
 from .route import current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
@@ -304,6 +311,38 @@ def quant_rows_times(
     route = current_route()
     int8 = int8_inputs and route.quant_activations == "int8" and decoding
     return quant_weights_times(xs, weights, route.blas_threads, int8, by_row=decoding)
+
+
+def int8_decoding_weight(weights: Sequence[QuantWeight], int8_inputs: bool) -> QuantWeight | None:
+    """The weight a decoding pass multiplies on int8 activations in one product (a plain linear:
+    one plane), or None where quant_rows_times takes another path for these rows."""
+    route = current_route()
+    if (
+        len(weights) != 1
+        or not int8_inputs
+        or route.quant_activations != "int8"
+        or not int8_applies(weights[0])
+    ):
+        return None
+    return weights[0]
+
+
+def decoding_quant_rows_together(
+    xs: np.ndarray, pack: WeightPack, biases: Sequence[mx.array | None]
+) -> list[np.ndarray] | None:
+    """A decoding pass's rows times each of the pack's weights (+ its bias) in one kernel call:
+    the bits decoding_quant_rows gives each (int8_decoding_weight's path). None where the kernel
+    refused: the caller multiplies one at a time."""
+    kernel = quant_kernel()
+    assert kernel is not None, "packs are made only where the kernel is"
+    y = times_together(kernel, xs, pack, current_route().blas_threads)
+    if y is None:
+        return None
+    outs = np.split(y, pack.ends[:-1], axis=1)
+    for i, bias in enumerate(biases):
+        if bias is not None:
+            outs[i] = outs[i] + np.asarray(bias if bias.dtype == mx.float32 else bias.astype(mx.float32))
+    return outs
 
 
 def decoding_quant_rows(

@@ -232,6 +232,11 @@ class QuantKernel:
         self._rows_int8.argtypes = arguments + [ctypes.c_int]
         for function in (self._rows, self._rows_int8):
             function.restype = ctypes.c_int
+        # x, y, rows, in, threads, count, weights (quant_packs.py's WeightFields): several weights at once
+        self.together = library.quant_rows_int8_many
+        self.together.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int, ctypes.c_long]
+        self.together.argtypes += [ctypes.c_void_p]
+        self.together.restype = ctypes.c_int
         self._unpack = library.quant_unpack
         self._unpack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
         self._unpack.argtypes += [ctypes.c_int, ctypes.c_int]

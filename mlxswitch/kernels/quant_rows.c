@@ -642,6 +642,7 @@ struct i8_args {
     const uint8_t *w;
     const void *scales, *biases;
     float *y;
+    long y_stride; /* floats a row of y takes: n_out, or more where y holds several weights' outputs */
     long n_in, n_out, gs, groups, blocks, padded;
     long stride; /* bytes a row of xq takes: n_in, or for 4-bit codes n_in rounded up to 64 */
     int bits, centre, type; /* the codes' container (4 or 8), log2 of their centre, scale type */
@@ -788,7 +789,7 @@ static inline __m256 add_tree(__m256 acc, __m256i sums, __m256 scale, const stru
                 acc[k] = add_tree(acc[k], sums, scale, a, r + k, b0, 1);                         \
             }                                                                                    \
         }                                                                                        \
-        for (int k = 0; k < K; k++) a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
+        for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
     }
 
 /* One output o times K rows from r: per 8 blocks, each row's 8 integer block sums are reduced in
@@ -842,7 +843,7 @@ static inline __m256 add_tree(__m256 acc, __m256i sums, __m256 scale, const stru
                 acc[k] = add_tree(acc[k], sums, scale, a, r + k, b0, BITS != 8);                 \
             }                                                                                    \
         }                                                                                        \
-        for (int k = 0; k < K; k++) a->y[(r + k) * a->n_out + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
+        for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
     }
 
 I8NIBBLES(1)
@@ -914,6 +915,41 @@ static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum,
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Whether the int8 path takes a weight of this layout. */
+static int i8_takes(int bits, int centre, const void *biases, long gs, int type, long n_in) {
+    return (bits == 4 || bits == 8) && centre >= 0 && centre < bits && biases && gs >= BLOCK &&
+           type >= SCALE_F32 && type <= SCALE_BF16 && gs % BLOCK == 0 && n_in % gs == 0;
+}
+
+static void i8_release(struct i8_args *a) {
+    free((void *)a->xq);
+    free((void *)a->dx);
+    free((void *)a->xsum);
+    free((void *)a->xqsum);
+}
+
+/* A weight's arguments with x's rows rounded for it (its layout and groups); 0, or -1 without
+ * memory (nothing then held). */
+static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, const void *codes,
+                      const void *scales, const void *biases, float *y, long y_stride, long n_out, long gs,
+                      int bits, int type, int centre) {
+    long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
+    long stride = bits == 4 ? (n_in + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK) : n_in;
+    int8_t *xq = malloc((size_t)rows * stride);
+    float *dx = malloc(sizeof(float) * rows * padded), *xsum = malloc(sizeof(float) * rows * groups);
+    int32_t *xqsum = malloc(sizeof(int32_t) * rows * padded);
+    *a = (struct i8_args){xq, dx, xsum, xqsum, codes, scales, biases, y, y_stride, n_in, n_out, gs, groups,
+                          blocks, padded, stride, bits, centre, type};
+    if (!xq || !dx || !xsum || !xqsum) {
+        i8_release(a);
+        return -1;
+    }
+    quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, stride, bits == 4);
+    return 0;
+}
+#endif
+
 /* quant_rows with int8 activations where it applies (groups a multiple of 32, fewer than
  * `many_from` rows, an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit codes, 4 for
  * 5-bit codes in bytes...); anything else is quant_rows itself. */
@@ -921,34 +957,78 @@ int quant_rows_int8(const float *x, const void *codes, const void *scales, const
                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
                     long many_from, int type, int centre) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if ((bits == 4 || bits == 8) && centre >= 0 && centre < bits && biases && gs >= BLOCK &&
-        type >= SCALE_F32 && type <= SCALE_BF16 &&
-        gs % BLOCK == 0 && n_in % gs == 0 && rows >= 1 && rows < many_from) {
-        if (threads < 1) threads = 1;
-        long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
-        long stride = bits == 4 ? (n_in + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK) : n_in;
-        int8_t *xq = malloc((size_t)rows * stride);
-        float *dx = malloc(sizeof(float) * rows * padded), *xsum = malloc(sizeof(float) * rows * groups);
-        int32_t *xqsum = malloc(sizeof(int32_t) * rows * padded);
-        if (!xq || !dx || !xsum || !xqsum) {
-            free(xq);
-            free(dx);
-            free(xsum);
-            free(xqsum);
+    if (i8_takes(bits, centre, biases, gs, type, n_in) && rows >= 1 && rows < many_from) {
+        struct i8_args args;
+        if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre))
             return -1;
-        }
-        quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, stride, bits == 4);
-        struct i8_args args = {xq, dx, xsum, xqsum, codes, scales, biases, y, n_in, n_out, gs, groups,
-                               blocks, padded, stride, bits, centre, type};
-        threads = for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, i8_step, &args);
-        free(xq);
-        free(dx);
-        free(xsum);
-        free(xqsum);
+        threads = for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads < 1 ? 1 : threads, i8_step, &args);
+        i8_release(&args);
         return threads;
     }
 #else
     (void)centre;
 #endif
     return quant_rows(x, codes, scales, biases, y, rows, n_in, n_out, gs, bits, threads, many_from, type);
+}
+
+/* ---- several weights on the same rows in one call ---------------------------------------------
+ * A decoder block's q, k and v projections (and its gate and up) multiply the same rows: one call
+ * and one pass of the pool over all their outputs, where a call each paid Python's call, a wake of
+ * the pool and the prefetcher's ramp on a small weight. Each output is computed as
+ * quant_rows_int8 computes it, so the bits are the same; y holds the weights' outputs side by side
+ * (rows × Σ n_out, in order). The int8 path only: the caller sends other products one at a time. */
+struct quant_weight {
+    const void *codes, *scales, *biases;
+    long n_out, gs;
+    int bits, type, centre;
+};
+
+#define MANY_WEIGHTS 8
+
+#if defined(__AVX2__) && defined(__FMA__)
+struct i8_many_args {
+    long count, rows, total;
+    long first[MANY_WEIGHTS + 1]; /* weight i's outputs are first[i]..first[i + 1] - 1 of y's */
+    struct i8_args weights[MANY_WEIGHTS];
+};
+
+static void i8_many_part(const void *p, long part, long parts) {
+    const struct i8_many_args *m = p;
+    long lo, hi;
+    part_range(m->total, part, parts, &lo, &hi);
+    for (long i = 0; i < m->count; i++) {
+        long from = lo > m->first[i] ? lo : m->first[i], to = hi < m->first[i + 1] ? hi : m->first[i + 1];
+        for (long o = from; o < to; o++)
+            for (long r = 0; r < m->rows; r += I8_GROUP)
+                i8_step(&m->weights[i], 1, m->rows - r < I8_GROUP ? m->rows - r : I8_GROUP, r, o - m->first[i]);
+    }
+}
+#endif
+
+/* y (rows × Σ n_out) = x (rows × n_in) · [W_0 … W_count-1]ᵀ on int8 activations (as
+ * quant_rows_int8 gives each). Returns the threads used; -1 where a weight is not one the int8
+ * path takes (or rows ≥ I8 limits, no AVX2) or on no memory: the caller multiplies one at a time. */
+int quant_rows_int8_many(const float *x, float *y, long rows, long n_in, int threads, long count,
+                         const struct quant_weight *w) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (count < 1 || count > MANY_WEIGHTS || rows < 1) return -1;
+    struct i8_many_args m = {count, rows, 0, {0}, {{0}}};
+    for (long i = 0; i < count; i++) {
+        if (!i8_takes(w[i].bits, w[i].centre, w[i].biases, w[i].gs, w[i].type, n_in) || w[i].n_out < 1) return -1;
+        m.first[i + 1] = m.first[i] + w[i].n_out;
+    }
+    m.total = m.first[count];
+    for (long i = 0; i < count; i++)
+        if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases, y + m.first[i],
+                       m.total, w[i].n_out, w[i].gs, w[i].bits, w[i].type, w[i].centre)) {
+            while (i-- > 0) i8_release(&m.weights[i]);
+            return -1;
+        }
+    threads = (int)run_parts(i8_many_part, &m, threads < 1 ? 1 : threads);
+    for (long i = 0; i < count; i++) i8_release(&m.weights[i]);
+    return threads;
+#else
+    (void)x, (void)y, (void)rows, (void)n_in, (void)threads, (void)count, (void)w;
+    return -1;
+#endif
 }

@@ -21,7 +21,9 @@ import numpy as np
 from mlx_lm.models import llama, qwen2
 
 from ..kernels._common import single_threaded_blas
+from ..kernels.nested_cpu import decoding_quant_rows_together
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
+from ..kernels.quant_packs import weight_pack
 
 # Up to this many query rows (steps and checks) attention runs on one BLAS thread (numpy_attention).
 SMALL_QUERIES = 64
@@ -55,7 +57,7 @@ def numpy_attention(
         return None
     q, k, v = views
     # One BLAS thread for a step or a check: these products are small, and OpenBLAS's own threads
-    # would fight the quantized kernel's OpenMP threads (still spinning after its last product)
+    # would fight the quantized kernel's threads (still spinning after its last product)
     # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2.6x slower. A prefill
     # chunk's products are big enough for BLAS's threads.
     small = q.shape[2] <= SMALL_QUERIES
@@ -230,10 +232,12 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
     batch, length, dims = x.shape
     h = np.asarray(x).reshape(-1, dims)
     normed = _rms_norm(h, norms[0])
-    shaped = []
-    for linear, heads in ((attention.q_proj, attention.n_heads), (attention.k_proj, attention.n_kv_heads)):
-        shaped.append(_rows_times(linear, normed).reshape(batch, length, heads, -1).transpose(0, 2, 1, 3))
-    values_rows = _rows_times(attention.v_proj, normed)
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    queries_rows, keys_rows, values_rows = _rows_times_together(attention, projections, normed)
+    shaped = [
+        rows.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+        for rows, heads in ((queries_rows, attention.n_heads), (keys_rows, attention.n_kv_heads))
+    ]
     values = mx.array(values_rows.reshape(batch, length, attention.n_kv_heads, -1).transpose(0, 2, 1, 3))
     offset = 0 if cache is None else cache.offset
     q: np.ndarray | None = None
@@ -252,7 +256,7 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
         attended = _attention_rows(q, k, v, attention.scale, mask)
     h = h + _rows_times(attention.o_proj, attended.transpose(0, 2, 1, 3).reshape(batch * length, -1))
     normed = _rms_norm(h, norms[1])
-    hidden = _silu_times(_rows_times(mlp.gate_proj, normed), _rows_times(mlp.up_proj, normed))
+    hidden = _silu_times(*_rows_times_together(mlp, (mlp.gate_proj, mlp.up_proj), normed))
     h = h + _rows_times(mlp.down_proj, hidden)
     return mx.array(h.reshape(batch, length, dims))
 
@@ -323,6 +327,26 @@ def _rows_times(linear: nn.Module, rows: np.ndarray) -> np.ndarray:
         out = linear(mx.array(rows))
         y = np.asarray(out if out.dtype == mx.float32 else out.astype(mx.float32))
     return y
+
+
+def _rows_times_together(
+    owner: nn.Module, linears: tuple[nn.Module, ...], rows: np.ndarray
+) -> list[np.ndarray]:
+    """rows · Wᵀ (+ bias) for linears that read the same rows (a block's q, k and v; its gate and
+    up): one kernel call where each takes the int8 path in one product (the same bits as a call
+    each, kernels/quant_packs.py), else a call each. The pack is kept on `owner` (a plain
+    attribute) while its weights are the linears'."""
+    found = [getattr(linear, "int8_weight", lambda: None)() for linear in linears]
+    weights = [weight for weight in found if weight is not None]
+    if len(weights) == len(linears):
+        kept = getattr(owner, "weight_pack", None)
+        if kept is None or not all(a is b for a, b in zip(kept.weights, weights, strict=False)):
+            kept = owner.weight_pack = weight_pack(weights)
+        if kept is not None and len(kept.weights) == len(weights):
+            together = decoding_quant_rows_together(rows, kept, [linear.get("bias") for linear in linears])
+            if together is not None:
+                return together
+    return [_rows_times(linear, rows) for linear in linears]
 
 
 def _subclass(base: type, mixin: type) -> type:

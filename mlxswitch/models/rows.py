@@ -16,12 +16,19 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels.nested import quantized_matmul_rows
-from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul, resident_copy, resident_dense_matmul
+from ..kernels.nested_cpu import (
+    decoding_quant_rows,
+    int8_decoding_weight,
+    quant_matmul,
+    resident_copy,
+    resident_dense_matmul,
+)
 from ..kernels.panel_cpu import PanelWeight
 from ..kernels.quant_cpu import (
     DIRECT_BITS,
     SUPPORTED_BITS,
     QuantViews,
+    QuantWeight,
     fp16_scales,
     int8_inputs,
     quant_views,
@@ -75,6 +82,13 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
         if self.quant is None or current_route().plain_linears != "quant-kernel":
             return None
         return decoding_quant_rows(xs, self.quant.weights, self.get("bias"), self.int8_inputs)
+
+    def int8_weight(self) -> QuantWeight | None:
+        """The weight this layer's decoding rows are multiplied by on int8 activations in one
+        kernel product (decoding_rows' path), or None where they take another."""
+        if self.quant is None or current_route().plain_linears != "quant-kernel":
+            return None
+        return int8_decoding_weight(self.quant.weights, self.int8_inputs)
 
     def keep_quantized(self) -> bool:
         """Take the quantized kernel's view of the stored codes (no copy for 4- and 8-bit codes
