@@ -470,14 +470,16 @@ def test_a_check_gets_the_bits_of_the_steps_it_replaces(kernels):
 def test_weights_reading_the_same_rows_multiply_together_with_the_bits_of_a_call_each(monkeypatch):
     from mlxswitch.kernels.quant_packs import times_together, weight_pack
 
-    # a block's q, k and v shapes in small: 4-bit, a byte a code (5-bit), full bytes, mixed scales
+    # a block's q, k and v shapes in small: 4-bit, a byte a code (5-bit), full bytes, mixed scales,
+    # and a second 4-bit weight of the first one's groups
     weights = [
         _weight(40, 256, 4, 32, seed=1)[0],
         _weight(9, 256, 5, 64, seed=2, scale_dtype=mx.float16)[0],
         _weight(17, 256, 8, 32, seed=3, scale_dtype=mx.bfloat16)[0],
+        _weight(11, 256, 4, 32, seed=5, scale_dtype=mx.float16)[0],  # rows rounded as for the first
     ]
     pack = weight_pack(weights)
-    assert pack is not None and pack.ends == (40, 49, 66)
+    assert pack is not None and pack.ends == (40, 49, 66, 77)
     rng = np.random.default_rng(4)
     for rows in (1, 3, 6):  # 6: past the int8 path's group of 4 rows
         xs = rng.standard_normal((rows, 256)).astype(np.float32)

@@ -25,7 +25,7 @@ from .quant_cpu import (
     quant_weights_times,
 )
 from .quant_packs import WeightPack, times_together
-from .route import current_route, route_for
+from .route import Route, current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
 # kernels-smollm2.txt): dequantizing a plane costs about as much as a few rows of MLX's scalar
@@ -309,18 +309,27 @@ def quant_rows_times(
     it. decoding: the rows are a decoding pass's (≤ INT8_MAX_POSITIONS a sequence), each computed
     as a step computes it, with int8 activations where the route and the layer allow."""
     route = current_route()
-    int8 = int8_inputs and route.quant_activations == "int8" and decoding
+    int8 = decoding and _int8_activations(route, int8_inputs)
     return quant_weights_times(xs, weights, route.blas_threads, int8, by_row=decoding)
+
+
+def _int8_activations(route: Route, int8_inputs: bool) -> bool:
+    """Whether a decoding pass rounds this layer's rows to int8: the layer allows it and so does the
+    route (each weight then by int8_applies)."""
+    return int8_inputs and route.quant_activations == "int8"
+
+
+def _bias_row(bias: mx.array) -> np.ndarray:
+    """A layer's bias as the fp32 NumPy row added to its products."""
+    return np.asarray(bias if bias.dtype == mx.float32 else bias.astype(mx.float32))
 
 
 def int8_decoding_weight(weights: Sequence[QuantWeight], int8_inputs: bool) -> QuantWeight | None:
     """The weight a decoding pass multiplies on int8 activations in one product (a plain linear:
     one plane), or None where quant_rows_times takes another path for these rows."""
-    route = current_route()
     if (
         len(weights) != 1
-        or not int8_inputs
-        or route.quant_activations != "int8"
+        or not _int8_activations(current_route(), int8_inputs)
         or not int8_applies(weights[0])
     ):
         return None
@@ -339,9 +348,9 @@ def decoding_quant_rows_together(
     if y is None:
         return None
     outs = np.split(y, pack.ends[:-1], axis=1)
-    for i, bias in enumerate(biases):
+    for out, bias in zip(outs, biases, strict=True):
         if bias is not None:
-            outs[i] = outs[i] + np.asarray(bias if bias.dtype == mx.float32 else bias.astype(mx.float32))
+            out += _bias_row(bias)  # a view: y's columns
     return outs
 
 
@@ -352,7 +361,7 @@ def decoding_quant_rows(
     gives those rows, without a round trip through MLX (cpu_blocks.decoding_block)."""
     y = quant_rows_times(xs, weights, True, int8_inputs)
     if bias is not None:
-        y += np.asarray(bias if bias.dtype == mx.float32 else bias.astype(mx.float32))
+        y += _bias_row(bias)
     return y
 
 

@@ -1,11 +1,12 @@
 """Weights that read the same rows, multiplied in one call of the quantized kernel.
 
 A decoder block's q, k and v projections (and its gate and up) multiply the same rows. One call
-rounds the rows once per weight and runs one pass of the kernel's thread pool over all their
-outputs, where a call each paid Python's call, a wake of the pool and the prefetcher's ramp on a
-small weight: on the Qwen 1.5B those products took 17.5 ms a step against 18.3 (every layer's,
-one row, in turns in one process). Each output is computed as quant_rows_int8 computes it alone,
-so the bits are the same (tests/test_quant_kernel.py).
+rounds the rows once per layout (container bits and groups) and runs one pass of the kernel's
+thread pool over all their outputs, where a call each paid Python's call, the rounding, a wake of
+the pool and the prefetcher's ramp on a small weight: on the Qwen 1.5B those products took 26.2 ms
+a step against 27.8 (every layer's, one row, in turns in one process, a slow hour; 17.5 against
+18.3 earlier, when each weight still rounded the rows itself). Each output is computed as
+quant_rows_int8 computes it alone, so the bits are the same (tests/test_quant_kernel.py).
 """
 
 from __future__ import annotations

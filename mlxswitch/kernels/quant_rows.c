@@ -972,9 +972,10 @@ int quant_rows_int8(const float *x, const void *codes, const void *scales, const
 }
 
 /* ---- several weights on the same rows in one call ---------------------------------------------
- * A decoder block's q, k and v projections (and its gate and up) multiply the same rows: one call
- * and one pass of the pool over all their outputs, where a call each paid Python's call, a wake of
- * the pool and the prefetcher's ramp on a small weight. Each output is computed as
+ * A decoder block's q, k and v projections (and its gate and up) multiply the same rows: one call,
+ * the rows rounded once per layout, and one pass of the pool over all their outputs, where a call
+ * each paid Python's call, the rounding, a wake of the pool and the prefetcher's ramp on a small
+ * weight. Each output is computed as
  * quant_rows_int8 computes it, so the bits are the same; y holds the weights' outputs side by side
  * (rows × Σ n_out, in order). The int8 path only: the caller sends other products one at a time. */
 struct quant_weight {
@@ -1018,14 +1019,28 @@ int quant_rows_int8_many(const float *x, float *y, long rows, long n_in, int thr
         m.first[i + 1] = m.first[i] + w[i].n_out;
     }
     m.total = m.first[count];
-    for (long i = 0; i < count; i++)
-        if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases, y + m.first[i],
-                       m.total, w[i].n_out, w[i].gs, w[i].bits, w[i].type, w[i].centre)) {
-            while (i-- > 0) i8_release(&m.weights[i]);
+    /* x's rows are rounded once per layout (container bits, groups): a block's q, k and v share it */
+    int rounds[MANY_WEIGHTS]; /* whether weight i holds its own rounded rows (to free) */
+    for (long i = 0; i < count; i++) {
+        long same = 0;
+        while (same < i && !(w[same].bits == w[i].bits && w[same].gs == w[i].gs)) same++;
+        rounds[i] = same == i;
+        if (!rounds[i]) {
+            struct i8_args *a = &m.weights[i];
+            *a = m.weights[same];
+            a->w = w[i].codes, a->scales = w[i].scales, a->biases = w[i].biases;
+            a->y = y + m.first[i], a->n_out = w[i].n_out, a->type = w[i].type, a->centre = w[i].centre;
+        } else if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases,
+                              y + m.first[i], m.total, w[i].n_out, w[i].gs, w[i].bits, w[i].type,
+                              w[i].centre)) {
+            while (i-- > 0)
+                if (rounds[i]) i8_release(&m.weights[i]);
             return -1;
         }
+    }
     threads = (int)run_parts(i8_many_part, &m, threads < 1 ? 1 : threads);
-    for (long i = 0; i < count; i++) i8_release(&m.weights[i]);
+    for (long i = 0; i < count; i++)
+        if (rounds[i]) i8_release(&m.weights[i]);
     return threads;
 #else
     (void)x, (void)y, (void)rows, (void)n_in, (void)threads, (void)count, (void)w;
