@@ -306,27 +306,29 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
 
 
 @needs_kernel
+@pytest.mark.parametrize("wide", [False, True])  # int8, or int16 (a down projection's)
 @pytest.mark.parametrize("bits", [4, 8, 5])  # 5: codes unpacked a byte each, centred at 16
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size, bits):
+def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size, bits, wide):
     from mlxswitch.kernels.quant_cpu import int8_reference
 
-    # a whole tree of 8 blocks of 32 and a part of one
+    # a whole tree of 8 blocks of 32 and a part of one (and for 4-bit codes, a half pair of blocks)
     weight, truth = _weight(37, 256 + group_size, bits, group_size, seed=group_size)
     rng = np.random.default_rng(3)
     for rows in (1, 2, 3, 4, 5, 8, 9, 33):
         xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
-        got = KERNEL.times(xs, weight, 2, int8=True)
+        got = KERNEL.times(xs, weight, 2, int8=True, wide=wide)
         # x rounded as the C rounds it: the same numbers up to fp32 summation order...
-        want = int8_reference(xs, weight, truth)
+        want = int8_reference(xs, weight, truth, wide)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-        # ...within x's 8-bit rounding of the exact product...
+        # ...within x's 8-bit (or 16-bit) rounding of the exact product...
         exact = xs.astype(np.float64) @ truth.T
-        assert np.abs(got - exact).max() <= 2e-2 * np.abs(exact).max()
+        assert np.abs(got - exact).max() <= (1e-4 if wide else 2e-2) * np.abs(exact).max()
         # ...and each row the same bits as when it is multiplied alone, on one thread: a check's
         # logits are a step's
         for row in (0, rows - 1):
-            assert np.array_equal(got[row], KERNEL.times(xs[row : row + 1], weight, 1, int8=True)[0])
+            alone = KERNEL.times(xs[row : row + 1], weight, 1, int8=True, wide=wide)
+            assert np.array_equal(got[row], alone[0])
 
 
 def test_int8_activations_take_codes_of_every_width_on_rows_long_enough_to_pay(monkeypatch):
@@ -422,7 +424,7 @@ def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_fp32
 
 
 @needs_kernel
-def test_a_down_projection_keeps_fp32_activations_and_the_others_take_int8():
+def test_a_down_projection_takes_no_int8_activations_and_the_others_do():
     from tinymodels import llama_config, make_model
 
     from mlxswitch.models import rows
@@ -437,9 +439,36 @@ def test_a_down_projection_keeps_fp32_activations_and_the_others_take_int8():
     x = mx.random.normal((1, 3, mlp.down_proj.quant.weights[0].in_dims), key=mx.random.key(1))
     x_in = mx.random.normal((1, 3, mlp.gate_proj.quant.weights[0].in_dims), key=mx.random.key(2))
     down, gate = np.array(mlp.down_proj(x)), np.array(mlp.gate_proj(x_in))
+    rows_in = np.array(x)[0]
+    int8_down = KERNEL.times(rows_in, mlp.down_proj.quant.weights[0], 2, int8=True)
+    int16_down = KERNEL.times(rows_in, mlp.down_proj.quant.weights[0], 2, int8=True, wide=True)
+    assert np.array_equal(down[0], int16_down) and not np.array_equal(down[0], int8_down)
     resolve_route("exact", "cpu")
-    assert np.array_equal(down, np.array(mlp.down_proj(x)))  # fp32 activations on both routes
+    assert not np.array_equal(down, np.array(mlp.down_proj(x)))  # fp32 activations on exact
     assert not np.array_equal(gate, np.array(mlp.gate_proj(x_in)))  # int8 on the default
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_down_projection_takes_int16_activations_on_4_bit_codes_and_fp32_on_wider_ones(bits):
+    from mlxswitch.kernels.nested_cpu import quant_matmul
+    from mlxswitch.kernels.quant_cpu import INT8_MIN_INPUTS, int8_reference
+
+    weight, truth = _weight(24, INT8_MIN_INPUTS + 32, bits, 32, seed=13)
+    rng = np.random.default_rng(14)
+    xs = rng.standard_normal((3, weight.in_dims)).astype(np.float32)
+    xs[:, 5] *= 300  # a massive activation, as a down projection's inputs hold
+    resolve_route("auto", "cpu")
+    down = np.array(quant_matmul(mx.array(xs[None]), [weight], int8_inputs=False))[0]
+    exact = xs.astype(np.float64) @ truth.T
+    if bits == 4:
+        want = int8_reference(xs, weight, truth, wide=True)
+        assert np.abs(down - want).max() <= 1e-5 * np.abs(want).max()
+        assert np.abs(down - exact).max() <= 1e-4 * np.abs(exact).max()
+        int8 = KERNEL.times(xs, weight, 2, int8=True)  # what int8 would have lost
+        assert np.abs(int8 - exact).max() > 10 * np.abs(down - exact).max()
+    else:
+        assert np.array_equal(down, KERNEL.times(xs, weight, 2, xs.shape[0] + 1))  # fp32 activations
 
 
 @needs_kernel

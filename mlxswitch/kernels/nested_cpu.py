@@ -307,15 +307,17 @@ def quant_rows_times(
 ) -> np.ndarray:
     """xs (rows × in, fp32 NumPy) · (Σ weights)ᵀ on the quantized kernel, as quant_matmul computes
     it. decoding: the rows are a decoding pass's (≤ INT8_MAX_POSITIONS a sequence), each computed
-    as a step computes it, with int8 activations where the route and the layer allow."""
+    as a step computes it, with integer activations where the route allows (int8 where the layer
+    does, quant_weights_times)."""
     route = current_route()
-    int8 = decoding and _int8_activations(route, int8_inputs)
-    return quant_weights_times(xs, weights, route.blas_threads, int8, by_row=decoding)
+    integer = decoding and route.quant_activations == "int8"
+    return quant_weights_times(xs, weights, route.blas_threads, integer, by_row=decoding, narrow=int8_inputs)
 
 
 def _int8_activations(route: Route, int8_inputs: bool) -> bool:
     """Whether a decoding pass rounds this layer's rows to int8: the layer allows it and so does the
-    route (each weight then by int8_applies)."""
+    route (each weight then by int8_applies; a layer that does not allow it takes int16 where
+    quant_cpu.wide_applies)."""
     return int8_inputs and route.quant_activations == "int8"
 
 

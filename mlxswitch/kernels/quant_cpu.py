@@ -227,9 +227,9 @@ class QuantKernel:
         self._rows_int8 = library.quant_rows_int8
         # x, codes, scales, biases, y; rows, in, out, group; bits, threads; many_from, scale type
         arguments = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
-        arguments += [ctypes.c_int]  # (+ log2 of the codes' centre, for int8)
+        arguments += [ctypes.c_int]  # (+ log2 of the codes' centre and int16 or not, for int8)
         self._rows.argtypes = arguments
-        self._rows_int8.argtypes = arguments + [ctypes.c_int]
+        self._rows_int8.argtypes = arguments + [ctypes.c_int, ctypes.c_int]
         for function in (self._rows, self._rows_int8):
             function.restype = ctypes.c_int
         # x, y, rows, in, threads, count, weights (quant_packs.py's WeightFields): several weights at once
@@ -259,9 +259,11 @@ class QuantKernel:
         threads: int = 1,
         many_from: int | None = None,
         int8: bool = False,
+        wide: bool = False,
     ) -> np.ndarray:
         """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the panel path runs;
-        int8: every row rounded to int8 per 32 inputs where int8_applies, see int8_reference)."""
+        int8: every row rounded to int8 per 32 inputs where int8_applies, or with `wide` to int16,
+        see int8_reference)."""
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         rows, in_dims = xs.shape
         if in_dims != weight.in_dims:
@@ -279,7 +281,7 @@ class QuantKernel:
             threads,
         ]
         if int8:
-            done = self._rows_int8(*arguments, rows + 1, weight.scale_type, weight.centre_log2)
+            done = self._rows_int8(*arguments, rows + 1, weight.scale_type, weight.centre_log2, int(wide))
         else:
             many = MANY_ROWS_FROM if many_from is None else many_from
             done = self._rows(*arguments, many, weight.scale_type)
@@ -312,17 +314,31 @@ def _random_weight(rng, out_dims: int, in_dims: int, bits: int, group_size: int,
 INT8_BLOCK = 32  # inputs sharing one int8 step (quant_rows.c's BLOCK)
 
 
-# Layers whose input keeps fp32 activations: the MLP's down projection reads silu(gate)·up, where a
+# Layers whose input is not rounded to int8: the MLP's down projection reads silu(gate)·up, where a
 # transformer's massive activations live (hundreds of times the median), which a block of 32
-# rounded to int8 cannot keep. With them on int8 the Qwen 1.5B's argmax agreed with fp32 at 476 of
-# 480 positions, two of the four differences over a logit apart; without them 479, the one
-# difference 0.019 apart (bench/bench_int8_accuracy.py). mlx-lm's models name the layer so.
+# rounded to int8 cannot keep. With them on int8 the Qwen 1.5B's argmax agreed with fp32 at 473 of
+# 480 positions, two of the differences over a logit apart (bench/results/int8-accuracy-down.txt).
+# They take int16 activations instead where their codes are 4-bit (wide_applies), else fp32.
+# mlx-lm's models name the layer so.
 FP32_INPUT_LAYERS = ("down_proj",)
 
 
 def int8_inputs(layer_name: str) -> bool:
     """Whether a layer of this name (its path in the model) may take int8 activations."""
     return layer_name.rsplit(".", 1)[-1] not in FP32_INPUT_LAYERS
+
+
+# Codes whose products take int16 activations where int8 is refused (a down projection): the Qwen
+# 1.5B's 4-bit down projections, one row, 2 threads: 11.7 ms on fp32 activations, 6.6 on int16
+# (6.5 on int8); its Q6_K-born 8-bit ones 10.0 on fp32 against 12.6 on int16 (read-bound either
+# way: the fp32 path there is as fast as int8's). Ad hoc, bench/results/down-int16.txt.
+WIDE_CODE_BITS = (4,)
+
+
+def wide_applies(weight: QuantWeight) -> bool:
+    """Whether a layer refused int8 activations takes int16 ones on this weight (else fp32): int8's
+    conditions (int8_applies) and 4-bit codes (WIDE_CODE_BITS)."""
+    return weight.bits in WIDE_CODE_BITS and int8_applies(weight)
 
 
 def int8_applies(weight: QuantWeight) -> bool:
@@ -350,18 +366,19 @@ INT8_CODE_BITS = (2, 3, 4, 5, 6, 8)
 INT8_MIN_INPUTS = 768
 
 
-def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray) -> np.ndarray:
+def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray, wide: bool = False) -> np.ndarray:
     """What the int8 path computes, in float64: x rounded per block of 32 inputs as quant_rows.c
-    rounds it (step = peak/127, codes = rint(x·(127/peak)) in fp32), times the centred codes
-    s·(q - 8), plus the biases (taking 8·s) times the exact sums of x. `truth` is W = s·q + b in
-    float64."""
+    rounds it (step = peak/127, codes = rint(x·(127/peak)) in fp32; wide: 32767 for int16), times
+    the centred codes s·(q - 8), plus the biases (taking 8·s) times the exact sums of x. `truth` is
+    W = s·q + b in float64."""
     rows, g = xs.shape[0], weight.group_size
+    levels = np.float32(32767 if wide else 127)
     blocks = xs.astype(np.float32).reshape(rows, -1, INT8_BLOCK)
     peak = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
-        inverse = np.where(peak > 0, np.float32(127) / peak, np.float32(0)).astype(np.float32)
+        inverse = np.where(peak > 0, levels / peak, np.float32(0)).astype(np.float32)
     codes = np.rint(blocks * inverse)
-    step = (peak / np.float32(127)).astype(np.float32)
+    step = (peak / levels).astype(np.float32)
     rounded = (codes * step.astype(np.float64)).reshape(rows, -1)
     centre = float(1 << weight.centre_log2)
     bias = np.repeat(scale_floats(weight.biases) + centre * scale_floats(weight.scales), g, axis=1)
@@ -404,10 +421,11 @@ def _check_rows(kernel: QuantKernel, rng, weight: QuantWeight, truth: np.ndarray
                 path = "panel" if many_from == 1 else "register"
                 return f"the {path} path on {threads} threads differed from a float64 product"
     if weight.group_size % INT8_BLOCK == 0:  # every code width, whichever the route sends
-        exact = int8_reference(xs, weight, truth)
-        got = kernel.times(xs, weight, 2, None, int8=True)
-        if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
-            return "int8 activations differed from their reference"
+        for wide in (False, True):
+            exact = int8_reference(xs, weight, truth, wide)
+            got = kernel.times(xs, weight, 2, None, int8=True, wide=wide)
+            if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
+                return f"{'int16' if wide else 'int8'} activations differed from their reference"
     return None
 
 
@@ -434,15 +452,24 @@ def quant_kernel() -> QuantKernel | None:
 
 
 def quant_weights_times(
-    xs: np.ndarray, weights: Sequence[QuantWeight], threads: int, int8: bool = False, by_row: bool = False
+    xs: np.ndarray,
+    weights: Sequence[QuantWeight],
+    threads: int,
+    int8: bool = False,
+    by_row: bool = False,
+    narrow: bool = True,
 ) -> np.ndarray:
     """xs · (Σ weights)ᵀ: one kernel product a weight (a nested gear's planes), summed in fp32
-    (int8: the kernel's int8-activation path where it applies; by_row: every row by the few-row
-    path, whose result for a row does not depend on the other rows, not the panel)."""
+    (int8: integer activations where they apply, int8 where `narrow` (int8_applies) and else int16
+    (wide_applies), else fp32; by_row: every row by the few-row path, whose result for a row does
+    not depend on the other rows, not the panel)."""
     kernel = quant_kernel()
     assert kernel is not None, "quantized views are used only where the kernel is"
     many_from = xs.shape[0] + 1 if by_row else None
-    y = kernel.times(xs, weights[0], threads, many_from, int8=int8 and int8_applies(weights[0]))
-    for weight in weights[1:]:
-        y += kernel.times(xs, weight, threads, many_from, int8=int8 and int8_applies(weight))
+    y = None
+    for weight in weights:
+        integer = int8 and (int8_applies(weight) if narrow else wide_applies(weight))
+        product = kernel.times(xs, weight, threads, many_from, int8=integer, wide=not narrow)
+        y = product if y is None else y + product
+    assert y is not None, "a layer has at least one plane"
     return y

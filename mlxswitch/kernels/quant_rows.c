@@ -629,7 +629,7 @@ int quant_threaded(void) { return 1; }
  * registers and multiplied as |w| × x·sign(w), so no pair of products can saturate int16.
  * Groups a multiple of 32, fewer than `many_from` rows; anything else goes the fp32 way. Which
  * layers take it (not a down projection, whose inputs carry activations hundreds of times their
- * median, which int8 blocks lose) is kernels/quant_cpu.py's choice. */
+ * median, which int8 blocks lose: those take int16, below) is kernels/quant_cpu.py's choice. */
 #if defined(__AVX2__) && defined(__FMA__)
 #define BLOCK 32   /* inputs sharing one activation step */
 #define TREE 8     /* blocks reduced and scaled together */
@@ -637,6 +637,7 @@ int quant_threaded(void) { return 1; }
 
 struct i8_args {
     const int8_t *xq;
+    const int16_t *xw; /* x's rows as int16 instead (wide): xq is then unused */
     const float *dx, *xsum;
     const int32_t *xqsum; /* Σ xq per block (padded like dx) */
     const uint8_t *w;
@@ -646,6 +647,7 @@ struct i8_args {
     long n_in, n_out, gs, groups, blocks, padded;
     long stride; /* bytes a row of xq takes: n_in, or for 4-bit codes n_in rounded up to 64 */
     int bits, centre, type; /* the codes' container (4 or 8), log2 of their centre, scale type */
+    int wide;               /* x rounded to int16 (32767 steps a block) rather than int8 */
 };
 
 /* Σ over a block of codes × x (8 int32 partial sums; codes below 128, a byte each). */
@@ -846,6 +848,105 @@ static inline __m256 add_tree(__m256 acc, __m256i sums, __m256 scale, const stru
         for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
     }
 
+/* ---- int16 activations: the down projections' way ---------------------------------------------
+ * A down projection reads silu(gate)·up, whose blocks of 32 hold values hundreds of times their
+ * median: int8 steps lose the small ones (the Qwen 1.5B's argmax moved at 7 of 480 positions),
+ * and fp32 activations make the product compute-bound (~1.6x its bytes' time). Rounded to int16
+ * per block (step peak/32767, 256 times finer than int8) the codes are widened to int16 and
+ * multiplied in int16 pairs summed to int32 (madd): a block's Σ q·xq ≤ 32·255·32767 and
+ * c·Σ xq ≤ 128·32·32767 fit int32 exactly, then the same tree, centring and scaling as int8's. */
+
+/* Block sums of 16 codes (int16 lanes) times 16 int16 inputs: 8 int32 partial sums. */
+static inline __m256i wide_dot(__m256i q, const int16_t *x) {
+    return _mm256_madd_epi16(q, _mm256_loadu_si256((const __m256i *)x));
+}
+
+/* The 8 int32 partial sums of blocks blk and blk + 1 (blk even) of 4-bit codes: as
+ * nibble_pair_codes reads them (32 bytes: blk's 16 then blk + 1's), each byte widened to int16 and
+ * split into its low (even input) and high (odd input) nibble; x in nibble_pair_dot's order. */
+static inline void wide_nibble_pair(const uint8_t *codes, long blk, long blocks, const int16_t *x,
+                                    __m256i *first, __m256i *second) {
+    const __m256i mask = _mm256_set1_epi16(15);
+    __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(codes + blk * 16)));
+    const int16_t *xs = x + blk * BLOCK;
+    *first = _mm256_add_epi32(wide_dot(_mm256_and_si256(a, mask), xs),
+                              wide_dot(_mm256_srli_epi16(a, 4), xs + 2 * 16));
+    if (blk + 1 < blocks) {
+        __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(codes + blk * 16 + 16)));
+        *second = _mm256_add_epi32(wide_dot(_mm256_and_si256(b, mask), xs + 16),
+                                   wide_dot(_mm256_srli_epi16(b, 4), xs + 3 * 16));
+    } else {
+        *second = _mm256_setzero_si256();
+    }
+}
+
+/* The 8 int32 partial sums of block blk of codes a byte each. */
+static inline __m256i wide_bytes(const uint8_t *codes, long blk, const int16_t *x) {
+    const uint8_t *c = codes + blk * BLOCK;
+    __m256i low = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
+    __m256i high = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16)));
+    return _mm256_add_epi32(wide_dot(low, x + blk * BLOCK), wide_dot(high, x + blk * BLOCK + 16));
+}
+
+/* One output o times K rows from r on int16 rows: per 8 blocks, each row's 8 block sums (as
+ * I8ROWS reduces them), centred at the codes' midpoint, converted once and scaled by s·dx. */
+#define I16ROWS(BITS, K)                                                                         \
+    static void i16rows##BITS##_##K(const struct i8_args *a, long r, long o) {                  \
+        const uint8_t *codes = a->w + o * (a->n_in * BITS / 8);                                  \
+        long first = o * a->groups;                                                              \
+        const int16_t *xw[K];                                                                    \
+        for (int k = 0; k < K; k++) xw[k] = a->xw + (r + k) * a->stride;                        \
+        __m256 acc[K];                                                                           \
+        for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
+        const char *scales = (const char *)a->scales + first * scale_size(a->type);              \
+        const char *biases = (const char *)a->biases + first * scale_size(a->type);              \
+        for (long b0 = 0; b0 < a->blocks; b0 += TREE) {                                          \
+            for (int line = 0; line < BITS / 2; line++)                                          \
+                prefetch(codes + b0 * BLOCK * BITS / 8 + PREFETCH_BYTES + 64 * line);            \
+            long ahead = b0 * BLOCK / a->gs * scale_size(a->type) + PREFETCH_BYTES / BITS;      \
+            prefetch(scales + ahead);                                                            \
+            prefetch(biases + ahead);                                                            \
+            __m256i half[K][2];                                                                  \
+            for (int quad = 0; quad < 2; quad++) {                                               \
+                __m256i pair[K][2];                                                              \
+                for (int p = 0; p < 2; p++) {                                                    \
+                    long blk = b0 + 4 * quad + 2 * p;                                            \
+                    __m256i dot[K][2];                                                           \
+                    for (int k = 0; k < K; k++) {                                                \
+                        if (blk >= a->blocks) {                                                  \
+                            dot[k][0] = dot[k][1] = _mm256_setzero_si256();                      \
+                        } else if (BITS == 4) {                                                  \
+                            wide_nibble_pair(codes, blk, a->blocks, xw[k], &dot[k][0], &dot[k][1]); \
+                        } else {                                                                 \
+                            dot[k][0] = wide_bytes(codes, blk, xw[k]);                           \
+                            dot[k][1] = blk + 1 < a->blocks ? wide_bytes(codes, blk + 1, xw[k])   \
+                                                            : _mm256_setzero_si256();            \
+                        }                                                                        \
+                    }                                                                            \
+                    for (int k = 0; k < K; k++) pair[k][p] = _mm256_hadd_epi32(dot[k][0], dot[k][1]); \
+                }                                                                                \
+                for (int k = 0; k < K; k++) half[k][quad] = _mm256_hadd_epi32(pair[k][0], pair[k][1]); \
+            }                                                                                    \
+            __m256 scale = block_scales(a->scales, first, b0, a->blocks, a->gs, a->type);        \
+            for (int k = 0; k < K; k++) {                                                        \
+                __m256i sums = _mm256_add_epi32(                                                 \
+                    _mm256_permute2x128_si256(half[k][0], half[k][1], 0x20),                     \
+                    _mm256_permute2x128_si256(half[k][0], half[k][1], 0x31));                    \
+                acc[k] = add_tree(acc[k], sums, scale, a, r + k, b0, 1);                         \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
+    }
+
+I16ROWS(4, 1)
+I16ROWS(4, 2)
+I16ROWS(4, 3)
+I16ROWS(4, 4)
+I16ROWS(8, 1)
+I16ROWS(8, 2)
+I16ROWS(8, 3)
+I16ROWS(8, 4)
+
 I8NIBBLES(1)
 I8NIBBLES(2)
 I8NIBBLES(3)
@@ -863,24 +964,35 @@ typedef void (*i8_fn)(const struct i8_args *, long, long);
 static const i8_fn I8_ROWS4[I8_GROUP + 1] = {0, i8rows4_1, i8rows4_2, i8rows4_3, i8rows4_4};
 static const i8_fn I8_ROWS7[I8_GROUP + 1] = {0, i8rows7_1, i8rows7_2, i8rows7_3, i8rows7_4};
 static const i8_fn I8_ROWS8[I8_GROUP + 1] = {0, i8rows8_1, i8rows8_2, i8rows8_3, i8rows8_4};
+static const i8_fn I16_ROWS4[I8_GROUP + 1] = {0, i16rows4_1, i16rows4_2, i16rows4_3, i16rows4_4};
+static const i8_fn I16_ROWS8[I8_GROUP + 1] = {0, i16rows8_1, i16rows8_2, i16rows8_3, i16rows8_4};
 static const int I8_WIDTH[I8_GROUP + 1] = {0, 1, 1, 1, 1};
 
 static void i8_step(const void *args, int wide, long k, long r, long o) {
     (void)wide; /* every tile is one output wide */
     const struct i8_args *a = args;
-    (a->bits == 4 ? I8_ROWS4 : a->centre < 7 ? I8_ROWS7 : I8_ROWS8)[k](a, r, o);
+    if (a->wide)
+        (a->bits == 4 ? I16_ROWS4 : I16_ROWS8)[k](a, r, o);
+    else
+        (a->bits == 4 ? I8_ROWS4 : a->centre < 7 ? I8_ROWS7 : I8_ROWS8)[k](a, r, o);
 }
 
-/* x's rows as int8 per block of 32 inputs, each block's step and Σ xq (rows padded with zeros to a
- * whole tree) and each weight group's exact sum. Rows are `stride` bytes apart; for 4-bit codes
- * (split) each 64 inputs are laid out as nibble_pair_dot reads them: the even inputs of their
- * first block, of their second, then the odd ones of each (zeros where a row ends mid-pair). */
-static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum, float *xsum, long rows,
-                          long n_in, long gs, long padded, long stride, int split) {
+/* x's rows as int8 (or int16: wide) per block of 32 inputs, each block's step and Σ xq (rows
+ * padded with zeros to a whole tree) and each weight group's exact sum. Rows are `stride` codes
+ * apart; for 4-bit codes (split) each 64 inputs are laid out as nibble_pair_dot reads them: the
+ * even inputs of their first block, of their second, then the odd ones of each (zeros where a row
+ * ends mid-pair). */
+static void quantize_rows(const float *x, int8_t *xq, int16_t *xw, float *dx, int32_t *xqsum, float *xsum,
+                          long rows, long n_in, long gs, long padded, long stride, int split) {
     long groups = n_in / gs, blocks = n_in / BLOCK;
+    const float levels = xw ? 32767.f : 127.f;
     for (long r = 0; r < rows; r++) {
-        if (stride > n_in) /* a row ending mid-pair: its last pair's unused halves stay zero */
-            memset(xq + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK);
+        if (stride > n_in) { /* a row ending mid-pair: its last pair's unused halves stay zero */
+            if (xw)
+                memset(xw + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK * sizeof(int16_t));
+            else
+                memset(xq + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK);
+        }
         for (long g = 0; g < groups; g++) {
             float sum = 0.f;
             for (long i = 0; i < gs; i++) sum += x[r * n_in + g * gs + i];
@@ -897,17 +1009,19 @@ static void quantize_rows(const float *x, int8_t *xq, float *dx, int32_t *xqsum,
                 float a = v[i] < 0 ? -v[i] : v[i];
                 peak = a > peak ? a : peak;
             }
-            float inverse = peak > 0 ? 127.f / peak : 0.f;
-            dx[r * padded + blk] = peak / 127.f;
-            int8_t *row = xq + r * stride;
+            float inverse = peak > 0 ? levels / peak : 0.f;
+            dx[r * padded + blk] = peak / levels;
             int32_t total = 0;
             for (int k = 0; k < BLOCK; k++) {
-                int8_t q = (int8_t)__builtin_lrintf(v[k] * inverse);
+                int32_t q = (int32_t)__builtin_lrintf(v[k] * inverse);
                 total += q;
-                if (!split)
-                    row[blk * BLOCK + k] = q;
-                else /* pair (blk / 2): [even of blk & ~1][even of blk | 1][odd ...][odd ...] */
-                    row[(blk / 2) * 2 * BLOCK + (k % 2) * BLOCK + (blk % 2) * 16 + k / 2] = q;
+                /* split: pair (blk / 2) is [even of blk & ~1][even of blk | 1][odd ...][odd ...] */
+                long at = r * stride + (split ? (blk / 2) * 2 * BLOCK + (k % 2) * BLOCK + (blk % 2) * 16 + k / 2
+                                              : blk * BLOCK + k);
+                if (xw)
+                    xw[at] = (int16_t)q;
+                else
+                    xq[at] = (int8_t)q;
             }
             xqsum[r * padded + blk] = total;
         }
@@ -924,49 +1038,52 @@ static int i8_takes(int bits, int centre, const void *biases, long gs, int type,
 
 static void i8_release(struct i8_args *a) {
     free((void *)a->xq);
+    free((void *)a->xw);
     free((void *)a->dx);
     free((void *)a->xsum);
     free((void *)a->xqsum);
 }
 
-/* A weight's arguments with x's rows rounded for it (its layout and groups); 0, or -1 without
- * memory (nothing then held). */
+/* A weight's arguments with x's rows rounded for it (its layout and groups; to int16 where wide); 0,
+ * or -1 without memory (nothing then held). */
 static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, const void *codes,
                       const void *scales, const void *biases, float *y, long y_stride, long n_out, long gs,
-                      int bits, int type, int centre) {
+                      int bits, int type, int centre, int wide) {
     long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
     long stride = bits == 4 ? (n_in + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK) : n_in;
-    int8_t *xq = malloc((size_t)rows * stride);
+    int8_t *xq = wide ? NULL : malloc((size_t)rows * stride);
+    int16_t *xw = wide ? malloc(sizeof(int16_t) * rows * stride) : NULL;
     float *dx = malloc(sizeof(float) * rows * padded), *xsum = malloc(sizeof(float) * rows * groups);
     int32_t *xqsum = malloc(sizeof(int32_t) * rows * padded);
-    *a = (struct i8_args){xq, dx, xsum, xqsum, codes, scales, biases, y, y_stride, n_in, n_out, gs, groups,
-                          blocks, padded, stride, bits, centre, type};
-    if (!xq || !dx || !xsum || !xqsum) {
+    *a = (struct i8_args){xq, xw, dx, xsum, xqsum, codes, scales, biases, y, y_stride, n_in, n_out, gs, groups,
+                          blocks, padded, stride, bits, centre, type, wide};
+    if ((!xq && !xw) || !dx || !xsum || !xqsum) {
         i8_release(a);
         return -1;
     }
-    quantize_rows(x, xq, dx, xqsum, xsum, rows, n_in, gs, padded, stride, bits == 4);
+    quantize_rows(x, xq, xw, dx, xqsum, xsum, rows, n_in, gs, padded, stride, bits == 4);
     return 0;
 }
 #endif
 
-/* quant_rows with int8 activations where it applies (groups a multiple of 32, fewer than
- * `many_from` rows, an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit codes, 4 for
- * 5-bit codes in bytes...); anything else is quant_rows itself. */
+/* quant_rows with int8 activations (int16 where `wide`) where they apply (groups a multiple of 32,
+ * fewer than `many_from` rows, an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit
+ * codes, 4 for 5-bit codes in bytes...); anything else is quant_rows itself. */
 int quant_rows_int8(const float *x, const void *codes, const void *scales, const void *biases,
                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
-                    long many_from, int type, int centre) {
+                    long many_from, int type, int centre, int wide) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (i8_takes(bits, centre, biases, gs, type, n_in) && rows >= 1 && rows < many_from) {
         struct i8_args args;
-        if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre))
+        if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre,
+                       wide))
             return -1;
         threads = for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads < 1 ? 1 : threads, i8_step, &args);
         i8_release(&args);
         return threads;
     }
 #else
-    (void)centre;
+    (void)centre, (void)wide;
 #endif
     return quant_rows(x, codes, scales, biases, y, rows, n_in, n_out, gs, bits, threads, many_from, type);
 }
@@ -1032,7 +1149,7 @@ int quant_rows_int8_many(const float *x, float *y, long rows, long n_in, int thr
             a->y = y + m.first[i], a->n_out = w[i].n_out, a->type = w[i].type, a->centre = w[i].centre;
         } else if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases,
                               y + m.first[i], m.total, w[i].n_out, w[i].gs, w[i].bits, w[i].type,
-                              w[i].centre)) {
+                              w[i].centre, 0)) {
             while (i-- > 0)
                 if (rounds[i]) i8_release(&m.weights[i]);
             return -1;

@@ -11,7 +11,8 @@ MLXSWITCH_KERNELS values:
         on a CPU, quantized weights are multiplied as stored by the compiled quantized kernel,
         each row of activations rounded to int8 per 32 inputs for every pass a decoding round
         makes (as llama.cpp does; a step 1.4x faster, bench/bench_int8_accuracy.py measures what
-        the rounding changes), and fp32 scales and biases held as fp16 where every scale is in
+        the rounding changes; a down projection's to int16 on 4-bit codes, else fp32), and fp32
+        scales and biases held as fp16 where every scale is in
         fp16's normal range (a layer's weights then as precise as an fp16 model's);
   "exact": as "auto", but the quantized kernel multiplies fp32 activations (exact up to
         summation order) on the scales as loaded;
@@ -86,7 +87,8 @@ _WORDS = {
     },
     "quant_activations": {
         "fp32": "fp32 (exact up to summation order; MLXSWITCH_KERNELS=exact)",
-        "int8": "int8 per 32 inputs for decoding's passes (up to 33 rows), fp32 for prefill",
+        "int8": "int8 per 32 inputs for decoding's passes (up to 33 rows; 4-bit down projections int16), "
+        "fp32 for prefill",
         "none": "no quantized kernel",
     },
     "quant_scales": {
@@ -128,8 +130,8 @@ class Route:
         resident_product says; else "rows") or "rows" (our module: the multi-row route, MLX's
         quantized matmul otherwise).
     quant_activations: what the quantized kernel multiplies the codes with — "int8" (x rounded
-        per 32 inputs for decoding's passes, fp32 for prefill), "fp32" (exact up to summation
-        order) or "none".
+        per 32 inputs for decoding's passes, to int16 for 4-bit down projections; fp32 for
+        prefill), "fp32" (exact up to summation order) or "none".
     quant_scales: how the quantized kernel holds a layer's scales and biases — "fp16" (fp32 ones
         narrowed on load where every scale is in fp16's normal range: a weight s·q + b then as
         precise as an fp16 model's, ~1 bit a weight less to read and hold), "stored" or "none".
