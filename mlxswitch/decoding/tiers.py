@@ -8,7 +8,6 @@ from typing import cast
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import (
-    KVCache,
     RotatingKVCache,
     can_trim_prompt_cache,
     make_prompt_cache,
@@ -17,13 +16,14 @@ from mlx_lm.models.cache import (
 
 from ..errors import UsageError
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
+from ..models.cpu_blocks import decoding_caches
 from ..models.heads import SplitModel, split_model
 from ..models.model_bytes import bytes_per_token
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
 from ..tier_names import local_tier_names
 from .draft_memory import DraftMemory
-from .packed import can_pack, packed_caches
+from .packed import PLAIN_CACHES, can_pack, packed_caches
 
 _UNCHECKED = object()  # a CacheGroup's split before it is checked
 # A pass of more rows (a prompt, a long catch-up) runs alone: a packed pass hands every row its
@@ -200,7 +200,7 @@ class CacheGroup:
 
     def reset(self) -> None:
         """Forget everything the cache holds."""
-        self.cache = make_prompt_cache(self.model.model)
+        self.cache = decoding_caches(self.model.model, make_prompt_cache(self.model.model))
         if self.max_kv_size is not None:
             self.cache = _rotating(self.cache, self.max_kv_size, self.model.name)
         self.seen = 0
@@ -219,8 +219,8 @@ class CacheGroup:
 def _rotating(cache: list, max_kv_size: int, name: str) -> list:
     """Rotating caches in place of plain ones: mlx-lm's make_prompt_cache ignores max_kv_size for
     a model with its own make_cache (llama, qwen2 …), so the bound is applied here for all."""
-    if not all(type(c) is KVCache for c in cache):
-        kinds = ", ".join(sorted({type(c).__name__ for c in cache} - {"KVCache"}))
+    if not all(type(c) in PLAIN_CACHES for c in cache):
+        kinds = ", ".join(sorted({type(c).__name__ for c in cache} - {c.__name__ for c in PLAIN_CACHES}))
         raise UsageError(f"--max-kv-size cannot bound {name}'s cache ({kinds} layers); leave it out")
     # keep=4: mlx-lm's own choice, the first tokens stay (attention sinks).
     return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in cache]

@@ -5,8 +5,9 @@ Why our own: on MLX's CPU backend `mx.fast.scaled_dot_product_attention` ran at 
 500-token context ~2 ms a layer) and `silu(g)·u` over 8,960 values took 0.31 ms a row (NumPy:
 0.03). NumPy's BLAS and vectorised exp do the same work many times faster. Only the layouts of
 mlx-lm's llama and qwen2 blocks are taken (their __call__ is followed step for step); the
-linears, RoPE and the KV cache stay theirs. Where evaluation is refused (mx.compile) or the cache
-is not a plain one (a quantized KV cache), MLX's own code runs.
+linears, RoPE and the KV cache stay theirs (a plain cache made by decoding_caches also keeps a
+decoding pass's keys and values in NumPy, numpy_cache.py). Where evaluation is refused
+(mx.compile) or the cache is not a plain one (a quantized KV cache), MLX's own code runs.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import llama, qwen2
+from mlx_lm.models.cache import KVCache
 
 from ..kernels._common import single_threaded_blas
 from ..kernels.nested_cpu import decoding_quant_rows_together
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..kernels.quant_packs import weight_pack
+from .numpy_cache import NumpyKVCache
 
 # Up to this many query rows (steps and checks) attention runs on one BLAS thread (numpy_attention).
 SMALL_QUERIES = 64
@@ -207,9 +210,10 @@ class NumpyBlock(nn.Module):
 
 def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
     """One decoder block on a decoding pass's rows (≤ INT8_MAX_POSITIONS a sequence, fp32), with
-    one MLX evaluation instead of six: each evaluation of a small graph costs ~0.13 ms on MLX's CPU
-    backend, ~35 ms of a Qwen 1.5B step. The norms, residuals, linears (their decoding_rows) and
-    attention run in NumPy; RoPE and the KV cache stay the model's and the cache's own. None
+    no MLX evaluation where the cache is a NumpyKVCache (else one, where mlx-lm's block made six:
+    each evaluation of a small graph costs ~0.13 ms on MLX's CPU backend). The norms, residuals,
+    linears (their decoding_rows), RoPE (nn.RoPE's) and attention run in NumPy; a scaled RoPE stays
+    the model's, and a cache of mlx-lm's own its own. None
     where the pass is not one (a prefill, another dtype, a quantized cache, another layout, under
     mx.compile): mlx-lm's block runs."""
     attention, mlp = block.self_attn, block.mlp
@@ -238,20 +242,14 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
         rows.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
         for rows, heads in ((queries_rows, attention.n_heads), (keys_rows, attention.n_kv_heads))
     ]
-    values = mx.array(values_rows.reshape(batch, length, attention.n_kv_heads, -1).transpose(0, 2, 1, 3))
+    values_rows = values_rows.reshape(batch, length, attention.n_kv_heads, -1).transpose(0, 2, 1, 3)
     offset = 0 if cache is None else cache.offset
-    q: np.ndarray | None = None
-    if type(attention.rope) is nn.RoPE:  # MLX's rope of a step cost more than its linears
-        # the queries stay NumPy's: only the keys and values go through the (MLX) cache
+    if type(attention.rope) is nn.RoPE and isinstance(cache, NumpyKVCache):
+        # MLX's rope of a step cost more than its linears; keys and values go to the NumPy copy
         q, rotated_keys = (_rope(a, attention.rope, offset) for a in shaped)
-        keys = mx.array(rotated_keys)
-    else:  # a scaled RoPE (Llama 3's, YaRN): the model's own
-        queries, keys = (attention.rope(mx.array(a), offset=offset) for a in shaped)
-    if cache is not None:
-        keys, values = cache.update_and_fetch(keys, values)
-    views = _evaluated(keys, values) if q is not None else _evaluated(queries, keys, values)
-    assert views is not None, "x was evaluated above: so are these"
-    q, k, v = (q, *views) if q is not None else views
+        k, v = cache.append_rows(rotated_keys, np.ascontiguousarray(values_rows))
+    else:
+        q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache)
     with single_threaded_blas():  # as numpy_attention does for a step's products
         attended = _attention_rows(q, k, v, attention.scale, mask)
     h = h + _rows_times(attention.o_proj, attended.transpose(0, 2, 1, 3).reshape(batch * length, -1))
@@ -259,6 +257,26 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
     hidden = _silu_times(*_rows_times_together(mlp, (mlp.gate_proj, mlp.up_proj), normed))
     h = h + _rows_times(mlp.down_proj, hidden)
     return mx.array(h.reshape(batch, length, dims))
+
+
+def _mlx_cache_rows(
+    attention: Any, shaped: list[np.ndarray], values_rows: np.ndarray, offset: Any, cache: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queries, keys and values (B × heads × T × D, fp32 NumPy) of a decoding pass whose cache
+    is mlx-lm's own (a packed pass's, a rotating one) or whose RoPE is scaled (Llama 3's, YaRN:
+    the model's own runs): through MLX, one evaluation."""
+    values = mx.array(values_rows)
+    q: np.ndarray | None = None
+    if type(attention.rope) is nn.RoPE:  # the queries stay NumPy's
+        q, rotated_keys = (_rope(a, attention.rope, offset) for a in shaped)
+        keys = mx.array(rotated_keys)
+    else:
+        queries, keys = (attention.rope(mx.array(a), offset=offset) for a in shaped)
+    if cache is not None:
+        keys, values = cache.update_and_fetch(keys, values)
+    views = _evaluated(keys, values) if q is not None else _evaluated(queries, keys, values)
+    assert views is not None, "x was evaluated: so are these"
+    return (q, views[0], views[1]) if q is not None else (views[0], views[1], views[2])
 
 
 def _rope(x: np.ndarray, rope: nn.RoPE, offset: Any) -> np.ndarray:
@@ -358,6 +376,16 @@ def _subclass(base: type, mixin: type) -> type:
 
 
 _CLASSES: dict[tuple[type, type], type] = {}
+
+
+def decoding_caches(model: nn.Module, caches: list) -> list:
+    """`caches` (mlx-lm's for `model`) as NumpyKVCache where they are plain KV caches and the
+    model's blocks take the NumPy route (their decoding passes then keep keys and values in NumPy);
+    else as they are."""
+    numpy_blocks = any(isinstance(module, NumpyBlock) for _, module in model.named_modules())
+    if not numpy_blocks or not all(type(cache) is KVCache for cache in caches):
+        return caches
+    return [NumpyKVCache() for _ in caches]
 
 
 def use_numpy_blocks(model: nn.Module) -> int:
