@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxswitch.kernels import nested_cpu, quant_cpu
+from mlxswitch.kernels import nested_cpu, quant_cpu, quant_weights
 from mlxswitch.kernels.route import current_route, kernels_override
 from mlxswitch.models.sources import load_model
 
@@ -79,8 +79,8 @@ def _columns(weight, idx: np.ndarray) -> np.ndarray:
     else:
         codes = rows[:, idx].astype(np.float64)
     group = idx // weight.group_size
-    scales = quant_cpu.scale_floats(weight.scales.reshape(weight.out_dims, -1)[:, group])
-    return scales * codes + quant_cpu.scale_floats(weight.biases.reshape(weight.out_dims, -1)[:, group])
+    scales = quant_weights.scale_floats(weight.scales.reshape(weight.out_dims, -1)[:, group])
+    return scales * codes + quant_weights.scale_floats(weight.biases.reshape(weight.out_dims, -1)[:, group])
 
 
 def down_spec(text: str) -> tuple[float, int]:

@@ -21,7 +21,8 @@ import mlx.core as mx
 import numpy as np
 
 from mlxswitch.kernels.cbuild import compile_source
-from mlxswitch.kernels.quant_cpu import COMPILE_FLAGS, SOURCE, QuantKernel, QuantWeight
+from mlxswitch.kernels.quant_cpu import COMPILE_FLAGS, SOURCE, QuantKernel
+from mlxswitch.kernels.quant_weights import QuantWeight
 
 # (out, in, bits, distinct weights cycled): the 1.5B's 4-bit gate/up, down (4-bit: int16
 # activations on the default; its other 14, 8-bit from Q6_K, keep fp32), q/o projections and its

@@ -14,14 +14,8 @@ import numpy as np
 import pytest
 
 from mlxswitch.kernels import cbuild, quant_cpu
-from mlxswitch.kernels.quant_cpu import (
-    SUPPORTED_BITS,
-    QuantWeight,
-    build_quant_kernel,
-    check_kernel,
-    quant_views,
-    unpack_codes,
-)
+from mlxswitch.kernels.quant_cpu import build_quant_kernel, check_kernel
+from mlxswitch.kernels.quant_weights import SUPPORTED_BITS, QuantWeight, quant_views, unpack_codes
 from mlxswitch.kernels.route import resolve_route
 
 KERNEL = build_quant_kernel().kernel
@@ -119,7 +113,7 @@ def test_half_precision_scales_are_read_in_place_and_give_the_float64_products(s
 
 
 def test_fp32_scales_become_fp16_only_where_every_scale_is_in_its_normal_range():
-    from mlxswitch.kernels.quant_cpu import FP16_NORMAL_MIN, fp16_scales
+    from mlxswitch.kernels.quant_weights import FP16_NORMAL_MIN, fp16_scales
 
     scales = mx.array([[0.5, 0.0], [FP16_NORMAL_MIN, 3.0]])
     biases = mx.array([[-4.0, 1e-9], [0.0, -24.0]])

@@ -21,7 +21,7 @@ from .nested_cpu import (
     quant_matmul,
     result_dtype,
 )
-from .quant_cpu import quant_views
+from .quant_weights import quant_views
 from .route import current_route
 
 # Bump whenever metal/nested_qmv.metal or the launch changes: MLX caches compiled libraries by name.

@@ -17,14 +17,9 @@ import numpy as np
 
 from ._common import blas_threads
 from .panel_cpu import PanelWeight, panel_copy, panel_kernel
-from .quant_cpu import (
-    INT8_MAX_POSITIONS,
-    QuantWeight,
-    int8_applies,
-    quant_kernel,
-    quant_weights_times,
-)
+from .quant_cpu import INT8_MAX_POSITIONS, int8_applies, quant_kernel, quant_weights_times
 from .quant_packs import WeightPack, times_together
+from .quant_weights import QuantWeight
 from .route import Route, current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,

@@ -4,8 +4,8 @@ Why our own: MLX's CPU quantized matmul is a scalar loop on x86 (0.4-1.1 GB/s), 
 fast alternative there, a resident fp32 copy of every quantized weight, reads 4 bytes a weight per
 token where the model holds ~0.6-1.2 (6-8 GB resident for the Qwen 1.5B). This kernel reads the
 packed codes, scales and biases in place (no copy at all for 4- and 8-bit codes with fp32,
-fp16 or bf16 scales; the CPU default holds a layer's as fp16 where they fit, fp16_scales),
-unpacks them in registers and reads each byte once for up to 8 rows; many rows go through a
+fp16 or bf16 scales; the CPU default holds a layer's as fp16 where they fit: the views are
+quant_weights.py's), unpacks them in registers and reads each byte once for up to 8 rows; many rows go through a
 small dequantized panel kept in cache. mlx-lm has no CPU route of its own to reuse.
 
 Life cycle as the panel kernel's: compiled on first use with the machine's C compiler into the
@@ -17,16 +17,22 @@ route falls back (kernels/route.py says which and why).
 from __future__ import annotations
 
 import ctypes
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
 from .cbuild import compile_source
+from .quant_weights import (
+    SCALE_TYPES,
+    SUPPORTED_BITS,
+    QuantWeight,
+    scale_floats,
+    unpack_codes,
+)
 
 SOURCE = Path(__file__).with_name("quant_rows.c")
 # Tried in order: a compiler may refuse -march=native. Threads are the kernel's own pool (pthreads).
@@ -43,72 +49,6 @@ MANY_ROWS_FROM = 12
 # a step's, bit for bit, alone or batched; a pass of more positions a sequence (a prefill) takes
 # fp32 activations and the panel, faster there (kernels.md).
 INT8_MAX_POSITIONS = 33
-DIRECT_BITS = (4, 8)  # read in place; other widths are widened (or unpacked) to a byte a code at load
-SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
-
-
-# How the kernel reads scales and biases (quant_rows.c's SCALE_F32, SCALE_F16, SCALE_BF16).
-SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
-
-
-def _scale_view(values: mx.array) -> tuple[np.ndarray, int]:
-    """Scales or biases as the kernel reads them, and their type: a view of MLX's buffer where
-    they are fp32, fp16 or bf16 (bf16 as its uint16 bits: NumPy has no bf16); else an fp32 copy."""
-    if values.dtype not in SCALE_TYPES:
-        values = values.astype(mx.float32)
-    scale_type = SCALE_TYPES[values.dtype]
-    if values.dtype == mx.bfloat16:
-        values = mx.view(values, mx.uint16)
-    mx.eval(values)
-    return np.ascontiguousarray(np.asarray(values)), scale_type
-
-
-FP16_NORMAL_MIN = 2.0**-14  # below it an fp16 value is subnormal: fewer than 11 significant bits
-FP16_MAX = 65504.0
-
-
-def fp16_scales(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array] | None:
-    """A layer's fp32 scales and biases as fp16, where every non-zero scale is in fp16's normal
-    range (each then kept to 11 significant bits, a weight s·q + b as precise as an fp16 model's:
-    on the Qwen pair, all but the Q6_K-born 8-bit down and v projections whose smallest steps are
-    subnormal there); else None: the layer keeps its own."""
-    if scales.dtype != mx.float32 or biases.dtype != mx.float32:
-        return None
-    mx.eval(scales, biases)
-    size = np.abs(np.asarray(scales))  # views of MLX's buffers
-    largest = max(float(size.max()), float(np.abs(np.asarray(biases)).max()))
-    if (size[size > 0] < FP16_NORMAL_MIN).any() or largest > FP16_MAX:
-        return None
-    narrowed = scales.astype(mx.float16), biases.astype(mx.float16)
-    mx.eval(*narrowed)
-    return narrowed
-
-
-def scale_floats(values: np.ndarray) -> np.ndarray:
-    """A kernel view's scales or biases (fp32, fp16, or bf16 as uint16 bits) as float64."""
-    if values.dtype == np.uint16:  # bf16: the top half of an fp32
-        return (values.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return values.astype(np.float64)
-
-
-def unpack_codes(weight: np.ndarray, bits: int, in_dims: int) -> np.ndarray:
-    """MLX's packed codes (rows × words: each row a little-endian bit stream, value i at bits
-    i·bits…) as one uint8 code a weight. A run of 8/gcd(bits, 8) values fills whole bytes (8 5-bit
-    codes: 5 bytes), read as one integer and shifted apart: ~5x numpy's unpackbits and packbits."""
-    raw = np.ascontiguousarray(weight).view(np.uint8)
-    run = 8 // math.gcd(bits, 8)  # values in a run of whole bytes
-    run_bytes = bits * run // 8
-    shifts = bits * np.arange(run, dtype=np.uint64)
-    mask = np.uint64((1 << bits) - 1)
-    out = np.empty((raw.shape[0], in_dims), dtype=np.uint8)
-    step = max(1, (1 << 21) // max(1, in_dims))  # bounded temporaries on an embedding
-    for r0 in range(0, raw.shape[0], step):
-        runs = raw[r0 : r0 + step].reshape(-1, run_bytes).astype(np.uint64)
-        word = runs[:, 0].copy()
-        for k in range(1, run_bytes):
-            word |= runs[:, k] << np.uint64(8 * k)
-        out[r0 : r0 + step] = ((word[:, None] >> shifts) & mask).astype(np.uint8).reshape(-1, in_dims)
-    return out
 
 
 def widened_codes(weight: mx.array, bits: int) -> mx.array:
@@ -122,100 +62,6 @@ def widened_codes(weight: mx.array, bits: int) -> mx.array:
     kernel = quant_kernel()
     codes = unpack_codes(packed, bits, in_dims) if kernel is None else kernel.unpack(packed, bits, in_dims)
     return mx.array(codes.view(np.uint32))
-
-
-@dataclass(frozen=True, eq=False)
-class QuantWeight:
-    """One affine-quantized W (out × in) as the kernel reads it: codes (4-bit packed, or one byte
-    a code), scales and biases (out × groups) of `scale_type` (SCALE_TYPES). `keep` holds the MLX
-    arrays the views read."""
-
-    codes: np.ndarray
-    scales: np.ndarray
-    biases: np.ndarray
-    bits: int
-    group_size: int
-    out_dims: int
-    in_dims: int
-    keep: tuple = ()
-    code_bits: int = 0  # the codes' own width (5 for 5-bit codes held a byte each); 0: `bits`
-    scale_type: int = 0  # SCALE_TYPES: fp32, fp16 or bf16 (held as its uint16 bits)
-
-    @property
-    def centre_log2(self) -> int:
-        """log2 of the codes' midpoint, where the int8 path centres them (quant_rows.c)."""
-        return (self.code_bits or self.bits) - 1
-
-    @classmethod
-    def from_arrays(
-        cls,
-        weight: mx.array,
-        scales: mx.array,
-        biases: mx.array,
-        group_size: int,
-        bits: int,
-        code_bits: int = 0,
-    ) -> QuantWeight:
-        """The kernel's view of MLX's triple (copies only codes of other widths than 4 and 8, and
-        scales of other types than fp32, fp16 and bf16); code_bits: the codes' own width where
-        narrower than their container (widened_codes)."""
-        if bits not in SUPPORTED_BITS:
-            raise ValueError(f"{bits}-bit codes are not supported (supported: {SUPPORTED_BITS})")
-        mx.eval(weight)
-        out_dims, in_dims = weight.shape[0], weight.shape[1] * 32 // bits
-        packed = np.asarray(weight)
-        if bits in DIRECT_BITS:
-            codes, kernel_bits = packed.view(np.uint8), bits
-        else:
-            codes, kernel_bits = unpack_codes(packed, bits, in_dims), 8
-        if scales.dtype != biases.dtype:
-            scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
-        (s, scale_type), (b, _) = _scale_view(scales), _scale_view(biases)
-        keep = (weight, scales, biases)
-        own_bits = code_bits or bits
-        return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, keep, own_bits, scale_type)
-
-    @cached_property
-    def addresses(self) -> tuple[int, int, int]:
-        """Where codes, scales and biases start: fixed for the view's life, so read once, not once
-        a product (NumPy's .ctypes makes an object a call)."""
-        return self.codes.ctypes.data, self.scales.ctypes.data, self.biases.ctypes.data
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes a product reads: codes, scales and biases."""
-        return self.codes.nbytes + self.scales.nbytes + self.biases.nbytes
-
-    def fits_kernel(self) -> bool:
-        """Whether the kernel takes this shape (a group of 16 or more inputs dividing the row)."""
-        g = self.group_size
-        return g >= 16 and g % 16 == 0 and self.in_dims % g == 0
-
-
-@dataclass(frozen=True, eq=False)
-class QuantViews:
-    """The kernel's views of a layer's planes, kept on the layer (a plain attribute, never a
-    parameter) so that a step does not rebuild them."""
-
-    weights: tuple[QuantWeight, ...]
-
-
-def quant_views(
-    planes: Sequence[dict], plane_bits: Sequence[int], group_size: int, code_bits: int = 0
-) -> QuantViews | None:
-    """The kernel's views of MLX planes ({"weight", "scales", "biases"}), or None where a plane
-    has no biases or a shape the kernel does not take (code_bits: as QuantWeight.from_arrays)."""
-    weights = []
-    for plane, bits in zip(planes, plane_bits, strict=True):
-        if plane.get("biases") is None or bits not in SUPPORTED_BITS:
-            return None
-        view = QuantWeight.from_arrays(
-            plane["weight"], plane["scales"], plane["biases"], group_size, bits, code_bits
-        )
-        if not view.fits_kernel():
-            return None
-        weights.append(view)
-    return QuantViews(tuple(weights))
 
 
 class QuantKernel:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .quant_cpu import QuantKernel, QuantWeight, int8_applies
+from .quant_cpu import QuantKernel, int8_applies
+from .quant_weights import QuantWeight
 
 # Most weights one call multiplies together (quant_rows.c's MANY_WEIGHTS).
 MANY_WEIGHTS = 8

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
 from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul
-from ..kernels.quant_cpu import QuantViews, quant_views
+from ..kernels.quant_weights import QuantViews, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
 

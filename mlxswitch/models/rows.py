@@ -24,15 +24,14 @@ from ..kernels.nested_cpu import (
     resident_dense_matmul,
 )
 from ..kernels.panel_cpu import PanelWeight
-from ..kernels.quant_cpu import (
+from ..kernels.quant_cpu import int8_inputs, widened_codes
+from ..kernels.quant_weights import (
     DIRECT_BITS,
     SUPPORTED_BITS,
     QuantViews,
     QuantWeight,
     fp16_scales,
-    int8_inputs,
     quant_views,
-    widened_codes,
 )
 from ..kernels.route import current_route
 from .cpu_blocks import use_numpy_blocks
