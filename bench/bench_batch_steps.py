@@ -3,13 +3,12 @@
     uv run python bench/bench_batch_steps.py [--profile embedded-plain] [--answers 4] [--rounds 2]
     uv run --extra qwen-coder python bench/bench_batch_steps.py --profile qwen2.5-coder-0.5b-1.5b
 
-In-process, on `serve`'s engine (decoding/batch.py, mlx-lm's BatchGenerator, for a single
-model; decoding/engine.py, packed passes, for a pair), no HTTP: `--answers` prompts are
+In-process, on `serve`'s engine (decoding/engine.py, packed passes), no HTTP: `--answers` prompts are
 added at the same moment and the batch is stepped until they end; printed per level are the
 median first token, the seconds of the first steps, the median of the later ones (decoding) and
-the tokens per second of the whole level. On mlx-lm's batch the first step is the prompts'
-prefill, the second the split into decoding, the third the first decode step, which hands out
-the first token; on the pair's, the first step is the prefill and hands out the first token.
+the tokens per second of the whole level. The first step is the prefill and hands out the first
+token (on mlx-lm's batch, which served one-model profiles until the commit after 2cc699c, a
+first token took three steps: the prefill, the split into decoding, the first decode step).
 Each prompt is numbered, as bench_serve.py's are; with the prompt cache, a later prompt reuses
 the beginning it shares with an earlier one (the system prompt).
 
@@ -27,17 +26,14 @@ import time
 
 from mlxswitch.api import build_ladder, resolve_profile
 from mlxswitch.decoding.answer import TokenEvent
-from mlxswitch.decoding.batch import BatchedAnswers, batch_engine
-from mlxswitch.decoding.engine import Engine
+from mlxswitch.decoding.engine import Engine, batch_engine
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def level(
-    engine: BatchedAnswers | Engine, session: ChatSession, answers: int, numbers
-) -> tuple[float, list[float], int]:
+def level(engine: Engine, session: ChatSession, answers: int, numbers) -> tuple[float, list[float], int]:
     """Add `answers` prompts at once and step until all end: (median first token s, step seconds,
     tokens made)."""
     firsts: dict[int, float] = {}

@@ -13,9 +13,8 @@ import pytest
 from batch_helpers import Collector, run_batch
 
 from mlxswitch.decoding.answer import AnswerSummary
-from mlxswitch.decoding.batch import BatchedAnswers, batch_engine
 from mlxswitch.decoding.draft_memory import DraftMemory
-from mlxswitch.decoding.engine import MLX_LM_BATCH, ONE_AT_A_TIME, PACKED, Engine, batching, shares_passes
+from mlxswitch.decoding.engine import ONE_AT_A_TIME, PACKED, Engine, batch_engine, batching, shares_passes
 from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.prompt_caches import PromptCaches
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
@@ -104,6 +103,8 @@ def test_a_packed_pass_gives_each_conversation_the_logits_of_its_own_pass(models
 def _ladder_named(models, gears, name: str) -> Ladder:
     if name == "gears":
         return gear_ladder(gears, [4, 8])
+    if name == "one":
+        return single_model_ladder(models[1])
     return _ladder(models, twin=name == "twin")
 
 
@@ -116,6 +117,7 @@ LADDERS_AND_RULES = [
     ("pair", RouterConfig(up=(1.5,), down=(1.0,), window=3, min_run=2)),  # the threshold policy
     ("gears", ROUTED),  # one model, one cache per answer, two gears packed apart
     ("gears", _verify(draft="fixed", lookup=False)),
+    ("one", RouterConfig(up=())),  # one model, as `serve --model` batches it
 ]
 
 
@@ -215,26 +217,28 @@ def test_which_sessions_batch_and_with_which_engine(models, tiny_gears_4_8):
     for session in (pair, routed, geared):
         assert shares_passes(session) and isinstance(batch_engine(session, 2), Engine)
     one = ChatSession(single_model_ladder(models[1]), RouterConfig(up=()), GenerationSettings())
-    assert not shares_passes(one) and isinstance(batch_engine(one, 2), BatchedAnswers)
+    assert shares_passes(one) and isinstance(batch_engine(one, 2), Engine)  # one model: the same engine
+    bounded = ChatSession(
+        single_model_ladder(models[1]), RouterConfig(up=()), GenerationSettings(max_kv_size=64)
+    )
+    assert not shares_passes(bounded) and isinstance(batch_engine(bounded, 2), Engine)  # each pass alone
     controlled = dataclasses.replace(routed.prepare_text("a"), control=make_policy)  # the bench's controls
     assert not shares_passes(routed, controlled)  # decoded beside the others, each pass alone
     # The engines follow the one rule (engine.batching) that `serve` picks its worker by.
-    assert batching(2, False, ROUTED.signal) == PACKED and batching(1, False, "entropy") == MLX_LM_BATCH
+    assert batching(False, ROUTED.signal) == PACKED and batching(False, "entropy") == PACKED
 
 
 @pytest.mark.parametrize(
-    ("tiers", "cloud", "signal", "kind"),
+    ("cloud", "signal", "kind"),
     [
-        (1, False, "entropy", MLX_LM_BATCH),
-        (2, False, "entropy", PACKED),
-        (3, False, "margin", PACKED),
-        (2, True, "entropy", ONE_AT_A_TIME),
-        (1, True, "entropy", ONE_AT_A_TIME),
-        (2, False, "probe", ONE_AT_A_TIME),
+        (False, "entropy", PACKED),
+        (False, "margin", PACKED),
+        (True, "entropy", ONE_AT_A_TIME),
+        (False, "probe", ONE_AT_A_TIME),
     ],
 )
-def test_how_a_server_batches_a_profile(tiers, cloud, signal, kind):
-    assert batching(tiers, cloud, signal) == kind
+def test_how_a_server_batches_a_profile(cloud, signal, kind):
+    assert batching(cloud, signal) == kind
 
 
 def test_forks_share_the_split_checked_once_per_model(models, monkeypatch):

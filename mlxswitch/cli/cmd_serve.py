@@ -96,8 +96,8 @@ def serve(
             + ("" if api_key else "; anyone who can reach it may use it (set --api-key)")
         )
     # One local model, a routed or verified pair, gears: many requests decoded together
-    # (decoding/batch.py, decoding/engine.py); a cloud tier or the probe, one at a time.
-    kind = batching(len(chosen.local_tiers()), chosen.cloud is not None, chosen.router.signal)
+    # (decoding/engine.py); a cloud tier or the probe, one at a time.
+    kind = batching(chosen.cloud is not None, chosen.router.signal)
     batched = kind != ONE_AT_A_TIME and limits.max_batch > 1
     worker: Worker | BatchWorker = (
         BatchWorker(limits.queue_size, limits.max_batch, prompt_caches)

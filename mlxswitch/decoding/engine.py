@@ -20,8 +20,9 @@ whenever they end. The engine never prints and never waits.
 
 A packed pass's seconds are not any one answer's: the planner learns pass costs and what its
 rounds made only from passes an answer had to itself, and otherwise plans from what it learned.
-A one-model profile's answers are batched by mlx-lm's BatchGenerator in a server (batch.py),
-which is faster there; alone they come here too.
+A one-model profile's answers come here too, in a server as in a chat (mlx-lm's BatchGenerator
+batched them until 2cc699c: one client's answer took ~80 ms a token through it against ~70
+here, bench/results/serve-one-engine.txt).
 """
 
 from __future__ import annotations
@@ -81,19 +82,17 @@ class Conversations(Protocol):
 
 
 # How a server decodes its answers together (`batching`).
-MLX_LM_BATCH, PACKED, ONE_AT_A_TIME = "mlx-lm batch", "packed passes", "one at a time"
+PACKED, ONE_AT_A_TIME = "packed passes", "one at a time"
 
 
-def batching(local_tiers: int, cloud: bool, signal: str) -> str:
-    """How a server decodes a profile's answers together — the one place that says so:
-    MLX_LM_BATCH for one plain model (mlx-lm's BatchGenerator, batch.py: one call a step for
-    every row), PACKED for a ladder of two tiers or more (a routed or verified pair, gears: this
-    engine, each model's passes packed into one call), ONE_AT_A_TIME with a cloud tier (its
-    answer's state is the session's) or the probe's signal (it reads a hidden state that a packed
-    pass does not give)."""
+def batching(cloud: bool, signal: str) -> str:
+    """How a server decodes a profile's answers together — the one place that says so: PACKED
+    for local tiers (one model, a routed or verified pair, gears: this engine, each model's passes
+    packed into one call), ONE_AT_A_TIME with a cloud tier (its answer's state is the session's)
+    or the probe's signal (it reads a hidden state that a packed pass does not give)."""
     if cloud or SIGNAL_BY_NAME[signal].bottom_only:
         return ONE_AT_A_TIME
-    return PACKED if local_tiers > 1 else MLX_LM_BATCH
+    return PACKED
 
 
 def shares_passes(session: Conversations, request: PreparedAnswer | None = None) -> bool:
@@ -101,7 +100,7 @@ def shares_passes(session: Conversations, request: PreparedAnswer | None = None)
     answers: a ladder the server packs (`batching`), and no bounded cache or control policy (the
     bench's). Others decode in the engine too, each pass alone."""
     settings = request.settings if request is not None else session.settings
-    kind = batching(len(session.ladder.tiers), session.cloud is not None, session.router_config.signal)
+    kind = batching(session.cloud is not None, session.router_config.signal)
     return (
         kind == PACKED
         and settings.max_kv_size is None
@@ -292,3 +291,12 @@ class Engine:
         if last is not None:
             answer.deliver(last)
         answer.deliver(summary)
+
+
+def batch_engine(session: Conversations, max_batch: int, prompt_caches: PromptCaches | None = None) -> Engine:
+    """The engine that batches a server's answers (a ValueError for a profile decoded one at a
+    time: `batching`); answers that may not share a pass (`shares_passes`) take their passes
+    alone in it."""
+    if batching(session.cloud is not None, session.router_config.signal) != PACKED:
+        raise ValueError("a cloud tier or the probe's signal decodes one answer at a time")
+    return Engine(session, max_batch, prompt_caches)

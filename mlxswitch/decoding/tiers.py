@@ -162,7 +162,7 @@ class CacheGroup:
         split as mlx-lm's generate splits a prompt: all but the last `keep` filled here in chunks
         from the start, then those `keep` alone. A prefill pass computes otherwise than a step (fp32
         activations, batched attention), so a prompt's last position computed inside it got other
-        bits than mlx-lm's batch (`serve`'s one-model path) gave it, and at times another answer.
+        bits than mlx-lm's batch (`serve`'s one-model path then) gave it, and at times another answer.
         At another prefill gear all but `keep` are filled here: cheap gears never write lasting
         low-precision K/V for a prompt.
         """

@@ -5,8 +5,8 @@ fast alternative there, a resident fp32 copy of every quantized weight, reads 4 
 token where the model holds ~0.6-1.2 (6-8 GB resident for the Qwen 1.5B). This kernel reads the
 packed codes, scales and biases in place (no copy at all for 4- and 8-bit codes with fp32,
 fp16 or bf16 scales; the CPU default holds a layer's as fp16 where they fit: the views are
-quant_weights.py's), unpacks them in registers and reads each byte once for up to 8 rows; many rows go through a
-small dequantized panel kept in cache. mlx-lm has no CPU route of its own to reuse.
+quant_weights.py's), unpacks them in registers and reads each byte once for up to 8 rows; many
+rows go through a small dequantized panel kept in cache. mlx-lm has no CPU route of its own to reuse.
 
 Life cycle as the panel kernel's: compiled on first use with the machine's C compiler into the
 per-machine cache (cbuild.py), loaded with ctypes and checked against a float64 product before

@@ -1,7 +1,7 @@
 """Many generations at once on one session (one model, or verified drafting on a pair): the
 batch engine on one thread.
 
-The engine (decoding/batch.py) runs on the worker's one thread, as MLX streams require: that
+The engine (decoding/engine.py) runs on the worker's one thread, as MLX streams require: that
 thread loops, taking in new requests and cancellations at step boundaries and stepping the
 batch while any answer is active; it sleeps when none is. A request's prompt is rendered and
 checked on the event loop's thread pool first (the tokenizer, no MLX), so a refusal is a 4xx
@@ -17,8 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..decoding.answer import AnswerSummary, TokenEvent
-from ..decoding.batch import BatchedAnswers, batch_engine
-from ..decoding.engine import Engine
+from ..decoding.engine import Engine, batch_engine
 from ..decoding.prompt_caches import PromptCaches
 from ..decoding.session import ChatSession, PreparedAnswer
 from .worker import DONE, Prepare, QueuedJob, SessionOwner, refuse_if_closing, refuse_when_full
@@ -32,7 +31,7 @@ class BatchWorker(SessionOwner):
         self.max_batch = max_batch
         self.prompt_caches = prompt_caches
         self._session = None
-        self._engine: BatchedAnswers | Engine | None = None
+        self._engine: Engine | None = None
         self.last_summary: AnswerSummary | None = None
         self.closing = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxswitch-batch")
