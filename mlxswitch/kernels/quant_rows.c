@@ -861,31 +861,36 @@ static inline __m256i wide_dot(__m256i q, const int16_t *x) {
     return _mm256_madd_epi16(q, _mm256_loadu_si256((const __m256i *)x));
 }
 
-/* The 8 int32 partial sums of blocks blk and blk + 1 (blk even) of 4-bit codes: as
- * nibble_pair_codes reads them (32 bytes: blk's 16 then blk + 1's), each byte widened to int16 and
- * split into its low (even input) and high (odd input) nibble; x in nibble_pair_dot's order. */
-static inline void wide_nibble_pair(const uint8_t *codes, long blk, long blocks, const int16_t *x,
-                                    __m256i *first, __m256i *second) {
-    const __m256i mask = _mm256_set1_epi16(15);
-    __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(codes + blk * 16)));
-    const int16_t *xs = x + blk * BLOCK;
-    *first = _mm256_add_epi32(wide_dot(_mm256_and_si256(a, mask), xs),
-                              wide_dot(_mm256_srli_epi16(a, 4), xs + 2 * 16));
-    if (blk + 1 < blocks) {
-        __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(codes + blk * 16 + 16)));
-        *second = _mm256_add_epi32(wide_dot(_mm256_and_si256(b, mask), xs + 16),
-                                   wide_dot(_mm256_srli_epi16(b, 4), xs + 3 * 16));
-    } else {
-        *second = _mm256_setzero_si256();
+/* Blocks blk and blk + 1 (blk even) of codes widened to int16, once for every row: for 4-bit codes
+ * (nibble_pair_codes' bytes) blk's even and odd inputs, then blk + 1's; for codes a byte each,
+ * blk's first and second 16, then blk + 1's. Zeros past the row's last block. */
+static inline void widen_pair(const uint8_t *codes, long blk, long blocks, int bits, __m256i w[4]) {
+    const __m256i mask = _mm256_set1_epi16(15), none = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        int here = blk + h < blocks;
+        if (bits == 4) {
+            __m256i a = here ? _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(codes + (blk + h) * 16)))
+                             : none;
+            w[2 * h] = _mm256_and_si256(a, mask);
+            w[2 * h + 1] = _mm256_srli_epi16(a, 4);
+        } else {
+            const uint8_t *c = codes + (blk + h) * BLOCK;
+            w[2 * h] = here ? _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c)) : none;
+            w[2 * h + 1] = here ? _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16))) : none;
+        }
     }
 }
 
-/* The 8 int32 partial sums of block blk of codes a byte each. */
-static inline __m256i wide_bytes(const uint8_t *codes, long blk, const int16_t *x) {
-    const uint8_t *c = codes + blk * BLOCK;
-    __m256i low = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
-    __m256i high = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16)));
-    return _mm256_add_epi32(wide_dot(low, x + blk * BLOCK), wide_dot(high, x + blk * BLOCK + 16));
+/* The 8 int32 partial sums of blocks blk and blk + 1 of one row: x (int16, from the pair's first
+ * input, in the codes' order: nibble_pair_dot's for 4-bit codes) times widen_pair's codes. A row of
+ * codes a byte each ends with its last block: past it, x is not read. */
+static inline void wide_pair_dot(const __m256i w[4], const int16_t *x, int bits, int second_here,
+                                 __m256i *first, __m256i *second) {
+    long odd = bits == 4 ? 2 * 16 : 16, next = bits == 4 ? 16 : BLOCK; /* where w[1] and w[2]'s inputs are */
+    *first = _mm256_add_epi32(wide_dot(w[0], x), wide_dot(w[1], x + odd));
+    *second = bits == 4 || second_here
+                  ? _mm256_add_epi32(wide_dot(w[2], x + next), wide_dot(w[3], x + 3 * 16))
+                  : _mm256_setzero_si256();
 }
 
 /* One output o times K rows from r on int16 rows: per 8 blocks, each row's 8 block sums (as
@@ -912,16 +917,14 @@ static inline __m256i wide_bytes(const uint8_t *codes, long blk, const int16_t *
                 for (int p = 0; p < 2; p++) {                                                    \
                     long blk = b0 + 4 * quad + 2 * p;                                            \
                     __m256i dot[K][2];                                                           \
-                    for (int k = 0; k < K; k++) {                                                \
-                        if (blk >= a->blocks) {                                                  \
-                            dot[k][0] = dot[k][1] = _mm256_setzero_si256();                      \
-                        } else if (BITS == 4) {                                                  \
-                            wide_nibble_pair(codes, blk, a->blocks, xw[k], &dot[k][0], &dot[k][1]); \
-                        } else {                                                                 \
-                            dot[k][0] = wide_bytes(codes, blk, xw[k]);                           \
-                            dot[k][1] = blk + 1 < a->blocks ? wide_bytes(codes, blk + 1, xw[k])   \
-                                                            : _mm256_setzero_si256();            \
-                        }                                                                        \
+                    if (blk < a->blocks) {                                                       \
+                        __m256i w[4]; /* the codes widened once for the K rows */                \
+                        widen_pair(codes, blk, a->blocks, BITS, w);                              \
+                        for (int k = 0; k < K; k++)                                              \
+                            wide_pair_dot(w, xw[k] + blk * BLOCK, BITS, blk + 1 < a->blocks,     \
+                                          &dot[k][0], &dot[k][1]);                               \
+                    } else {                                                                     \
+                        for (int k = 0; k < K; k++) dot[k][0] = dot[k][1] = _mm256_setzero_si256(); \
                     }                                                                            \
                     for (int k = 0; k < K; k++) pair[k][p] = _mm256_hadd_epi32(dot[k][0], dot[k][1]); \
                 }                                                                                \
