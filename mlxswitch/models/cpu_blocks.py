@@ -248,7 +248,7 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
     if type(attention.rope) is nn.RoPE and isinstance(cache, NumpyKVCache):
         # MLX's rope of a step cost more than its linears; keys and values go to the NumPy copy
         q, rotated_keys = (_rope(a, attention.rope, offset) for a in shaped)
-        k, v = cache.append_rows(rotated_keys, np.ascontiguousarray(values_rows))
+        k, v = cache.append_rows(rotated_keys, values_rows)  # copied into the cache: any layout
     else:
         q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache)
     with single_threaded_blas():  # as numpy_attention does for a step's products
