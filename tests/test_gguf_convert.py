@@ -13,9 +13,12 @@ from gguf.quants import dequantize, quantize
 from tinymodels import train_tokenizer
 
 from mlxswitch.errors import ModelFormatError, ModelNotFoundError
+from mlxswitch.kernels.quant_weights import q6k_values
+from mlxswitch.models.arrays import flat_parameters
 from mlxswitch.models.gguf import needs_conversion
 from mlxswitch.models.gguf_convert import REQUANT_BITS, converted_dir, pack_codes, requantize
 from mlxswitch.models.loading import load_gguf_file
+from mlxswitch.models.rows import Q6KLinear
 
 Q = GGMLQuantizationType
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 256, 256, 2, 4, 2  # K-quant rows hold 256 values
@@ -157,7 +160,13 @@ def _module(model, gguf_name: str):
     return layer
 
 
+# Linears a decoder block multiplies in one kernel call, which keep the affine copy (models/rows.py)
+PACKED_GGUF_NAMES = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+
+
 def _weight(module) -> np.ndarray:
+    if isinstance(module, Q6KLinear):  # the file's blocks as stored
+        return q6k_values(np.asarray(module.weight), module.in_dims).astype(np.float32)
     if hasattr(module, "scales"):
         wide = (module.scales.astype(mx.float32), module.biases.astype(mx.float32))
         return np.asarray(mx.dequantize(module.weight, *wide, group_size=module.group_size, bits=module.bits))
@@ -174,10 +183,17 @@ def test_every_supported_type_loads_as_gguf_dequantizes_it(tmp_path, vocab, kind
         loaded = load_gguf_file("tiny", path, "tiny")
     default = load_gguf_file("tiny", path, "tiny")
     truth = gguf_floats(path)
+    stored = 0  # layers holding the file's Q6_K blocks as stored
     for name, values in truth.items():
         if values.ndim != 2:
             continue
         module = _module(loaded.model, name)
+        if isinstance(module, Q6KLinear):  # read as stored where the quantized kernel is the route
+            assert kind.name == "Q6_K" and name.split(".")[-2] not in PACKED_GGUF_NAMES
+            assert np.array_equal(_weight(module), values), name
+            assert np.array_equal(_weight(_module(default.model, name)), values), name
+            stored += 1
+            continue
         if kind.name in ("F32", "F16", "BF16"):
             assert not hasattr(module, "scales")
         else:
@@ -198,6 +214,8 @@ def test_every_supported_type_loads_as_gguf_dequantizes_it(tmp_path, vocab, kind
             assert (np.abs(_weight(held) - got) <= 2.0**-11 * size.repeat(32, axis=1) + 1e-12).all(), name
     if needs_conversion(path):  # else mx.load read it directly (the test below proves it exact)
         assert loaded.config["mlxswitch_gguf"]["types"][kind.name] > 0
+    # o, down and the head: every Q6_K linear but those one kernel call multiplies together
+    assert stored == (2 * LAYERS + 1 if kind.name == "Q6_K" else 0)
 
 
 @pytest.mark.parametrize("kind", (Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q8_0), ids=lambda k: k.name)
@@ -304,6 +322,42 @@ def test_a_k_quant_qwen2_decodes_as_an_independent_reference(tmp_path, vocab):
     path = tmp_path / "tiny-q4km.gguf"
     write_qwen2_gguf(path, vocab, Q.Q4_K, down=Q.Q5_K, output=Q.Q8_0)
     loaded = load_gguf_file("tiny", path, "tiny")
+    profile = resolve_profile(model=str(path))
+    session = ChatSession(
+        single_model_ladder(loaded, name="model"), profile.router, GenerationSettings(max_tokens=12)
+    )
+    summary = session.ask("The quick brown fox")
+    reference = NumpyQwen2(gguf_floats(path))
+    ids = list(
+        loaded.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "The quick brown fox"}], add_generation_prompt=True
+        )
+    )
+    expected = []
+    for _ in range(12):
+        token = int(np.argmax(reference.logits(ids)))
+        if token in loaded.tokenizer.eos_token_ids:
+            break
+        expected.append(token)
+        ids.append(token)
+    assert [t.id for t in summary.tokens] == expected and len(expected) >= 4
+
+
+def test_q6k_layers_decode_as_an_independent_reference(tmp_path, vocab):
+    """Down projections and the head in Q6_K, read as stored on the CPU: greedy tokens equal a
+    NumPy reference over gguf's dequantization, the affine copies of those layers never read."""
+    from mlxswitch.api import resolve_profile
+    from mlxswitch.decoding.session import ChatSession, GenerationSettings
+    from mlxswitch.decoding.tiers import single_model_ladder
+
+    path = tmp_path / "tiny-q6k.gguf"
+    write_qwen2_gguf(path, vocab, Q.Q4_K, down=Q.Q6_K, output=Q.Q6_K)
+    loaded = load_gguf_file("tiny", path, "tiny")
+    held = [n for n, m in loaded.model.named_modules() if isinstance(m, Q6KLinear)]
+    assert sorted(held) == ["lm_head"] + [f"model.layers.{i}.mlp.down_proj" for i in range(LAYERS)]
+    assert not any(
+        ".scales" in n and ("down_proj" in n or "lm_head" in n) for n, _ in flat_parameters(loaded.model)
+    )
     profile = resolve_profile(model=str(path))
     session = ChatSession(
         single_model_ladder(loaded, name="model"), profile.router, GenerationSettings(max_tokens=12)

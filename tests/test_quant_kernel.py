@@ -15,7 +15,15 @@ import pytest
 
 from mlxswitch.kernels import cbuild, quant_cpu
 from mlxswitch.kernels.quant_cpu import build_quant_kernel, check_kernel
-from mlxswitch.kernels.quant_weights import SUPPORTED_BITS, QuantWeight, quant_views, unpack_codes
+from mlxswitch.kernels.quant_weights import (
+    Q6K,
+    SUPPORTED_BITS,
+    QuantWeight,
+    q6k_values,
+    q6k_values_mx,
+    quant_views,
+    unpack_codes,
+)
 from mlxswitch.kernels.route import resolve_route
 
 KERNEL = build_quant_kernel().kernel
@@ -196,6 +204,63 @@ def test_the_check_catches_a_wrong_row_and_a_wrong_code():
             return codes
 
     assert "unpacked differently" in check_kernel(WrongCode())
+
+
+def _q6k_blocks(out_dims: int, in_dims: int, seed: int = 0) -> np.ndarray:
+    """Random Q6_K blocks: every code, scale and sign, d a normal fp16 (gguf has no Python Q6_K
+    quantizer)."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(out_dims, in_dims // 256, 210), dtype=np.uint8)
+    d = (rng.standard_normal(blocks.shape[:2]) * 1e-2).astype(np.float16)
+    blocks[..., 208:] = d.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(out_dims, -1)
+
+
+def test_q6k_values_are_ggufs_own_dequantization():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    blocks = _q6k_blocks(7, 768)
+    want = dequantize(blocks, GGMLQuantizationType.Q6_K).astype(np.float64).reshape(7, 768)
+    assert np.array_equal(q6k_values(blocks, 768), want)
+    assert np.array_equal(np.asarray(q6k_values_mx(mx.array(blocks), 768)), want.astype(np.float32))
+
+
+@needs_kernel
+def test_q6k_blocks_are_read_as_stored_and_equal_float64_products_on_every_path():
+    blocks = _q6k_blocks(21, 512)  # an odd output count
+    weight = QuantWeight.from_q6k(mx.array(blocks), 512)
+    assert weight.nbytes == blocks.nbytes == 21 * 2 * 210  # 6.5625 bits a weight, nothing beside
+    truth = q6k_values(blocks, 512)
+    rng = np.random.default_rng(3)
+    for rows in (1, 2, 3, 4, 5, 8, 13):
+        xs = rng.standard_normal((rows, 512)).astype(np.float32)
+        exact, rounded = xs.astype(np.float64) @ truth.T, quant_cpu.rounded_rows(xs, wide=True) @ truth.T
+        for many_from in (1 << 30, 1):
+            for threads in (1, 2):
+                got = KERNEL.times(xs, weight, threads, many_from)  # fp32 rows: the panel
+                assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max(), (rows, many_from)
+                got = KERNEL.times(xs, weight, threads, many_from, int8=True)
+                want = rounded if rows < many_from else exact
+                assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, many_from)
+                # each row's bits do not depend on the rows beside it, or the threads
+                alone = KERNEL.times(xs[-1:], weight, 1, many_from, int8=True)
+                if rows < many_from:
+                    assert np.array_equal(got[-1:], alone)
+
+
+@needs_kernel
+def test_the_check_catches_a_wrong_q6k_product():
+    class OffByOne:
+        unpack = staticmethod(KERNEL.unpack)
+
+        def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
+            y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
+            if weight.layout == Q6K:
+                y[-1, -1] += 1e-2
+            return y
+
+    assert "Q6_K" in check_kernel(OffByOne())
 
 
 def _rebuilt(monkeypatch, **patches):

@@ -27,9 +27,13 @@ import numpy as np
 
 from .cbuild import compile_source
 from .quant_weights import (
+    Q6K,
+    Q6K_BYTES,
+    Q6K_VALUES,
     SCALE_TYPES,
     SUPPORTED_BITS,
     QuantWeight,
+    q6k_values,
     scale_floats,
     unpack_codes,
 )
@@ -83,6 +87,12 @@ class QuantKernel:
         self.together.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int, ctypes.c_long]
         self.together.argtypes += [ctypes.c_void_p]
         self.together.restype = ctypes.c_int
+        # x, blocks, y; rows, in, out; threads; many_from; integer (int16 activations)
+        self._q6k = library.q6k_rows
+        self._q6k.argtypes = (
+            [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int, ctypes.c_long, ctypes.c_int]
+        )
+        self._q6k.restype = ctypes.c_int
         self._unpack = library.quant_unpack
         self._unpack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
         self._unpack.argtypes += [ctypes.c_int, ctypes.c_int]
@@ -115,6 +125,13 @@ class QuantKernel:
         if in_dims != weight.in_dims:
             raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
         y = np.empty((rows, weight.out_dims), dtype=np.float32)
+        many = MANY_ROWS_FROM if many_from is None else many_from
+        if weight.layout == Q6K:  # integer activations are int16 there (integer_applies)
+            at = (xs.ctypes.data, weight.addresses[0], y.ctypes.data)
+            done = self._q6k(*at, rows, in_dims, weight.out_dims, threads, many, int(int8))
+            if done < 1:
+                raise MemoryError("the quantized kernel could not get its scratch memory")
+            return y
         arguments = [
             xs.ctypes.data,
             *weight.addresses,
@@ -129,7 +146,6 @@ class QuantKernel:
         if int8:
             done = self._rows_int8(*arguments, rows + 1, weight.scale_type, weight.centre_log2, int(wide))
         else:
-            many = MANY_ROWS_FROM if many_from is None else many_from
             done = self._rows(*arguments, many, weight.scale_type)
         if done < 1:
             raise MemoryError("the quantized kernel could not get its scratch memory")
@@ -181,6 +197,15 @@ def int8_inputs(layer_name: str) -> bool:
 WIDE_CODE_BITS = (4,)
 
 
+def integer_applies(weight: QuantWeight, narrow: bool) -> bool:
+    """Whether a decoding pass's rows take integer activations on this weight: int8 where the layer
+    allows them (`narrow`) and int8_applies, int16 where it refuses them and wide_applies; a Q6_K
+    weight's always, on int16 (its one integer path: 6-bit codes of 16-weight sub-blocks)."""
+    if weight.layout == Q6K:
+        return True
+    return int8_applies(weight) if narrow else wide_applies(weight)
+
+
 def wide_applies(weight: QuantWeight) -> bool:
     """Whether a layer refused int8 activations takes int16 ones on this weight (else fp32): int8's
     conditions (int8_applies) and 4-bit codes (WIDE_CODE_BITS)."""
@@ -212,20 +237,25 @@ INT8_CODE_BITS = (2, 3, 4, 5, 6, 8)
 INT8_MIN_INPUTS = 768
 
 
+def rounded_rows(xs: np.ndarray, wide: bool = False) -> np.ndarray:
+    """xs as the integer paths round it, in float64: per block of 32 inputs, step = peak/127
+    (wide: peak/32767), codes = rint(x·(127/peak)) in fp32, as quant_rows.c's quantize_rows."""
+    levels = np.float32(32767 if wide else 127)
+    blocks = xs.astype(np.float32).reshape(xs.shape[0], -1, INT8_BLOCK)
+    peak = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(peak > 0, levels / peak, np.float32(0)).astype(np.float32)
+    step = (peak / levels).astype(np.float32)
+    return (np.rint(blocks * inverse) * step.astype(np.float64)).reshape(xs.shape)
+
+
 def int8_reference(xs: np.ndarray, weight: QuantWeight, truth: np.ndarray, wide: bool = False) -> np.ndarray:
     """What the int8 path computes, in float64: x rounded per block of 32 inputs as quant_rows.c
     rounds it (step = peak/127, codes = rint(x·(127/peak)) in fp32; wide: 32767 for int16), times
     the centred codes s·(q - 8), plus the biases (taking 8·s) times the exact sums of x. `truth` is
     W = s·q + b in float64."""
-    rows, g = xs.shape[0], weight.group_size
-    levels = np.float32(32767 if wide else 127)
-    blocks = xs.astype(np.float32).reshape(rows, -1, INT8_BLOCK)
-    peak = np.abs(blocks).max(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(peak > 0, levels / peak, np.float32(0)).astype(np.float32)
-    codes = np.rint(blocks * inverse)
-    step = (peak / levels).astype(np.float32)
-    rounded = (codes * step.astype(np.float64)).reshape(rows, -1)
+    g = weight.group_size
+    rounded = rounded_rows(xs, wide)
     centre = float(1 << weight.centre_log2)
     bias = np.repeat(scale_floats(weight.biases) + centre * scale_floats(weight.scales), g, axis=1)
     return rounded @ (truth - bias).T + xs.astype(np.float64) @ bias.T
@@ -251,6 +281,34 @@ def check_kernel(kernel: QuantKernel) -> str | None:
                     if mismatch is not None:
                         where = f"{bits}-bit, group {group_size}, {scale_dtype} scales, {rows} rows"
                         return f"{mismatch}, {where}"
+    return check_q6k(kernel, rng)
+
+
+def _random_q6k(rng, out_dims: int, in_dims: int) -> tuple[QuantWeight, np.ndarray]:
+    """Random Q6_K blocks (every code, scale and sign; d a normal fp16) and their truth in float64."""
+    blocks = rng.integers(0, 256, size=(out_dims, in_dims // Q6K_VALUES, Q6K_BYTES), dtype=np.uint8)
+    d = (rng.standard_normal(blocks.shape[:2]) * 1e-2).astype(np.float16)
+    blocks[..., 208:] = d.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    blocks = blocks.reshape(out_dims, -1)
+    return QuantWeight.from_q6k(mx.array(blocks), in_dims), q6k_values(blocks, in_dims)
+
+
+def check_q6k(kernel: QuantKernel, rng) -> str | None:
+    """None when Q6_K products equal a float64 product of the blocks' values (int16 activations:
+    of the rounded rows) at every row grouping, on 1 and 2 threads, by every path; else what."""
+    for out_dims, in_dims in ((19, 256), (13, 768)):
+        weight, truth = _random_q6k(rng, out_dims, in_dims)
+        for rows in (1, 2, 3, 4, 5, 9, 13):
+            xs = rng.standard_normal((rows, in_dims)).astype(np.float32)
+            exact, rounded = xs.astype(np.float64) @ truth.T, rounded_rows(xs, wide=True) @ truth.T
+            for integer in (False, True):
+                for many_from, threads in ((1 << 30, 1), (1 << 30, 2), (1, 2)):
+                    got = kernel.times(xs, weight, threads, many_from, int8=integer)
+                    int16 = integer and rows < many_from  # else the panel, on fp32 rows
+                    want = rounded if int16 else exact
+                    if float(np.abs(got - want).max()) > 1e-5 * max(float(np.abs(want).max()), 1e-30):
+                        path = "int16" if int16 else "fp32"
+                        return f"Q6_K {out_dims}x{in_dims}, {rows} rows, {path} on {threads} threads differed"
     return None
 
 
@@ -314,7 +372,7 @@ def quant_weights_times(
     many_from = xs.shape[0] + 1 if by_row else None
     y = None
     for weight in weights:
-        integer = int8 and (int8_applies(weight) if narrow else wide_applies(weight))
+        integer = int8 and integer_applies(weight, narrow)
         product = kernel.times(xs, weight, threads, many_from, int8=integer, wide=not narrow)
         y = product if y is None else y + product
     assert y is not None, "a layer has at least one plane"

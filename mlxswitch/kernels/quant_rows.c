@@ -365,6 +365,45 @@ static void dequantize_tile(const uint8_t *w, const void *scales, const void *bi
     }
 }
 
+/* ---- GGUF's Q6_K blocks, read as they are stored -------------------------------------------
+ * A row of n_in weights is n_in/256 blocks of Q6K_BYTES: ql[128] (each code's low 4 bits), qh[64]
+ * (its high 2), 16 int8 scales (one per 16 weights) and d (fp16): w = d·scale·(q - 32), q in
+ * 0..63, 6.5625 bits a weight. Values in ggml's order: per half n of 128 (ql + 64n, qh + 32n,
+ * scales + 8n), l in 0..31: value l is ql[l]'s low nibble with qh[l]'s bits 0-1, l + 32 ql[l + 32]'s
+ * low with bits 2-3, l + 64 ql[l]'s high with bits 4-5, l + 96 ql[l + 32]'s high with bits 6-7;
+ * value v's scale is scales[8n + v / 16]. (MLX has no group of 16, so such a weight cannot be an
+ * MLX affine one without re-rounding it: kernels/quant_weights.py's Q6K layout.) */
+#define Q6K_VALUES 256
+#define Q6K_BYTES 210
+
+static inline float q6k_d(const uint8_t *block) {
+    return half_to_float((uint16_t)(block[208] | (block[209] << 8)));
+}
+
+/* Output rows o0..o0+width-1 of a Q6_K weight as fp32 in the values' natural order, each weight
+ * computed as ggml computes it: (d·scale)·(q - 32). */
+static void q6k_dequantize_tile(const uint8_t *w, float *tile, long o0, long width, long n_in) {
+    long blocks = n_in / Q6K_VALUES;
+    for (long j = 0; j < width; j++) {
+        const uint8_t *block = w + (o0 + j) * blocks * Q6K_BYTES;
+        float *out = tile + j * n_in;
+        for (long b = 0; b < blocks; b++, block += Q6K_BYTES, out += Q6K_VALUES) {
+            float d = q6k_d(block);
+            for (int n = 0; n < 2; n++) {
+                const uint8_t *ql = block + 64 * n, *qh = block + 128 + 32 * n;
+                const int8_t *sc = (const int8_t *)(block + 192) + 8 * n;
+                float *o = out + 128 * n;
+                for (int l = 0; l < 32; l++) {
+                    o[l] = d * sc[l / 16] * (float)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+                    o[l + 32] = d * sc[l / 16 + 2] * (float)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                    o[l + 64] = d * sc[l / 16 + 4] * (float)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                    o[l + 96] = d * sc[l / 16 + 6] * (float)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                }
+            }
+        }
+    }
+}
+
 /* The tile's PANEL outputs as a panel (n_in × PANEL: input i's PANEL weights contiguous), an
  * 8 × 8 block at a time; rows past `width` are zero. */
 static void tile_to_panel(float *tile, float *panel, long width, long n_in) {
@@ -444,6 +483,7 @@ struct many_args {
     float *y;
     long rows, n_in, n_out, gs;
     int bits, type;
+    int q6k; /* w is Q6_K blocks (scales, biases, gs and bits unused) */
     atomic_int failed;
 };
 
@@ -457,7 +497,10 @@ static void many_part(const void *p, long part, long parts) {
     if (!tile || !panel) atomic_store(&a->failed, 1);
     for (long blk = first; blk < end && tile && panel; blk++) {
         long o0 = blk * PANEL, width = a->n_out - o0 < PANEL ? a->n_out - o0 : PANEL;
-        dequantize_tile(a->w, a->scales, a->biases, tile, o0, width, a->n_in, a->gs, a->bits, a->type);
+        if (a->q6k)
+            q6k_dequantize_tile(a->w, tile, o0, width, a->n_in);
+        else
+            dequantize_tile(a->w, a->scales, a->biases, tile, o0, width, a->n_in, a->gs, a->bits, a->type);
         tile_to_panel(tile, panel, width, a->n_in);
         for (long r = 0; r < a->rows; r += PANEL_ROWS) {
             long k = a->rows - r < PANEL_ROWS ? a->rows - r : PANEL_ROWS;
@@ -473,7 +516,7 @@ static void many_part(const void *p, long part, long parts) {
 static int many_rows(const float *xs, const uint8_t *w, const void *scales, const void *biases,
                      float *y, long rows, long n_in, long n_out, long gs, int bits, int type,
                      int threads) {
-    struct many_args args = {xs, w, scales, biases, y, rows, n_in, n_out, gs, bits, type, 0};
+    struct many_args args = {xs, w, scales, biases, y, rows, n_in, n_out, gs, bits, type, 0, 0};
     run_parts(many_part, &args, threads);
     return atomic_load(&args.failed) ? -1 : 0;
 }
@@ -985,6 +1028,10 @@ static void i8_step(const void *args, int wide, long k, long r, long o) {
  * apart; for 4-bit codes (split) each 64 inputs are laid out as nibble_pair_dot reads them: the
  * even inputs of their first block, of their second, then the odd ones of each (zeros where a row
  * ends mid-pair). */
+/* How quantize_rows lays a row's inputs out: as they come; as 4-bit codes' nibbles pair them
+ * (nibble_pair_dot); per block, even inputs then odd ones (Q6_K's int16 halves, q6krows). */
+enum { SPLIT_NONE = 0, SPLIT_PAIRS = 1, SPLIT_BLOCKS = 2 };
+
 static void quantize_rows(const float *x, int8_t *xq, int16_t *xw, float *dx, int32_t *xqsum, float *xsum,
                           long rows, long n_in, long gs, long padded, long stride, int split) {
     long groups = n_in / gs, blocks = n_in / BLOCK;
@@ -1018,9 +1065,11 @@ static void quantize_rows(const float *x, int8_t *xq, int16_t *xw, float *dx, in
             for (int k = 0; k < BLOCK; k++) {
                 int32_t q = (int32_t)__builtin_lrintf(v[k] * inverse);
                 total += q;
-                /* split: pair (blk / 2) is [even of blk & ~1][even of blk | 1][odd ...][odd ...] */
-                long at = r * stride + (split ? (blk / 2) * 2 * BLOCK + (k % 2) * BLOCK + (blk % 2) * 16 + k / 2
-                                              : blk * BLOCK + k);
+                /* SPLIT_PAIRS: pair (blk / 2) is [even of blk & ~1][even of blk | 1][odd ...][odd ...];
+                 * SPLIT_BLOCKS: block blk is [its even inputs][its odd ones] */
+                long at = r * stride + (split == SPLIT_PAIRS    ? (blk / 2) * 2 * BLOCK + (k % 2) * BLOCK + (blk % 2) * 16 + k / 2
+                                        : split == SPLIT_BLOCKS ? blk * BLOCK + (k % 2) * 16 + k / 2
+                                                                : blk * BLOCK + k);
                 if (xw)
                     xw[at] = (int16_t)q;
                 else
@@ -1064,7 +1113,8 @@ static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, c
         i8_release(a);
         return -1;
     }
-    quantize_rows(x, xq, xw, dx, xqsum, xsum, rows, n_in, gs, padded, stride, bits == 4);
+    quantize_rows(x, xq, xw, dx, xqsum, xsum, rows, n_in, gs, padded, stride,
+                  bits == 4 ? SPLIT_PAIRS : bits == 6 ? SPLIT_BLOCKS : SPLIT_NONE);
     return 0;
 }
 #endif
@@ -1166,4 +1216,109 @@ int quant_rows_int8_many(const float *x, float *y, long rows, long n_in, int thr
     (void)x, (void)y, (void)rows, (void)n_in, (void)threads, (void)count, (void)w;
     return -1;
 #endif
+}
+
+/* ---- Q6_K weights (their layout: q6k_dequantize_tile) ---------------------------------------
+ * Few rows: x rounded to int16 per block of 32 (as the down projections' wide path rounds it),
+ * the codes centred in registers (q - 32, -32..31), widened to int16 and multiplied in int16
+ * pairs summed exactly in int32 (a sub-block's Σ ≤ 16·32·32767 < 2^24, so any part of it converts
+ * to fp32 exactly), scaled by d·scale·dx in fp32 (q6krows). Many rows (a prefill), and without
+ * AVX2: rows dequantized into the panel as the affine weights' are. */
+#if defined(__AVX2__) && defined(__FMA__)
+/* Half n of a block's codes, centred: v[j] holds values 32j..32j+31 of the half as q - 32. */
+static inline void q6k_half_codes(const uint8_t *block, int n, __m256i v[4]) {
+    const uint8_t *ql = block + 64 * n, *qh = block + 128 + 32 * n;
+    const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3), centre = _mm256_set1_epi8(32);
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)ql), l2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    /* shifts by 16-bit lanes: the masks drop what a neighbouring byte shifted in */
+    __m256i nibble[4] = {_mm256_and_si256(l1, low), _mm256_and_si256(l2, low),
+                         _mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                         _mm256_and_si256(_mm256_srli_epi16(l2, 4), low)};
+    for (int j = 0; j < 4; j++) {
+        __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), two), 4);
+        v[j] = _mm256_sub_epi8(_mm256_or_si256(nibble[j], top), centre);
+    }
+}
+
+/* Output o of a Q6_K weight times K int16 rows from r. A vector of 32 codes is one block of x
+ * and two sub-blocks of W: its even and odd codes, sign-extended to int16 in place (shifts, not
+ * shuffles: a shuffle port was what bounded the first version), times x's even and odd inputs
+ * (quantize_rows' SPLIT_BLOCKS) give 8 int32 sums, lanes 0-3 the first sub-block's and 4-7 the
+ * second's, each exact in fp32 and scaled there by d·scale·dx: no horizontal adds. */
+#define Q6KROWS(K)                                                                               \
+    static void q6krows_##K(const struct i8_args *a, long r, long o) {                          \
+        long blocks = a->n_in / Q6K_VALUES;                                                      \
+        const uint8_t *row = a->w + o * blocks * Q6K_BYTES;                                      \
+        const int16_t *xw[K];                                                                    \
+        const float *dx[K];                                                                      \
+        for (int k = 0; k < K; k++) {                                                            \
+            xw[k] = a->xw + (r + k) * a->stride;                                                 \
+            dx[k] = a->dx + (r + k) * a->padded;                                                 \
+        }                                                                                        \
+        __m256 acc[K];                                                                           \
+        for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
+        for (long b = 0; b < blocks; b++) {                                                      \
+            const uint8_t *block = row + b * Q6K_BYTES;                                          \
+            for (int line = 0; line < 4; line++) prefetch(block + PREFETCH_BYTES + 64 * line);   \
+            const __m256 d = _mm256_set1_ps(q6k_d(block));                                       \
+            for (int n = 0; n < 2; n++) {                                                        \
+                __m256i v[4];                                                                    \
+                q6k_half_codes(block, n, v);                                                     \
+                __m128i sc = _mm_loadl_epi64((const __m128i *)(block + 192 + 8 * n));            \
+                __m256 scales = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));  \
+                for (int j = 0; j < 4; j++) {                                                    \
+                    /* sub-blocks 2j and 2j + 1's scales, 4 lanes each */                        \
+                    __m256 step = _mm256_permutevar8x32_ps(                                      \
+                        scales, _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1)); \
+                    __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(v[j], 8), 8);            \
+                    __m256i odd = _mm256_srai_epi16(v[j], 8);                                    \
+                    long blk = (b * Q6K_VALUES + 128 * n) / BLOCK + j;                           \
+                    for (int k = 0; k < K; k++) {                                                \
+                        const int16_t *x = xw[k] + blk * BLOCK;                                  \
+                        __m256i sums = _mm256_add_epi32(wide_dot(even, x), wide_dot(odd, x + 16)); \
+                        __m256 scale = _mm256_mul_ps(step, _mm256_broadcast_ss(dx[k] + blk));    \
+                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[k]);       \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]);             \
+    }
+
+Q6KROWS(1)
+Q6KROWS(2)
+Q6KROWS(3)
+Q6KROWS(4)
+
+static const i8_fn Q6K_ROWS[I8_GROUP + 1] = {0, q6krows_1, q6krows_2, q6krows_3, q6krows_4};
+
+static void q6k_step(const void *args, int wide, long k, long r, long o) {
+    (void)wide; /* every tile is one output wide */
+    Q6K_ROWS[k](args, r, o);
+}
+#endif
+
+/* y (rows × n_out) = x (rows × n_in) · Wᵀ for a Q6_K weight (n_in a multiple of 256): on int16
+ * activations where `integer` and rows < many_from (an AVX2 build), else in fp32 through the
+ * panel. Returns the threads used, or -1 on a bad argument or no memory. */
+int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_in, long n_out, int threads,
+             long many_from, int integer) {
+    if (rows < 1 || n_out < 1 || n_in < Q6K_VALUES || n_in % Q6K_VALUES) return -1;
+    if (threads < 1) threads = 1;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (integer && rows < many_from) {
+        struct i8_args args;
+        if (i8_prepare(&args, x, rows, n_in, blocks, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, 1))
+            return -1;
+        threads = for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, q6k_step, &args);
+        i8_release(&args);
+        return threads;
+    }
+#else
+    (void)many_from, (void)integer;
+#endif
+    struct many_args args = {x, blocks, NULL, NULL, y, rows, n_in, n_out, Q6K_VALUES, 8, SCALE_F32, 1, 0};
+    run_parts(many_part, &args, threads);
+    return atomic_load(&args.failed) ? -1 : threads;
 }

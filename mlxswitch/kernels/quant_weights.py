@@ -19,6 +19,12 @@ import numpy as np
 DIRECT_BITS = (4, 8)  # read in place; other widths are widened (or unpacked) to a byte a code at load
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 
+# A weight's layout: MLX's affine triple, or GGUF's Q6_K blocks as the file holds them (MLX has no
+# group of 16, so a Q6_K weight as an MLX one is re-rounded to 8 bits: 9-10 bits a weight and not
+# the file's values; quant_rows.c's q6k_rows reads the blocks).
+AFFINE, Q6K = "affine", "q6_k"
+Q6K_VALUES, Q6K_BYTES = 256, 210  # weights a block holds, its bytes
+
 
 # How the kernel reads scales and biases (quant_rows.c's SCALE_F32, SCALE_F16, SCALE_BF16).
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
@@ -100,6 +106,7 @@ class QuantWeight:
     keep: tuple = ()
     code_bits: int = 0  # the codes' own width (5 for 5-bit codes held a byte each); 0: `bits`
     scale_type: int = 0  # SCALE_TYPES: fp32, fp16 or bf16 (held as its uint16 bits)
+    layout: str = AFFINE  # or Q6K: `codes` holds the blocks (scales and biases are empty)
 
     @property
     def centre_log2(self) -> int:
@@ -135,6 +142,19 @@ class QuantWeight:
         own_bits = code_bits or bits
         return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, keep, own_bits, scale_type)
 
+    @classmethod
+    def from_q6k(cls, blocks: mx.array, in_dims: int) -> QuantWeight:
+        """The kernel's view of a Q6_K weight's blocks (uint8, out × in/256·210), read in place."""
+        if (
+            in_dims % Q6K_VALUES
+            or blocks.dtype != mx.uint8
+            or blocks.shape[1] != in_dims // Q6K_VALUES * Q6K_BYTES
+        ):
+            raise ValueError(f"not Q6_K blocks of {in_dims} weights a row: {blocks.shape} {blocks.dtype}")
+        mx.eval(blocks)
+        none = np.zeros(1, dtype=np.float32)  # a valid address the kernel never reads
+        return cls(np.asarray(blocks), none, none, 6, 16, blocks.shape[0], in_dims, (blocks,), 6, 0, Q6K)
+
     @cached_property
     def addresses(self) -> tuple[int, int, int]:
         """Where codes, scales and biases start: fixed for the view's life, so read once, not once
@@ -143,13 +163,32 @@ class QuantWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a product reads: codes, scales and biases."""
+        """Bytes a product reads: codes, scales and biases (a Q6_K weight's blocks hold all three)."""
+        if self.layout == Q6K:
+            return self.codes.nbytes
         return self.codes.nbytes + self.scales.nbytes + self.biases.nbytes
 
     def fits_kernel(self) -> bool:
         """Whether the kernel takes this shape (a group of 16 or more inputs dividing the row)."""
         g = self.group_size
         return g >= 16 and g % 16 == 0 and self.in_dims % g == 0
+
+
+def q6k_values(blocks: np.ndarray, in_dims: int) -> np.ndarray:
+    """Q6_K blocks (out × in/256·210 bytes) as the weights they hold, float64 (exact: d·scale·(q - 32)
+    in ggml's value order, quant_rows.c's q6k_dequantize_tile)."""
+    raw = np.ascontiguousarray(blocks).reshape(blocks.shape[0], in_dims // Q6K_VALUES, Q6K_BYTES)
+    low, high = raw[..., :128].astype(np.int64), raw[..., 128:192].astype(np.int64)
+    scales = raw[..., 192:208].view(np.int8).astype(np.float64)
+    d = raw[..., 208:210].copy().view(np.float16).astype(np.float64)  # (out, blocks, 1)
+    q = np.empty(raw.shape[:2] + (Q6K_VALUES,), dtype=np.int64)
+    for n in range(2):  # each half: 64 bytes of low nibbles, 32 of high bits
+        ql, qh, out = low[..., 64 * n : 64 * n + 64], high[..., 32 * n : 32 * n + 32], 128 * n
+        for j in range(4):  # values 32j..32j+31 of the half
+            nibble = ql[..., 32 * (j % 2) : 32 * (j % 2) + 32] >> (4 * (j // 2)) & 15
+            q[..., out + 32 * j : out + 32 * j + 32] = nibble | ((qh >> (2 * j)) & 3) << 4
+    step = d * np.repeat(scales, 16, axis=-1)
+    return (step * (q - 32)).reshape(blocks.shape[0], in_dims)
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,3 +215,20 @@ def quant_views(
             return None
         weights.append(view)
     return QuantViews(tuple(weights))
+
+
+def q6k_values_mx(blocks: mx.array, in_dims: int) -> mx.array:
+    """q6k_values in plain mx ops, fp32 (a Q6_K layer's product where the kernel's is refused: in
+    mx.compile)."""
+    raw = blocks.reshape(blocks.shape[0], in_dims // Q6K_VALUES, Q6K_BYTES)
+    low, high = raw[..., :128].astype(mx.int32), raw[..., 128:192].astype(mx.int32)
+    scales = mx.view(raw[..., 192:208], mx.int8).astype(mx.float32)
+    d = mx.view(raw[..., 208:210], mx.float16).astype(mx.float32)
+    parts = []
+    for n in range(2):
+        ql, qh = low[..., 64 * n : 64 * n + 64], high[..., 32 * n : 32 * n + 32]
+        for j in range(4):
+            nibble = (ql[..., 32 * (j % 2) : 32 * (j % 2) + 32] >> (4 * (j // 2))) & 15
+            parts.append(nibble | (((qh >> (2 * j)) & 3) << 4))
+    step = d * mx.repeat(scales, 16, axis=-1)
+    return (step * (mx.concatenate(parts, axis=-1) - 32).astype(mx.float32)).reshape(blocks.shape[0], in_dims)

@@ -22,6 +22,7 @@ from .gguf_convert import (
     convert_tensors,
     find_converted,
     known_sha256,
+    q6k_blocks,
     reader_metadata,
     refuse_unknown_types,
     write_converted,
@@ -137,7 +138,10 @@ def convert_gguf(path: Path, progress: Progress | None = None, sha256: str | Non
     tensors = convert_tensors(path, reader, progress)
     model, tokenizer, config = _assemble(path, meta, tensors, None)
     del tensors
-    return write_converted(path, sha256, model, config, tokenizer, types)
+    blocks = {
+        name.removesuffix(".weight"): value for name, value in _rename(q6k_blocks(reader), path).items()
+    }
+    return write_converted(path, sha256, model, config, tokenizer, types, blocks)
 
 
 def _read(path: Path) -> tuple[dict, dict]:

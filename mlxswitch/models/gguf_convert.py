@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import ModelFormatError, OutputError
 from ..files import atomic_dir, atomic_file
+from ..kernels.quant_weights import Q6K_VALUES
 from ..resources import cache_dir, file_sha256
 from .gguf_reader import GROUP_SIZE
 
@@ -40,7 +41,12 @@ REQUANT_BITS = {
     "Q5_K": 5,
     "Q6_K": 8,
 }
-CONVERTED_FORMAT = 1  # bump when a converted directory's layout or REQUANT_BITS changes
+CONVERTED_FORMAT = 2  # bump when a converted directory's layout or REQUANT_BITS changes
+# Beside the mlx-lm files: every Q6_K matrix's blocks as the file holds them, by module path. MLX has
+# no group of 16, so the affine copy re-rounds them (8-bit codes, 9-10 bits a weight); the CPU's
+# quantized kernel reads these instead (models/rows.py's use_q6k_blocks). mlx-lm reads only
+# model*.safetensors.
+Q6K_BLOCKS_FILE = "q6_k_blocks.safetensors"
 
 
 def converted_dir(sha256: str) -> Path:
@@ -228,6 +234,17 @@ def convert_tensors(
     return out
 
 
+def q6k_blocks(reader) -> dict[str, mx.array]:
+    """Every Q6_K matrix of the file (whole 256-weight blocks a row) as its stored bytes, rows ×
+    bytes, under its GGUF name."""
+    found = {}
+    for tensor in reader.tensors:
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        if tensor.tensor_type.name == "Q6_K" and len(shape) == 2 and shape[-1] % Q6K_VALUES == 0:
+            found[tensor.name] = mx.array(np.ascontiguousarray(np.asarray(tensor.data).reshape(shape[0], -1)))
+    return found
+
+
 def _converted(values: np.ndarray, kind: str, bits: int) -> dict[str, mx.array]:
     if bits == 0 and kind == "BF16":
         return {"": mx.array(values).astype(mx.bfloat16)}
@@ -241,13 +258,24 @@ def _bar(done: int, total: int, width: int = 24) -> str:
     return f"{'━' * filled}{'╺' * (width - filled)} {100 * done // max(total, 1)}% ({done}/{total} tensors)"
 
 
-def write_converted(path: Path, sha256: str, model, config: dict, tokenizer, types: dict[str, str]) -> Path:
-    """Save a converted model as an mlx-lm directory at its cache place, whole or not at all."""
+def write_converted(
+    path: Path,
+    sha256: str,
+    model,
+    config: dict,
+    tokenizer,
+    types: dict[str, str],
+    blocks: dict[str, mx.array],
+) -> Path:
+    """Save a converted model as an mlx-lm directory at its cache place, whole or not at all, with
+    its Q6_K blocks by module path (`blocks`, Q6K_BLOCKS_FILE) where it has any."""
     from mlx_lm.utils import save_config, save_model
 
     target = converted_dir(sha256)
     with atomic_dir(target) as staging:
         save_model(staging, model)
+        if blocks:
+            mx.save_safetensors(str(staging / Q6K_BLOCKS_FILE), blocks)
         tokenizer.save_pretrained(str(staging))  # the wrapper forwards to the HF tokenizer
         config = dict(config)
         config["mlxswitch_gguf"] = {

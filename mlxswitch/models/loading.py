@@ -12,9 +12,11 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import ModelFormatError
+from ..kernels.route import current_route
 from .gear_files import load_geared_dir
 from .gguf import convert_gguf, load_gguf, needs_conversion, use_rope_factors
-from .rows import use_fast_rows
+from .gguf_convert import Q6K_BLOCKS_FILE
+from .rows import use_fast_rows, use_q6k_blocks
 from .weights import LoadedModel, cast_floats, compute_dtype, read_json
 
 Progress = Callable[[str], None]
@@ -50,7 +52,14 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     try:
         # mlx-lm's load, its two halves: the model, then the tokenizer (where loads share them, one
         # already loaded from the same files is taken instead: the pair's second costs ~2.7 s).
-        model, config = mlx_lm_load_model(path)
+        # Lazily where a converted GGUF's Q6_K blocks replace some layers' affine weights: those
+        # are then never read (use_q6k_blocks); every other parameter is evaluated below.
+        blocks = path / Q6K_BLOCKS_FILE
+        lazy = blocks.exists() and current_route().plain_linears == "quant-kernel"
+        model, config = mlx_lm_load_model(path, lazy=lazy)
+        if lazy:
+            use_q6k_blocks(model, mx.load(str(blocks)))  # type: ignore[arg-type]  # safetensors: a dict
+            mx.eval(model.parameters())
         tokenizer = _tokenizer(path, config)
     except ValueError as exc:  # mlx-lm's word for an unknown model_type or missing weights
         raise ModelFormatError(f"model '{source}': {str(exc).splitlines()[0]}") from exc

@@ -31,6 +31,7 @@ from ..kernels.quant_weights import (
     QuantViews,
     QuantWeight,
     fp16_scales,
+    q6k_values_mx,
     quant_views,
 )
 from ..kernels.route import current_route
@@ -176,6 +177,60 @@ class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
 
     keep_dense = RowsQuantizedLinear.keep_dense
     keep_quantized = RowsQuantizedLinear.keep_quantized
+
+
+class Q6KLinear(RowsQuantizedLinear):
+    """A linear whose weight is a GGUF file's Q6_K blocks as stored (6.56 bits a weight), multiplied
+    by the quantized kernel (quant_rows.c's q6k_rows); its parameters: `weight` (the blocks, uint8)
+    and the linear's own bias. Taken only where the kernel is the route (use_q6k_blocks)."""
+
+    in_dims: int = 0
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """x · Wᵀ (+ bias): the kernel, or in mx.compile (where it is refused) the blocks' values in
+        plain mx ops."""
+        assert self.quant is not None, "a Q6_K linear always has its kernel view"
+        y = quant_matmul(x, self.quant.weights, self.get("bias"), self.int8_inputs)
+        if y is not None:
+            return y
+        y = x @ q6k_values_mx(self["weight"], self.in_dims).T.astype(x.dtype)
+        return y if self.get("bias") is None else y + self["bias"]
+
+    def take_blocks(self, blocks: mx.array) -> None:
+        """Hold the blocks in place of the layer's MLX affine weight (8-bit codes re-rounded from
+        them by the converter), which is dropped unread where the model was loaded lazily."""
+        self.in_dims = self["weight"].shape[1] * 32 // self.bits
+        self.quant = QuantViews((QuantWeight.from_q6k(blocks, self.in_dims),))
+        self.weight = blocks
+        for name in ("scales", "biases"):
+            self.pop(name, None)
+
+
+# A decoder block's q, k and v (and gate and up) are multiplied in one kernel call on the CPU
+# (cpu_blocks.py, kernels/quant_packs.py), which takes affine weights: a Q6_K one there keeps them.
+PACKED_LINEARS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+
+
+def use_q6k_blocks(model: nn.Module, blocks: dict[str, mx.array]) -> int:
+    """Give every plain quantized linear named in `blocks` (a converted GGUF's Q6_K tensors, by
+    module path) its blocks as stored, where the quantized kernel is the route and the linear is
+    not one that shares a kernel call; how many took them. Before the model's parameters are
+    evaluated: the affine weights they replace are then never read."""
+    if current_route().plain_linears != "quant-kernel":
+        return 0
+    taken = 0
+    for name, module in model.named_modules():
+        found = blocks.get(name)
+        if (
+            found is None
+            or type(module) is not nn.QuantizedLinear
+            or name.rsplit(".", 1)[-1] in PACKED_LINEARS
+        ):
+            continue
+        module.__class__ = Q6KLinear
+        module.take_blocks(found)
+        taken += 1
+    return taken
 
 
 def _tied_head(model: nn.Module) -> nn.QuantizedEmbedding | None:
