@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from mlxswitch.bench.runner import PLAIN, forced_config
-from mlxswitch.decoding import lookup_rounds, loop
+from mlxswitch.decoding import lookup_rounds, loop, rung_passes
 from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
@@ -127,7 +127,7 @@ def test_lookup_stays_off_where_one_tier_decodes_alone_and_where_rows_cannot_sta
             pins_top=config.pins_top(),
             lookup=lookup,
         )
-        checker = token_loop.rung_lookup
+        checker = token_loop.passes.lookup
         return [checker is not None and checker.planner(r) is not None for r in range(len(ladder.tiers))]
 
     assert planners(pair, RouterConfig(**CONFIGS["peek"])) == [True, True]
@@ -155,22 +155,23 @@ class _OffersX:
         return [X] if len(ids) == self.prompt_tokens + 1 else []
 
 
-class _KeepsTheDraftedId(loop.TokenLoop):
+class _KeepsTheDraftedId(rung_passes.RungPasses):
     """A planted bias: a row after a drafted id takes that id, unchecked."""
 
-    def _produce_rows(self, rung, draft):
-        rows = yield from super()._produce_rows(rung, draft)
+    def produce_rows(self, rung, draft):
+        rows = yield from super().produce_rows(rung, draft)
         import mlx.core as mx
 
         rows.rows[0].token = mx.array([draft[0]])
         return rows
 
 
-def _second_tokens(ladder, monkeypatch, lookup: bool, seed: int, loop_class=loop.TokenLoop):
+def _second_tokens(ladder, monkeypatch, lookup: bool, seed: int, passes_class=rung_passes.RungPasses):
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
     monkeypatch.setattr(lookup_rounds, "LookupIndex", _OffersX)
+    monkeypatch.setattr(loop, "RungPasses", passes_class)
     config = RouterConfig(**CONFIGS["peek"])
     session = ChatSession(ladder, config, decoding=DecodingMode(lookup=lookup))
     prompt_ids = session.render([{"role": "user", "content": PROMPTS[0]}])
@@ -182,7 +183,7 @@ def _second_tokens(ladder, monkeypatch, lookup: bool, seed: int, loop_class=loop
         ladder.rung_memory.clear()
         for rung in (0, 1):  # timed passes, so that the planner drafts from the second position on
             ladder.lookup_memory(rung).check.record(1, 0.01)
-        token_loop = loop_class(
+        token_loop = loop.TokenLoop(
             ladder, list(prompt_ids), make_policy(config, 2), sampler, lookup=lookup, signal=config.signal
         )
         tokens = [step.token for step in token_loop.steps(3)]  # room for a one-id draft
@@ -202,7 +203,7 @@ def test_sampled_tokens_with_lookup_follow_the_chosen_tiers_distribution_and_a_p
     assert len(plain) > 3, "the test needs a spread distribution to have power"
     looked = _second_tokens(pair, monkeypatch, lookup=True, seed=2)
     assert _chi_square_p(looked, plain) > 1e-3
-    biased = _second_tokens(pair, monkeypatch, lookup=True, seed=2, loop_class=_KeepsTheDraftedId)
+    biased = _second_tokens(pair, monkeypatch, lookup=True, seed=2, passes_class=_KeepsTheDraftedId)
     assert _chi_square_p(biased, plain) < 1e-3
 
 
@@ -223,15 +224,15 @@ def test_a_reviews_guessed_row_changes_no_token_and_saves_the_next_pass(
     guessed rows were used and each one took no pass of its own."""
     pair = request.getfixturevalue(ladder_name)
     plain, _ = _conversation(pair, RouterConfig(**CONFIGS[name]), False)
-    monkeypatch.setattr(loop, "GUESS_USED", 100.0)
+    monkeypatch.setattr(rung_passes, "GUESS_USED", 100.0)
     used: list[bool] = []
-    settle = loop.TokenLoop._settle_guesses
+    settle = rung_passes.RungPasses.settle_guesses
 
     def spy(self):
-        used.extend(self.ids[-1] == guess for _, guess, _ in self.ahead.guessed)
+        used.extend(self.sequence.ids[-1] == guess for _, guess, _ in self.ahead.guessed)
         settle(self)
 
-    monkeypatch.setattr(loop.TokenLoop, "_settle_guesses", spy)
+    monkeypatch.setattr(rung_passes.RungPasses, "settle_guesses", spy)
     guessed, _ = _conversation(pair, RouterConfig(**CONFIGS[name]), True)
     for alone, ours in zip(plain, guessed, strict=True):
         assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]

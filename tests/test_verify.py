@@ -243,7 +243,7 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
     original = verify.VerifyLoop.rounds
 
     def rounds(self, budget):
-        prompt_length[0] = self.prompt_tokens
+        prompt_length[0] = self.sequence.prompt_tokens
         return original(self, budget)
 
     class OracleIndex:
@@ -323,7 +323,7 @@ def test_only_lazy_passes_on_separate_caches_are_pipelined(pair, tiny_gears_4_8)
     from mlxswitch.kernels.route import kernels_override
 
     def pipelined(ladder) -> bool:
-        return verify.VerifyLoop(ladder, [1, 2, 3], 2.0, lambda x: x).pipelined
+        return verify.VerifyLoop(ladder, [1, 2, 3], 2.0, lambda x: x).pass_mode.pipelined
 
     gears = gear_ladder(tiny_gears_4_8, [4, 8])
     with kernels_override("auto"):

@@ -207,7 +207,7 @@ class Engine:
             for uid, logits in zip(uids, results, strict=True):
                 answer = self._answers[uid]
                 assert answer.loop is not None
-                answer.loop.shared_pass = len(uids) > 1
+                answer.loop.pass_mode.shared_pass = len(uids) > 1
                 answer.pending = None
                 self._advance(uid, logits)
 
@@ -226,7 +226,7 @@ class Engine:
                 sampler = seeded(self.session.sampler_for(settings), settings.seed)
                 answer.loop = self.session.answer_loop(ladder, list(request.prompt_ids), settings, sampler)
             if self.max_batch > 1:  # each answer's next pass runs with the others': none queued ahead
-                answer.loop.pipelined = False
+                answer.loop.pass_mode.pipelined = False
             answer.rounds = answer.loop.rounds(answer.request.budget)
             decoding += 1
             self._advance(uid, None)
@@ -274,16 +274,17 @@ class Engine:
             answer.rounds.close()
         if answer.ladder is not None and loop is not None:
             kept = self.prompt_caches if reason != "interrupted" and not answer.own else None
+            ids = loop.sequence.ids
             for group in answer.ladder.groups:
-                group.rewind(len(loop.ids))  # no cache may claim ids the sequence does not have
+                group.rewind(len(ids))  # no cache may claim ids the sequence does not have
                 if kept is not None:  # each holds the answer up to what it computed
-                    kept.keep(list(loop.ids[: group.seen]), group.cache, group.name)
+                    kept.keep(list(ids[: group.seen]), group.cache, group.name)
         last, summary = answer.builder.finish(
             reason,
-            None if loop is None else loop.initial_entropy,
+            None if loop is None else loop.opening.entropy,
             peak_memory_gb(),
             loop is not None and loop.ended_by_eos,
-            None if loop is None else loop.initial_signal,
+            None if loop is None else loop.opening.signal,
         )
         if loop is not None:
             summary.passes = loop.ledger.record(summary.elapsed_s)

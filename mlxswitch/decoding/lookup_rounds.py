@@ -1,9 +1,10 @@
 """Prompt lookup inside the token loop: which draft a rung checks with its next position, and
 what a walked row of that pass means.
 
-The loop (loop.py) runs the passes; this module keeps the sequence's n-gram index (lookup.py)
-and each rung's DraftPlanner (drafting.py: priced from that rung's measured pass costs and kept
-share, its memory the ladder's), offers drafts and books each round when its rows stop standing.
+The token loop runs the passes (loop.py, rung_passes.py); this module keeps the sequence's n-gram
+index (lookup.py) and each rung's DraftPlanner (drafting.py: priced from that rung's measured pass
+costs and kept share, its memory the ladder's), offers drafts and books each round when its rows
+stop standing.
 """
 
 from __future__ import annotations

@@ -40,8 +40,10 @@ from ..routing.signals import LazySignals, read_time_signals
 from .drafting import MAX_DRAFT, DraftPlanner, ModelDraft, Plan, kept_prefix
 from .ledger import PassLedger
 from .lookup import LookupIndex
+from .loop_state import AnswerSequence, Opening, PassMode
 from .passes import Score, run_alone, score
 from .positions import Sampling
+from .round_clock import RoundClock
 from .steps import Rounds, Sampler, Step, token_and_top
 from .tiers import Ladder
 
@@ -95,36 +97,32 @@ class VerifyLoop:
         lookup: bool = True,
         measure_signals: bool = False,
     ):
-        self.ladder, self.ids, self.threshold = ladder, ids, threshold
+        self.ladder, self.threshold, self.signal = ladder, threshold, signal
+        self.sequence = AnswerSequence(ids, len(ids), prefill_step)
         # How a row becomes its token; signals measured where a reader asks (chat --shade, serve,
         # the benches' records), else read only by the planner, lazily (observe_top).
         self.sampling = Sampling(sampler, normalize_for_sampler, top_logprobs, measure_signals)
-        self.prefill_step, self.signal, self.prompt_tokens = prefill_step, signal, len(ids)
         self.planner = planner or DraftPlanner(MAX_DRAFT, with_lookup=lookup)
-        self.lookup_on = lookup
-        self._lookup_index = LookupIndex()  # the sequence's n-grams, indexed as it grows
+        self._lookup_index = LookupIndex() if lookup else None  # the sequence's n-grams, indexed as it grows
         self.ledger = PassLedger()
-        self._check_rows, self._check_prefill = 0, False  # the last check's pass (for its timing)
         # A one-row pass is queued ahead only where passes stay lazy until read (a GPU; MLX ops
         # forced on a CPU): on the CPU's NumPy route a pass computes as it is built, so queuing it
         # overlaps nothing and only blurs the pass times the planner learns from (it drafted 4×
         # as much and lost 9% on the everyday prompts: everyday-pair-v7.txt, in git history). And
         # only where the top tier has a cache of its own (a gear ladder's bottom gear would write
         # the draft into it before the check).
-        self.pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
-        # Set by a driver that packs this answer's passes with others' (engine.py): the
+        pipelined = current_route().lazy_passes and ladder.tiers[0].group is not ladder.tiers[-1].group
+        # A driver that packs this answer's passes with others' (engine.py) sets shared_pass: the
         # last pass's seconds were not this answer's alone, so the planner learns nothing from it.
-        self.shared_pass = False
-        self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
-        self._round_shared = False  # a pass of this round was shared with other answers
+        self.pass_mode = PassMode(pipelined)
+        self.clock = RoundClock(self.ledger, self.planner, self.pass_mode)
         # The top tier opens the answer: no tier reads the prompt's last position before it.
-        self.initial_entropy: float | None = None
-        self.initial_signal: float | None = None
+        self.opening = Opening(None, None)
         self.ended_by_eos = False
 
     def steps(self, budget: int) -> Iterator[Step]:
         """Yield up to `budget` steps; stops early (ended_by_eos) at an end-of-sequence token."""
-        return run_alone(self.rounds(budget), self.prefill_step)
+        return run_alone(self.rounds(budget), self.sequence.prefill_step)
 
     def rounds(self, budget: int) -> Rounds:
         """`steps`, with each pass the loop needs yielded as a `Score` for the driver to run and
@@ -156,7 +154,7 @@ class VerifyLoop:
         """One round: plan, draft (the bottom tier's, settled; or lookup's), the top tier's check,
         what it kept; the planner taught and the caches trimmed to the kept ids. Also the one-row
         pass queued ahead for the next round, where one is."""
-        length = len(self.ids)
+        length = len(self.sequence.ids)
         # The top tier opens the answer with a check of no draft: the first token comes after
         # its prefill alone, as when it decodes by itself, not after a draft too.
         started = time.perf_counter()
@@ -173,18 +171,13 @@ class VerifyLoop:
         # its seconds are not one pass's, so the planner does not learn from them.
         teach = ahead is None
         check, ahead = (yield from self._queue_check(draft, catch_up, ahead)), None
-        if not draft and room > 1 and self.pipelined:
+        if not draft and room > 1 and self.pass_mode.pipelined:
             ahead = yield from self._queue_one(check.samples)  # this round's token is its first sample
         samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
         top_group = self.ladder.tiers[-1].group
-        self._timed(top_group.name, self._check_rows, self._check_prefill, check=True, teach=teach)
+        self.clock.book_check(top_group.name, teach)
         kept = self._kept(draft, samples)
-        # The round's seconds, less the drafter's first read of the prompt: paid once an answer
-        # (none where a pass of the round was shared with other answers).
-        seconds = time.perf_counter() - started - self._prompt_read_s
-        if self._round_shared:
-            seconds = math.nan
-        self._prompt_read_s, self._round_shared = 0.0, False
+        seconds = self.clock.round_seconds(started)
         self.planner.record_round(plan.source, len(draft), kept, made.entropies, seconds)
         for group in self.ladder.groups:
             # The pass queued ahead holds this round's token too (kept is 0 there).
@@ -202,7 +195,7 @@ class VerifyLoop:
         rows, top_signals = done.check.rows, done.check.top_signals
         for j in range(done.kept):
             token = done.draft[j]
-            self.ids.append(token)
+            self.sequence.ids.append(token)
             if token in eos:
                 self.ended_by_eos = True
                 return
@@ -234,7 +227,7 @@ class VerifyLoop:
         token (ended_by_eos)."""
         kept, rows, top_signals = done.kept, done.check.rows, done.check.top_signals
         token = done.samples[kept]
-        self.ids.append(token)
+        self.sequence.ids.append(token)
         if token in self.ladder.tokenizer.eos_token_ids:
             self.ended_by_eos = True
             return None
@@ -279,12 +272,12 @@ class VerifyLoop:
             first = None if draft or not self.sampling.measures else read_time_signals(rows[0])
         else:
             rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
-            self._check_rows, self._check_prefill = 0, False
+            self.clock.check_rows, self.clock.check_prefill = 0, False
             if draft:
                 more = self._normalized((yield from self._check(draft, catch_up, after_ahead=True)))
                 rows = mx.concatenate([rows, more])
                 samples = mx.concatenate([samples, self.sampling.sampler(more)])
-            self._check_rows += 1  # the row queued ahead, read at the same sync
+            self.clock.check_rows += 1  # the row queued ahead, read at the same sync
         mx.async_eval(samples, *([first.array] if first is not None else []))
         return _Queued(rows, samples, first)
 
@@ -302,25 +295,11 @@ class VerifyLoop:
 
     def _plan(self, room: int) -> tuple[Plan, list[int]]:
         """This round's draft plan, and the prompt lookup's offer it was chosen against."""
-        longest = min(room, self.planner.max_draft)
-        offered = self._lookup_index.draft(self.ids, longest) if self.lookup_on else []
-        behind = len(self.ids) - self.ladder.tiers[0].group.seen
-        in_answer = self._lookup_index.found_at >= self.prompt_tokens
+        ids, index = self.sequence.ids, self._lookup_index
+        offered = [] if index is None else index.draft(ids, min(room, self.planner.max_draft))
+        behind = len(ids) - self.ladder.tiers[0].group.seen
+        in_answer = index is not None and index.found_at >= self.sequence.prompt_tokens
         return self.planner.plan(room, len(offered), behind, in_answer), offered
-
-    def _timed(self, model: str, rows: int, prefill: bool, check: bool = False, teach: bool = True) -> None:
-        """Book the seconds since the last sync to one pass of `model` (and, where `teach`, teach
-        the planner)."""
-        seconds = self.ledger.lap()
-        self.ledger.add(model, rows, seconds, prefill=prefill)
-        if self.shared_pass:  # packed with other answers' rows: not this answer's pass alone
-            self._round_shared, teach = True, False
-        if prefill:  # a prompt's pass says nothing about a round's cost
-            if not check:
-                self._prompt_read_s += seconds
-            return
-        if teach:
-            (self.planner.check if check else self.planner.draft).record(rows, seconds)
 
     def _draft(self, made: ModelDraft, catch_up: dict[str, int]) -> Generator[Score, mx.array, None]:
         """The bottom tier's draft from the end of `ids`, into `made` (ModelDraft.take decides
@@ -332,14 +311,15 @@ class VerifyLoop:
             return
         bottom = self.ladder.tiers[0]
         group = bottom.group
-        length = len(self.ids)
-        behind = length - max(group.seen, self.prompt_tokens)
+        ids, prompt_tokens = self.sequence.ids, self.sequence.prompt_tokens
+        length = len(ids)
+        behind = length - max(group.seen, prompt_tokens)
         if behind > 0:
             catch_up[group.name] = behind
         if group.seen >= length:  # it holds every id: the last one is fed again to predict the next
             group.rewind(length - 1)
-        fed, prefill = length - group.seen, group.seen < self.prompt_tokens
-        logits = yield from score(group, mx.array(self.ids[group.seen :]), 1, bottom.gear)
+        fed, prefill = length - group.seen, group.seen < prompt_tokens
+        logits = yield from score(group, mx.array(ids[group.seen :]), 1, bottom.gear)
         current = self._lazy(logits)
         rows = fed
         # The fixed rule drafts to `room`: the next position is queued before this one is read
@@ -352,7 +332,7 @@ class VerifyLoop:
                 current = self._lazy((yield from score(group, token, 1, bottom.gear)))
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
-            self._timed(group.name, rows, prefill)
+            self.clock.book(group.name, rows, prefill)
             rows, prefill = 1, False
             if not made.take(int(token.item()), values[0], uncertainty(self.signal, values), self.planner):
                 return
@@ -376,16 +356,17 @@ class VerifyLoop:
         first row): only the draft is fed, and its positions' rows are returned."""
         top = self.ladder.tiers[-1]
         group = top.group
-        length = len(self.ids)
+        ids, prompt_tokens = self.sequence.ids, self.sequence.prompt_tokens
+        length = len(ids)
         if not after_ahead and group.seen > length - 1:  # a shared gear cache holds the draft
             group.rewind(length - 1)  # at the bottom gear
         start = group.seen
-        inputs = self.ids[start:] + draft
-        self._check_rows, self._check_prefill = len(inputs), start < self.prompt_tokens
+        inputs = ids[start:] + draft
+        self.clock.check_rows, self.clock.check_prefill = len(inputs), start < prompt_tokens
         wanted = len(draft) + (0 if after_ahead else 1)
         rows = yield from score(group, mx.array(inputs), wanted, top.gear)
-        fed = length + len(draft) - max(start, self.prompt_tokens)
-        if length - 1 >= max(start, self.prompt_tokens):
+        fed = length + len(draft) - max(start, prompt_tokens)
+        if length - 1 >= max(start, prompt_tokens):
             fed -= 1  # the last id is its own token (every round ends with one): its next input
         if fed > 0:
             catch_up[group.name] = catch_up.get(group.name, 0) + fed
