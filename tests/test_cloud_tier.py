@@ -145,7 +145,7 @@ def test_the_next_local_token_is_conditioned_on_the_cloud_tokens(server, tiny_pa
     def greedy_next(ids):
         return int(mx.argmax(model(mx.array(ids)[None])[0, -1]).item())
 
-    with_span = session.ids[: prompt_len + after]
+    with_span = session.conversation.ids[: prompt_len + after]
     assert summary.tokens[after].id == greedy_next(with_span)
     # Not vacuous: without the cloud tokens the large model would have said something else.
     without = [i for k, i in enumerate(with_span) if k < prompt_len or tiers[k - prompt_len] != "cloud"]
@@ -320,12 +320,12 @@ def test_an_empty_answer_leaves_no_turn_and_the_next_span_still_goes_up(server, 
     finally:
         tokenizer.eos_token_ids = eos
     assert empty.text == "" and empty.finish_reason == "stop"
-    assert all(m["content"].strip() for m in session.messages)  # no empty assistant turn
+    assert all(m["content"].strip() for m in session.conversation.messages)  # no empty assistant turn
     summary = session.ask("What is the capital of France?")
     assert summary.cloud["spans"][0]["text"] == SPAN and summary.cloud["answer"]["calls"] == 1
     sent = server.requests[0].body["messages"]
     assert all(m["content"].strip() for m in sent) and sent[-1]["role"] == "user"
-    assert [m["role"] for m in session.messages][-2:] == ["user", "assistant"]
+    assert [m["role"] for m in session.conversation.messages][-2:] == ["user", "assistant"]
 
 
 def test_the_library_hands_off_as_the_chat_does(server, tiny_pair):
@@ -340,4 +340,4 @@ def test_the_library_hands_off_as_the_chat_does(server, tiny_pair):
     summary = session.ask("What is the capital of France?")
     assert summary.handoff is not None and summary.handoff["shown"] == "cloud"
     assert summary.handoff["local_text"] == summary.text and summary.cloud["answer"]["calls"] == 1
-    assert session.messages[-1] == {"role": "assistant", "content": "Paris."}
+    assert session.conversation.messages[-1] == {"role": "assistant", "content": "Paris."}

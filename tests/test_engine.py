@@ -133,7 +133,7 @@ def test_multi_turn_reuses_the_conversation_cache(ladder):
     assert second.prefilled_tokens <= second.prompt_tokens - first.prompt_tokens
     # The answer equals a fresh session given the same history from scratch.
     fresh = ChatSession(ladder, config, GenerationSettings(max_tokens=8))
-    fresh.messages = [
+    fresh.conversation.messages = [
         {"role": "user", "content": "Hello, how are you?"},
         {"role": "assistant", "content": first.text},
     ]
@@ -152,8 +152,8 @@ def test_interrupted_answer_is_kept_in_history(ladder):
     summary = session.last_summary
     assert summary.finish_reason == "interrupted"
     assert [e.id for e in summary.tokens] == [e.id for e in seen]
-    assert session.messages[-1] == {"role": "assistant", "content": summary.text}
-    assert all(g.seen <= len(session.ids) for g in ladder.groups)
+    assert session.conversation.messages[-1] == {"role": "assistant", "content": summary.text}
+    assert all(g.seen <= len(session.conversation.ids) for g in ladder.groups)
     # The session goes on after an interruption.
     assert session.ask("Next question").generated > 0
 
@@ -162,7 +162,7 @@ def test_prompt_longer_than_context_is_refused_and_session_survives(ladder):
     session = ChatSession(ladder, RouterConfig(up=(INF,)), GenerationSettings(max_tokens=4))
     with pytest.raises(PromptTooLongError, match="context holds 512"):
         session.ask("one two three " * 400)
-    assert session.messages == []
+    assert session.conversation.messages == []
     assert session.ask("Hello").generated > 0
 
 

@@ -48,7 +48,7 @@ def _conversation(ladder, config: RouterConfig, lookup: bool, max_tokens: int = 
     answers, sequences = [], []
     for prompt in PROMPTS:
         answers.append(session.ask(prompt))
-        sequences.append(list(session.ids))
+        sequences.append(list(session.conversation.ids))
     ladder.reset()
     return answers, sequences
 

@@ -1,14 +1,16 @@
 """A request as the engine answers it: how to sample and when to stop (GenerationSettings, checked
-when built), and the prompt made ready (PreparedAnswer)."""
+when built), the prompt made ready (PreparedAnswer), and what a session's requests are answered
+under: the conversation they continue (Conversation) and how they decode (Arm)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from ..routing.policies import Policy
 from ..routing.router import RouterConfig
+from .mode import DecodingMode
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 # Builds an answer's policy from (router settings, tier count), as make_policy does.
@@ -63,3 +65,22 @@ class PreparedAnswer:
     # A control policy built from (router settings, tiers) in place of the router's: the bench's
     # random and oracle arms. Such an answer takes the token loop, and is never batched.
     control: PolicyFactory | None = None
+
+
+@dataclass
+class Conversation:
+    """A session's conversation: its system prompt, its turns so far, and the token ids so far
+    (what the caches hold, reused by the next turn)."""
+
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """How a session's next answer decodes: the routing settings and the decoding mode, checked
+    together (ChatSession.decode_with)."""
+
+    config: RouterConfig
+    mode: DecodingMode

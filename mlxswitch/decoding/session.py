@@ -25,7 +25,7 @@ from .engine import Engine
 from .loop import CloudSpan, TokenLoop
 from .mode import DecodingMode
 from .prompt_caches import PromptCaches
-from .requests import GenerationSettings, PolicyFactory, PreparedAnswer
+from .requests import Arm, Conversation, GenerationSettings, PolicyFactory, PreparedAnswer
 from .tiers import Ladder
 from .verify import VerifyLoop
 
@@ -78,12 +78,10 @@ class ChatSession:
         # carries it either way (AnswerSummary.handoff).
         self.on_cloud_text: Callable[[str], None] | None = None
         self.prompt_caches = prompt_caches  # other conversations' caches (a server's clients)
-        self._decoding = decoding or DecodingMode()
-        self.router_config = router_config  # checked with the mode
+        mode = decoding or DecodingMode()
+        self._arm = Arm(self._checked(router_config, mode), mode)
         self.settings = settings or GenerationSettings()
-        self.system = system
-        self.messages: list[dict] = []
-        self.ids: list[int] = []
+        self.conversation = Conversation(system)
         self.last_summary: AnswerSummary | None = None
         check_cache_bound(self.settings, self.tier_names)
         # Measure every token's entropy even where no router reads it (one tier, or the top tier
@@ -105,12 +103,16 @@ class ChatSession:
     @property
     def router_config(self) -> RouterConfig:
         """The routing settings of the next answer (the ladder's vocabulary filled in)."""
-        return self._router_config
+        return self._arm.config
 
     @router_config.setter
     def router_config(self, config: RouterConfig) -> None:
+        self._arm = Arm(self._checked(config, self.decoding), self.decoding)
+
+    def _checked(self, config: RouterConfig, mode: DecodingMode) -> RouterConfig:
+        """`config` checked with `mode` against this ladder (a UsageError), its vocabulary filled in."""
         config.validate(len(self.tier_names))
-        self._decoding.validate(config, len(self.tier_names))
+        mode.validate(config, len(self.tier_names))
         if config.signal in BOTTOM_ONLY_SIGNALS and self.ladder.probe is None:
             raise UsageError(
                 "routing on the probe needs the probe that `mlxswitch calibrate` trains for "
@@ -121,29 +123,29 @@ class ChatSession:
         if len(self.tier_names) > len(self.ladder.tiers) and config.top_local is None:
             # The guard never calls the cloud: its top is the strongest local tier.
             config = dataclasses.replace(config, top_local=len(self.ladder.tiers) - 1)
-        self._router_config = config
+        return config
 
     @property
     def decoding(self) -> DecodingMode:
         """How the next answer is decoded: routed or verified, its draft rule, prompt lookup."""
-        return self._decoding
+        return self._arm.mode
 
     def decode_with(self, config: RouterConfig, decoding: DecodingMode) -> None:
         """The routing settings and decoding mode of the next answer, checked together (an arm)."""
         decoding.validate(config, len(self.tier_names))
-        self._decoding = decoding
-        self.router_config = config
+        self._arm = Arm(self._checked(config, decoding), decoding)
 
     def reset(self) -> None:
         """Forget the conversation (the caches are rewound, not rebuilt)."""
-        self.messages, self.ids = [], []
+        self.conversation.messages, self.conversation.ids = [], []
         for group in self.ladder.groups:
             group.rewind(0)
 
     def render(self, messages: list[dict]) -> list[int]:
         """Token ids of the conversation `messages` (system prompt first), ready for an answer."""
         tokenizer = self.ladder.tokenizer
-        full = ([{"role": "system", "content": self.system}] if self.system else []) + messages
+        system = self.conversation.system
+        full = ([{"role": "system", "content": system}] if system else []) + messages
         if tokenizer.has_chat_template:
             return list(tokenizer.apply_chat_template(full, add_generation_prompt=True))
         return list(tokenizer.encode("".join(f"{m['content']}\n" for m in full)))
@@ -164,7 +166,7 @@ class ChatSession:
 
         max_tokens: this answer's limit, when it differs from the settings' (the bench uses it).
         """
-        messages = self.messages + [{"role": "user", "content": prompt}]
+        messages = self.conversation.messages + [{"role": "user", "content": prompt}]
         settings = (
             self.settings if max_tokens is None else dataclasses.replace(self.settings, max_tokens=max_tokens)
         )
@@ -227,16 +229,16 @@ class ChatSession:
 
     def _generate(self, prepared: PreparedAnswer) -> Generator[TokenEvent | AnswerSummary, None, None]:
         prompt, prompt_ids, messages = prepared.prompt, prepared.prompt_ids, prepared.messages
-        settings = prepared.settings
+        settings, conversation = prepared.settings, self.conversation
         if self.prompt_caches is not None:
-            reused = self.prompt_caches.switch(self.ladder.groups, self.ids, prompt_ids)
+            reused = self.prompt_caches.switch(self.ladder.groups, conversation.ids, prompt_ids)
             if reused is not None:  # a kept conversation that this prompt continues
-                self.ids = list(prompt_ids[:reused])
-        common = common_prefix_len(self.ids, prompt_ids)
+                conversation.ids = list(prompt_ids[:reused])
+        common = common_prefix_len(conversation.ids, prompt_ids)
         # A rotating cache past its limit cannot be rewound: it starts over and is fed it all again.
         refed = max(group.rewind(common) for group in self.ladder.groups)
-        self.ids = list(prompt_ids)
-        self.messages = messages if messages is not None else []
+        conversation.ids = list(prompt_ids)
+        conversation.messages = messages if messages is not None else []
         sampler = self.sampler_for(settings)
         if settings is not self.settings and settings.seed is not None:
             mx.random.seed(settings.seed)
@@ -246,12 +248,12 @@ class ChatSession:
         if cloud is not None:
             cloud.start_answer()
             if cloud.spans_on:
-                chat = self.messages
+                chat = conversation.messages
 
                 def span(answer_ids: list[int], room: int) -> list[int]:
-                    return cloud.span(ladder.tokenizer, self.system, chat, answer_ids, room)
+                    return cloud.span(ladder.tokenizer, conversation.system, chat, answer_ids, room)
 
-        loop = self.answer_loop(ladder, self.ids, settings, sampler, span, prepared.control)
+        loop = self.answer_loop(ladder, conversation.ids, settings, sampler, span, prepared.control)
         mx.reset_peak_memory()
         # A batch of one: the engine every answer is decoded by (engine.py).
         engine = Engine(self, 1, stream=self._stream)
@@ -291,9 +293,9 @@ class ChatSession:
             summary.cloud = self.cloud.answer_record()
         if messages is not None:
             if summary.text.strip():
-                self.messages.append({"role": "assistant", "content": summary.text})
+                self.conversation.messages.append({"role": "assistant", "content": summary.text})
             else:
-                self.messages = messages[:-1]
+                self.conversation.messages = messages[:-1]
 
     def keep_learned(self) -> None:
         """Keep what drafting has learned so far on this ladder, where the session was opened so."""
@@ -376,11 +378,12 @@ class ChatSession:
         cloud = self.cloud
         if cloud is None or cloud.spans_on or not summary.text.strip():
             return None
-        messages = self.messages[:-1]  # up to the user turn this answer replied to
-        record = cloud.handoff(self.system, messages, [e.entropy for e in summary.tokens], on_text)
+        conversation = self.conversation
+        messages = conversation.messages[:-1]  # up to the user turn this answer replied to
+        record = cloud.handoff(conversation.system, messages, [e.entropy for e in summary.tokens], on_text)
         record["local_text"] = summary.text
         if record["shown"] == "cloud":
-            self.messages[-1] = {"role": "assistant", "content": record["cloud_text"]}
+            conversation.messages[-1] = {"role": "assistant", "content": record["cloud_text"]}
         summary.handoff = record
         summary.cloud = cloud.answer_record()
         return record
