@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..profiles import Profile
-from . import ui, ui_tables
+from . import ui, ui_humaneval, ui_tables
 
 
 def bench_humaneval(
@@ -90,7 +90,7 @@ def bench_humaneval(
         )
         save_humaneval_plot(record, title, plot)
     console = ui.make_console()
-    console.print(ui_tables.humaneval_table(record))
+    console.print(ui_humaneval.humaneval_table(record))
     over = (
         f"the {len(record['complete'])} problem(s) every arm answered"
         if record["where_seconds"]["problems"] == "complete"
@@ -100,8 +100,8 @@ def bench_humaneval(
     if seconds is not None:
         console.print(seconds)
     if record.get("teacher_forced_curve"):
-        console.print(ui_tables.humaneval_curve_table(record))
+        console.print(ui_humaneval.humaneval_curve_table(record))
     if record.get("pooled"):
-        console.print(ui_tables.humaneval_pooled_table(record))
+        console.print(ui_humaneval.humaneval_pooled_table(record))
         if record["pooled"]["teacher_forced_curve"]:
-            console.print(ui_tables.humaneval_curve_table(record, pooled=True))
+            console.print(ui_humaneval.humaneval_curve_table(record, pooled=True))

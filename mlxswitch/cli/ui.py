@@ -1,5 +1,5 @@
 """The terminal UI: tier colours, the legend, status lines, stats, progress, line editing, errors.
-All Rich code; the result tables of bench, calibrate and humaneval are in ui_tables.py."""
+All Rich code; the result tables are in ui_tables.py and ui_humaneval.py."""
 
 from __future__ import annotations
 

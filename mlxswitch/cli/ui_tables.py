@@ -1,12 +1,10 @@
-"""The result tables of bench (the prompts, humaneval and everyday suites) and calibrate. Rich code,
-like ui.py."""
+"""The result tables of bench (the prompts and everyday suites, and where the seconds went) and
+calibrate, and the cell helpers (`literal`, `cell`) the other UI modules share. Rich code, like ui.py."""
 
 from __future__ import annotations
 
 from rich.markup import escape
 from rich.table import Table
-
-from ..routing.registry import POLICY_BY_NAME
 
 
 def literal(value):
@@ -19,13 +17,13 @@ def literal(value):
     return value
 
 
-def _cell(value, digits: int = 2, scale: float = 1.0) -> str:
+def cell(value, digits: int = 2, scale: float = 1.0) -> str:
     """A figure for a table: "–" for a missing one (None, or NaN)."""
     return "–" if value is None or value != value else f"{value * scale:.{digits}f}"
 
 
 def _median(figures: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
-    return _cell((figures.get(key) or {}).get("median"), digits, scale)
+    return cell((figures.get(key) or {}).get("median"), digits, scale)
 
 
 def bench_counts(record: dict) -> str:
@@ -62,10 +60,10 @@ def bench_table(record: dict) -> Table:
     )
     columns = {
         "arm": lambda arm, q, s, bound: arm["name"],
-        "top share": lambda arm, q, s, bound: _cell(q["top_share"]),
-        "retained": lambda arm, q, s, bound: _cell(q["retained"]),
-        "random@share": lambda arm, q, s, bound: _cell((arm.get("random_control") or {}).get("mean")),
-        "oracle@share": lambda arm, q, s, bound: _cell(arm.get("oracle")),
+        "top share": lambda arm, q, s, bound: cell(q["top_share"]),
+        "retained": lambda arm, q, s, bound: cell(q["retained"]),
+        "random@share": lambda arm, q, s, bound: cell((arm.get("random_control") or {}).get("mean")),
+        "oracle@share": lambda arm, q, s, bound: cell(arm.get("oracle")),
         "agree": lambda arm, q, s, bound: _median(s, "agreement", digits=2),
         "acc": lambda arm, q, s, bound: _median(s, "accuracy", digits=2),
         "pp tok/s": lambda arm, q, s, bound: _median(s, "prompt_tok_per_s"),
@@ -75,7 +73,7 @@ def bench_table(record: dict) -> Table:
         "sw/100": lambda arm, q, s, bound: _median(s, "switches_per_100"),
         "MB/tok": lambda arm, q, s, bound: _median(s, "bytes_per_token", 1e-6),
         "overhead": lambda arm, q, s, bound: _median(s, "overhead", digits=2),
-        "M3 Max bound*": lambda arm, q, s, bound: _cell(bound, 0),
+        "M3 Max bound*": lambda arm, q, s, bound: cell(bound, 0),
     }
     routing = ("top share", "retained", "random@share", "oracle@share", "sw/100", "overhead")
     shown = [name for name in columns if (switching or name not in routing) and (checked or name != "acc")]
@@ -94,7 +92,7 @@ def bench_table(record: dict) -> Table:
         else ""
     )
     routed = (
-        f"AUROC of bottom entropy for '{auroc.get('label', '')}': {_cell(auroc.get('entropy'))}; "
+        f"AUROC of bottom entropy for '{auroc.get('label', '')}': {cell(auroc.get('entropy'))}; "
         if switching
         else ""
     )
@@ -137,14 +135,14 @@ def seconds_table(record: dict, over: str) -> Table | None:
         w = arm["seconds"]
         top_s = w["top_s"] or {}
         projected = (w.get("projection") or {}).get("seconds", {}).get("M3 Max")
-        row = [arm["name"], *([_cell(w["bottom_s"])] if two else [])]
-        row += [_cell(top_s.get(b)) if w["top_s"] is not None else "–" for b in buckets]
+        row = [arm["name"], *([cell(w["bottom_s"])] if two else [])]
+        row += [cell(top_s.get(b)) if w["top_s"] is not None else "–" for b in buckets]
         row += [
-            _cell(w["prefill_s"]),
-            _cell(w["rest_s"]),
-            _cell(w["total_s"]),
-            _cell(w["floor_s"]),
-            _cell(w["over_floor"]),
+            cell(w["prefill_s"]),
+            cell(w["rest_s"]),
+            cell(w["total_s"]),
+            cell(w["floor_s"]),
+            cell(w["over_floor"]),
         ]
         if lookup:
             row.append(", ".join(f"{n} {k}" for k, n in sorted(w["sources"].items())) or "–")
@@ -228,173 +226,6 @@ def calibration_report(name: str, result: dict) -> Table:
     return table
 
 
-def humaneval_table(record: dict) -> Table:
-    """HumanEval pass@1 per arm, with its interval, share, speed and the teacher-forced fidelity."""
-    table = Table(
-        title=literal(
-            f"mlxswitch bench --suite humaneval · {record['profile']['name']} · "
-            f"{record['machine']['backend']}"
-        ),
-        show_edge=False,
-        title_justify="left",
-    )
-    for column in (
-        "arm",
-        "pass@1",
-        "95% CI",
-        "n",
-        "retained",
-        "top share",
-        "tg tok/s",
-        "s/problem",
-        "1st tok s",
-        "MB/tok",
-        "M3 Max bound*",
-        "TF retained",
-        "TF random",
-        "TF oracle",
-    ):
-        table.add_column(column, justify="left" if column == "arm" else "right")
-
-    for arm in record["arms"]:
-        low, high = arm["pass@1_95"]
-        tf = arm.get("teacher_forced") or {}
-        bound = (arm.get("projection") or {}).get("tok_per_s_bound", {}).get("M3 Max")
-        table.add_row(
-            arm["name"] + (" · verified" if arm.get("verified") and arm["kind"] != "verify" else ""),
-            _cell(arm["pass@1"], 3),
-            "–" if low is None else f"{low:.2f}–{high:.2f}",
-            str(arm["problems"]),
-            _cell(arm["retained"]),
-            _cell(arm["top_share"]),
-            _cell((arm.get("side_by_side") or {}).get("decode_tok_per_s"), 1),
-            _cell((arm.get("side_by_side") or {}).get("seconds_per_problem"), 1),
-            _cell((arm.get("side_by_side") or {}).get("median_first_token_s"), 1),
-            _cell(arm.get("bytes_per_token"), 1, 1e-6),
-            _cell(bound, 0),
-            _cell(tf.get("retained")),
-            _cell(tf.get("random_control")),
-            _cell(tf.get("oracle")),
-        )
-    same = [f"{a['name']} {a['reproduces_top']}/{a['problems']}" for a in record["arms"] if a.get("verified")]
-    lossless = (
-        "verified arms: top share = tokens the top tier made, every token checked by it; "
-        f"answers identical to the top tier's: {', '.join(same)}; "
-        if same
-        else ""
-    )
-    ours = [
-        f"{a['name']} {a['reproduces_tier']}/{a['problems']}"
-        for a in record["arms"]
-        if "reproduces_tier" in a
-    ]
-    agreement = f"mlx-lm's answers identical to ours on the same model: {', '.join(ours)}; " if ours else ""
-    complete = len(record["complete"])
-    calibrated = record.get("calibrated")
-    promise = (
-        f"calibrated τ {calibrated['tau']:g}: share promised {_cell(calibrated['promised_share'])} "
-        f"(teacher-forced, {calibrated['problems']} calibration problems), live "
-        f"{_cell(calibrated['live_share'])}; "
-        if calibrated
-        else ""
-    )
-    table.caption = (
-        f"{promise}{lossless}{agreement}"
-        f"{complete} problem{'' if complete == 1 else 's'} answered by every arm "
-        f"({len(record['answered'])} begun; "
-        "tg tok/s, s/problem and the median 1st tok s over those), greedy, one sample each; records in "
-        f"{literal(str(record['records']))}; retained = (pass − pass_bottom) / (pass_top − pass_bottom) "
-        "on the problems all three answered; "
-        "TF: teacher-forced along the top tier's answers (NLL), random and oracle at the "
-        "arm's share; * projection, not a measurement: M3 Max peak bandwidth ÷ bytes per token"
-    )
-    return table
-
-
-def humaneval_curve_table(record: dict, pooled: bool = False) -> Table:
-    """Share of top-tier tokens → retained fidelity, teacher-forced, with the controls (EAD's table);
-    `pooled`: over every problem this run and its --with-records answered."""
-    source = record["pooled"] if pooled else record
-    table = Table(
-        title="teacher-forced along the top tier's answers: share → retained (NLL gap closed)"
-        + (", all runs pooled" if pooled else ""),
-        show_edge=False,
-        title_justify="left",
-    )
-    for column in (
-        "target share",
-        "τ",
-        "top share",
-        "peek retained",
-        "random",
-        "oracle",
-        "ead τ",
-        "ead share",
-        "ead retained",
-    ):
-        table.add_column(column, justify="right")
-
-    for row in source["teacher_forced_curve"]:
-        table.add_row(
-            _cell(row["target_share"]),
-            _cell(row["tau"], 4),
-            _cell(row["top_share"]),
-            _cell(row["retained"]),
-            _cell(row["random_control"]),
-            _cell(row["oracle"]),
-            _cell(row["ead_tau"], 4),
-            _cell(row["ead_top_share"]),
-            _cell(row["ead_retained"]),
-        )
-    window, min_run = POLICY_BY_NAME["ead"].sweep_timing
-    table.caption = (
-        f"{source['teacher_forced_problems']} problems; "
-        "peek decides each position alone (window 1, min run 1), random and oracle at its share; "
-        f"ead as published (entropy, window {window}, min run {min_run}) at its threshold nearest the target"
-    )
-    return table
-
-
-def humaneval_pooled_table(record: dict) -> Table:
-    """The tiers' pass@1 and every arm's teacher-forced figures over all runs' problems pooled."""
-    pooled = record["pooled"]
-    table = Table(
-        title=f"pooled with {literal(', '.join(record['with_records']))}: the tiers over "
-        f"{pooled['problems']} problems, teacher-forced over {pooled['teacher_forced_problems']}",
-        show_edge=False,
-        title_justify="left",
-    )
-    for column in ("arm", "pass@1", "95% CI", "n", "TF top share", "TF retained", "TF random", "TF oracle"):
-        table.add_column(column, justify="left" if column == "arm" else "right")
-
-    for arm in record["arms"]:
-        tier = pooled["tiers"].get(arm["name"])
-        tf = pooled["teacher_forced"].get(arm["name"]) or {}
-        low, high = tier["pass@1_95"] if tier else (None, None)
-        table.add_row(
-            arm["name"],
-            _cell(tier["pass@1"], 3) if tier else "",
-            "" if low is None else f"{low:.2f}–{high:.2f}",
-            str(tier["problems"]) if tier else "",
-            _cell(tf.get("top_share")),
-            _cell(tf.get("retained")),
-            _cell(tf.get("random_control")),
-            _cell(tf.get("oracle")),
-        )
-    separating = ", ".join(pooled["separating"]) or "none"
-    halves = "".join(
-        f"{figures['problems']} {split} problems {_cell(figures.get('top_share'))}, "
-        for split, figures in pooled["calibrated_by_split"].items()
-    )
-    shares = f"the calibrated threshold's TF share on {halves.rstrip(', ')}; " if halves else ""
-    table.caption = (
-        f"the tiers alone differ on: {separating}; {shares}TF: every arm's routing replayed along the top "
-        "tier's answers (in-sample on the problems its threshold was calibrated on), random and "
-        "oracle at the arm's live share"
-    )
-    return table
-
-
 def everyday_tables(record: dict) -> tuple[Table, Table]:
     """The everyday suite: per category, each arm's seconds per answer (× the top tier alone's);
     then per arm, its answers, tokens, answers identical to the top tier's, first token and who
@@ -412,7 +243,7 @@ def everyday_tables(record: dict) -> tuple[Table, Table]:
         for a in arms:
             ratio = row["vs_top"][a]
             shown = f" ({ratio:.2f}×)" if ratio is not None and a != "top" else ""
-            cells.append(_cell(row["seconds_per_answer"][a], 1) + shown)
+            cells.append(cell(row["seconds_per_answer"][a], 1) + shown)
         timed.add_row(*map(literal, cells))
     timed.caption = (
         f"greedy, {record['max_tokens']} tokens at most; wall seconds per answer, prompt included, over the "
@@ -435,7 +266,7 @@ def everyday_tables(record: dict) -> tuple[Table, Table]:
                     str(figures["answers"]),
                     str(figures["tokens"]),
                     "–" if same is None else f"{same}/{figures['answers']}",
-                    _cell(figures["median_first_token_s"], 2),
+                    cell(figures["median_first_token_s"], 2),
                     ", ".join(shares) or "–",
                 ],
             )
