@@ -43,7 +43,7 @@ from rich.text import Text
 from mlxswitch.api import resolve_profile
 from mlxswitch.cli import ui
 from mlxswitch.json_numbers import json_float
-from mlxswitch.profiles import load_profiles
+from mlxswitch.profile_load import load_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

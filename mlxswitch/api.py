@@ -27,7 +27,8 @@ from .models.loading import shared_tokenizers
 from .models.memory import check_memory
 from .models.sources import load_model
 from .models.tokenizers import check_shared_tokenizer
-from .profiles import Profile, load_profiles
+from .profile_load import load_profiles
+from .profiles import Profile
 from .routing.probe import load_probe
 from .routing.router import BOTTOM_ONLY_SIGNALS, SETTINGS_BY_NAME, RouterConfig, parse_thresholds
 

@@ -11,7 +11,7 @@ from .errors import MlxSwitchError
 from .models.model_bytes import resident_bytes
 from .models.packaged import CATALOGUE, parts_present
 from .models.sources import PackagedGGUFSource, model_source
-from .profiles import load_profiles, user_models_toml
+from .profile_load import load_profiles, user_models_toml
 from .resources import bundled_models_toml, embedded_gguf_path, metal_dir
 from .routing.probe import describe_probe
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from .errors import ConfigError, OutputError
 from .files import atomic_file
-from .profiles import Profile, load_profiles, user_models_toml
+from .profile_load import load_profiles, user_models_toml
+from .profiles import Profile
 from .toml_text import table_header
 
 

@@ -24,7 +24,7 @@ LAYERS = [
         "mlxswitch.bench.prompts",
     ),
     ("mlxswitch.routing.signals", "mlxswitch.routing.probe", "mlxswitch.models"),
-    ("mlxswitch.profiles", "mlxswitch.profile_edit"),
+    ("mlxswitch.profiles", "mlxswitch.profile_load", "mlxswitch.profile_edit"),
     ("mlxswitch.decoding",),
     ("mlxswitch.api", "mlxswitch.checks", "mlxswitch.bench", "mlxswitch.draft_store"),
     ("mlxswitch.server",),  # the HTTP server: just below the CLI, which starts it

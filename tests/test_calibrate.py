@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from mlxswitch.bench.calibrate import Candidate, choose
 from mlxswitch.bench.simulate import Quality
 from mlxswitch.cli import app
-from mlxswitch.profiles import load_profiles
+from mlxswitch.profile_load import load_profiles
 from mlxswitch.routing.router import RouterConfig
 
 runner = CliRunner()

@@ -18,7 +18,7 @@ from mlxswitch import api
 from mlxswitch import profiles as profiles_module
 from mlxswitch.cli import app
 from mlxswitch.errors import ConfigError
-from mlxswitch.profiles import load_profiles
+from mlxswitch.profile_load import load_profiles
 
 # The real check, taken before conftest's autouse fixture replaces it for every test.
 real_profile_available = profiles_module.profile_available

@@ -24,7 +24,7 @@ def test_wheel_ships_and_finds_its_data(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
-        "import mlxswitch, mlxswitch.resources as r, mlxswitch.profiles as p;"
+        "import mlxswitch, mlxswitch.resources as r, mlxswitch.profile_load as p;"
         "print(mlxswitch.__file__); print(r.metal_dir()); print(r.bundled_models_toml());"
         "print(len(r.metal_source('entropy')) > 0); print(p.load_profiles().default);"
         "import mlxswitch.bench.prompts as b; print(b.default_suite_path())"

@@ -14,7 +14,7 @@ import pytest
 
 from mlxswitch.api import resolve_profile
 from mlxswitch.json_numbers import json_float
-from mlxswitch.profiles import load_profiles
+from mlxswitch.profile_load import load_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = sorted((ROOT / "docs").glob("session*.json"))

@@ -9,7 +9,7 @@ import pytest
 
 from mlxswitch.cloud import CloudSettings
 from mlxswitch.errors import ConfigError
-from mlxswitch.profiles import load_profiles, user_models_toml
+from mlxswitch.profile_load import load_profiles, user_models_toml
 from mlxswitch.resources import bundled_models_toml
 from mlxswitch.toml_text import table_header
 

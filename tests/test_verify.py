@@ -15,7 +15,7 @@ from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
 from mlxswitch.errors import ConfigError, SettingError
 from mlxswitch.models.sources import load_model
-from mlxswitch.profiles import load_profiles
+from mlxswitch.profile_load import load_profiles
 from mlxswitch.routing.router import RouterConfig
 
 PROMPTS = ["What is the capital of France?", "Count: one two three", "def add(a, b):"]
