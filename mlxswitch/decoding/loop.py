@@ -169,7 +169,8 @@ class TokenLoop:
             pending, decision = position.pending, settled.decision
             seconds = self._book(position, settled, lookup_rows, n, opening_new)
             self.sequence.ids.append(position.token)
-            self.passes.settle_guesses()
+            if self.passes.ahead.guessed:
+                self.passes.settle_guesses()
             source = None
             if lookup_rows is not None:
                 if lookup_rows.used and pending.rung == lookup_rows.rung:
