@@ -693,10 +693,24 @@ struct i8_args {
     int wide;               /* x rounded to int16 (32767 steps a block) rather than int8 */
 };
 
+/* acc + u · s by groups of 4 bytes (u unsigned, s signed): int32 lane i adds bytes 4i..4i+3's
+ * products. One VNNI instruction where the CPU has it; else u8 × s8 pairs summed to int16, then
+ * pairs of those to int32 (the same integers: a pair's sum cannot saturate int16 for the codes
+ * the callers pass, below 128 against |x| ≤ 127, or |w| ≤ 128 with x's sign moved onto it). */
+static inline __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
 /* Σ over a block of codes × x (8 int32 partial sums; codes below 128, a byte each). */
 static inline __m256i block_dot(__m256i q, const int8_t *xq, long blk) {
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+    return dot_bytes(_mm256_setzero_si256(), q, x);
 }
 
 /* Block `blk`'s 32 full-byte codes centred at 128, as s8: q - 128 is q with its top bit flipped. */
@@ -709,7 +723,7 @@ static inline __m256i centred_codes(const uint8_t *codes, long blk) {
  * x with w's sign. |w| ≤ 128 and |x| ≤ 127, so a pair's sum (≤ 32512) cannot saturate int16. */
 static inline __m256i signed_dot(__m256i size, __m256i w, const int8_t *xq, long blk) {
     __m256i x = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(size, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+    return dot_bytes(_mm256_setzero_si256(), size, _mm256_sign_epi8(x, w));
 }
 
 /* Elements i..i+7 (n = 8) or i..i+3 (n = 4, the upper lanes then 0) of a scale array of `type`,
@@ -734,8 +748,9 @@ static inline __m256 load_scales(const void *p, long i, int type, int n) {
 /* 4-bit codes, two blocks at once: blocks blk and blk + 1 (blk even) are 32 bytes, whose low
  * nibbles are the even inputs of each and the high nibbles the odd ones. x is laid out to match
  * (quantize_rows): per 64 inputs, block blk's even inputs, blk + 1's, then their odd ones, so one
- * load of codes and two nibble masks give 64 codes, and the two products, added in int16 (a
- * lane's sum is at most 2·2·15·127 = 7620), are widened to int32 once. Lanes 0-3 of the result
+ * load of codes and two nibble masks give 64 codes, and the two products are summed by groups of
+ * 4 bytes into int32 lanes (dot_bytes; in int16 first without VNNI: a lane's sum is at most
+ * 2·2·15·127 = 7620). Lanes 0-3 of the result
  * are block blk's partial sums, lanes 4-7 blk + 1's (zeros past the row's last block). */
 static inline __m256i nibble_pair_codes(const uint8_t *codes, long blk, long blocks, __m256i *high) {
     __m256i v = blk + 1 < blocks ? _mm256_loadu_si256((const __m256i *)(codes + blk * 16))
@@ -748,8 +763,7 @@ static inline __m256i nibble_pair_codes(const uint8_t *codes, long blk, long blo
 static inline __m256i nibble_pair_dot(__m256i low, __m256i high, const int8_t *xq, long blk) {
     __m256i even = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK));
     __m256i odd = _mm256_loadu_si256((const __m256i *)(xq + blk * BLOCK + BLOCK));
-    __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(low, even), _mm256_maddubs_epi16(high, odd));
-    return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
+    return dot_bytes(dot_bytes(_mm256_setzero_si256(), low, even), high, odd);
 }
 
 /* The scales of blocks b0..b0+7 of the row whose first scale is element `first` (0 past the
