@@ -351,6 +351,23 @@ def test_a_k_quant_qwen2_decodes_as_an_independent_reference(tmp_path, vocab, do
     assert [t.id for t in summary.tokens] == expected and len(expected) >= 4
 
 
+def test_nested_gears_build_from_q6k_layers_read_as_stored(tmp_path, vocab):
+    """`gears build` on a GGUF whose Q6_K layers are held as stored: their top gear is the file's
+    W to within its planes' rounding."""
+    from mlxswitch.models.gears import NestedLinear, nest_model
+
+    path = tmp_path / "tiny-q6k.gguf"
+    write_qwen2_gguf(path, vocab, Q.Q4_K, down=Q.Q6_K, output=Q.Q6_K)
+    loaded = load_gguf_file("tiny", path, "tiny")
+    assert isinstance(loaded.model.lm_head, Q6KLinear)
+    nest_model(loaded.model, (4, 4), 32)
+    head = loaded.model.lm_head
+    assert isinstance(head, NestedLinear)
+    want = gguf_floats(path)["output.weight"]
+    got = np.asarray(head.dequantized())
+    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+
+
 def test_conversion_is_cached_by_sha256_and_atomic(tmp_path, vocab, monkeypatch):
     from mlxswitch.models import gguf_convert
     from mlxswitch.resources import file_sha256

@@ -58,17 +58,22 @@ def scale_width(stored: int) -> int:
     return 2 if current_route().quant_scales == "fp16" else float_width(stored)
 
 
+# The files mlx-lm loads (a converted GGUF's Q6_K blocks beside them replace some of their
+# tensors on the CPU's kernel: counting the tensors they replace keeps the estimate on the safe side).
+WEIGHT_FILES = "model*.safetensors"
+
+
 def dir_footprint(folder: Path) -> Footprint | None:
     """An mlx-lm directory's footprint from its safetensors headers; None when incomplete."""
     try:
         return _dir_footprint(folder)
     except (OSError, ValueError, KeyError, struct.error):
-        size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        size = sum(f.stat().st_size for f in folder.glob(WEIGHT_FILES))
         return Footprint(size, size // 2, _read_json(folder / "config.json")) if size else None
 
 
 def _dir_footprint(folder: Path) -> Footprint | None:
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(folder.glob(WEIGHT_FILES))
     shards = set(_read_json(folder / "model.safetensors.index.json").get("weight_map", {}).values())
     if not files or not shards <= {file.name for file in files}:
         return None  # nothing here, or a download that stopped half-way

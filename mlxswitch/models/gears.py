@@ -18,9 +18,10 @@ import numpy as np
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
 from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul
-from ..kernels.quant_weights import QuantViews, quant_views
+from ..kernels.quant_weights import QuantViews, q6k_values_mx, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
+from .rows import Q6KLinear
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
@@ -146,7 +147,10 @@ class NestedLinear(nn.Module):
                 f"a linear layer has {weight.shape[-1]} inputs, not a multiple of "
                 f"the group size {group_size}; choose another group size"
             )
-        source_dtype = layer.scales.dtype if isinstance(layer, nn.QuantizedLinear) else layer.weight.dtype
+        if isinstance(layer, Q6KLinear):  # its scales live in its blocks; it computes in fp32
+            source_dtype = mx.float32
+        else:
+            source_dtype = layer.scales.dtype if isinstance(layer, nn.QuantizedLinear) else layer.weight.dtype
         return cls.from_weight(
             weight,
             plane_bits,
@@ -274,6 +278,8 @@ def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _source_weight(layer: nn.Module) -> mx.array:
+    if isinstance(layer, Q6KLinear):  # a GGUF's Q6_K blocks as stored
+        return q6k_values_mx(layer["weight"], layer.in_dims)
     if isinstance(layer, nn.QuantizedLinear):
         biases = layer.get("biases")
         return mx.dequantize(

@@ -200,6 +200,7 @@ class Q6KLinear(RowsQuantizedLinear):
         """Hold the blocks in place of the layer's MLX affine weight (8-bit codes re-rounded from
         them by the converter), which is dropped unread where the model was loaded lazily."""
         self.in_dims = self["weight"].shape[1] * 32 // self.bits
+        self.code_bits = 6  # what gears.source_bits reads as the source's width
         self.quant = QuantViews((QuantWeight.from_q6k(blocks, self.in_dims),))
         self.weight = blocks
         for name in ("scales", "biases"):
