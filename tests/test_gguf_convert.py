@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
@@ -366,6 +367,18 @@ def test_nested_gears_build_from_q6k_layers_read_as_stored(tmp_path, vocab):
     want = gguf_floats(path)["output.weight"]
     got = np.asarray(head.dequantized())
     assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+
+
+def test_the_benchs_fp32_arm_dequantizes_q6k_layers_held_as_stored(tmp_path, vocab):
+    from mlxswitch.bench.runner import _dequantized_fp32
+
+    path = tmp_path / "tiny-q6k.gguf"
+    write_qwen2_gguf(path, vocab, Q.Q4_K, down=Q.Q6_K, output=Q.Q6_K)
+    model = load_gguf_file("tiny", path, "tiny").model
+    with _dequantized_fp32([model]):
+        assert type(model.lm_head) is nn.Linear and model.lm_head.weight.dtype == mx.float32
+        assert np.array_equal(np.asarray(model.lm_head.weight), gguf_floats(path)["output.weight"])
+    assert isinstance(model.lm_head, Q6KLinear)
 
 
 def test_conversion_is_cached_by_sha256_and_atomic(tmp_path, vocab, monkeypatch):

@@ -196,6 +196,15 @@ class Q6KLinear(RowsQuantizedLinear):
         y = x @ q6k_values_mx(self["weight"], self.in_dims).T.astype(x.dtype)
         return y if self.get("bias") is None else y + self["bias"]
 
+    def dense_linear(self) -> nn.Linear:
+        """The layer as a plain fp32 nn.Linear of its blocks' values (for mlx-lm's fp32 arm of the
+        bench, whose dequantize_model reads MLX's affine triples only)."""
+        linear = nn.Linear(self.in_dims, self["weight"].shape[0], bias="bias" in self)
+        linear.weight = q6k_values_mx(self["weight"], self.in_dims)
+        if "bias" in self:
+            linear.bias = self["bias"]
+        return linear
+
     def take_blocks(self, blocks: mx.array) -> None:
         """Hold the blocks in place of the layer's MLX affine weight (8-bit codes re-rounded from
         them by the converter), which is dropped unread where the model was loaded lazily."""
