@@ -24,7 +24,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -144,11 +146,16 @@ def concurrent(base: str, model: str, prompts: list[str], tokens: int) -> dict:
     return {"clients": len(prompts), "seconds": seconds, "tokens": sum(a.get("tokens", 0) for a in answers)}
 
 
-def wait_ready(base: str, limit_s: float = 600) -> None:
+def wait_ready(base: str, process: subprocess.Popen, limit_s: float = 600) -> None:
     """Until the server has its model loaded: llama-server answers /v1/models while it still
-    loads (503 on requests), so /health must say 200; a server without /health is ready."""
+    loads (503 on requests), so /health must say 200; a server without /health is ready. One
+    error line where the server exits first (a llama.cpp built for another CPU dies of SIGILL)."""
     deadline = time.perf_counter() + limit_s
     while time.perf_counter() < deadline:
+        code = process.poll()
+        if code is not None:
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+            sys.exit(f"error: the server at {base} exited ({how}) before it loaded its model")
         try:
             status = httpx.get(f"{base}/health", timeout=5).status_code
         except httpx.HTTPError:
@@ -242,7 +249,7 @@ def main() -> None:
                 started = time.perf_counter()
                 server_command = command(config, ggufs, llama, port, parallel=bool(levels)) or []
                 server = start(config, server_command, port, Path(tmp), env)
-                wait_ready(server[2])
+                wait_ready(server[2], server[1])
                 results[config]["load_s"].append(time.perf_counter() - started)
                 # the name the server itself lists (llama-server answers any; ours its profile's)
                 model = httpx.get(f"{server[2]}/v1/models", timeout=30).json()["data"][0]["id"]
