@@ -129,24 +129,22 @@ class QuantKernel:
         if weight.layout == Q6K:  # integer activations are int16 there (integer_applies)
             at = (xs.ctypes.data, weight.addresses[0], y.ctypes.data)
             done = self._q6k(*at, rows, in_dims, weight.out_dims, threads, many, int(int8))
-            if done < 1:
-                raise MemoryError("the quantized kernel could not get its scratch memory")
-            return y
-        arguments = [
-            xs.ctypes.data,
-            *weight.addresses,
-            y.ctypes.data,
-            rows,
-            in_dims,
-            weight.out_dims,
-            weight.group_size,
-            weight.bits,
-            threads,
-        ]
-        if int8:
-            done = self._rows_int8(*arguments, rows + 1, weight.scale_type, weight.centre_log2, int(wide))
         else:
-            done = self._rows(*arguments, many, weight.scale_type)
+            arguments = [
+                xs.ctypes.data,
+                *weight.addresses,
+                y.ctypes.data,
+                rows,
+                in_dims,
+                weight.out_dims,
+                weight.group_size,
+                weight.bits,
+                threads,
+            ]
+            if int8:
+                done = self._rows_int8(*arguments, rows + 1, weight.scale_type, weight.centre_log2, int(wide))
+            else:
+                done = self._rows(*arguments, many, weight.scale_type)
         if done < 1:
             raise MemoryError("the quantized kernel could not get its scratch memory")
         return y
@@ -306,10 +304,17 @@ def check_q6k(kernel: QuantKernel, rng) -> str | None:
                     got = kernel.times(xs, weight, threads, many_from, int8=integer)
                     int16 = integer and rows < many_from  # else the panel, on fp32 rows
                     want = rounded if int16 else exact
-                    if float(np.abs(got - want).max()) > 1e-5 * max(float(np.abs(want).max()), 1e-30):
+                    if _differs(got, want):
                         path = "int16" if int16 else "fp32"
                         return f"Q6_K {out_dims}x{in_dims}, {rows} rows, {path} on {threads} threads differed"
     return None
+
+
+def _differs(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether a product is off its float64 truth by more than fp32 rounding (1e-5 of its size)."""
+    return got.shape != want.shape or float(np.abs(got - want).max()) > 1e-5 * max(
+        float(np.abs(want).max()), 1e-30
+    )
 
 
 def _check_rows(kernel: QuantKernel, rng, weight: QuantWeight, truth: np.ndarray, rows: int) -> str | None:
@@ -320,15 +325,14 @@ def _check_rows(kernel: QuantKernel, rng, weight: QuantWeight, truth: np.ndarray
     for many_from in (1 << 30, 1):
         for threads in (1, 2):
             got = kernel.times(xs, weight, threads, many_from)
-            scale = max(float(np.abs(want).max()), 1e-30)
-            if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-5 * scale:
+            if _differs(got, want):
                 path = "panel" if many_from == 1 else "register"
                 return f"the {path} path on {threads} threads differed from a float64 product"
     if weight.group_size % INT8_BLOCK == 0:  # every code width, whichever the route sends
         for wide in (False, True):
             exact = int8_reference(xs, weight, truth, wide)
             got = kernel.times(xs, weight, 2, None, int8=True, wide=wide)
-            if float(np.abs(got - exact).max()) > 1e-5 * max(float(np.abs(exact).max()), 1e-30):
+            if _differs(got, exact):
                 return f"{'int16' if wide else 'int8'} activations differed from their reference"
     return None
 
