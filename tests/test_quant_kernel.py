@@ -240,19 +240,19 @@ def test_q6k_blocks_are_read_as_stored_and_equal_float64_products_on_every_path(
             for threads in (1, 2):
                 got = KERNEL.times(xs, weight, threads, many_from)  # fp32 rows: the panel
                 assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max(), (rows, many_from)
-                got = KERNEL.times(xs, weight, threads, many_from, int8=True)
-                want = rounded if rows < many_from else exact
-                assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, many_from)
+                got = KERNEL.times(xs, weight, threads, many_from, int8=True)  # registers, or tiles
+                assert KERNEL.gemm_takes(weight, wide=True) and not KERNEL.gemm_takes(weight)
+                assert np.abs(got - rounded).max() <= 1e-5 * np.abs(rounded).max(), (rows, many_from)
                 # each row's bits do not depend on the rows beside it, or the threads
                 alone = KERNEL.times(xs[-1:], weight, 1, many_from, int8=True)
-                if rows < many_from:
-                    assert np.array_equal(got[-1:], alone)
+                assert np.array_equal(got[-1:], alone)
 
 
 @needs_kernel
 def test_the_check_catches_a_wrong_q6k_product():
     class OffByOne:
         unpack = staticmethod(KERNEL.unpack)
+        gemm_takes = staticmethod(KERNEL.gemm_takes)
 
         def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
             y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
@@ -261,6 +261,21 @@ def test_the_check_catches_a_wrong_q6k_product():
             return y
 
     assert "Q6_K" in check_kernel(OffByOne())
+
+
+def test_the_check_catches_a_wrong_product_of_the_int8_tiles():
+    class OffInTiles:
+        unpack = staticmethod(KERNEL.unpack)
+        gemm_takes = staticmethod(KERNEL.gemm_takes)
+
+        def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
+            y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
+            many = many_from is not None and xs.shape[0] >= many_from
+            if int8 and many and KERNEL.gemm_takes(weight, wide):
+                y[-1, -1] += 1e-2
+            return y
+
+    assert "activations by the tile path" in check_kernel(OffInTiles())
 
 
 def _rebuilt(monkeypatch, **patches):
@@ -376,7 +391,7 @@ def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_prod
     rng = np.random.default_rng(3)
     for rows in (1, 2, 3, 4, 5, 8, 9, 33):
         xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
-        got = KERNEL.times(xs, weight, 2, int8=True, wide=wide)
+        got = KERNEL.times(xs, weight, 2, rows + 1, int8=True, wide=wide)  # in registers
         # x rounded as the C rounds it: the same numbers up to fp32 summation order...
         want = int8_reference(xs, weight, truth, wide)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
@@ -388,6 +403,16 @@ def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_prod
         for row in (0, rows - 1):
             alone = KERNEL.times(xs[row : row + 1], weight, 1, int8=True, wide=wide)
             assert np.array_equal(got[row], alone[0])
+        # many rows (a prefill): integer activations through the tiles where they take the codes
+        tiles = KERNEL.times(xs, weight, 2, 1, int8=True, wide=wide)
+        takes = KERNEL.gemm_takes(weight, wide)  # full bytes on int8: where the CPU has VNNI
+        assert takes or (bits == 8 and not wide)
+        target = want if takes else exact
+        assert np.abs(tiles - target).max() <= 1e-5 * np.abs(target).max()
+        assert np.array_equal(tiles, KERNEL.times(xs, weight, 1, 1, int8=True, wide=wide))
+        for row in (0, rows - 1):  # a row's bits do not depend on the rows beside it
+            alone = KERNEL.times(xs[row : row + 1], weight, 2, 1, int8=True, wide=wide)
+            assert np.array_equal(tiles[row], alone[0])
 
 
 def test_int8_activations_take_codes_of_every_width_on_rows_long_enough_to_pay(monkeypatch):
@@ -461,7 +486,7 @@ def test_every_pass_a_decoding_round_makes_takes_the_int8_path():
 
 
 @needs_kernel
-def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_fp32():
+def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_the_int8_tiles():
     from mlxswitch.kernels.nested_cpu import quant_matmul
     from mlxswitch.kernels.quant_cpu import INT8_MAX_POSITIONS
 
@@ -475,11 +500,11 @@ def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_fp32
         alone = np.array(quant_matmul(mx.array(batch[row : row + 1]), [weight]))
         assert np.array_equal(together[row], alone[0])
     assert not np.array_equal(together[0], KERNEL.times(batch[0], weight))  # int8, not fp32
-    # a prefill (one more position a sequence) multiplies fp32 activations
+    # a prefill (one more position a sequence) multiplies int8 activations through the tiles
     prompt = rng.standard_normal((1, INT8_MAX_POSITIONS + 1, 320)).astype(np.float32)
-    assert np.array_equal(
-        np.array(quant_matmul(mx.array(prompt), [weight]))[0], KERNEL.times(prompt[0], weight)
-    )
+    prefill = np.array(quant_matmul(mx.array(prompt), [weight]))[0]
+    assert np.array_equal(prefill, KERNEL.times(prompt[0], weight, 1, 1, int8=True))
+    assert not np.array_equal(prefill, KERNEL.times(prompt[0], weight))  # not the fp32 panel
 
 
 @needs_kernel

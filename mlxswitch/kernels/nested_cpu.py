@@ -301,11 +301,11 @@ def quant_rows_times(
     xs: np.ndarray, weights: Sequence[QuantWeight], decoding: bool, int8_inputs: bool
 ) -> np.ndarray:
     """xs (rows × in, fp32 NumPy) · (Σ weights)ᵀ on the quantized kernel, as quant_matmul computes
-    it. decoding: the rows are a decoding pass's (≤ INT8_MAX_POSITIONS a sequence), each computed
-    as a step computes it, with integer activations where the route allows (int8 where the layer
-    does, quant_weights_times)."""
+    it, with integer activations where the route allows (int8 where the layer does,
+    quant_weights_times). decoding: the rows are a decoding pass's (≤ INT8_MAX_POSITIONS a
+    sequence), each computed as a step computes it; else (a prefill) by the many-row paths."""
     route = current_route()
-    integer = decoding and route.quant_activations == "int8"
+    integer = route.quant_activations == "int8"
     return quant_weights_times(xs, weights, route.blas_threads, integer, by_row=decoding, narrow=int8_inputs)
 
 

@@ -51,7 +51,7 @@ MANY_ROWS_FROM = 12
 # draft: decoding.drafting.MAX_DRAFT = 32, plus one position), computes each row as a step would
 # (int8 activations where they apply, the few-row path otherwise), so a checked token's logits are
 # a step's, bit for bit, alone or batched; a pass of more positions a sequence (a prefill) takes
-# fp32 activations and the panel, faster there (kernels.md).
+# the many-row paths: int8 tiles where gemm_takes, else the fp32 panel (kernels.md).
 INT8_MAX_POSITIONS = 33
 
 
@@ -93,6 +93,9 @@ class QuantKernel:
             [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int, ctypes.c_long, ctypes.c_int]
         )
         self._q6k.restype = ctypes.c_int
+        self._gemm_takes = library.quant_gemm_takes
+        self._gemm_takes.argtypes = [ctypes.c_int] * 3
+        self._gemm_takes.restype = ctypes.c_int
         self._unpack = library.quant_unpack
         self._unpack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
         self._unpack.argtypes += [ctypes.c_int, ctypes.c_int]
@@ -108,6 +111,12 @@ class QuantKernel:
             raise ValueError(f"{bits}-bit codes of {in_dims} a row cannot be unpacked")
         return out
 
+    def gemm_takes(self, weight: QuantWeight, wide: bool = False) -> bool:
+        """Whether many rows of int8 activations multiply this affine weight through the int8 tiles
+        (else the fp32 panel, on the rows as they are)."""
+        bits = 6 if weight.layout == Q6K else weight.bits  # Q6_K blocks: on int16 only
+        return bool(self._gemm_takes(bits, weight.centre_log2, int(wide)))
+
     def times(
         self,
         xs: np.ndarray,
@@ -117,9 +126,9 @@ class QuantKernel:
         int8: bool = False,
         wide: bool = False,
     ) -> np.ndarray:
-        """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the panel path runs;
-        int8: every row rounded to int8 per 32 inputs where int8_applies, or with `wide` to int16,
-        see int8_reference)."""
+        """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the many-row paths
+        run; int8: every row rounded to int8 per 32 inputs where int8_applies, or with `wide` to
+        int16, see int8_reference; from many_from rows, only where gemm_takes)."""
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         rows, in_dims = xs.shape
         if in_dims != weight.in_dims:
@@ -142,7 +151,7 @@ class QuantKernel:
                 threads,
             ]
             if int8:
-                done = self._rows_int8(*arguments, rows + 1, weight.scale_type, weight.centre_log2, int(wide))
+                done = self._rows_int8(*arguments, many, weight.scale_type, weight.centre_log2, int(wide))
             else:
                 done = self._rows(*arguments, many, weight.scale_type)
         if done < 1:
@@ -302,7 +311,8 @@ def check_q6k(kernel: QuantKernel, rng) -> str | None:
             for integer in (False, True):
                 for many_from, threads in ((1 << 30, 1), (1 << 30, 2), (1, 2)):
                     got = kernel.times(xs, weight, threads, many_from, int8=integer)
-                    int16 = integer and rows < many_from  # else the panel, on fp32 rows
+                    tiles = kernel.gemm_takes(weight, True)
+                    int16 = integer and (rows < many_from or tiles)  # else the panel, on fp32 rows
                     want = rounded if int16 else exact
                     if _differs(got, want):
                         path = "int16" if int16 else "fp32"
@@ -330,10 +340,14 @@ def _check_rows(kernel: QuantKernel, rng, weight: QuantWeight, truth: np.ndarray
                 return f"the {path} path on {threads} threads differed from a float64 product"
     if weight.group_size % INT8_BLOCK == 0:  # every code width, whichever the route sends
         for wide in (False, True):
-            exact = int8_reference(xs, weight, truth, wide)
-            got = kernel.times(xs, weight, 2, None, int8=True, wide=wide)
-            if _differs(got, exact):
-                return f"{'int16' if wide else 'int8'} activations differed from their reference"
+            rounded = int8_reference(xs, weight, truth, wide)
+            for many_from, threads in ((1 << 30, 1), (1 << 30, 2), (1, 1), (1, 2)):
+                got = kernel.times(xs, weight, threads, many_from, int8=True, wide=wide)
+                integer = rows < many_from or kernel.gemm_takes(weight, wide)  # else the fp32 panel
+                if _differs(got, rounded if integer else want):
+                    path = "register" if rows < many_from else "tile" if integer else "panel"
+                    kind = "int16" if wide else "int8"
+                    return f"{kind} activations by the {path} path on {threads} threads differed"
     return None
 
 

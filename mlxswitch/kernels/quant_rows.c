@@ -10,8 +10,9 @@
  * unpacked, converted and dequantized in registers (w = s·q + b) and multiplied into up to 8 rows,
  * in tiles of outputs × rows sized so that the accumulators hide the multiply-add latency and
  * stay in AVX2's 16 registers. Each code byte is read and unpacked once for up to 8 rows.
- * Many rows (prefill, long checks): a block of PANEL outputs is dequantized into a small fp32
- * panel that stays in cache, and the rows are multiplied on it 6 at a time.
+ * Many rows (prefill): on int8 activations, GEMM_OUT outputs' codes laid out side by side in a
+ * small tile that stays in cache, multiplied 32 bytes an instruction (gemm_part); on fp32 ones, a
+ * block of PANEL outputs dequantized into a small fp32 panel, multiplied 6 rows at a time.
  * AVX2 intrinsics on x86 (GCC/Clang vector extensions elsewhere), compiled on first use for this
  * machine and checked against a float64 product before any model uses it. Threads: one pool for
  * the process (run_parts) splits the outputs; each output is computed by one thread in a fixed
@@ -1114,9 +1115,9 @@ static void i8_release(struct i8_args *a) {
  * or -1 without memory (nothing then held). */
 static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, const void *codes,
                       const void *scales, const void *biases, float *y, long y_stride, long n_out, long gs,
-                      int bits, int type, int centre, int wide) {
+                      int bits, int type, int centre, int wide, int natural) {
     long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
-    long stride = bits == 4 ? (n_in + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK) : n_in;
+    long stride = bits == 4 && !natural ? (n_in + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK) : n_in;
     int8_t *xq = wide ? NULL : malloc((size_t)rows * stride);
     int16_t *xw = wide ? malloc(sizeof(int16_t) * rows * stride) : NULL;
     float *dx = malloc(sizeof(float) * rows * padded), *xsum = malloc(sizeof(float) * rows * groups);
@@ -1128,14 +1129,296 @@ static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, c
         return -1;
     }
     quantize_rows(x, xq, xw, dx, xqsum, xsum, rows, n_in, gs, padded, stride,
-                  bits == 4 ? SPLIT_PAIRS : bits == 6 ? SPLIT_BLOCKS : SPLIT_NONE);
+                  natural ? SPLIT_NONE : bits == 4 ? SPLIT_PAIRS : bits == 6 ? SPLIT_BLOCKS : SPLIT_NONE);
     return 0;
 }
 #endif
 
+/* ---- many rows on integer activations (a prefill) ------------------------------------------
+ * The fp32 panel multiplies 8 weights an instruction; dot_bytes 32, dot_pairs 16. Each thread takes
+ * GEMM_OUT outputs at a time and lays their codes out with outputs side by side: per block of 32
+ * inputs and quad of 4, each output's 4 codes in its own int32 lane (two vectors of 8 outputs).
+ * A row's quad of xq broadcast to every lane then multiplies 8 outputs at once, summed down the
+ * lanes with no horizontal adds; each block's sum is centred, converted and scaled by s·dx in
+ * fp32 as the few-row path scales it, and the biases (b + c·s)·Σx per group follow. On int16
+ * activations (a down projection's) the lanes hold pairs of codes widened to int16 instead. A
+ * row's float operations do not depend on the rows beside it, nor on the threads. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define GEMM_OUT 16 /* outputs a tile holds: two vectors */
+#if defined(__AVX512VL__)
+#define GEMM_ROWS 4 /* rows multiplied per read of a tile: 4·4 accumulators of AVX-512's 32 registers */
+#else
+#define GEMM_ROWS 2 /* of AVX2's 16 */
+#endif
+
+/* Whether the many-row integer path takes these codes: on int16 activations (wide) any, their
+ * pairs' products summed exactly in int32; on int8 4-bit codes or bytes below 128 (exact in
+ * maddubs' int16 pairs), or any byte where dot_bytes is one VNNI instruction (no int16 pairs). */
+static int gemm_takes(int bits, int centre, int wide) {
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+    const int full_bytes = 1;
+#else
+    const int full_bytes = 0;
+#endif
+    if (bits == 6) return wide; /* Q6_K blocks: int16 activations */
+    return bits == 4 || (bits == 8 && (wide || centre < 7 || full_bytes));
+}
+
+/* acc + w · x by pairs of int16 (int32 lane i adds w[2i]·x[2i] + w[2i+1]·x[2i+1]). */
+static inline __m256i dot_pairs(__m256i acc, __m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, w, x);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+#endif
+}
+
+struct gemm_tile {
+    uint32_t *codes; /* blocks · 8 quads · GEMM_OUT: an output's 4 codes of a quad a lane (wide:
+                      * blocks · 16 pairs · GEMM_OUT, a pair's 2 codes as int16) */
+    float *scales;   /* blocks · GEMM_OUT: each output's scale of each block */
+    float *biases;   /* groups · GEMM_OUT: each output's b + c·s of each group */
+    uint8_t *bytes;  /* GEMM_OUT · n_in: 4-bit codes unpacked a byte each */
+};
+
+/* Outputs o0..o0 + width - 1 laid out as the tile (zeros past width). */
+static void gemm_fill(const struct i8_args *a, long o0, long width, const struct gemm_tile *t) {
+    const long n_in = a->n_in, quads = n_in / 4;
+    const float centre = (float)(1 << a->centre);
+    const __m128i low = _mm_set1_epi8(15);
+    for (long j = 0; j < GEMM_OUT; j++) {
+        long o = o0 + j;
+        const uint8_t *row = a->w + o * n_in;
+        if (j >= width) {
+            for (long q = 0; q < (a->wide ? 2 : 1) * quads; q++) t->codes[q * GEMM_OUT + j] = 0;
+            for (long b = 0; b < a->blocks; b++) t->scales[b * GEMM_OUT + j] = 0.f;
+            for (long g = 0; g < a->groups; g++) t->biases[g * GEMM_OUT + j] = 0.f;
+            continue;
+        }
+        if (a->bits == 4) { /* byte k holds codes 2k (low nibble) and 2k + 1 */
+            const uint8_t *packed = a->w + o * (n_in / 2);
+            uint8_t *out = t->bytes + j * n_in;
+            for (long i = 0; i < n_in / 2; i += 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(packed + i));
+                __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+                _mm_storeu_si128((__m128i *)(out + 2 * i), _mm_unpacklo_epi8(lo, hi));
+                _mm_storeu_si128((__m128i *)(out + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
+            }
+            row = out;
+        }
+        if (a->wide)
+            for (long q = 0; q < 2 * quads; q++)
+                t->codes[q * GEMM_OUT + j] = (uint32_t)row[2 * q] | (uint32_t)row[2 * q + 1] << 16;
+        else
+            for (long q = 0; q < quads; q++) memcpy(t->codes + q * GEMM_OUT + j, row + 4 * q, 4);
+        long first = o * a->groups;
+        for (long b = 0; b < a->blocks; b++)
+            t->scales[b * GEMM_OUT + j] = scale_at(a->scales, first + b * BLOCK / a->gs, a->type);
+        for (long g = 0; g < a->groups; g++)
+            t->biases[g * GEMM_OUT + j] =
+                scale_at(a->biases, first + g, a->type) + centre * scale_at(a->scales, first + g, a->type);
+    }
+}
+
+/* K rows from r times the tile: out (K × GEMM_OUT). WIDE: int16 activations (xw), the tile's
+ * codes int16 pairs; else int8 (xq), quads of byte codes. */
+#define GEMM_TIMES(K, WIDE, NAME)                                                                \
+    static void NAME(const struct i8_args *a, const struct gemm_tile *t, long r, float *out) { \
+        __m256 acc[K][2];                                                                        \
+        for (int k = 0; k < K; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();                \
+        const char *xrow[K]; /* a row's activations, as bytes */                                 \
+        for (int k = 0; k < K; k++)                                                              \
+            xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride)                        \
+                           : (const char *)(a->xq + (r + k) * a->stride);                        \
+        const long steps = WIDE ? 16 : 8; /* lanes of 4 bytes a block of 32 inputs takes */      \
+        for (long b = 0; b < a->blocks; b++) {                                                   \
+            const uint32_t *w = t->codes + b * steps * GEMM_OUT;                                 \
+            __m256i sum[K][2];                                                                   \
+            for (int k = 0; k < K; k++) sum[k][0] = sum[k][1] = _mm256_setzero_si256();          \
+            for (int q = 0; q < steps; q++) {                                                    \
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + q * GEMM_OUT));           \
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + q * GEMM_OUT + 8));       \
+                for (int k = 0; k < K; k++) {                                                    \
+                    int32_t lane;                                                                \
+                    memcpy(&lane, xrow[k] + (b * steps + q) * 4, 4);                             \
+                    __m256i x = _mm256_set1_epi32(lane);                                         \
+                    sum[k][0] = WIDE ? dot_pairs(sum[k][0], w0, x) : dot_bytes(sum[k][0], w0, x); \
+                    sum[k][1] = WIDE ? dot_pairs(sum[k][1], w1, x) : dot_bytes(sum[k][1], w1, x); \
+                }                                                                                \
+            }                                                                                    \
+            __m256 s0 = _mm256_loadu_ps(t->scales + b * GEMM_OUT);                               \
+            __m256 s1 = _mm256_loadu_ps(t->scales + b * GEMM_OUT + 8);                           \
+            for (int k = 0; k < K; k++) {                                                        \
+                long at = (r + k) * a->padded + b;                                               \
+                __m256i c = _mm256_set1_epi32(a->xqsum[at] << a->centre);                        \
+                __m256 dx = _mm256_set1_ps(a->dx[at]);                                           \
+                acc[k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum[k][0], c)),  \
+                                            _mm256_mul_ps(s0, dx), acc[k][0]);                   \
+                acc[k][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum[k][1], c)),  \
+                                            _mm256_mul_ps(s1, dx), acc[k][1]);                   \
+            }                                                                                    \
+        }                                                                                        \
+        for (long g = 0; g < a->groups; g++) {                                                   \
+            __m256 b0 = _mm256_loadu_ps(t->biases + g * GEMM_OUT);                               \
+            __m256 b1 = _mm256_loadu_ps(t->biases + g * GEMM_OUT + 8);                           \
+            for (int k = 0; k < K; k++) {                                                        \
+                __m256 xs = _mm256_set1_ps(a->xsum[(r + k) * a->groups + g]);                    \
+                acc[k][0] = _mm256_fmadd_ps(b0, xs, acc[k][0]);                                  \
+                acc[k][1] = _mm256_fmadd_ps(b1, xs, acc[k][1]);                                  \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) {                                                            \
+            _mm256_storeu_ps(out + k * GEMM_OUT, acc[k][0]);                                     \
+            _mm256_storeu_ps(out + k * GEMM_OUT + 8, acc[k][1]);                                 \
+        }                                                                                        \
+    }
+
+/* Q6_K outputs o0..o0 + width - 1 as the tile (zeros past width): per sub-block of 16 inputs
+ * and pair, each output's 2 codes centred (q - 32) as int16; per sub-block each output's
+ * d·scale, as ggml computes a value: (d·scale)·(q - 32). */
+static void gemm_fill_q6k(const struct i8_args *a, long o0, long width, const struct gemm_tile *t) {
+    const long blocks = a->n_in / Q6K_VALUES, pairs = a->n_in / 2, subs = a->n_in / 16;
+    int16_t *codes = (int16_t *)(void *)t->bytes; /* one output's codes at a time */
+    for (long j = 0; j < GEMM_OUT; j++) {
+        if (j >= width) {
+            for (long q = 0; q < pairs; q++) t->codes[q * GEMM_OUT + j] = 0;
+            for (long u = 0; u < subs; u++) t->scales[u * GEMM_OUT + j] = 0.f;
+            continue;
+        }
+        const uint8_t *block = a->w + (o0 + j) * blocks * Q6K_BYTES;
+        for (long b = 0; b < blocks; b++, block += Q6K_BYTES) {
+            float d = q6k_d(block);
+            for (int n = 0; n < 2; n++) {
+                const uint8_t *ql = block + 64 * n, *qh = block + 128 + 32 * n;
+                const int8_t *sc = (const int8_t *)(block + 192) + 8 * n;
+                int16_t *c = codes + b * Q6K_VALUES + 128 * n;
+                for (int l = 0; l < 32; l++) {
+                    c[l] = (int16_t)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+                    c[l + 32] = (int16_t)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                    c[l + 64] = (int16_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                    c[l + 96] = (int16_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                }
+                for (int u = 0; u < 8; u++) t->scales[(b * 16 + 8 * n + u) * GEMM_OUT + j] = d * sc[u];
+            }
+        }
+        for (long q = 0; q < pairs; q++)
+            t->codes[q * GEMM_OUT + j] = (uint32_t)(uint16_t)codes[2 * q] | (uint32_t)(uint16_t)codes[2 * q + 1] << 16;
+    }
+}
+
+/* K rows from r times a Q6_K tile: per sub-block of 16 inputs, 8 pairs; its sum scaled by
+ * d·scale·dx (dx: its block of 32's). Codes centred in the tile: no centring term, no biases. */
+#define GEMM_Q6K(K)                                                                              \
+    static void gemm_q6k_##K(const struct i8_args *a, const struct gemm_tile *t, long r, float *out) { \
+        __m256 acc[K][2];                                                                        \
+        for (int k = 0; k < K; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();                \
+        const char *xrow[K];                                                                     \
+        for (int k = 0; k < K; k++) xrow[k] = (const char *)(a->xw + (r + k) * a->stride);      \
+        for (long u = 0; u < a->n_in / 16; u++) {                                                \
+            const uint32_t *w = t->codes + u * 8 * GEMM_OUT;                                     \
+            __m256i sum[K][2];                                                                   \
+            for (int k = 0; k < K; k++) sum[k][0] = sum[k][1] = _mm256_setzero_si256();          \
+            for (int q = 0; q < 8; q++) {                                                        \
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + q * GEMM_OUT));           \
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + q * GEMM_OUT + 8));       \
+                for (int k = 0; k < K; k++) {                                                    \
+                    int32_t lane;                                                                \
+                    memcpy(&lane, xrow[k] + (u * 8 + q) * 4, 4);                                 \
+                    __m256i x = _mm256_set1_epi32(lane);                                         \
+                    sum[k][0] = dot_pairs(sum[k][0], w0, x);                                     \
+                    sum[k][1] = dot_pairs(sum[k][1], w1, x);                                     \
+                }                                                                                \
+            }                                                                                    \
+            __m256 s0 = _mm256_loadu_ps(t->scales + u * GEMM_OUT);                               \
+            __m256 s1 = _mm256_loadu_ps(t->scales + u * GEMM_OUT + 8);                           \
+            for (int k = 0; k < K; k++) {                                                        \
+                __m256 dx = _mm256_set1_ps(a->dx[(r + k) * a->padded + u / 2]);                  \
+                acc[k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[k][0]), _mm256_mul_ps(s0, dx), acc[k][0]); \
+                acc[k][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[k][1]), _mm256_mul_ps(s1, dx), acc[k][1]); \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) {                                                            \
+            _mm256_storeu_ps(out + k * GEMM_OUT, acc[k][0]);                                     \
+            _mm256_storeu_ps(out + k * GEMM_OUT + 8, acc[k][1]);                                 \
+        }                                                                                        \
+    }
+
+typedef void (*gemm_fn)(const struct i8_args *, const struct gemm_tile *, long, float *);
+GEMM_TIMES(1, 0, gemm_rows_1)
+GEMM_TIMES(2, 0, gemm_rows_2)
+GEMM_TIMES(1, 1, gemm_wide_1)
+GEMM_TIMES(2, 1, gemm_wide_2)
+#if GEMM_ROWS > 2
+GEMM_TIMES(3, 0, gemm_rows_3)
+GEMM_TIMES(4, 0, gemm_rows_4)
+GEMM_TIMES(3, 1, gemm_wide_3)
+GEMM_TIMES(4, 1, gemm_wide_4)
+GEMM_Q6K(1)
+GEMM_Q6K(2)
+GEMM_Q6K(3)
+GEMM_Q6K(4)
+static const gemm_fn GEMM_FN[3][GEMM_ROWS + 1] = {{0, gemm_rows_1, gemm_rows_2, gemm_rows_3, gemm_rows_4},
+                                                  {0, gemm_wide_1, gemm_wide_2, gemm_wide_3, gemm_wide_4},
+                                                  {0, gemm_q6k_1, gemm_q6k_2, gemm_q6k_3, gemm_q6k_4}};
+#else
+GEMM_Q6K(1)
+GEMM_Q6K(2)
+static const gemm_fn GEMM_FN[3][GEMM_ROWS + 1] = {
+    {0, gemm_rows_1, gemm_rows_2}, {0, gemm_wide_1, gemm_wide_2}, {0, gemm_q6k_1, gemm_q6k_2}};
+#endif
+
+struct gemm_args {
+    const struct i8_args *a;
+    long rows;
+    atomic_int failed;
+};
+
+static void gemm_part(const void *p, long part, long parts) {
+    struct gemm_args *g = (struct gemm_args *)p;
+    const struct i8_args *a = g->a;
+    long first, end;
+    part_range((a->n_out + GEMM_OUT - 1) / GEMM_OUT, part, parts, &first, &end);
+    if (first >= end) return;
+    const int q6k = a->bits == 6; /* Q6_K blocks: a scale per 16 inputs */
+    struct gemm_tile t = {malloc(sizeof(uint32_t) * a->n_in / (a->wide ? 2 : 4) * GEMM_OUT),
+                          malloc(sizeof(float) * a->n_in / (q6k ? 16 : BLOCK) * GEMM_OUT),
+                          malloc(sizeof(float) * a->groups * GEMM_OUT), malloc((size_t)a->n_in * GEMM_OUT)};
+    float out[GEMM_ROWS * GEMM_OUT];
+    if (!t.codes || !t.scales || !t.biases || !t.bytes) atomic_store(&g->failed, 1);
+    for (long tile = first; tile < end && !atomic_load(&g->failed); tile++) {
+        long o0 = tile * GEMM_OUT, width = a->n_out - o0 < GEMM_OUT ? a->n_out - o0 : GEMM_OUT;
+        (q6k ? gemm_fill_q6k : gemm_fill)(a, o0, width, &t);
+        for (long r = 0; r < g->rows; r += GEMM_ROWS) {
+            long k = g->rows - r < GEMM_ROWS ? g->rows - r : GEMM_ROWS;
+            GEMM_FN[q6k ? 2 : a->wide][k](a, &t, r, out);
+            for (long rr = 0; rr < k; rr++)
+                memcpy(a->y + (r + rr) * a->y_stride + o0, out + rr * GEMM_OUT, sizeof(float) * width);
+        }
+    }
+    free(t.codes);
+    free(t.scales);
+    free(t.biases);
+    free(t.bytes);
+}
+#endif
+
+/* Whether quant_rows_int8 multiplies many rows of these codes on int8 activations (else on the
+ * fp32 panel): the caller's reference for what it computes. */
+int quant_gemm_takes(int bits, int centre, int wide) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return gemm_takes(bits, centre, wide);
+#else
+    (void)bits, (void)centre, (void)wide;
+    return 0;
+#endif
+}
+
 /* quant_rows with int8 activations (int16 where `wide`) where they apply (groups a multiple of 32,
- * fewer than `many_from` rows, an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit
- * codes, 4 for 5-bit codes in bytes...); anything else is quant_rows itself. */
+ * an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit codes, 4 for 5-bit codes in
+ * bytes...): fewer than `many_from` rows in registers, more through the int8 tiles where
+ * gemm_takes; anything else is quant_rows itself. */
 int quant_rows_int8(const float *x, const void *codes, const void *scales, const void *biases,
                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,
                     long many_from, int type, int centre, int wide) {
@@ -1143,11 +1426,21 @@ int quant_rows_int8(const float *x, const void *codes, const void *scales, const
     if (i8_takes(bits, centre, biases, gs, type, n_in) && rows >= 1 && rows < many_from) {
         struct i8_args args;
         if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre,
-                       wide))
+                       wide, 0))
             return -1;
         threads = for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads < 1 ? 1 : threads, i8_step, &args);
         i8_release(&args);
         return threads;
+    }
+    if (i8_takes(bits, centre, biases, gs, type, n_in) && gemm_takes(bits, centre, wide) && rows >= many_from &&
+        n_out >= 1) {
+        struct i8_args args;
+        if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre, wide, 1))
+            return -1;
+        struct gemm_args g = {&args, rows, 0};
+        threads = (int)run_parts(gemm_part, &g, threads < 1 ? 1 : threads);
+        i8_release(&args);
+        return atomic_load(&g.failed) ? -1 : threads;
     }
 #else
     (void)centre, (void)wide;
@@ -1216,7 +1509,7 @@ int quant_rows_int8_many(const float *x, float *y, long rows, long n_in, int thr
             a->y = y + m.first[i], a->n_out = w[i].n_out, a->type = w[i].type, a->centre = w[i].centre;
         } else if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases,
                               y + m.first[i], m.total, w[i].n_out, w[i].gs, w[i].bits, w[i].type,
-                              w[i].centre, 0)) {
+                              w[i].centre, 0, 0)) {
             while (i-- > 0)
                 if (rounds[i]) i8_release(&m.weights[i]);
             return -1;
@@ -1314,20 +1607,23 @@ static void q6k_step(const void *args, int wide, long k, long r, long o) {
 #endif
 
 /* y (rows × n_out) = x (rows × n_in) · Wᵀ for a Q6_K weight (n_in a multiple of 256): on int16
- * activations where `integer` and rows < many_from (an AVX2 build), else in fp32 through the
- * panel. Returns the threads used, or -1 on a bad argument or no memory. */
+ * activations where `integer` (an AVX2 build), fewer than many_from rows in registers, more
+ * through the tiles; else in fp32 through the panel. Returns the threads used, or -1 on a bad argument or no memory. */
 int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_in, long n_out, int threads,
              long many_from, int integer) {
     if (rows < 1 || n_out < 1 || n_in < Q6K_VALUES || n_in % Q6K_VALUES) return -1;
     if (threads < 1) threads = 1;
 #if defined(__AVX2__) && defined(__FMA__)
-    if (integer && rows < many_from) {
+    if (integer) { /* few rows in registers, many through the tiles */
         struct i8_args args;
-        if (i8_prepare(&args, x, rows, n_in, blocks, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, 1))
+        int many = rows >= many_from;
+        if (i8_prepare(&args, x, rows, n_in, blocks, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, 1, many))
             return -1;
-        threads = for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, q6k_step, &args);
+        struct gemm_args g = {&args, rows, 0};
+        threads = many ? (int)run_parts(gemm_part, &g, threads)
+                       : for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads, q6k_step, &args);
         i8_release(&args);
-        return threads;
+        return atomic_load(&g.failed) ? -1 : threads;
     }
 #else
     (void)many_from, (void)integer;

@@ -28,8 +28,11 @@ from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..kernels.quant_packs import weight_pack
 from .numpy_cache import NumpyKVCache
 
-# Up to this many query rows (steps and checks) attention runs on one BLAS thread (numpy_attention).
-SMALL_QUERIES = 64
+# Up to this many query rows (steps, checks and the default prefill step's chunks) attention runs
+# on one BLAS thread (numpy_attention): OpenBLAS's workers spin after a product and took ~11% of a
+# 512-token prefill's samples on 2 cores, beside the kernel's own pool; on one thread the Qwen 1.5B's
+# prefill took 12.9-13.0 s against 13.5-14.6 (bench/results/prefill-int8-tiles.txt).
+SMALL_QUERIES = 512
 # The block classes whose __call__ the subclasses below follow step for step.
 ATTENTION_CLASSES = (llama.Attention, qwen2.Attention)
 MLP_CLASSES = (llama.MLP, qwen2.MLP)
@@ -61,8 +64,8 @@ def numpy_attention(
     q, k, v = views
     # One BLAS thread for a step or a check: these products are small, and OpenBLAS's own threads
     # would fight the quantized kernel's threads (still spinning after its last product)
-    # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2.6x slower. A prefill
-    # chunk's products are big enough for BLAS's threads.
+    # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2.6x slower, and a
+    # 512-token prefill chunk ~5-10% slower (SMALL_QUERIES).
     small = q.shape[2] <= SMALL_QUERIES
     with single_threaded_blas() if small else contextlib.nullcontext():
         return mx.array(_attention_rows(q, k, v, scale, mask))
