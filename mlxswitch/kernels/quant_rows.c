@@ -1144,9 +1144,12 @@ static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, c
  * activations (a down projection's) the lanes hold pairs of codes widened to int16 instead. A
  * row's float operations do not depend on the rows beside it, nor on the threads. */
 #if defined(__AVX2__) && defined(__FMA__)
-#define GEMM_OUT 16 /* outputs a tile holds: two vectors */
-#if defined(__AVX512VL__)
-#define GEMM_ROWS 4 /* rows multiplied per read of a tile: 4·4 accumulators of AVX-512's 32 registers */
+#define GEMM_OUT 16 /* outputs a tile holds: two vectors of 8, or one of AVX-512's 16 */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GEMM_512 1
+#define GEMM_ROWS 8 /* rows multiplied per read of a tile: 8·2 accumulators of AVX-512's 32 registers */
+#elif defined(__AVX512VL__)
+#define GEMM_ROWS 4 /* 4·4 accumulators of AVX-512's 32 registers */
 #else
 #define GEMM_ROWS 2 /* of AVX2's 16 */
 #endif
@@ -1346,6 +1349,61 @@ static void gemm_fill_q6k(const struct i8_args *a, long o0, long width, const st
     }
 
 typedef void (*gemm_fn)(const struct i8_args *, const struct gemm_tile *, long, float *);
+#if defined(GEMM_512)
+/* The same products with a tile's 16 outputs in one AVX-512 vector: per lane the same integer
+ * sums and the same float operations in the same order, so the same bits as two vectors of 8.
+ * MODE 0: int8 (quads of byte codes, a scale per 8 lanes of 4 inputs), 1: int16 (pairs, a scale
+ * per 16 lanes), 2: Q6_K (pairs, a scale per 8 lanes of 2 inputs: 16 inputs; dx per 32). */
+#define GEMM_TIMES_512(K, MODE, NAME)                                                            \
+    static void NAME(const struct i8_args *a, const struct gemm_tile *t, long r, float *out) { \
+        __m512 acc[K];                                                                           \
+        for (int k = 0; k < K; k++) acc[k] = _mm512_setzero_ps();                                \
+        const char *xrow[K];                                                                     \
+        for (int k = 0; k < K; k++)                                                              \
+            xrow[k] = MODE ? (const char *)(a->xw + (r + k) * a->stride)                        \
+                           : (const char *)(a->xq + (r + k) * a->stride);                        \
+        const long steps = MODE == 1 ? 16 : 8; /* lanes of 4 bytes a scale covers */             \
+        const long spans = MODE == 2 ? a->n_in / 16 : a->blocks;                                 \
+        for (long u = 0; u < spans; u++) {                                                       \
+            const uint32_t *w = t->codes + u * steps * GEMM_OUT;                                 \
+            __m512i sum[K];                                                                      \
+            for (int k = 0; k < K; k++) sum[k] = _mm512_setzero_si512();                         \
+            for (int q = 0; q < steps; q++) {                                                    \
+                __m512i wq = _mm512_loadu_si512((const void *)(w + q * GEMM_OUT));              \
+                for (int k = 0; k < K; k++) {                                                    \
+                    int32_t lane;                                                                \
+                    memcpy(&lane, xrow[k] + (u * steps + q) * 4, 4);                             \
+                    __m512i x = _mm512_set1_epi32(lane);                                         \
+                    sum[k] = MODE ? _mm512_dpwssd_epi32(sum[k], wq, x) : _mm512_dpbusd_epi32(sum[k], wq, x); \
+                }                                                                                \
+            }                                                                                    \
+            __m512 scale = _mm512_loadu_ps(t->scales + u * GEMM_OUT);                            \
+            for (int k = 0; k < K; k++) {                                                        \
+                long at = (r + k) * a->padded + (MODE == 2 ? u / 2 : u);                         \
+                __m512i centred = MODE == 2 ? sum[k]                                             \
+                                            : _mm512_sub_epi32(sum[k], _mm512_set1_epi32(a->xqsum[at] << a->centre)); \
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[at])), \
+                                         acc[k]);                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (long g = 0; MODE != 2 && g < a->groups; g++) {                                      \
+            __m512 bias = _mm512_loadu_ps(t->biases + g * GEMM_OUT);                             \
+            for (int k = 0; k < K; k++)                                                          \
+                acc[k] = _mm512_fmadd_ps(bias, _mm512_set1_ps(a->xsum[(r + k) * a->groups + g]), acc[k]); \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) _mm512_storeu_ps(out + k * GEMM_OUT, acc[k]);                \
+    }
+#define GEMM_MODE_512(MODE, PREFIX)                                                              \
+    GEMM_TIMES_512(1, MODE, PREFIX##1) GEMM_TIMES_512(2, MODE, PREFIX##2) GEMM_TIMES_512(3, MODE, PREFIX##3) \
+    GEMM_TIMES_512(4, MODE, PREFIX##4) GEMM_TIMES_512(5, MODE, PREFIX##5) GEMM_TIMES_512(6, MODE, PREFIX##6) \
+    GEMM_TIMES_512(7, MODE, PREFIX##7) GEMM_TIMES_512(8, MODE, PREFIX##8)
+GEMM_MODE_512(0, gemm512_rows_)
+GEMM_MODE_512(1, gemm512_wide_)
+GEMM_MODE_512(2, gemm512_q6k_)
+#define GEMM_ROW_FNS(PREFIX) {0, PREFIX##1, PREFIX##2, PREFIX##3, PREFIX##4, PREFIX##5, PREFIX##6, PREFIX##7, PREFIX##8}
+static const gemm_fn GEMM_FN[3][GEMM_ROWS + 1] = {GEMM_ROW_FNS(gemm512_rows_), GEMM_ROW_FNS(gemm512_wide_),
+                                                  GEMM_ROW_FNS(gemm512_q6k_)};
+#else
 GEMM_TIMES(1, 0, gemm_rows_1)
 GEMM_TIMES(2, 0, gemm_rows_2)
 GEMM_TIMES(1, 1, gemm_wide_1)
@@ -1368,6 +1426,7 @@ GEMM_Q6K(2)
 static const gemm_fn GEMM_FN[3][GEMM_ROWS + 1] = {
     {0, gemm_rows_1, gemm_rows_2}, {0, gemm_wide_1, gemm_wide_2}, {0, gemm_q6k_1, gemm_q6k_2}};
 #endif
+#endif /* GEMM_512 */
 
 struct gemm_args {
     const struct i8_args *a;
