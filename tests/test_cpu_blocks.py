@@ -10,7 +10,8 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxswitch.kernels.route import resolve_route
-from mlxswitch.models.cpu_blocks import NumpyAttention, NumpyMLP, numpy_attention
+from mlxswitch.models.cpu_blocks import NumpyAttention, NumpyMLP
+from mlxswitch.models.numpy_attention import numpy_attention
 from mlxswitch.models.rows import use_fast_rows
 
 

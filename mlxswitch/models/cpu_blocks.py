@@ -12,7 +12,6 @@ decoding pass's keys and values in NumPy, numpy_cache.py). Where evaluation is r
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,143 +25,19 @@ from ..kernels._common import single_threaded_blas
 from ..kernels.nested_cpu import decoding_quant_rows_together
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..kernels.quant_packs import weight_pack
+from .numpy_attention import attention_rows, evaluated, numpy_attention
 from .numpy_cache import NumpyKVCache
 
-# Up to this many query rows (steps, checks and the default prefill step's chunks) attention runs
-# on one BLAS thread (numpy_attention): OpenBLAS's workers spin after a product and took ~11% of a
-# 512-token prefill's samples on 2 cores, beside the kernel's own pool; on one thread the Qwen 1.5B's
-# prefill took 12.9-13.0 s against 13.5-14.6 (bench/results/prefill-int8-tiles.txt).
-SMALL_QUERIES = 512
 # The block classes whose __call__ the subclasses below follow step for step.
 ATTENTION_CLASSES = (llama.Attention, qwen2.Attention)
 MLP_CLASSES = (llama.MLP, qwen2.MLP)
 BLOCK_CLASSES = (llama.TransformerBlock, qwen2.TransformerBlock)
 
 
-def _evaluated(*arrays: mx.array) -> list[np.ndarray] | None:
-    """fp32 NumPy views of evaluated arrays, or None where evaluation is refused (mx.compile)."""
-    widened = [a if a.dtype == mx.float32 else a.astype(mx.float32) for a in arrays]
-    try:
-        mx.eval(*widened)
-    except ValueError:
-        return None
-    return [np.asarray(a) for a in widened]
-
-
-def numpy_attention(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any
-) -> mx.array | None:
-    """softmax(q·kᵀ·scale + mask)·v for q (B, H, L, D) and k, v (B, KV, T, D), KV dividing H (each
-    query head h reads key head h // (H / KV), as MLX's grouped attention does). `mask`: None,
-    "causal" (the last L of T positions) or an additive or boolean array. None where evaluation
-    is refused or the mask is of another kind."""
-    if not (mask is None or isinstance(mask, mx.array) or (isinstance(mask, str) and mask == "causal")):
-        return None
-    views = _evaluated(queries, keys, values)
-    if views is None:
-        return None
-    q, k, v = views
-    # One BLAS thread for a step or a check: these products are small, and OpenBLAS's own threads
-    # would fight the quantized kernel's threads (still spinning after its last product)
-    # for the cores: on 2 cores that made a 16-row check of the Qwen 1.5B ~2.6x slower, and a
-    # 512-token prefill chunk ~5-10% slower (SMALL_QUERIES).
-    small = q.shape[2] <= SMALL_QUERIES
-    with single_threaded_blas() if small else contextlib.nullcontext():
-        return mx.array(_attention_rows(q, k, v, scale, mask))
-
-
-def _attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray:
-    """A decoding pass's queries one at a time (_attention_by_row), where the mask says plainly
-    which keys each sees; else, and for longer passes, one batched product."""
-    if q.shape[2] <= INT8_MAX_POSITIONS:
-        by_row = _attention_by_row(q, k, v, scale, mask)
-        if by_row is not None:
-            return by_row
-    return _attention(q, k, v, scale, mask)
-
-
 def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate)·up, the gated MLP's activation."""
     with np.errstate(over="ignore"):  # exp(-g) overflows to inf for g ≪ 0: silu is then -0
         return gate / (1 + np.exp(-gate)) * up
-
-
-def _visible_keys(mask, length: int, total: int, b: int, i: int) -> slice | None:
-    """The keys query i of sequence b sees, as one contiguous range; None where the mask does not
-    say so plainly (a per-head mask, a bias that is neither 0 nor -inf, holes)."""
-    if mask is None:
-        return slice(0, total)
-    if isinstance(mask, str):  # causal: query i sits at position total - length + i
-        return slice(0, total - length + i + 1)
-    m = np.asarray(mask)
-    if m.ndim == 4:  # (B, 1 or H, L, T)
-        if m.shape[1] != 1:
-            return None
-        m = m[:, 0]
-    if m.ndim == 2:  # (L, T): every sequence alike
-        m = m[None]
-    row = m[b if m.shape[0] > 1 else 0, i]
-    if row.dtype == np.bool_:
-        seen = row
-    elif np.all((row == 0) | np.isneginf(row)):
-        seen = row == 0
-    else:
-        return None
-    where = np.flatnonzero(seen)
-    if where.size == 0 or where[-1] - where[0] + 1 != where.size:
-        return None
-    return slice(int(where[0]), int(where[-1]) + 1)
-
-
-def _attention_by_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray | None:
-    """_attention one query position of one sequence at a time, over exactly the keys it sees:
-    the products a decoding step at that position makes, so a check's or a packed pass's rows
-    get a step's bits (a batched product sums in another order, and int8 activations downstream
-    can turn a last-bit difference into a different token). None where the mask is not plain."""
-    batch, heads, length, dim = q.shape
-    total = k.shape[2]
-    out = np.empty_like(q)
-    if isinstance(mask, mx.array):
-        mask = np.asarray(mask)  # once, not once a query
-    for b in range(batch):
-        for i in range(length):
-            seen = _visible_keys(mask, length, total, b, i)
-            if seen is None:
-                return None
-            # Views, not copies: each head's keys are contiguous rows, which BLAS reads in place (a
-            # copy of the cache a layer cost the 1.5B ~1.4 ms a step at a 1,000-token context).
-            keys, values = k[b : b + 1, :, seen], v[b : b + 1, :, seen]
-            out[b : b + 1, :, i : i + 1] = _attention(
-                np.ascontiguousarray(q[b : b + 1, :, i : i + 1]), keys, values, scale, None
-            )
-    return out
-
-
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray:
-    """numpy_attention's product on fp32 NumPy arrays (its docstring)."""
-    batch, heads, length, dim = q.shape
-    kv_heads, total = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    # Queries grouped by the key head they read: one product per key head for all its queries.
-    scores = np.matmul(q.reshape(batch, kv_heads, group * length, dim), np.swapaxes(k, -1, -2))
-    scores = scores.reshape(batch, kv_heads, group, length, total) * np.float32(scale)
-    if isinstance(mask, str):
-        # Query i sits at position total - length + i and sees keys up to it.
-        position = np.arange(total - length, total)[:, None]
-        scores = np.where(np.arange(total)[None, :] <= position, scores, np.float32(-np.inf))
-    elif mask is not None:
-        # (L, T), (B, L, T), or (B, 1 or H, L, T), broadcast over the grouped scores
-        m = np.asarray(mask)
-        if m.ndim == 3:
-            m = m[:, None, None]
-        elif m.ndim == 4:
-            m = m[:, :, None] if m.shape[1] == 1 else m.reshape(m.shape[0], kv_heads, group, length, total)
-        scores = np.where(m, scores, np.float32(-np.inf)) if m.dtype == np.bool_ else scores + m
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    out = np.matmul(scores.reshape(batch, kv_heads, group * length, total), v)
-    return out.reshape(batch, heads, length, dim)
 
 
 class NumpyAttention(nn.Module):
@@ -197,7 +72,7 @@ class NumpyMLP(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         """down(silu(gate)·up), silu·up computed in NumPy on the evaluated projections."""
         gate, up = self.gate_proj(x), self.up_proj(x)
-        views = _evaluated(gate, up)
+        views = evaluated(gate, up)
         if views is None:
             return super().__call__(x)
         return self.down_proj(mx.array(_silu_times(*views)).astype(x.dtype))
@@ -255,7 +130,7 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
     else:
         q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache)
     with single_threaded_blas():  # as numpy_attention does for a step's products
-        attended = _attention_rows(q, k, v, attention.scale, mask)
+        attended = attention_rows(q, k, v, attention.scale, mask)
     h = h + _rows_times(attention.o_proj, attended.transpose(0, 2, 1, 3).reshape(batch * length, -1))
     normed = _rms_norm(h, norms[1])
     hidden = _silu_times(*_rows_times_together(mlp, (mlp.gate_proj, mlp.up_proj), normed))
@@ -278,7 +153,7 @@ def _mlx_cache_rows(
         queries, keys = (attention.rope(mx.array(a), offset=offset) for a in shaped)
     if cache is not None:
         keys, values = cache.update_and_fetch(keys, values)
-    views = _evaluated(keys, values) if q is not None else _evaluated(queries, keys, values)
+    views = evaluated(keys, values) if q is not None else evaluated(queries, keys, values)
     assert views is not None, "x was evaluated: so are these"
     return (q, views[0], views[1]) if q is not None else (views[0], views[1], views[2])
 
