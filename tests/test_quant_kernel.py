@@ -253,6 +253,7 @@ def test_the_check_catches_a_wrong_q6k_product():
     class OffByOne:
         unpack = staticmethod(KERNEL.unpack)
         gemm_takes = staticmethod(KERNEL.gemm_takes)
+        integer_paths = KERNEL.integer_paths
 
         def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
             y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
@@ -267,6 +268,7 @@ def test_the_check_catches_a_wrong_product_of_the_int8_tiles():
     class OffInTiles:
         unpack = staticmethod(KERNEL.unpack)
         gemm_takes = staticmethod(KERNEL.gemm_takes)
+        integer_paths = KERNEL.integer_paths
 
         def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
             y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
@@ -637,3 +639,21 @@ def test_a_block_multiplies_its_projections_together_and_gets_a_call_eachs_logit
         layer.self_attn.weight_pack = layer.mlp.weight_pack = None
     assert np.array_equal(logits(), together)
     assert len(calls) == 4 * layers
+
+
+@needs_kernel
+def test_a_build_without_avx2_has_no_integer_paths_and_passes_its_check_on_fp32_rows():
+    # the C's portable vector code (x86-64's baseline here; ARM elsewhere): no int8 or int16 path,
+    # so every product, asked for integer activations or not, is the exact one
+    built = cbuild.compile_source(quant_cpu.SOURCE, (("-O3", "-pthread"),))
+    assert not isinstance(built, str), built
+    kernel = quant_cpu.QuantKernel(built.library, built.flags)
+    if kernel.integer_paths:
+        pytest.skip("this compiler's default target has AVX2")
+    assert check_kernel(kernel) is None
+    weight, truth = _weight(19, 320, 4, 32, seed=4)
+    xs = np.random.default_rng(5).standard_normal((13, 320)).astype(np.float32)
+    exact = xs.astype(np.float64) @ truth.T
+    for many_from in (1 << 30, 1):
+        got = kernel.times(xs, weight, 2, many_from, int8=True)
+        assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max()

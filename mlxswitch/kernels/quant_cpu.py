@@ -93,6 +93,7 @@ class QuantKernel:
             [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int, ctypes.c_long, ctypes.c_int]
         )
         self._q6k.restype = ctypes.c_int
+        self.integer_paths = bool(library.quant_integer_paths())  # an AVX2 build: int8 and int16 paths
         self._gemm_takes = library.quant_gemm_takes
         self._gemm_takes.argtypes = [ctypes.c_int] * 3
         self._gemm_takes.restype = ctypes.c_int
@@ -312,7 +313,7 @@ def check_q6k(kernel: QuantKernel, rng) -> str | None:
                 for many_from, threads in ((1 << 30, 1), (1 << 30, 2), (1, 2)):
                     got = kernel.times(xs, weight, threads, many_from, int8=integer)
                     tiles = kernel.gemm_takes(weight, True)
-                    int16 = integer and (rows < many_from or tiles)  # else the panel, on fp32 rows
+                    int16 = integer and kernel.integer_paths and (rows < many_from or tiles)  # else fp32
                     want = rounded if int16 else exact
                     if _differs(got, want):
                         path = "int16" if int16 else "fp32"
@@ -343,7 +344,8 @@ def _check_rows(kernel: QuantKernel, rng, weight: QuantWeight, truth: np.ndarray
             rounded = int8_reference(xs, weight, truth, wide)
             for many_from, threads in ((1 << 30, 1), (1 << 30, 2), (1, 1), (1, 2)):
                 got = kernel.times(xs, weight, threads, many_from, int8=True, wide=wide)
-                integer = rows < many_from or kernel.gemm_takes(weight, wide)  # else the fp32 panel
+                # else fp32 rows: the panel, or every path of a build without them
+                integer = kernel.integer_paths and (rows < many_from or kernel.gemm_takes(weight, wide))
                 if _differs(got, rounded if integer else want):
                     path = "register" if rows < many_from else "tile" if integer else "panel"
                     kind = "int16" if wide else "int8"

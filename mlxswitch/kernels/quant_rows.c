@@ -831,86 +831,16 @@ static inline __m256 add_tree(__m256 acc, __m256i sums, __m256 scale, const stru
             long ahead = b0 * BLOCK / a->gs * scale_size(a->type) + PREFETCH_BYTES / 4;          \
             prefetch(scales + ahead);                                                            \
             prefetch(biases + ahead);                                                            \
-            __m256i pair[K][4];                                                                  \
-            for (int p = 0; p < 4; p++) {                                                        \
-                long blk = b0 + 2 * p;                                                           \
-                if (blk < a->blocks) {                                                           \
-                    __m256i high, low = nibble_pair_codes(codes, blk, a->blocks, &high);         \
-                    for (int k = 0; k < K; k++) pair[k][p] = nibble_pair_dot(low, high, xq[k], blk); \
-                } else {                                                                         \
-                    for (int k = 0; k < K; k++) pair[k][p] = _mm256_setzero_si256();             \
-                }                                                                                \
-            }                                                                                    \
-            __m256 scale = block_scales(a->scales, first, b0, a->blocks, a->gs, a->type);        \
-            for (int k = 0; k < K; k++) {                                                        \
-                __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(pair[k][0], pair[k][1]),       \
-                                                 _mm256_hadd_epi32(pair[k][2], pair[k][3]));      \
-                sums = _mm256_permutevar8x32_epi32(sums, order);                                 \
-                acc[k] = add_tree(acc[k], sums, scale, a, r + k, b0, 1);                         \
-            }                                                                                    \
-        }                                                                                        \
-        for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
-    }
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define NIBBLE_QUADS 1
-/* The same products with AVX-512 on a whole tree: one load of 64 bytes is 4 blocks' codes (low
- * nibbles their even inputs, high nibbles their odd ones), x laid out to match (quantize_rows'
- * SPLIT_QUADS: per 128 inputs the 4 blocks' even inputs, then their odd ones), so a row's 8 blocks
- * take 4 byte products of 64 bytes where 256-bit vectors took 8 of 32; the two vectors' 4 lanes a
- * block are summed by unpacks and one shuffle, and put in block order by one permute. The same
- * integer block sums, then add_tree: the same bits. A tree past the row's last block (fewer than
- * 8 blocks) goes as I8NIBBLES takes it, x laid out in pairs there. */
-static inline __m256i quad_tree_sums(__m512i a, __m512i b) {
-    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
-    /* lane 4L: block L's sum (a's), lane 4L + 1: block 4 + L's (b's) */
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, s));
-}
-
-#define I8NIBBLES512(K)                                                                          \
-    static void i8rows4_##K(const struct i8_args *a, long r, long o) {                          \
-        const uint8_t *codes = a->w + o * (a->n_in / 2);                                        \
-        long first = o * a->groups;                                                              \
-        const int8_t *xq[K];                                                                     \
-        for (int k = 0; k < K; k++) xq[k] = a->xq + (r + k) * a->stride;                        \
-        __m256 acc[K];                                                                           \
-        for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
-        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);                        \
-        const char *scales = (const char *)a->scales + first * scale_size(a->type);              \
-        const char *biases = (const char *)a->biases + first * scale_size(a->type);              \
-        const __m512i mask = _mm512_set1_epi8(15);                                               \
-        for (long b0 = 0; b0 < a->blocks; b0 += TREE) {                                          \
-            prefetch(codes + b0 * 16 + PREFETCH_BYTES);                                          \
-            prefetch(codes + b0 * 16 + PREFETCH_BYTES + 64);                                     \
-            long ahead = b0 * BLOCK / a->gs * scale_size(a->type) + PREFETCH_BYTES / 4;          \
-            prefetch(scales + ahead);                                                            \
-            prefetch(biases + ahead);                                                            \
             __m256i sums[K];                                                                     \
-            if (b0 + TREE <= a->blocks) {                                                        \
-                __m512i low[2], high[2];                                                         \
-                for (int h = 0; h < 2; h++) {                                                    \
-                    __m512i v = _mm512_loadu_si512((const void *)(codes + (b0 + 4 * h) * 16));  \
-                    low[h] = _mm512_and_si512(v, mask);                                          \
-                    high[h] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);                   \
-                }                                                                                \
-                for (int k = 0; k < K; k++) {                                                    \
-                    __m512i half[2];                                                             \
-                    for (int h = 0; h < 2; h++) {                                                \
-                        const int8_t *x = xq[k] + (b0 + 4 * h) * BLOCK;                          \
-                        half[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[h], _mm512_loadu_si512((const void *)x)); \
-                        half[h] = _mm512_dpbusd_epi32(half[h], high[h], _mm512_loadu_si512((const void *)(x + 64))); \
-                    }                                                                            \
-                    sums[k] = quad_tree_sums(half[0], half[1]);                                  \
-                }                                                                                \
+            if (NIBBLE_QUADS_ON && b0 + TREE <= a->blocks) {                                     \
+                quad_tree(codes, b0, xq, K, sums);                                               \
             } else {                                                                             \
                 __m256i pair[K][4];                                                              \
                 for (int p = 0; p < 4; p++) {                                                    \
                     long blk = b0 + 2 * p;                                                       \
                     if (blk < a->blocks) {                                                       \
-                        __m256i hi, lo = nibble_pair_codes(codes, blk, a->blocks, &hi);          \
-                        for (int k = 0; k < K; k++) pair[k][p] = nibble_pair_dot(lo, hi, xq[k], blk); \
+                        __m256i high, low = nibble_pair_codes(codes, blk, a->blocks, &high);     \
+                        for (int k = 0; k < K; k++) pair[k][p] = nibble_pair_dot(low, high, xq[k], blk); \
                     } else {                                                                     \
                         for (int k = 0; k < K; k++) pair[k][p] = _mm256_setzero_si256();         \
                     }                                                                            \
@@ -926,6 +856,50 @@ static inline __m256i quad_tree_sums(__m512i a, __m512i b) {
         }                                                                                        \
         for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]) + bias_term(a, first, r + k); \
     }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define NIBBLE_QUADS 1
+/* The same products with AVX-512 on a whole tree: one load of 64 bytes is 4 blocks' codes (low
+ * nibbles their even inputs, high nibbles their odd ones), x laid out to match (quantize_rows'
+ * SPLIT_QUADS: per 128 inputs the 4 blocks' even inputs, then their odd ones), so a row's 8 blocks
+ * take 4 byte products of 64 bytes where 256-bit vectors took 8 of 32; the two vectors' 4 lanes a
+ * block are summed by unpacks and one shuffle, and put in block order by one permute. The same
+ * integer block sums, then add_tree: the same bits. A tree past the row's last block (fewer than
+ * 8 blocks) goes by pairs of blocks, x laid out in pairs there. */
+static inline __m256i quad_tree_sums(__m512i a, __m512i b) {
+    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
+    /* lane 4L: block L's sum (a's), lane 4L + 1: block 4 + L's (b's) */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, s));
+}
+
+/* The 8 block sums (in block order) of a whole tree at b0 for K rows. */
+static inline void quad_tree(const uint8_t *codes, long b0, const int8_t *const *xq, int K, __m256i *sums) {
+    const __m512i mask = _mm512_set1_epi8(15);
+    __m512i low[2], high[2];
+    for (int h = 0; h < 2; h++) {
+        __m512i v = _mm512_loadu_si512((const void *)(codes + (b0 + 4 * h) * 16));
+        low[h] = _mm512_and_si512(v, mask);
+        high[h] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    }
+    for (int k = 0; k < K; k++) {
+        __m512i half[2];
+        for (int h = 0; h < 2; h++) {
+            const int8_t *x = xq[k] + (b0 + 4 * h) * BLOCK;
+            half[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[h], _mm512_loadu_si512((const void *)x));
+            half[h] = _mm512_dpbusd_epi32(half[h], high[h], _mm512_loadu_si512((const void *)(x + 64)));
+        }
+        sums[k] = quad_tree_sums(half[0], half[1]);
+    }
+}
+#define NIBBLE_QUADS_ON 1
+#else
+#define NIBBLE_QUADS_ON 0
+static inline void quad_tree(const uint8_t *codes, long b0, const int8_t *const *xq, int K, __m256i *sums) {
+    (void)codes, (void)b0, (void)xq, (void)K, (void)sums; /* never called: NIBBLE_QUADS_ON is 0 */
+}
+
 #endif
 
 /* One output o times K rows from r: per 8 blocks, each row's 8 integer block sums are reduced in
@@ -1084,17 +1058,10 @@ I16ROWS(8, 2)
 I16ROWS(8, 3)
 I16ROWS(8, 4)
 
-#if defined(NIBBLE_QUADS)
-I8NIBBLES512(1)
-I8NIBBLES512(2)
-I8NIBBLES512(3)
-I8NIBBLES512(4)
-#else
 I8NIBBLES(1)
 I8NIBBLES(2)
 I8NIBBLES(3)
 I8NIBBLES(4)
-#endif
 I8ROWS(7, 1)
 I8ROWS(7, 2)
 I8ROWS(7, 3)
@@ -1130,7 +1097,7 @@ static void i8_step(const void *args, int wide, long k, long r, long o) {
  * (nibble_pair_dot); per block, even inputs then odd ones (Q6_K's int16 halves, q6krows). */
 enum { SPLIT_NONE = 0, SPLIT_PAIRS = 1, SPLIT_BLOCKS = 2, SPLIT_QUADS = 3 };
 #if defined(NIBBLE_QUADS)
-#define NIBBLE_SPLIT SPLIT_QUADS /* 4-bit codes on int8: I8NIBBLES512's layout */
+#define NIBBLE_SPLIT SPLIT_QUADS /* 4-bit codes on int8: quad_tree's layout */
 #else
 #define NIBBLE_SPLIT SPLIT_PAIRS
 #endif
@@ -1170,7 +1137,7 @@ static void quantize_rows(const float *x, int8_t *xq, int16_t *xw, float *dx, in
                 total += q;
                 /* SPLIT_PAIRS: pair (blk / 2) is [even of blk & ~1][even of blk | 1][odd ...][odd ...];
                  * SPLIT_BLOCKS: block blk is [its even inputs][its odd ones] */
-                /* SPLIT_QUADS: as I8NIBBLES512 reads a whole tree, per 4 blocks their even inputs then
+                /* SPLIT_QUADS: as quad_tree reads a whole tree, per 4 blocks their even inputs then
                  * their odd ones; the blocks of a last, partial tree as SPLIT_PAIRS lays them */
                 int quads = split == SPLIT_QUADS && blk < blocks / TREE * TREE;
                 long at = r * stride + (quads ? (blk / 4) * 4 * BLOCK + (k % 2) * 2 * BLOCK + (blk % 4) * 16 + k / 2
@@ -1558,6 +1525,16 @@ static void gemm_part(const void *p, long part, long parts) {
     free(t.bytes);
 }
 #endif
+
+/* Whether this build has the integer paths at all (AVX2): elsewhere quant_rows_int8 and q6k_rows
+ * multiply every row on fp32 activations, and the caller's reference is the exact product. */
+int quant_integer_paths(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* Whether quant_rows_int8 multiplies many rows of these codes on int8 activations (else on the
  * fp32 panel): the caller's reference for what it computes. */
