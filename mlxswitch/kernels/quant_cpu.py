@@ -51,7 +51,7 @@ MANY_ROWS_FROM = 12
 # draft: decoding.drafting.MAX_DRAFT = 32, plus one position), computes each row as a step would
 # (int8 activations where they apply, the few-row path otherwise), so a checked token's logits are
 # a step's, bit for bit, alone or batched; a pass of more positions a sequence (a prefill) takes
-# the many-row paths: int8 tiles where gemm_takes, else the fp32 panel (kernels.md).
+# the many-row paths: integer tiles where gemm_takes, else the fp32 panel (kernels.md).
 INT8_MAX_POSITIONS = 33
 
 
@@ -113,8 +113,8 @@ class QuantKernel:
         return out
 
     def gemm_takes(self, weight: QuantWeight, wide: bool = False) -> bool:
-        """Whether many rows of int8 activations multiply this affine weight through the int8 tiles
-        (else the fp32 panel, on the rows as they are)."""
+        """Whether many rows of integer activations (int8; int16 where `wide`) multiply this weight
+        (affine, or Q6_K blocks) through the tiles, else the fp32 panel on the rows as they are."""
         bits = 6 if weight.layout == Q6K else weight.bits  # Q6_K blocks: on int16 only
         return bool(self._gemm_takes(bits, weight.centre_log2, int(wide)))
 
