@@ -381,6 +381,23 @@ def test_the_benchs_fp32_arm_dequantizes_q6k_layers_held_as_stored(tmp_path, voc
     assert isinstance(model.lm_head, Q6KLinear)
 
 
+def test_a_conversion_removes_the_same_files_earlier_formats_and_keeps_others(tmp_path, vocab):
+    from mlxswitch.models.gguf_convert import CONVERTED_FORMAT
+    from mlxswitch.resources import file_sha256
+
+    path = tmp_path / "bumped.gguf"
+    write_qwen2_gguf(path, vocab, Q.Q4_K)
+    folder = converted_dir(file_sha256(path))
+    assert folder.name.endswith(f"-v{CONVERTED_FORMAT}") and CONVERTED_FORMAT > 1
+    earlier = folder.with_name(folder.name.replace(f"-v{CONVERTED_FORMAT}", "-v1"))
+    other = folder.with_name("0" * 32 + "-v1")  # another file's conversion
+    for stale in (earlier, other):
+        stale.mkdir(parents=True)
+        (stale / "model.safetensors").write_bytes(b"old")
+    load_gguf_file("bumped", path, "bumped")
+    assert (folder / "config.json").exists() and not earlier.exists() and other.exists()
+
+
 def test_conversion_is_cached_by_sha256_and_atomic(tmp_path, vocab, monkeypatch):
     from mlxswitch.models import gguf_convert
     from mlxswitch.resources import file_sha256

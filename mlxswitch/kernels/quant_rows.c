@@ -1549,7 +1549,7 @@ int quant_gemm_takes(int bits, int centre, int wide) {
 
 /* quant_rows with int8 activations (int16 where `wide`) where they apply (groups a multiple of 32,
  * an AVX2 build; `centre`: log2 of the codes' midpoint, 3 for 4-bit codes, 4 for 5-bit codes in
- * bytes...): fewer than `many_from` rows in registers, more through the int8 tiles where
+ * bytes...): fewer than `many_from` rows in registers, more through the integer tiles where
  * gemm_takes; anything else is quant_rows itself. */
 int quant_rows_int8(const float *x, const void *codes, const void *scales, const void *biases,
                     float *y, long rows, long n_in, long n_out, long gs, int bits, int threads,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -286,6 +287,10 @@ def write_converted(
             "requant_bits": {k: REQUANT_BITS[k] for k in sorted(set(types.values()))},
         }
         save_config(config, staging / "config.json")
+    # An earlier format's conversion of the same file is read by no version that writes this one:
+    # left behind, it held the Qwen pair's 2.1 GB a second time after the Q6_K bump.
+    for earlier in range(1, CONVERTED_FORMAT):
+        shutil.rmtree(target.with_name(f"{sha256[:32]}-v{earlier}"), ignore_errors=True)
     return target
 
 
