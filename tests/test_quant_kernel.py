@@ -235,17 +235,21 @@ def test_q6k_blocks_are_read_as_stored_and_equal_float64_products_on_every_path(
     rng = np.random.default_rng(3)
     for rows in (1, 2, 3, 4, 5, 8, 13):
         xs = rng.standard_normal((rows, 512)).astype(np.float32)
-        exact, rounded = xs.astype(np.float64) @ truth.T, quant_cpu.rounded_rows(xs, wide=True) @ truth.T
+        exact = xs.astype(np.float64) @ truth.T
+        int16, int8 = (quant_cpu.rounded_rows(xs, wide=wide) @ truth.T for wide in (True, False))
+        assert KERNEL.gemm_takes(weight, wide=True) and not KERNEL.gemm_takes(weight)
         for many_from in (1 << 30, 1):
             for threads in (1, 2):
                 got = KERNEL.times(xs, weight, threads, many_from)  # fp32 rows: the panel
                 assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max(), (rows, many_from)
-                got = KERNEL.times(xs, weight, threads, many_from, int8=True)  # registers, or tiles
-                assert KERNEL.gemm_takes(weight, wide=True) and not KERNEL.gemm_takes(weight)
-                assert np.abs(got - rounded).max() <= 1e-5 * np.abs(rounded).max(), (rows, many_from)
-                # each row's bits do not depend on the rows beside it, or the threads
-                alone = KERNEL.times(xs[-1:], weight, 1, many_from, int8=True)
-                assert np.array_equal(got[-1:], alone)
+                # in registers int16 rows (a down projection's) or int8 ones (a head's); tiles: int16
+                for wide in (True, False):
+                    got = KERNEL.times(xs, weight, threads, many_from, int8=True, wide=wide)
+                    want = int16 if wide or rows >= many_from else int8
+                    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, many_from, wide)
+                    # each row's bits do not depend on the rows beside it, or the threads
+                    alone = KERNEL.times(xs[-1:], weight, 1, many_from, int8=True, wide=wide)
+                    assert np.array_equal(got[-1:], alone)
 
 
 @needs_kernel

@@ -87,11 +87,10 @@ class QuantKernel:
         self.together.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int, ctypes.c_long]
         self.together.argtypes += [ctypes.c_void_p]
         self.together.restype = ctypes.c_int
-        # x, blocks, y; rows, in, out; threads; many_from; integer (int16 activations)
+        # x, blocks, y; rows, in, out; threads; many_from; integer activations, int16 (else int8)
         self._q6k = library.q6k_rows
-        self._q6k.argtypes = (
-            [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int, ctypes.c_long, ctypes.c_int]
-        )
+        self._q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
+        self._q6k.argtypes += [ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int]
         self._q6k.restype = ctypes.c_int
         self.integer_paths = bool(library.quant_integer_paths())  # an AVX2 build: int8 and int16 paths
         self._gemm_takes = library.quant_gemm_takes
@@ -136,9 +135,9 @@ class QuantKernel:
             raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
         y = np.empty((rows, weight.out_dims), dtype=np.float32)
         many = MANY_ROWS_FROM if many_from is None else many_from
-        if weight.layout == Q6K:  # integer activations are int16 there (integer_applies)
+        if weight.layout == Q6K:  # integer activations: int8 where narrow, else int16 (integer_applies)
             at = (xs.ctypes.data, weight.addresses[0], y.ctypes.data)
-            done = self._q6k(*at, rows, in_dims, weight.out_dims, threads, many, int(int8))
+            done = self._q6k(*at, rows, in_dims, weight.out_dims, threads, many, int(int8), int(wide))
         else:
             arguments = [
                 xs.ctypes.data,
@@ -208,7 +207,7 @@ WIDE_CODE_BITS = (4,)
 def integer_applies(weight: QuantWeight, narrow: bool) -> bool:
     """Whether a decoding pass's rows take integer activations on this weight: int8 where the layer
     allows them (`narrow`) and int8_applies, int16 where it refuses them and wide_applies; a Q6_K
-    weight's always, on int16 (its one integer path: 6-bit codes of 16-weight sub-blocks)."""
+    weight's always (int8 where narrow: an output head; int16 else: a down projection)."""
     if weight.layout == Q6K:
         return True
     return int8_applies(weight) if narrow else wide_applies(weight)
@@ -302,21 +301,23 @@ def _random_q6k(rng, out_dims: int, in_dims: int) -> tuple[QuantWeight, np.ndarr
 
 
 def check_q6k(kernel: QuantKernel, rng) -> str | None:
-    """None when Q6_K products equal a float64 product of the blocks' values (int16 activations:
-    of the rounded rows) at every row grouping, on 1 and 2 threads, by every path; else what."""
+    """None when Q6_K products equal a float64 product of the blocks' values (integer activations:
+    of the rounded rows, int8 or int16) at every row grouping, on 1 and 2 threads, by every path;
+    else what differed."""
     for out_dims, in_dims in ((19, 256), (13, 768)):
         weight, truth = _random_q6k(rng, out_dims, in_dims)
         for rows in (1, 2, 3, 4, 5, 9, 13):
             xs = rng.standard_normal((rows, in_dims)).astype(np.float32)
-            exact, rounded = xs.astype(np.float64) @ truth.T, rounded_rows(xs, wide=True) @ truth.T
-            for integer in (False, True):
+            want = {"fp32": xs.astype(np.float64) @ truth.T}
+            for kind, wide in (("int8", False), ("int16", True)):
+                want[kind] = rounded_rows(xs, wide=wide) @ truth.T
+            for integer, wide in ((False, False), (True, False), (True, True)):
                 for many_from, threads in ((1 << 30, 1), (1 << 30, 2), (1, 2)):
-                    got = kernel.times(xs, weight, threads, many_from, int8=integer)
-                    tiles = kernel.gemm_takes(weight, True)
-                    int16 = integer and kernel.integer_paths and (rows < many_from or tiles)  # else fp32
-                    want = rounded if int16 else exact
-                    if _differs(got, want):
-                        path = "int16" if int16 else "fp32"
+                    got = kernel.times(xs, weight, threads, many_from, int8=integer, wide=wide)
+                    path = "fp32"  # the panel, or every path of a build without integer ones
+                    if integer and kernel.integer_paths:  # many rows: the tiles, on int16
+                        path = "int16" if wide or rows >= many_from else "int8"
+                    if _differs(got, want[path]):
                         return f"Q6_K {out_dims}x{in_dims}, {rows} rows, {path} on {threads} threads differed"
     return None
 

@@ -1725,31 +1725,83 @@ static inline void q6k_half_codes(const uint8_t *block, int n, __m256i v[4]) {
         for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]);             \
     }
 
+/* Output o of a Q6_K weight times K int8 rows from r (a layer that takes int8 activations: an
+ * output head). The 32 centred codes of a vector (q - 32, s8) times the row's 32 inputs moved to
+ * u8 (x + 128, its top bit flipped) by groups of 4: Σ (q - 32)(x + 128) = Σ (q - 32)·x +
+ * 128·Σ (q - 32), the second term the weight's own (one product of 128s, shared by the K rows).
+ * Without VNNI, maddubs' int16 pairs hold it exactly: 255·32·2 < 32768. Lanes 0-3 the first
+ * sub-block's partial sums and 4-7 the second's, scaled as q6krows scales them. */
+#define Q6KROWS8(K)                                                                              \
+    static void q6krows8_##K(const struct i8_args *a, long r, long o) {                         \
+        long blocks = a->n_in / Q6K_VALUES;                                                      \
+        const uint8_t *row = a->w + o * blocks * Q6K_BYTES;                                      \
+        const int8_t *xq[K];                                                                     \
+        const float *dx[K];                                                                      \
+        for (int k = 0; k < K; k++) {                                                            \
+            xq[k] = a->xq + (r + k) * a->stride;                                                 \
+            dx[k] = a->dx + (r + k) * a->padded;                                                 \
+        }                                                                                        \
+        __m256 acc[K];                                                                           \
+        for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
+        const __m256i flip = _mm256_set1_epi8((char)0x80); /* as u8: 128 */                      \
+        for (long b = 0; b < blocks; b++) {                                                      \
+            const uint8_t *block = row + b * Q6K_BYTES;                                          \
+            for (int line = 0; line < 4; line++) prefetch(block + PREFETCH_BYTES + 64 * line);   \
+            const __m256 d = _mm256_set1_ps(q6k_d(block));                                       \
+            for (int n = 0; n < 2; n++) {                                                        \
+                __m256i v[4];                                                                    \
+                q6k_half_codes(block, n, v);                                                     \
+                __m128i sc = _mm_loadl_epi64((const __m128i *)(block + 192 + 8 * n));            \
+                __m256 scales = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));  \
+                for (int j = 0; j < 4; j++) {                                                    \
+                    __m256 step = _mm256_permutevar8x32_ps(                                      \
+                        scales, _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1)); \
+                    __m256i own = dot_bytes(_mm256_setzero_si256(), flip, v[j]);                 \
+                    long blk = (b * Q6K_VALUES + 128 * n) / BLOCK + j;                           \
+                    for (int k = 0; k < K; k++) {                                                \
+                        __m256i x = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq[k] + blk * BLOCK)), flip); \
+                        __m256i sums = _mm256_sub_epi32(dot_bytes(_mm256_setzero_si256(), x, v[j]), own); \
+                        __m256 scale = _mm256_mul_ps(step, _mm256_broadcast_ss(dx[k] + blk));    \
+                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[k]);       \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]);             \
+    }
+
 Q6KROWS(1)
 Q6KROWS(2)
 Q6KROWS(3)
 Q6KROWS(4)
+Q6KROWS8(1)
+Q6KROWS8(2)
+Q6KROWS8(3)
+Q6KROWS8(4)
 
-static const i8_fn Q6K_ROWS[I8_GROUP + 1] = {0, q6krows_1, q6krows_2, q6krows_3, q6krows_4};
+static const i8_fn Q6K_ROWS[2][I8_GROUP + 1] = {{0, q6krows8_1, q6krows8_2, q6krows8_3, q6krows8_4},
+                                                {0, q6krows_1, q6krows_2, q6krows_3, q6krows_4}};
 
 static void q6k_step(const void *args, int wide, long k, long r, long o) {
     (void)wide; /* every tile is one output wide */
-    Q6K_ROWS[k](args, r, o);
+    const struct i8_args *a = args;
+    Q6K_ROWS[a->wide][k](a, r, o);
 }
 #endif
 
-/* y (rows × n_out) = x (rows × n_in) · Wᵀ for a Q6_K weight (n_in a multiple of 256): on int16
- * activations where `integer` (an AVX2 build), fewer than many_from rows in registers, more
- * through the tiles; else in fp32 through the panel. Returns the threads used, or -1 on a bad argument or no memory. */
+/* y (rows × n_out) = x (rows × n_in) · Wᵀ for a Q6_K weight (n_in a multiple of 256): on integer
+ * activations where `integer` (an AVX2 build), fewer than many_from rows in registers (int16
+ * where `wide`, else int8), more through the tiles (int16); else in fp32 through the panel. Returns the threads used, or -1 on a bad argument or no memory. */
 int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_in, long n_out, int threads,
-             long many_from, int integer) {
+             long many_from, int integer, int wide) {
     if (rows < 1 || n_out < 1 || n_in < Q6K_VALUES || n_in % Q6K_VALUES) return -1;
     if (threads < 1) threads = 1;
 #if defined(__AVX2__) && defined(__FMA__)
     if (integer) { /* few rows in registers, many through the tiles */
         struct i8_args args;
-        int many = rows >= many_from;
-        if (i8_prepare(&args, x, rows, n_in, blocks, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, 1, many))
+        int many = rows >= many_from; /* the tiles take int16 rows */
+        if (i8_prepare(&args, x, rows, n_in, blocks, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0,
+                       wide || many, many || !wide))
             return -1;
         struct gemm_args g = {&args, rows, 0};
         threads = many ? (int)run_parts(gemm_part, &g, threads)
@@ -1758,7 +1810,7 @@ int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_
         return atomic_load(&g.failed) ? -1 : threads;
     }
 #else
-    (void)many_from, (void)integer;
+    (void)many_from, (void)integer, (void)wide;
 #endif
     struct many_args args = {x, blocks, NULL, NULL, y, rows, n_in, n_out, Q6K_VALUES, 8, SCALE_F32, 1, 0};
     run_parts(many_part, &args, threads);
