@@ -1,7 +1,7 @@
 """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
 
     uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
-        [--sources a.c,b.c] [--mlx-cache] [--affine-q6k]
+        [--sources a.c,b.c] [--mlx-cache] [--affine-q6k] [--untiled]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
@@ -13,7 +13,8 @@ each build of quant_rows.c in turn, round by round (kernel work: an A/B of two v
 The caches are the engine's (decoding_caches: keys and values of a decoding pass kept in NumPy);
 --mlx-cache adds an arm on mlx-lm's own KV caches (the route before). --affine-q6k adds an arm
 whose Q6_K-born layers take the converted directory's 8-bit affine copies (the route before their
-blocks were read as stored).
+blocks were read as stored). --untiled adds an arm whose 4-bit layers keep MLX's layout (the
+few-row path) where the default lays them out as tiles (kernels/quant_tiles.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlxswitch.kernels import quant_cpu
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.route import kernels_override
-from mlxswitch.models import loading
+from mlxswitch.models import loading, rows
 from mlxswitch.models.cpu_blocks import decoding_caches
 from mlxswitch.models.gguf_convert import Q6K_BLOCKS_FILE
 from mlxswitch.models.sources import load_model
@@ -41,6 +42,7 @@ parser.add_argument("--fp32-scales", action="store_true", help="an arm on fp32 s
 parser.add_argument("--sources", default="", help="builds of quant_rows.c, comma-separated: an arm each")
 parser.add_argument("--mlx-cache", action="store_true", help="an arm on mlx-lm's own KV caches")
 parser.add_argument("--affine-q6k", action="store_true", help="an arm on Q6_K layers' 8-bit affine copies")
+parser.add_argument("--untiled", action="store_true", help="an arm on MLX's layout, not tiles")
 args = parser.parse_args()
 kernels = {}  # arm -> its kernel (the shipped one where absent)
 for source in filter(None, args.sources.split(",")):
@@ -71,6 +73,12 @@ if args.affine_q6k:  # the converted directory's affine copies: as if it held no
     copies = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
     loading.Q6K_BLOCKS_FILE = Q6K_BLOCKS_FILE
     arms["Q6_K as 8-bit affine"] = (quant_cpu.INT8_CODE_BITS, copies)
+if args.untiled:  # every layer as the few-row path reads it: MLX's layout, Q6_K blocks as stored
+    tiles_layer, tiles_q6k = rows.tiles_layer, rows.tiles_q6k
+    rows.tiles_layer, rows.tiles_q6k = (lambda module: False), (lambda view: False)
+    untiled = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
+    rows.tiles_layer, rows.tiles_q6k = tiles_layer, tiles_q6k
+    arms["untiled"] = (quant_cpu.INT8_CODE_BITS, untiled)
 ids = mx.array(
     [[151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264] * 3]
 )
@@ -87,13 +95,13 @@ for _ in range(5):
         quant_cpu.quant_kernel = (lambda k=kernels[arm]: k) if arm in kernels else shipped  # type: ignore[misc]
         for n, m in loaded.items():
             cache = caches[arm, n]
-            for rows in [int(r) for r in args.rows.split(",")] if n == "1.5b" else [1]:
+            for count in [int(r) for r in args.rows.split(",")] if n == "1.5b" else [1]:
                 t = time.perf_counter()
                 for _pass in range(8):
-                    mx.eval(m(ids[:, :rows], cache=cache))
-                    trim_prompt_cache(cache, rows)
-                res.setdefault((arm, n, rows), []).append((time.perf_counter() - t) / 8 * 1e3)
-for (arm, name, rows), seconds in res.items():
+                    mx.eval(m(ids[:, :count], cache=cache))
+                    trim_prompt_cache(cache, count)
+                res.setdefault((arm, n, count), []).append((time.perf_counter() - t) / 8 * 1e3)
+for (arm, name, count), seconds in res.items():
     rounds = [round(x) for x in seconds]
     label = f"{arm}: " if len(arms) > 1 else ""
-    print(f"{label}{name} {rows} row(s): median {statistics.median(seconds):.1f} ms, rounds {rounds}")
+    print(f"{label}{name} {count} row(s): median {statistics.median(seconds):.1f} ms, rounds {rounds}")

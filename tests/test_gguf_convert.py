@@ -14,12 +14,11 @@ from gguf.quants import dequantize, quantize
 from tinymodels import train_tokenizer
 
 from mlxswitch.errors import ModelFormatError, ModelNotFoundError
-from mlxswitch.kernels.quant_weights import q6k_values
 from mlxswitch.models.arrays import flat_parameters
 from mlxswitch.models.gguf import needs_conversion
 from mlxswitch.models.gguf_convert import REQUANT_BITS, converted_dir, pack_codes, requantize
 from mlxswitch.models.loading import load_gguf_file
-from mlxswitch.models.rows import Q6KLinear
+from mlxswitch.models.rows import Q6KLinear, TiledLinear
 
 Q = GGMLQuantizationType
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 256, 256, 2, 4, 2  # K-quant rows hold 256 values
@@ -166,8 +165,8 @@ PACKED_GGUF_NAMES = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
 
 
 def _weight(module) -> np.ndarray:
-    if isinstance(module, Q6KLinear):  # the file's blocks as stored
-        return q6k_values(np.asarray(module.weight), module.in_dims).astype(np.float32)
+    if isinstance(module, (Q6KLinear, TiledLinear)):  # Q6_K blocks as stored, or either as the kernel's tiles
+        return np.asarray(module.stored_values())
     if hasattr(module, "scales"):
         wide = (module.scales.astype(mx.float32), module.biases.astype(mx.float32))
         return np.asarray(mx.dequantize(module.weight, *wide, group_size=module.group_size, bits=module.bits))

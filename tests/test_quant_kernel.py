@@ -6,6 +6,7 @@ nested gears that run on it give the reference's logits."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 
 import mlx.core as mx
@@ -15,9 +16,19 @@ import pytest
 
 from mlxswitch.kernels import cbuild, quant_cpu
 from mlxswitch.kernels.quant_cpu import build_quant_kernel, check_kernel
+from mlxswitch.kernels.quant_tiles import (
+    q6k_tiled_values_mx,
+    tiled_codes,
+    tiled_q6k_weight,
+    tiled_weight,
+    tiles_q6k,
+    tiles_weight,
+)
 from mlxswitch.kernels.quant_weights import (
     Q6K,
+    Q6K_TILED,
     SUPPORTED_BITS,
+    TILED,
     QuantWeight,
     q6k_values,
     q6k_values_mx,
@@ -30,6 +41,23 @@ KERNEL = build_quant_kernel().kernel
 needs_kernel = pytest.mark.skipif(
     KERNEL is None, reason=f"no quantized kernel: {build_quant_kernel().detail}"
 )
+
+
+class KernelDouble:
+    """The kernel with `off(xs, weight, many_from, int8, wide)` deciding which products to spoil:
+    every other attribute the real kernel's, so a check sees a kernel wrong only there."""
+
+    def __init__(self, off):
+        self.off = off
+
+    def __getattr__(self, name):
+        return getattr(KERNEL, name)
+
+    def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
+        y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
+        if self.off(xs, weight, many_from, int8, wide):
+            y[-1, -1] += 1e-2
+        return y
 
 
 @pytest.fixture(autouse=True)
@@ -184,15 +212,7 @@ def test_shapes_the_kernel_does_not_take_get_no_view():
 
 @needs_kernel
 def test_the_check_catches_a_wrong_row_and_a_wrong_code():
-    class OffByOne:
-        unpack = staticmethod(KERNEL.unpack)
-
-        def times(self, xs, weight, threads=1, many_from=None):
-            y = KERNEL.times(xs, weight, threads, many_from)
-            y[-1, -1] += 1e-2
-            return y
-
-    assert "differed" in check_kernel(OffByOne())
+    assert "differed" in check_kernel(KernelDouble(lambda *_: True))
 
     class WrongCode:
         times = staticmethod(KERNEL.times)
@@ -254,34 +274,115 @@ def test_q6k_blocks_are_read_as_stored_and_equal_float64_products_on_every_path(
 
 @needs_kernel
 def test_the_check_catches_a_wrong_q6k_product():
-    class OffByOne:
-        unpack = staticmethod(KERNEL.unpack)
-        gemm_takes = staticmethod(KERNEL.gemm_takes)
-        integer_paths = KERNEL.integer_paths
-
-        def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
-            y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
-            if weight.layout == Q6K:
-                y[-1, -1] += 1e-2
-            return y
-
-    assert "Q6_K" in check_kernel(OffByOne())
+    assert "Q6_K" in check_kernel(KernelDouble(lambda xs, weight, *_: weight.layout == Q6K))
 
 
+@needs_kernel
 def test_the_check_catches_a_wrong_product_of_the_int8_tiles():
-    class OffInTiles:
-        unpack = staticmethod(KERNEL.unpack)
-        gemm_takes = staticmethod(KERNEL.gemm_takes)
-        integer_paths = KERNEL.integer_paths
+    def off(xs, weight, many_from, int8, wide):
+        many = many_from is not None and xs.shape[0] >= many_from
+        return int8 and many and weight.layout != TILED and KERNEL.gemm_takes(weight, wide)
 
-        def times(self, xs, weight, threads=1, many_from=None, int8=False, wide=False):
-            y = KERNEL.times(xs, weight, threads, many_from, int8, wide)
-            many = many_from is not None and xs.shape[0] >= many_from
-            if int8 and many and KERNEL.gemm_takes(weight, wide):
-                y[-1, -1] += 1e-2
-            return y
+    assert "activations by the tile path" in check_kernel(KernelDouble(off))
 
-    assert "activations by the tile path" in check_kernel(OffInTiles())
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+def test_the_check_catches_a_wrong_product_of_a_weight_laid_out_as_tiles():
+    off = KernelDouble(lambda xs, weight, *_: weight.layout == TILED and xs.shape[0] == 9)
+    assert "4-bit tiles, group 32" in check_kernel(off) and "9 int8 rows" in check_kernel(off)
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+def test_the_check_catches_a_wrong_product_of_q6k_blocks_laid_out_as_tiles():
+    off = KernelDouble(lambda xs, weight, many_from, int8, wide: weight.layout == Q6K_TILED and wide)
+    found = check_kernel(off)
+    assert found.startswith("Q6_K tiles: ") and "int16 rows" in found
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+def test_q6k_blocks_laid_out_as_tiles_hold_their_values_and_give_every_row_count_the_same_bits():
+    blocks = _q6k_blocks(48, 768)
+    weight = QuantWeight.from_q6k(mx.array(blocks), 768)
+    assert tiles_q6k(weight) and not tiles_q6k(QuantWeight.from_q6k(mx.array(_q6k_blocks(21, 256)), 256))
+    tiled = tiled_q6k_weight(KERNEL, weight)
+    assert tiled.layout == Q6K_TILED and tiled.nbytes == weight.nbytes  # 6.5625 bits a weight still
+    truth = q6k_values(blocks, 768)
+    assert np.array_equal(np.asarray(q6k_tiled_values_mx(tiled.keep[0], 768)), truth.astype(np.float32))
+    rng = np.random.default_rng(4)
+    for rows, wide in itertools.product((1, 3, 8, 9, 33), (False, True)):
+        xs = rng.standard_normal((rows, 768)).astype(np.float32)
+        want = quant_cpu.rounded_rows(xs, wide=wide) @ truth.T  # int8 rows (a head's), int16 (a down's)
+        got = KERNEL.times(xs, tiled, 2, int8=True, wide=wide)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, wide)
+        for row in (0, rows - 1):
+            assert np.array_equal(
+                got[row], KERNEL.times(xs[row : row + 1], tiled, 1, int8=True, wide=wide)[0]
+            )
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+@pytest.mark.parametrize("bits, group_size", [(4, 32), (4, 64), (5, 32), (8, 64)])
+def test_a_weight_laid_out_as_tiles_gives_every_row_count_the_filled_tiles_bits(bits, group_size):
+    rng = np.random.default_rng(group_size + bits)
+    weight, truth = quant_cpu._random_weight(
+        rng, 48, 320 if group_size == 32 else 384, bits, group_size, mx.float16
+    )
+    assert tiles_weight(weight) and not tiles_weight(quant_cpu._random_weight(rng, 40, 64, 4, 32)[0])
+    assert tiles_weight(weight, wide=True) == (bits == 4)  # int16 rows: 4-bit codes only
+    tiled = tiled_weight(KERNEL, weight)
+    assert tiled.layout == TILED and tiled.nbytes == weight.nbytes  # the same bytes, in another order
+    codes = weight.codes if weight.bits == 8 else unpack_codes(weight.codes, 4, weight.in_dims)
+    assert np.array_equal(tiled_codes(tiled.codes, 48, weight.in_dims), codes)
+    for rows, wide in itertools.product((1, 2, 4, 7, 8, 9, 16, 33), (False, True) if bits == 4 else (False,)):
+        xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
+        want = quant_cpu.int8_reference(xs, weight, truth, wide)  # int16 rows where wide
+        got = KERNEL.times(xs, tiled, 2, int8=True, wide=wide)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        # the bits of MLX's layout multiplied through tiles filled per call (a prefill's)
+        assert np.array_equal(got, KERNEL.times(xs, weight, 1, 1, int8=True, wide=wide))
+        for row in (0, rows - 1):  # a row's bits, alone or beside others, on 1 or 2 threads
+            assert np.array_equal(
+                got[row], KERNEL.times(xs[row : row + 1], tiled, 1, int8=True, wide=wide)[0]
+            )
+    with pytest.raises(ValueError, match="integer activations only"):
+        KERNEL.times(xs, tiled, 1)
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+def test_a_model_lays_its_4_bit_layers_out_as_tiles_and_a_check_gives_a_step_s_bits():
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.models import rows
+
+    resolve_route("auto", "cpu")
+    model = make_model(llama_config(vocab_size=300), seed=3)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    reference = np.array(model(mx.array([[5, 9, 2, 7]])))  # MLX's own quantized layers
+    assert rows.use_fast_rows(model) == "quant-kernel"
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.gate_proj, rows.TiledLinear) and isinstance(
+        layer.self_attn.o_proj, rows.TiledLinear
+    )
+    assert isinstance(layer.mlp.down_proj, rows.TiledLinear)  # on int16 activations
+    ids = mx.array([[5, 9, 2, 7]])
+    together = np.array(model(ids))  # four positions in one pass, as a check multiplies them
+    assert np.abs(together - reference).max() <= 0.05 * np.abs(reference).max()  # int8 activations
+    # a check's positions get the bits each gets alone (a step)
+    gate = layer.mlp.gate_proj
+    x = mx.random.normal((1, 5, gate.quant.weights[0].in_dims), key=mx.random.key(0))
+    checked = np.array(gate(x))[0]
+    for position in range(5):
+        assert np.array_equal(checked[position], np.array(gate(x[:, position : position + 1]))[0, 0])
+    # off the kernel (mx.compile refuses it) the layout's values in plain mx: MLX's W
+    resolve_route("exact", "cpu")
+    assert np.allclose(np.array(gate(x)), np.array(x @ gate.stored_values().T), atol=1e-5)
+    resolve_route("auto", "cpu")
 
 
 def _rebuilt(monkeypatch, **patches):

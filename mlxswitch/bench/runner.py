@@ -31,7 +31,7 @@ from ..decoding.tiers import Ladder
 from ..json_numbers import json_float
 from ..kernels.route import kernels_override
 from ..models.model_bytes import bytes_per_token
-from ..models.rows import Q6KLinear
+from ..models.rows import Q6KLinear, TiledLinear
 from ..profiles import Profile
 from ..routing.registry import POLICY_BY_NAME
 from ..routing.router import POLICY_NAMES, RouterConfig
@@ -209,7 +209,9 @@ def _dequantized_fp32(models: list[nn.Module]):
                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
             ]
             saved.append((model, layers))
-            blocks = [(name, m.dense_linear()) for name, m in layers if isinstance(m, Q6KLinear)]
+            blocks = [
+                (name, m.dense_linear()) for name, m in layers if isinstance(m, (Q6KLinear, TiledLinear))
+            ]
             if blocks:
                 model.update_modules(tree_unflatten(blocks))
             dequantize_model(model)

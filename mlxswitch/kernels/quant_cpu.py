@@ -6,7 +6,9 @@ token where the model holds ~0.6-1.2 (6-8 GB resident for the Qwen 1.5B). This k
 packed codes, scales and biases in place (no copy at all for 4- and 8-bit codes with fp32,
 fp16 or bf16 scales; the CPU default holds a layer's as fp16 where they fit: the views are
 quant_weights.py's), unpacks them in registers and reads each byte once for up to 8 rows; many
-rows go through a small dequantized panel kept in cache. mlx-lm has no CPU route of its own to reuse.
+rows go through integer tiles or a small dequantized panel kept in cache. With AVX-512 VNNI the
+loader lays weights out as those tiles read them, once, and every pass takes them (quant_tiles.py).
+mlx-lm has no CPU route of its own to reuse.
 
 Life cycle as the panel kernel's: compiled on first use with the machine's C compiler into the
 per-machine cache (cbuild.py), loaded with ctypes and checked against a float64 product before
@@ -16,7 +18,7 @@ route falls back (kernels/route.py says which and why).
 
 from __future__ import annotations
 
-import ctypes
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -26,12 +28,16 @@ import mlx.core as mx
 import numpy as np
 
 from .cbuild import compile_source
+from .quant_library import QuantKernel
+from .quant_tiles import q6k_tiled_values_mx, tiled_q6k_weight, tiled_values_mx, tiled_weight
 from .quant_weights import (
     Q6K,
     Q6K_BYTES,
+    Q6K_TILED,
     Q6K_VALUES,
     SCALE_TYPES,
     SUPPORTED_BITS,
+    TILED,
     QuantWeight,
     q6k_values,
     scale_floats,
@@ -44,9 +50,6 @@ COMPILE_FLAGS = (
     ("-O3", "-march=native", "-pthread"),
     ("-O3", "-pthread"),
 )
-# From this many rows the kernel dequantizes a small panel of outputs into cache and multiplies
-# every row on it (prefill, long checks); below, it unpacks codes in registers for 8 rows at a time.
-MANY_ROWS_FROM = 12
 # Every pass a decoding round makes, of every sequence in a batch (a step, a check of the longest
 # draft: decoding.drafting.MAX_DRAFT = 32, plus one position), computes each row as a step would
 # (int8 activations where they apply, the few-row path otherwise), so a checked token's logits are
@@ -66,97 +69,6 @@ def widened_codes(weight: mx.array, bits: int) -> mx.array:
     kernel = quant_kernel()
     codes = unpack_codes(packed, bits, in_dims) if kernel is None else kernel.unpack(packed, bits, in_dims)
     return mx.array(codes.view(np.uint32))
-
-
-class QuantKernel:
-    """The compiled quant_rows.c: `times(xs, weight, threads)` is xs · Wᵀ."""
-
-    def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...]):
-        self._library = library  # kept: the function below lives in it
-        self._rows = library.quant_rows
-        self._rows_int8 = library.quant_rows_int8
-        # x, codes, scales, biases, y; rows, in, out, group; bits, threads; many_from, scale type
-        arguments = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
-        arguments += [ctypes.c_int]  # (+ log2 of the codes' centre and int16 or not, for int8)
-        self._rows.argtypes = arguments
-        self._rows_int8.argtypes = arguments + [ctypes.c_int, ctypes.c_int]
-        for function in (self._rows, self._rows_int8):
-            function.restype = ctypes.c_int
-        # x, y, rows, in, threads, count, weights (quant_packs.py's WeightFields): several weights at once
-        self.together = library.quant_rows_int8_many
-        self.together.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int, ctypes.c_long]
-        self.together.argtypes += [ctypes.c_void_p]
-        self.together.restype = ctypes.c_int
-        # x, blocks, y; rows, in, out; threads; many_from; integer activations, int16 (else int8)
-        self._q6k = library.q6k_rows
-        self._q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
-        self._q6k.argtypes += [ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int]
-        self._q6k.restype = ctypes.c_int
-        self.integer_paths = bool(library.quant_integer_paths())  # an AVX2 build: int8 and int16 paths
-        self._gemm_takes = library.quant_gemm_takes
-        self._gemm_takes.argtypes = [ctypes.c_int] * 3
-        self._gemm_takes.restype = ctypes.c_int
-        self._unpack = library.quant_unpack
-        self._unpack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
-        self._unpack.argtypes += [ctypes.c_int, ctypes.c_int]
-        self._unpack.restype = ctypes.c_int
-        self.flags = flags
-        self.threaded = bool(library.quant_threaded())
-
-    def unpack(self, packed: np.ndarray, bits: int, in_dims: int, threads: int = 2) -> np.ndarray:
-        """As unpack_codes: MLX's packed codes (rows × words) as one uint8 code a weight."""
-        raw = np.ascontiguousarray(packed).view(np.uint8)
-        out = np.empty((raw.shape[0], in_dims), dtype=np.uint8)
-        if self._unpack(raw.ctypes.data, out.ctypes.data, raw.shape[0], in_dims, bits, threads) != 0:
-            raise ValueError(f"{bits}-bit codes of {in_dims} a row cannot be unpacked")
-        return out
-
-    def gemm_takes(self, weight: QuantWeight, wide: bool = False) -> bool:
-        """Whether many rows of integer activations (int8; int16 where `wide`) multiply this weight
-        (affine, or Q6_K blocks) through the tiles, else the fp32 panel on the rows as they are."""
-        bits = 6 if weight.layout == Q6K else weight.bits  # Q6_K blocks: on int16 only
-        return bool(self._gemm_takes(bits, weight.centre_log2, int(wide)))
-
-    def times(
-        self,
-        xs: np.ndarray,
-        weight: QuantWeight,
-        threads: int = 1,
-        many_from: int | None = None,
-        int8: bool = False,
-        wide: bool = False,
-    ) -> np.ndarray:
-        """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the many-row paths
-        run; int8: every row rounded to int8 per 32 inputs where int8_applies, or with `wide` to
-        int16, see int8_reference; from many_from rows, only where gemm_takes)."""
-        xs = np.ascontiguousarray(xs, dtype=np.float32)
-        rows, in_dims = xs.shape
-        if in_dims != weight.in_dims:
-            raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
-        y = np.empty((rows, weight.out_dims), dtype=np.float32)
-        many = MANY_ROWS_FROM if many_from is None else many_from
-        if weight.layout == Q6K:  # integer activations: int8 where narrow, else int16 (integer_applies)
-            at = (xs.ctypes.data, weight.addresses[0], y.ctypes.data)
-            done = self._q6k(*at, rows, in_dims, weight.out_dims, threads, many, int(int8), int(wide))
-        else:
-            arguments = [
-                xs.ctypes.data,
-                *weight.addresses,
-                y.ctypes.data,
-                rows,
-                in_dims,
-                weight.out_dims,
-                weight.group_size,
-                weight.bits,
-                threads,
-            ]
-            if int8:
-                done = self._rows_int8(*arguments, many, weight.scale_type, weight.centre_log2, int(wide))
-            else:
-                done = self._rows(*arguments, many, weight.scale_type)
-        if done < 1:
-            raise MemoryError("the quantized kernel could not get its scratch memory")
-        return y
 
 
 @dataclass(frozen=True)
@@ -208,7 +120,7 @@ def integer_applies(weight: QuantWeight, narrow: bool) -> bool:
     """Whether a decoding pass's rows take integer activations on this weight: int8 where the layer
     allows them (`narrow`) and int8_applies, int16 where it refuses them and wide_applies; a Q6_K
     weight's always (int8 where narrow: an output head; int16 else: a down projection)."""
-    if weight.layout == Q6K:
+    if weight.layout in (Q6K, TILED, Q6K_TILED):
         return True
     return int8_applies(weight) if narrow else wide_applies(weight)
 
@@ -288,7 +200,50 @@ def check_kernel(kernel: QuantKernel) -> str | None:
                     if mismatch is not None:
                         where = f"{bits}-bit, group {group_size}, {scale_dtype} scales, {rows} rows"
                         return f"{mismatch}, {where}"
-    return check_q6k(kernel, rng)
+    return check_q6k(kernel, rng) or check_tiles(kernel, rng)
+
+
+def check_tiles(kernel: QuantKernel, rng) -> str | None:
+    """None when weights laid out as tiles (where the build tiles: quant_tiles.py) hold MLX's W and
+    multiply int8 rows (int16 too, for 4-bit codes) as int8_reference says at every row count, on 1
+    and 2 threads, each row's bits independent of the rows beside it; else what differed."""
+    if not kernel.tiled:
+        return None
+    for bits, group_size, scale_dtype in itertools.product((4, 5, 8), (32, 64), SCALE_TYPES):
+        weight, truth = _random_weight(rng, 32, 256 + group_size, bits, group_size, scale_dtype)
+        tiled = tiled_weight(kernel, weight)
+        where = f"{bits}-bit tiles, group {group_size}, {scale_dtype} scales"
+        codes, scales, biases = tiled.keep
+        if _differs(np.asarray(tiled_values_mx(codes, scales, biases, group_size)), truth):
+            return f"{where}: the layout's values differed from MLX's"
+        for rows, wide in itertools.product((1, 2, 3, 5, 8, 9, 13), (False, True) if bits == 4 else (False,)):
+            xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
+            want, kind = int8_reference(xs, weight, truth, wide), "int16" if wide else "int8"
+            for threads in (1, 2):
+                got = kernel.times(xs, tiled, threads, int8=True, wide=wide)
+                if _differs(got, want):
+                    return f"{where}: {rows} {kind} rows on {threads} threads differed"
+            if not np.array_equal(got[-1:], kernel.times(xs[-1:], tiled, 1, int8=True, wide=wide)):
+                return f"{where}: a row's bits depended on the rows beside it ({kind})"
+    return _check_q6k_tiles(kernel, rng)
+
+
+def _check_q6k_tiles(kernel: QuantKernel, rng) -> str | None:
+    """check_tiles for Q6_K blocks laid out as tiles, against the float64 product of their values."""
+    blocks, truth = _random_q6k(rng, 32, 512)
+    tiled = tiled_q6k_weight(kernel, blocks)
+    if _differs(np.asarray(q6k_tiled_values_mx(tiled.keep[0], 512)), truth):
+        return "Q6_K tiles: the layout's values differed from the blocks'"
+    for rows, wide in itertools.product((1, 2, 5, 8, 9, 13), (False, True)):
+        xs = rng.standard_normal((rows, 512)).astype(np.float32)
+        want, kind = rounded_rows(xs, wide) @ truth.T, "int16" if wide else "int8"
+        for threads in (1, 2):
+            got = kernel.times(xs, tiled, threads, int8=True, wide=wide)
+            if _differs(got, want):
+                return f"Q6_K tiles: {rows} {kind} rows on {threads} threads differed"
+        if not np.array_equal(got[-1:], kernel.times(xs[-1:], tiled, 1, int8=True, wide=wide)):
+            return f"Q6_K tiles: a row's bits depended on the rows beside it ({kind})"
+    return None
 
 
 def _random_q6k(rng, out_dims: int, in_dims: int) -> tuple[QuantWeight, np.ndarray]:

@@ -17,26 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .quant_cpu import QuantKernel, int8_applies
-from .quant_weights import QuantWeight
+from .quant_cpu import int8_applies
+from .quant_library import QuantKernel
+from .quant_weights import TILED, QuantWeight, WeightFields
 
 # Most weights one call multiplies together (quant_rows.c's MANY_WEIGHTS).
 MANY_WEIGHTS = 8
-
-
-class WeightFields(ctypes.Structure):
-    """quant_rows.c's struct quant_weight."""
-
-    _fields_ = [
-        ("codes", ctypes.c_void_p),
-        ("scales", ctypes.c_void_p),
-        ("biases", ctypes.c_void_p),
-        ("n_out", ctypes.c_long),
-        ("gs", ctypes.c_long),
-        ("bits", ctypes.c_int),
-        ("type", ctypes.c_int),
-        ("centre", ctypes.c_int),
-    ]
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,21 +33,18 @@ class WeightPack:
     weights: tuple[QuantWeight, ...]
     fields: ctypes.Array
     ends: tuple[int, ...]
+    tiled: bool = False  # all laid out as tiles (quant_tiles.py): the tiles' call
 
 
 def weight_pack(weights: Sequence[QuantWeight]) -> WeightPack | None:
     """The pack of 2..MANY_WEIGHTS weights of one input width that all take the int8 path, or None."""
     if not 1 < len(weights) <= MANY_WEIGHTS or len({w.in_dims for w in weights}) != 1:
         return None
-    if not all(int8_applies(w) for w in weights):
-        return None
-    fields = (WeightFields * len(weights))(
-        *(
-            WeightFields(*w.addresses, w.out_dims, w.group_size, w.bits, w.scale_type, w.centre_log2)
-            for w in weights
-        )
-    )
-    return WeightPack(tuple(weights), fields, tuple(np.cumsum([w.out_dims for w in weights]).tolist()))
+    if not all(int8_applies(w) for w in weights) or len({w.layout for w in weights}) != 1:
+        return None  # a tiled weight beside an affine one: each its own call
+    fields = (WeightFields * len(weights))(*(w.fields for w in weights))
+    ends = tuple(np.cumsum([w.out_dims for w in weights]).tolist())
+    return WeightPack(tuple(weights), fields, ends, weights[0].layout == TILED)
 
 
 def times_together(
@@ -73,7 +56,6 @@ def times_together(
     xs = np.ascontiguousarray(xs, dtype=np.float32)
     rows = xs.shape[0]
     y = np.empty((rows, pack.ends[-1]), dtype=np.float32)
-    done = kernel.together(
-        xs.ctypes.data, y.ctypes.data, rows, xs.shape[1], threads, len(pack.weights), pack.fields
-    )
+    at = (xs.ctypes.data, y.ctypes.data, rows, xs.shape[1], threads, len(pack.weights), pack.fields)
+    done = kernel.tiled_together(*at, 0) if pack.tiled else kernel.together(*at)  # int8 rows either way
     return y if done >= 1 else None

@@ -13,6 +13,9 @@
  * Many rows (prefill): on int8 activations, GEMM_OUT outputs' codes laid out side by side in a
  * small tile that stays in cache, multiplied 32 bytes an instruction (gemm_part); on fp32 ones, a
  * block of PANEL outputs dequantized into a small fp32 panel, multiplied 6 rows at a time.
+ * With AVX-512 VNNI, weights are laid out at load as those tiles read them (quant_tile_pack, and
+ * quant_q6k_tile_pack for Q6_K blocks) and every row count goes through the tiles (the end of this
+ * file): a check then costs little more than a step.
  * AVX2 intrinsics on x86 (GCC/Clang vector extensions elsewhere), compiled on first use for this
  * machine and checked against a float64 product before any model uses it. Threads: one pool for
  * the process (run_parts) splits the outputs; each output is computed by one thread in a fixed
@@ -1815,4 +1818,466 @@ int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_
     struct many_args args = {x, blocks, NULL, NULL, y, rows, n_in, n_out, Q6K_VALUES, 8, SCALE_F32, 1, 0};
     run_parts(many_part, &args, threads);
     return atomic_load(&args.failed) ? -1 : threads;
+}
+
+/* ---- 4-bit codes stored as the tiles read them (laid out once, at load) ----------------------
+ * The tiles above multiply GEMM_OUT outputs a read with no horizontal adds, but laying a tile out
+ * costs about a step's worth of reads and shuffles a call: a prefill pays it once for hundreds of
+ * rows, a check of a few drafted tokens cannot. So a weight of 4-bit codes (or codes a byte each)
+ * on integer activations is laid out once, at load, as the tiles read it, in the same bytes as
+ * MLX's (the same scales and biases in another order), and every pass multiplies it through the tiles: a step, a check
+ * and a prefill of a row give the same bits (the float operations a row sees are the tiles',
+ * whatever the rows beside it), and a check's extra rows cost only their own multiply-adds.
+ * Layout (quant_tile_pack): per tile of GEMM_OUT outputs, per block of 32 inputs, 4 runs of 64
+ * bytes; in run p, output j's 4 bytes hold inputs 8p..8p+3 (low nibbles) and 8p+4..8p+7 (high);
+ * codes a byte each: 8 runs, run p output j's codes of inputs 4p..4p+3.
+ * Scales and biases: per tile, per group, GEMM_OUT values (the caller transposes them). The same
+ * integer sums and float operations as gemm512_rows_ on a filled tile, so a prefill's bits are
+ * those of the integer tiles. AVX-512 VNNI only: elsewhere weights keep MLX's layout. */
+#define TILE_RUN 64                     /* bytes of a run: GEMM_OUT outputs × 4 bytes */
+#define TILE_BLOCK (4 * TILE_RUN)       /* bytes of a block of 32 inputs for GEMM_OUT outputs */
+#define TILE_BYTE_BLOCK (8 * TILE_RUN)  /* the same for codes held a byte each: 8 runs of 4 inputs */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* Whether this build multiplies weights laid out as tiles (quant_tile_pack). */
+int quant_tiled(void) {
+#if defined(GEMM_512)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+struct tile_pack_args {
+    const uint8_t *codes;
+    uint8_t *out;
+    long n_in, tiles;
+    int bits;
+};
+
+static void tile_pack_part(const void *p, long part, long parts) {
+    const struct tile_pack_args *t = p;
+    long first, end, blocks = t->n_in / BLOCK;
+    part_range(t->tiles, part, parts, &first, &end);
+    for (long tile = first; tile < end; tile++)
+        for (long j = 0; j < GEMM_OUT; j++) {
+            if (t->bits == 8) { /* a code a byte: run p of a block, inputs 4p..4p+3 */
+                const uint8_t *row = t->codes + (tile * GEMM_OUT + j) * t->n_in;
+                uint8_t *out = t->out + tile * blocks * TILE_BYTE_BLOCK + 4 * j;
+                for (long blk = 0; blk < blocks; blk++)
+                    for (int run = 0; run < 8; run++)
+                        memcpy(out + blk * TILE_BYTE_BLOCK + run * TILE_RUN, row + blk * BLOCK + 4 * run, 4);
+                continue;
+            }
+            const uint8_t *row = t->codes + (tile * GEMM_OUT + j) * (t->n_in / 2);
+            uint8_t *out = t->out + tile * blocks * TILE_BLOCK + 4 * j;
+            for (long blk = 0; blk < blocks; blk++)
+                for (int run = 0; run < 4; run++)
+                    for (int i = 0; i < 4; i++) {
+                        long low = blk * BLOCK + 8 * run + i, high = low + 4; /* inputs */
+                        uint8_t a = (row[low / 2] >> (4 * (low % 2))) & 15, b = (row[high / 2] >> (4 * (high % 2))) & 15;
+                        out[blk * TILE_BLOCK + run * TILE_RUN + i] = (uint8_t)(a | b << 4);
+                    }
+        }
+}
+
+/* MLX's 4-bit codes (n_out × n_in/2 bytes), or codes a byte each (bits 8: n_out × n_in), laid out as
+ * tiles into `out` (as many bytes): 0, or -1 where the shape does not tile (outputs a multiple of
+ * GEMM_OUT, inputs of 32). */
+int quant_tile_pack(const uint8_t *codes, uint8_t *out, long n_out, long n_in, int bits, int threads) {
+    if (n_out % GEMM_OUT || n_in % BLOCK || n_out < 1 || (bits != 4 && bits != 8)) return -1;
+    struct tile_pack_args t = {codes, out, n_in, n_out / GEMM_OUT, bits};
+    run_parts(tile_pack_part, &t, threads < 1 ? 1 : threads);
+    return 0;
+}
+#else
+int quant_tiled(void) { return 0; }
+int quant_tile_pack(const uint8_t *codes, uint8_t *out, long n_out, long n_in, int bits, int threads) {
+    (void)codes, (void)out, (void)n_out, (void)n_in, (void)bits, (void)threads;
+    return -1;
+}
+#endif
+
+#if defined(GEMM_512)
+/* GEMM_OUT scales (or biases) of `type` from element i, as fp32. */
+static inline __m512 load_scales16(const void *p, long i, int type) {
+    if (type == SCALE_F32) return _mm512_loadu_ps((const float *)p + i);
+    __m256i bits = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (type == SCALE_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    return _mm512_cvtph_ps(bits);
+}
+
+/* K rows from r times tile `tile` of a laid-out weight: out (K × GEMM_OUT). Per block, per lane,
+ * gemm512_rows_'s operations (WIDE: gemm512_wide_'s): the integer sum, centred, converted, times
+ * s·dx; then per group (b + c·s)·Σx (c·s exact: c is a power of two). WIDE: int16 rows, each run's
+ * codes masked into 4 vectors of int16 pairs, inputs (0, 2), (1, 3), (4, 6), (5, 7) of the run,
+ * against x laid out to match (tile_pair_order). BYTES: codes a byte each (any below 256: VNNI's
+ * byte products sum exactly in int32), 8 runs of 4 inputs a block, int8 rows. */
+#define TILED_TIMES(K, WIDE, BYTES, NAME)                                                        \
+    static void NAME(const struct i8_args *a, long tile, long r, float *out) {                  \
+        const long block_bytes = BYTES ? TILE_BYTE_BLOCK : TILE_BLOCK;                           \
+        const uint8_t *w = a->w + tile * a->blocks * block_bytes;                                \
+        long first = tile * a->groups * GEMM_OUT, per = a->gs / BLOCK;                           \
+        __m512 acc[K];                                                                           \
+        const char *xrow[K]; /* a row's activations, as bytes */                                 \
+        for (int k = 0; k < K; k++)                                                              \
+            acc[k] = _mm512_setzero_ps(),                                                        \
+            xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
+        const __m512i mask = _mm512_set1_epi8(15), pairs = _mm512_set1_epi32(0x000F000F);         \
+        for (long u = 0; u < a->blocks; u++) {                                                   \
+            const uint8_t *block = w + u * block_bytes;                                          \
+            for (int line = 0; line < (BYTES ? 8 : 4); line++) prefetch(block + PREFETCH_BYTES + 64 * line); \
+            __m512i sum[K];                                                                      \
+            for (int k = 0; k < K; k++) sum[k] = _mm512_setzero_si512();                         \
+            for (int run = 0; BYTES && run < 8; run++) {                                         \
+                __m512i v = _mm512_loadu_si512((const void *)(block + run * TILE_RUN));          \
+                for (int k = 0; k < K; k++) {                                                    \
+                    int32_t lane;                                                                \
+                    memcpy(&lane, xrow[k] + u * BLOCK + 4 * run, 4);                             \
+                    sum[k] = _mm512_dpbusd_epi32(sum[k], v, _mm512_set1_epi32(lane));            \
+                }                                                                                \
+            }                                                                                    \
+            for (int run = 0; !BYTES && run < 4; run++) {                                        \
+                __m512i v = _mm512_loadu_si512((const void *)(block + run * TILE_RUN));          \
+                if (WIDE) {                                                                      \
+                    __m512i c[4] = {_mm512_and_si512(v, pairs), _mm512_and_si512(_mm512_srli_epi32(v, 8), pairs), \
+                                    _mm512_and_si512(_mm512_srli_epi32(v, 4), pairs),            \
+                                    _mm512_and_si512(_mm512_srli_epi32(v, 12), pairs)};          \
+                    for (int k = 0; k < K; k++) {                                                \
+                        const char *x = xrow[k] + (u * BLOCK + 8 * run) * 2;                     \
+                        for (int h = 0; h < 4; h++) {                                            \
+                            int32_t lane;                                                        \
+                            memcpy(&lane, x + 4 * h, 4);                                         \
+                            sum[k] = _mm512_dpwssd_epi32(sum[k], c[h], _mm512_set1_epi32(lane)); \
+                        }                                                                        \
+                    }                                                                            \
+                } else {                                                                         \
+                    __m512i low = _mm512_and_si512(v, mask), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask); \
+                    for (int k = 0; k < K; k++) {                                                \
+                        int32_t lo, hi;                                                          \
+                        memcpy(&lo, xrow[k] + u * BLOCK + 8 * run, 4);                           \
+                        memcpy(&hi, xrow[k] + u * BLOCK + 8 * run + 4, 4);                       \
+                        sum[k] = _mm512_dpbusd_epi32(sum[k], low, _mm512_set1_epi32(lo));        \
+                        sum[k] = _mm512_dpbusd_epi32(sum[k], high, _mm512_set1_epi32(hi));       \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+            __m512 scale = load_scales16(a->scales, first + (u / per) * GEMM_OUT, a->type);      \
+            for (int k = 0; k < K; k++) {                                                        \
+                long at = (r + k) * a->padded + u;                                               \
+                __m512i centred = _mm512_sub_epi32(sum[k], _mm512_set1_epi32(a->xqsum[at] << a->centre)); \
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[at])), \
+                                         acc[k]);                                                \
+            }                                                                                    \
+        }                                                                                        \
+        const __m512 centre = _mm512_set1_ps((float)(1 << a->centre));                          \
+        for (long g = 0; g < a->groups; g++) {                                                   \
+            __m512 s = load_scales16(a->scales, first + g * GEMM_OUT, a->type);                  \
+            __m512 bias = _mm512_add_ps(load_scales16(a->biases, first + g * GEMM_OUT, a->type), \
+                                        _mm512_mul_ps(centre, s));                               \
+            for (int k = 0; k < K; k++)                                                          \
+                acc[k] = _mm512_fmadd_ps(bias, _mm512_set1_ps(a->xsum[(r + k) * a->groups + g]), acc[k]); \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) _mm512_storeu_ps(out + k * GEMM_OUT, acc[k]);                \
+    }
+#define TILED_MODE(WIDE, BYTES, PREFIX)                                                          \
+    TILED_TIMES(1, WIDE, BYTES, PREFIX##1) TILED_TIMES(2, WIDE, BYTES, PREFIX##2)                 \
+    TILED_TIMES(3, WIDE, BYTES, PREFIX##3) TILED_TIMES(4, WIDE, BYTES, PREFIX##4)                 \
+    TILED_TIMES(5, WIDE, BYTES, PREFIX##5) TILED_TIMES(6, WIDE, BYTES, PREFIX##6)                 \
+    TILED_TIMES(7, WIDE, BYTES, PREFIX##7) TILED_TIMES(8, WIDE, BYTES, PREFIX##8)
+TILED_MODE(0, 0, tiled_rows_)
+TILED_MODE(1, 0, tiled_wide_)
+TILED_MODE(0, 1, tiled_bytes_)
+
+/* int16 rows (x natural, `stride` apart) as the wide tiles read them: per 4 inputs, 0, 2, 1, 3. */
+static void tile_pair_order(int16_t *xw, long rows, long stride) {
+    for (long r = 0; r < rows; r++)
+        for (long i = 0; i + 4 <= stride; i += 4) {
+            int16_t *x = xw + r * stride + i, second = x[1];
+            x[1] = x[2], x[2] = second;
+        }
+}
+typedef void (*tiled_fn)(const struct i8_args *, long, long, float *);
+static const tiled_fn TILED_FN[3][GEMM_ROWS + 1] = {GEMM_ROW_FNS(tiled_rows_), GEMM_ROW_FNS(tiled_wide_),
+                                                   GEMM_ROW_FNS(tiled_bytes_)};
+
+struct tiled_many_args {
+    long count, rows;
+    long first[MANY_WEIGHTS + 1]; /* weight i's tiles are first[i]..first[i + 1] - 1 of the call's */
+    struct i8_args weights[MANY_WEIGHTS];
+};
+
+static void tiled_part(const void *p, long part, long parts) {
+    const struct tiled_many_args *m = p;
+    long lo, hi;
+    float out[GEMM_ROWS * GEMM_OUT];
+    part_range(m->first[m->count], part, parts, &lo, &hi);
+    for (long i = 0; i < m->count; i++) {
+        const struct i8_args *a = &m->weights[i];
+        long from = lo > m->first[i] ? lo : m->first[i], to = hi < m->first[i + 1] ? hi : m->first[i + 1];
+        for (long tile = from - m->first[i]; tile < to - m->first[i]; tile++)
+            for (long r = 0; r < m->rows; r += GEMM_ROWS) {
+                long k = m->rows - r < GEMM_ROWS ? m->rows - r : GEMM_ROWS;
+                TILED_FN[a->bits == 8 ? 2 : a->wide][k](a, tile, r, out);
+                for (long rr = 0; rr < k; rr++)
+                    memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT,
+                           sizeof(float) * GEMM_OUT);
+            }
+    }
+}
+#endif
+
+/* y (rows × Σ n_out) = x (rows × n_in) · [W_0 … W_count-1]ᵀ on int8 activations (int16: wide, 4-bit
+ * codes only), each W a weight of 4-bit codes or codes a byte each laid out by quant_tile_pack (its scales and biases transposed per tile), y holding their
+ * outputs side by side; any number of rows, each row's bits independent of the others and of the
+ * threads. Returns the threads used; -1 where a weight does not tile, on no memory, or in a build
+ * without tiles (quant_tiled). */
+int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads, long count,
+                     const struct quant_weight *w, int wide) {
+#if defined(GEMM_512)
+    if (count < 1 || count > MANY_WEIGHTS || rows < 1) return -1;
+    struct tiled_many_args m = {count, rows, {0}, {{0}}};
+    long total = 0;
+    for (long i = 0; i < count; i++) {
+        if (!(w[i].bits == 4 || (w[i].bits == 8 && !wide)) ||
+            !i8_takes(w[i].bits, w[i].centre, w[i].biases, w[i].gs, w[i].type, n_in) || w[i].n_out < 1 ||
+            w[i].n_out % GEMM_OUT)
+            return -1;
+        m.first[i + 1] = m.first[i] + w[i].n_out / GEMM_OUT;
+        total += w[i].n_out;
+    }
+    int rounds[MANY_WEIGHTS]; /* x's rows rounded once per group size */
+    for (long i = 0, done = 0; i < count; done += w[i].n_out, i++) {
+        long same = 0;
+        while (same < i && w[same].gs != w[i].gs) same++;
+        rounds[i] = same == i;
+        if (!rounds[i]) {
+            struct i8_args *a = &m.weights[i];
+            *a = m.weights[same];
+            a->w = w[i].codes, a->scales = w[i].scales, a->biases = w[i].biases;
+            a->y = y + done, a->n_out = w[i].n_out, a->type = w[i].type, a->centre = w[i].centre;
+            a->bits = w[i].bits;
+        } else if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases, y + done, total,
+                              w[i].n_out, w[i].gs, w[i].bits, w[i].type, w[i].centre, wide, 1)) {
+            while (i-- > 0)
+                if (rounds[i]) i8_release(&m.weights[i]);
+            return -1;
+        } else if (wide) {
+            tile_pair_order((int16_t *)m.weights[i].xw, rows, m.weights[i].stride);
+        }
+    }
+    threads = (int)run_parts(tiled_part, &m, threads < 1 ? 1 : threads);
+    for (long i = 0; i < count; i++)
+        if (rounds[i]) i8_release(&m.weights[i]);
+    return threads;
+#else
+    (void)x, (void)y, (void)rows, (void)n_in, (void)threads, (void)count, (void)w, (void)wide;
+    return -1;
+#endif
+}
+
+/* ---- Q6_K blocks stored as the tiles read them (laid out once, at load) -----------------------
+ * As the 4-bit tiles, for a GGUF file's Q6_K weights (an output head, down projections): per tile
+ * of GEMM_OUT outputs and block of 256 inputs, Q6K_TILE bytes, as many as the outputs' Q6_K blocks
+ * hold (6.5625 bits a weight). Per 32 inputs, 4 runs of 64 bytes of low nibbles as the 4-bit tiles
+ * lay them, then two of high bits (a byte of output j and input i of a run holds the 4 runs' top
+ * 2 bits of the code in that byte's low nibble, then of the high one: run p's at bits 2p, 2p + 1);
+ * then 16 int8 scales a lane (one per 16 inputs: [sub-block][output]) and GEMM_OUT fp16 d's. A
+ * row's codes times x per 16 inputs are summed exactly in int32, less 32·Σ x, converted and
+ * scaled by (d·scale)·dx. */
+#define Q6K_TILE (GEMM_OUT * Q6K_BYTES)   /* 3360 */
+#define Q6K_TILE_CODES (8 * 6 * TILE_RUN) /* 3072: 8 blocks of 32, 6 runs of 64 bytes each */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* Code v (0..255, the values' natural order) of a Q6_K block, 0..63. */
+static inline int q6k_code(const uint8_t *block, int v) {
+    int n = v / 128, quarter = (v % 128) / 32, l = v % 32;
+    const uint8_t *ql = block + 64 * n + (quarter % 2) * 32, *qh = block + 128 + 32 * n;
+    return ((ql[l] >> (4 * (quarter / 2))) & 15) | ((qh[l] >> (2 * quarter)) & 3) << 4;
+}
+
+struct q6k_pack_args {
+    const uint8_t *blocks;
+    uint8_t *out;
+    long superblocks, tiles;
+};
+
+static void q6k_pack_part(const void *p, long part, long parts) {
+    const struct q6k_pack_args *t = p;
+    long first, end;
+    part_range(t->tiles, part, parts, &first, &end);
+    for (long tile = first; tile < end; tile++)
+        for (long sb = 0; sb < t->superblocks; sb++) {
+            uint8_t *out = t->out + (tile * t->superblocks + sb) * Q6K_TILE;
+            memset(out, 0, Q6K_TILE);
+            for (long j = 0; j < GEMM_OUT; j++) {
+                const uint8_t *block = t->blocks + ((tile * GEMM_OUT + j) * t->superblocks + sb) * Q6K_BYTES;
+                for (int blk = 0; blk < 8; blk++)
+                    for (int run = 0; run < 4; run++)
+                        for (int i = 0; i < 4; i++) {
+                            int low = q6k_code(block, 32 * blk + 8 * run + i), high = q6k_code(block, 32 * blk + 8 * run + 4 + i);
+                            uint8_t *codes = out + blk * 6 * TILE_RUN;
+                            codes[run * TILE_RUN + 4 * j + i] = (uint8_t)((low & 15) | (high & 15) << 4);
+                            codes[4 * TILE_RUN + 4 * j + i] |= (uint8_t)((low >> 4) << (2 * run));
+                            codes[5 * TILE_RUN + 4 * j + i] |= (uint8_t)((high >> 4) << (2 * run));
+                        }
+                for (int s = 0; s < 16; s++) out[Q6K_TILE_CODES + s * GEMM_OUT + j] = block[192 + s];
+                memcpy(out + Q6K_TILE_CODES + 16 * GEMM_OUT + 2 * j, block + 208, 2);
+            }
+        }
+}
+
+/* A Q6_K weight's blocks (n_out × n_in/256 of Q6K_BYTES) laid out as tiles into `out` (as many
+ * bytes): 0, or -1 where the shape does not tile (outputs a multiple of GEMM_OUT). */
+int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
+    if (n_out % GEMM_OUT || n_in % Q6K_VALUES || n_out < 1) return -1;
+    struct q6k_pack_args t = {blocks, out, n_in / Q6K_VALUES, n_out / GEMM_OUT};
+    run_parts(q6k_pack_part, &t, threads < 1 ? 1 : threads);
+    return 0;
+}
+#else
+int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
+    (void)blocks, (void)out, (void)n_out, (void)n_in, (void)threads;
+    return -1;
+}
+#endif
+
+#if defined(GEMM_512)
+/* Σ of each 16 rounded inputs of each row (rows × n_in/16), for the codes' centre 32. */
+static int32_t *sums_of_16(const struct i8_args *a, long rows) {
+    long n16 = a->n_in / 16;
+    int32_t *sums = malloc(sizeof(int32_t) * rows * n16);
+    if (!sums) return NULL;
+    for (long r = 0; r < rows; r++)
+        for (long s = 0; s < n16; s++) {
+            int32_t total = 0;
+            for (int i = 0; i < 16; i++)
+                total += a->wide ? a->xw[r * a->stride + 16 * s + i] : a->xq[r * a->stride + 16 * s + i];
+            sums[r * n16 + s] = total;
+        }
+    return sums;
+}
+
+/* K rows from r times Q6_K tile `tile`: out (K × GEMM_OUT). WIDE: int16 rows (pairs as the 4-bit
+ * wide tiles take them). xq16: sums_of_16. */
+#define TILED_Q6K(K, WIDE, NAME)                                                                 \
+    static void NAME(const struct i8_args *a, const int32_t *xq16, long tile, long r, float *out) { \
+        long superblocks = a->n_in / Q6K_VALUES, n16 = a->n_in / 16;                             \
+        __m512 acc[K];                                                                           \
+        const char *xrow[K];                                                                     \
+        for (int k = 0; k < K; k++)                                                              \
+            acc[k] = _mm512_setzero_ps(),                                                        \
+            xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
+        const __m512i mask = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);                  \
+        const __m512i pairs = _mm512_set1_epi32(0x00FF00FF);                                     \
+        for (long sb = 0; sb < superblocks; sb++) {                                              \
+            const uint8_t *base = a->w + (tile * superblocks + sb) * Q6K_TILE;                   \
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(base + Q6K_TILE_CODES + 16 * GEMM_OUT))); \
+            for (int blk = 0; blk < 8; blk++) {                                                  \
+                const uint8_t *codes = base + blk * 6 * TILE_RUN;                                \
+                for (int line = 0; line < 6; line++) prefetch(codes + PREFETCH_BYTES + 64 * line); \
+                long u = sb * 8 + blk; /* the row's block of 32 */                               \
+                __m512i hl = _mm512_loadu_si512((const void *)(codes + 4 * TILE_RUN));           \
+                __m512i hh = _mm512_loadu_si512((const void *)(codes + 5 * TILE_RUN));           \
+                __m512i sum[K][2];                                                               \
+                for (int k = 0; k < K; k++) sum[k][0] = sum[k][1] = _mm512_setzero_si512();      \
+                for (int run = 0; run < 4; run++) {                                              \
+                    __m512i v = _mm512_loadu_si512((const void *)(codes + run * TILE_RUN));      \
+                    __m512i lo = _mm512_or_si512(_mm512_and_si512(v, mask),                      \
+                                                 _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(hl, 2 * run), 4), top)); \
+                    __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), mask), \
+                                                 _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(hh, 2 * run), 4), top)); \
+                    int half = run / 2; /* inputs 0-15 of the block, or 16-31 */                \
+                    if (WIDE) {                                                                  \
+                        __m512i c[4] = {_mm512_and_si512(lo, pairs), _mm512_and_si512(_mm512_srli_epi32(lo, 8), pairs), \
+                                        _mm512_and_si512(hi, pairs), _mm512_and_si512(_mm512_srli_epi32(hi, 8), pairs)}; \
+                        for (int k = 0; k < K; k++) {                                            \
+                            const char *x = xrow[k] + (u * BLOCK + 8 * run) * 2;                 \
+                            for (int h = 0; h < 4; h++) {                                        \
+                                int32_t lane;                                                    \
+                                memcpy(&lane, x + 4 * h, 4);                                     \
+                                sum[k][half] = _mm512_dpwssd_epi32(sum[k][half], c[h], _mm512_set1_epi32(lane)); \
+                            }                                                                    \
+                        }                                                                        \
+                    } else {                                                                     \
+                        for (int k = 0; k < K; k++) {                                            \
+                            int32_t l4, h4;                                                      \
+                            memcpy(&l4, xrow[k] + u * BLOCK + 8 * run, 4);                       \
+                            memcpy(&h4, xrow[k] + u * BLOCK + 8 * run + 4, 4);                   \
+                            sum[k][half] = _mm512_dpbusd_epi32(sum[k][half], lo, _mm512_set1_epi32(l4)); \
+                            sum[k][half] = _mm512_dpbusd_epi32(sum[k][half], hi, _mm512_set1_epi32(h4)); \
+                        }                                                                        \
+                    }                                                                            \
+                }                                                                                \
+                for (int half = 0; half < 2; half++) {                                           \
+                    __m128i sc = _mm_loadu_si128((const __m128i *)(base + Q6K_TILE_CODES + (2 * blk + half) * GEMM_OUT)); \
+                    __m512 scale = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), d);  \
+                    for (int k = 0; k < K; k++) {                                                \
+                        int32_t centre = xq16[(r + k) * n16 + 2 * u + half] * 32;                \
+                        __m512i centred = _mm512_sub_epi32(sum[k][half], _mm512_set1_epi32(centre)); \
+                        __m512 step = _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[(r + k) * a->padded + u])); \
+                        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), step, acc[k]);     \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) _mm512_storeu_ps(out + k * GEMM_OUT, acc[k]);                \
+    }
+#define TILED_Q6K_MODE(WIDE, PREFIX)                                                             \
+    TILED_Q6K(1, WIDE, PREFIX##1) TILED_Q6K(2, WIDE, PREFIX##2) TILED_Q6K(3, WIDE, PREFIX##3)   \
+    TILED_Q6K(4, WIDE, PREFIX##4) TILED_Q6K(5, WIDE, PREFIX##5) TILED_Q6K(6, WIDE, PREFIX##6)   \
+    TILED_Q6K(7, WIDE, PREFIX##7) TILED_Q6K(8, WIDE, PREFIX##8)
+TILED_Q6K_MODE(0, tiled_q6k_)
+TILED_Q6K_MODE(1, tiled_q6k_wide_)
+typedef void (*tiled_q6k_fn)(const struct i8_args *, const int32_t *, long, long, float *);
+static const tiled_q6k_fn TILED_Q6K_FN[2][GEMM_ROWS + 1] = {GEMM_ROW_FNS(tiled_q6k_), GEMM_ROW_FNS(tiled_q6k_wide_)};
+
+struct tiled_q6k_args {
+    const struct i8_args *a;
+    const int32_t *xq16;
+    long rows;
+};
+
+static void tiled_q6k_part(const void *p, long part, long parts) {
+    const struct tiled_q6k_args *t = p;
+    const struct i8_args *a = t->a;
+    long lo, hi;
+    float out[GEMM_ROWS * GEMM_OUT];
+    part_range(a->n_out / GEMM_OUT, part, parts, &lo, &hi);
+    for (long tile = lo; tile < hi; tile++)
+        for (long r = 0; r < t->rows; r += GEMM_ROWS) {
+            long k = t->rows - r < GEMM_ROWS ? t->rows - r : GEMM_ROWS;
+            TILED_Q6K_FN[a->wide][k](a, t->xq16, tile, r, out);
+            for (long rr = 0; rr < k; rr++)
+                memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT, sizeof(float) * GEMM_OUT);
+        }
+}
+#endif
+
+/* y (rows × n_out) = x (rows × n_in) · Wᵀ for a Q6_K weight laid out by quant_q6k_tile_pack, on
+ * int8 activations (int16: wide), any number of rows, each row's bits independent of the others
+ * and of the threads. Returns the threads used; -1 where the shape does not tile, on no memory,
+ * or in a build without tiles (quant_tiled). */
+int quant_tiled_q6k(const float *x, const uint8_t *tiles, float *y, long rows, long n_in, long n_out, int threads,
+                    int wide) {
+#if defined(GEMM_512)
+    if (rows < 1 || n_out < 1 || n_out % GEMM_OUT || n_in % Q6K_VALUES) return -1;
+    struct i8_args args;
+    if (i8_prepare(&args, x, rows, n_in, tiles, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, wide, 1))
+        return -1;
+    int32_t *xq16 = sums_of_16(&args, rows);
+    if (!xq16) {
+        i8_release(&args);
+        return -1;
+    }
+    if (wide) tile_pair_order((int16_t *)args.xw, rows, args.stride);
+    struct tiled_q6k_args t = {&args, xq16, rows};
+    threads = (int)run_parts(tiled_q6k_part, &t, threads < 1 ? 1 : threads);
+    free(xq16);
+    i8_release(&args);
+    return threads;
+#else
+    (void)x, (void)tiles, (void)y, (void)rows, (void)n_in, (void)n_out, (void)threads, (void)wide;
+    return -1;
+#endif
 }

@@ -8,6 +8,7 @@ shares with the kernel's own.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 # group of 16, so a Q6_K weight as an MLX one is re-rounded to 8 bits: 9-10 bits a weight and not
 # the file's values; quant_rows.c's q6k_rows reads the blocks).
 AFFINE, Q6K = "affine", "q6_k"
+# Or an affine 4-bit weight laid out once as the kernel's tiles read it (kernels/quant_tiles.py):
+# the same bytes in another order, multiplied through the tiles at every row count.
+TILED = "tiled"
+Q6K_TILED = "q6_k-tiled"  # Q6_K blocks laid out so too (the same bytes: quant_tiles.py)
 Q6K_VALUES, Q6K_BYTES = 256, 210  # weights a block holds, its bytes
 
 
@@ -90,6 +95,21 @@ def unpack_codes(weight: np.ndarray, bits: int, in_dims: int) -> np.ndarray:
     return out
 
 
+class WeightFields(ctypes.Structure):
+    """quant_rows.c's struct quant_weight: a weight as one call of several takes it."""
+
+    _fields_ = [
+        ("codes", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("biases", ctypes.c_void_p),
+        ("n_out", ctypes.c_long),
+        ("gs", ctypes.c_long),
+        ("bits", ctypes.c_int),
+        ("type", ctypes.c_int),
+        ("centre", ctypes.c_int),
+    ]
+
+
 @dataclass(frozen=True, eq=False)
 class QuantWeight:
     """One affine-quantized W (out × in) as the kernel reads it: codes (4-bit packed, or one byte
@@ -106,7 +126,7 @@ class QuantWeight:
     keep: tuple = ()
     code_bits: int = 0  # the codes' own width (5 for 5-bit codes held a byte each); 0: `bits`
     scale_type: int = 0  # SCALE_TYPES: fp32, fp16 or bf16 (held as its uint16 bits)
-    layout: str = AFFINE  # or Q6K: `codes` holds the blocks (scales and biases are empty)
+    layout: str = AFFINE  # or Q6K: `codes` holds the blocks (scales and biases are empty); or TILED
 
     @property
     def centre_log2(self) -> int:
@@ -161,10 +181,17 @@ class QuantWeight:
         a product (NumPy's .ctypes makes an object a call)."""
         return self.codes.ctypes.data, self.scales.ctypes.data, self.biases.ctypes.data
 
+    @cached_property
+    def fields(self) -> WeightFields:
+        """The weight as quant_rows.c's struct quant_weight."""
+        return WeightFields(
+            *self.addresses, self.out_dims, self.group_size, self.bits, self.scale_type, self.centre_log2
+        )
+
     @property
     def nbytes(self) -> int:
         """Bytes a product reads: codes, scales and biases (a Q6_K weight's blocks hold all three)."""
-        if self.layout == Q6K:
+        if self.layout in (Q6K, Q6K_TILED):
             return self.codes.nbytes
         return self.codes.nbytes + self.scales.nbytes + self.biases.nbytes
 

@@ -18,10 +18,10 @@ import numpy as np
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
 from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul
-from ..kernels.quant_weights import QuantViews, q6k_values_mx, quant_views
+from ..kernels.quant_weights import QuantViews, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
-from .rows import Q6KLinear
+from .rows import Q6KLinear, TiledLinear
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
@@ -278,8 +278,8 @@ def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _source_weight(layer: nn.Module) -> mx.array:
-    if isinstance(layer, Q6KLinear):  # a GGUF's Q6_K blocks as stored
-        return q6k_values_mx(layer["weight"], layer.in_dims)
+    if isinstance(layer, (Q6KLinear, TiledLinear)):  # Q6_K blocks, or the kernel's tiles: not MLX's rows
+        return layer.stored_values()
     if isinstance(layer, nn.QuantizedLinear):
         biases = layer.get("biases")
         return mx.dequantize(

@@ -24,9 +24,18 @@ from ..kernels.nested_cpu import (
     resident_dense_matmul,
 )
 from ..kernels.panel_cpu import PanelWeight
-from ..kernels.quant_cpu import int8_inputs, widened_codes
+from ..kernels.quant_cpu import int8_applies, int8_inputs, quant_kernel, wide_applies, widened_codes
+from ..kernels.quant_tiles import (
+    q6k_tiled_values_mx,
+    tiled_q6k_weight,
+    tiled_values_mx,
+    tiled_weight,
+    tiles_q6k,
+    tiles_weight,
+)
 from ..kernels.quant_weights import (
     DIRECT_BITS,
+    Q6K_TILED,
     SUPPORTED_BITS,
     QuantViews,
     QuantWeight,
@@ -179,6 +188,14 @@ class RowsQuantizedEmbedding(nn.QuantizedEmbedding):
     keep_quantized = RowsQuantizedLinear.keep_quantized
 
 
+def _dense_linear(weight: mx.array, bias: mx.array | None) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    linear.weight = weight
+    if bias is not None:
+        linear.bias = bias
+    return linear
+
+
 class Q6KLinear(RowsQuantizedLinear):
     """A linear whose weight is a GGUF file's Q6_K blocks as stored (6.56 bits a weight), multiplied
     by the quantized kernel (quant_rows.c's q6k_rows); its parameters: `weight` (the blocks, uint8)
@@ -188,32 +205,114 @@ class Q6KLinear(RowsQuantizedLinear):
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): the kernel, or in mx.compile (where it is refused) the blocks' values in
-        plain mx ops."""
+        plain mx ops (also where tiles meet a route without integer activations)."""
         assert self.quant is not None, "a Q6_K linear always has its kernel view"
-        y = quant_matmul(x, self.quant.weights, self.get("bias"), self.int8_inputs)
-        if y is not None:
-            return y
-        y = x @ q6k_values_mx(self["weight"], self.in_dims).T.astype(x.dtype)
+        if not self._tiled() or current_route().quant_activations == "int8":
+            y = quant_matmul(x, self.quant.weights, self.get("bias"), self.int8_inputs)
+            if y is not None:
+                return y
+        y = x @ self.stored_values().T.astype(x.dtype)
         return y if self.get("bias") is None else y + self["bias"]
+
+    def _tiled(self) -> bool:
+        return self.quant is not None and self.quant.weights[0].layout == Q6K_TILED
+
+    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
+        """As RowsQuantizedLinear.decoding_rows; None where tiles meet a route without int8."""
+        tiles_refused = self._tiled() and current_route().quant_activations != "int8"
+        return None if tiles_refused else super().decoding_rows(xs)
+
+    def stored_values(self) -> mx.array:
+        """W as fp32 from its blocks (or their tiles), in plain mx ops."""
+        if self._tiled():
+            return q6k_tiled_values_mx(self["weight"], self.in_dims)
+        return q6k_values_mx(self["weight"], self.in_dims)
 
     def dense_linear(self) -> nn.Linear:
         """The layer as a plain fp32 nn.Linear of its blocks' values (for mlx-lm's fp32 arm of the
         bench, whose dequantize_model reads MLX's affine triples only)."""
-        linear = nn.Linear(self.in_dims, self["weight"].shape[0], bias="bias" in self)
-        linear.weight = q6k_values_mx(self["weight"], self.in_dims)
-        if "bias" in self:
-            linear.bias = self["bias"]
-        return linear
+        return _dense_linear(self.stored_values(), self.get("bias"))
 
     def take_blocks(self, blocks: mx.array) -> None:
         """Hold the blocks in place of the layer's MLX affine weight (8-bit codes re-rounded from
-        them by the converter), which is dropped unread where the model was loaded lazily."""
+        them by the converter), which is dropped unread where the model was loaded lazily; laid
+        out as the kernel's tiles where it tiles them (quant_tiles.py: the same bytes)."""
         self.in_dims = self["weight"].shape[1] * 32 // self.bits
         self.code_bits = 6  # what gears.source_bits reads as the source's width
-        self.quant = QuantViews((QuantWeight.from_q6k(blocks, self.in_dims),))
-        self.weight = blocks
+        view = QuantWeight.from_q6k(blocks, self.in_dims)
+        kernel = quant_kernel()
+        route = current_route()
+        if kernel is not None and kernel.tiled and route.quant_activations == "int8" and tiles_q6k(view):
+            view = tiled_q6k_weight(kernel, view, route.blas_threads)
+        self.quant = QuantViews((view,))
+        self.weight = view.keep[0]
         for name in ("scales", "biases"):
             self.pop(name, None)
+
+
+class TiledLinear(RowsQuantizedLinear):
+    """A 4-bit linear on integer activations whose codes, scales and biases are laid out once as the
+    quantized kernel's tiles read them (kernels/quant_tiles.py): the same arrays' shapes and types,
+    another order. Every pass goes through the tiles, so a check's rows cost little more than a
+    step's. Taken only where the kernel is the route and tiles (take_tiles)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """x · Wᵀ (+ bias): the kernel, or where it is refused (mx.compile, another route) W's
+        values in plain mx ops."""
+        if self._on_tiles() and self.quant is not None:
+            y = quant_matmul(x, self.quant.weights, self.get("bias"), self.int8_inputs)
+            if y is not None:
+                return y
+        y = x @ self.stored_values().T.astype(x.dtype)
+        return y if self.get("bias") is None else y + self["bias"]
+
+    def _on_tiles(self) -> bool:
+        # The tiles multiply int8 activations only: a route changed since load (exact) takes mx's.
+        route = current_route()
+        return (
+            self.quant is not None
+            and route.plain_linears == "quant-kernel"
+            and route.quant_activations == "int8"
+        )
+
+    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
+        """As RowsQuantizedLinear.decoding_rows, on the tiles; None off them."""
+        return super().decoding_rows(xs) if self._on_tiles() else None
+
+    def int8_weight(self) -> QuantWeight | None:
+        """As RowsQuantizedLinear.int8_weight, on the tiles; None off them."""
+        return super().int8_weight() if self._on_tiles() else None
+
+    def stored_values(self) -> mx.array:
+        """W as fp32, from the tiles (for gears and the bench's fp32 arm, which read MLX's layout)."""
+        return tiled_values_mx(self["weight"], self["scales"], self["biases"], self.group_size)
+
+    def dense_linear(self) -> nn.Linear:
+        """The layer as a plain fp32 nn.Linear (as Q6KLinear.dense_linear)."""
+        return _dense_linear(self.stored_values(), self.get("bias"))
+
+    def take_tiles(self) -> None:
+        """Lay the layer's arrays out as tiles, replacing MLX's (freed: held once)."""
+        assert self.quant is not None
+        kernel = quant_kernel()
+        assert kernel is not None, "a layer is tiled only where the kernel is"
+        view = tiled_weight(kernel, self.quant.weights[0], current_route().blas_threads)
+        self.weight, self.scales, self.biases = view.keep
+        self.quant = QuantViews((view,))
+
+
+def tiles_layer(module: nn.Module) -> bool:
+    """Whether a plain linear on the kernel is laid out as tiles: the kernel tiles (an AVX-512 VNNI
+    build), the layer takes integer activations (int8, or int16 where it refuses int8: a down
+    projection; quant_cpu.int8_applies, wide_applies) and its weight tiles."""
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled or module.quant is None or len(module.quant.weights) != 1:
+        return False
+    view = module.quant.weights[0]
+    integer = int8_applies(view) if module.int8_inputs else wide_applies(view)  # int8 rows, or int16
+    return (
+        current_route().quant_activations == "int8" and integer and tiles_weight(view, not module.int8_inputs)
+    )
 
 
 # A decoder block's q, k and v (and gate and up) are multiplied in one kernel call on the CPU
@@ -230,7 +329,7 @@ def use_q6k_blocks(model: nn.Module, blocks: dict[str, mx.array]) -> int:
         return 0
     taken = 0
     for name, module in model.named_modules():
-        found = blocks.get(name)
+        found = blocks.pop(name, None)  # not held past its layer: tiles replace it
         if (
             found is None
             or type(module) is not nn.QuantizedLinear
@@ -287,7 +386,11 @@ def use_fast_rows(model: nn.Module) -> str:
         taken = 0
         for module in plain:
             module.__class__ = RowsQuantizedLinear
-            taken += module.keep_quantized()
+            kept = module.keep_quantized()
+            if kept and tiles_layer(module):
+                module.__class__ = TiledLinear
+                module.take_tiles()
+            taken += kept
         if head is not None:
             head.__class__ = RowsQuantizedEmbedding
             head.keep_quantized()

@@ -1,0 +1,134 @@
+"""The compiled quant_rows.c as Python calls it: ctypes bindings, and `times(xs, weight)`, the one
+product every layout (MLX's affine triple, Q6_K blocks, either laid out as tiles) goes through.
+Building, checking and the rules of which path a layer takes are quant_cpu.py's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from .quant_weights import Q6K, Q6K_TILED, TILED, QuantWeight
+
+# From this many rows a weight in MLX's layout (or Q6_K blocks as stored) goes through the many-row
+# paths (tiles laid out per call, or the fp32 panel); below, codes are unpacked in registers for up
+# to 4-8 rows at a time. A weight laid out as tiles at load (quant_tiles.py) takes them at any count.
+MANY_ROWS_FROM = 12
+
+
+class QuantKernel:
+    """The compiled quant_rows.c: `times(xs, weight, threads)` is xs · Wᵀ."""
+
+    def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...]):
+        self._library = library  # kept: the function below lives in it
+        self._rows = library.quant_rows
+        self._rows_int8 = library.quant_rows_int8
+        # x, codes, scales, biases, y; rows, in, out, group; bits, threads; many_from, scale type
+        arguments = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
+        arguments += [ctypes.c_int]  # (+ log2 of the codes' centre and int16 or not, for int8)
+        self._rows.argtypes = arguments
+        self._rows_int8.argtypes = arguments + [ctypes.c_int, ctypes.c_int]
+        for function in (self._rows, self._rows_int8):
+            function.restype = ctypes.c_int
+        # x, y, rows, in, threads, count, weights (WeightFields): several weights at once; the same
+        # for weights laid out as tiles (quant_tiles.py), whose layout is made by tile_pack
+        self.together, self.tiled_together = library.quant_rows_int8_many, library.quant_tiled_rows
+        for function in (self.together, self.tiled_together):
+            function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int, ctypes.c_long]
+            function.argtypes += [ctypes.c_void_p]
+            function.restype = ctypes.c_int
+        self.tiled_together.argtypes = [*self.together.argtypes, ctypes.c_int]  # int16 rows (wide), or int8
+        self.tiled = bool(library.quant_tiled())
+        # codes (or Q6_K blocks), out; outputs, inputs; (the codes' container bits;) threads
+        self.tile_pack, self.q6k_tile_pack = library.quant_tile_pack, library.quant_q6k_tile_pack
+        self.tile_pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int] * 2
+        self.q6k_tile_pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
+        for function in (self.tile_pack, self.q6k_tile_pack):
+            function.restype = ctypes.c_int
+        self._tiled_q6k = library.quant_tiled_q6k  # x, tiles, y; rows, in, out; threads, int16
+        self._tiled_q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
+        self._tiled_q6k.restype = ctypes.c_int
+        # x, blocks, y; rows, in, out; threads; many_from; integer activations, int16 (else int8)
+        self._q6k = library.q6k_rows
+        self._q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
+        self._q6k.argtypes += [ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int]
+        self._q6k.restype = ctypes.c_int
+        self.integer_paths = bool(library.quant_integer_paths())  # an AVX2 build: int8 and int16 paths
+        self._gemm_takes = library.quant_gemm_takes
+        self._gemm_takes.argtypes = [ctypes.c_int] * 3
+        self._gemm_takes.restype = ctypes.c_int
+        self._unpack = library.quant_unpack
+        self._unpack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+        self._unpack.argtypes += [ctypes.c_int, ctypes.c_int]
+        self._unpack.restype = ctypes.c_int
+        self.flags = flags
+        self.threaded = bool(library.quant_threaded())
+
+    def unpack(self, packed: np.ndarray, bits: int, in_dims: int, threads: int = 2) -> np.ndarray:
+        """As unpack_codes: MLX's packed codes (rows × words) as one uint8 code a weight."""
+        raw = np.ascontiguousarray(packed).view(np.uint8)
+        out = np.empty((raw.shape[0], in_dims), dtype=np.uint8)
+        if self._unpack(raw.ctypes.data, out.ctypes.data, raw.shape[0], in_dims, bits, threads) != 0:
+            raise ValueError(f"{bits}-bit codes of {in_dims} a row cannot be unpacked")
+        return out
+
+    def gemm_takes(self, weight: QuantWeight, wide: bool = False) -> bool:
+        """Whether many rows of integer activations (int8; int16 where `wide`) multiply this weight
+        (affine, or Q6_K blocks) through the tiles, else the fp32 panel on the rows as they are."""
+        bits = 6 if weight.layout == Q6K else weight.bits  # Q6_K blocks: on int16 only
+        return bool(self._gemm_takes(bits, weight.centre_log2, int(wide)))
+
+    def times(
+        self,
+        xs: np.ndarray,
+        weight: QuantWeight,
+        threads: int = 1,
+        many_from: int | None = None,
+        int8: bool = False,
+        wide: bool = False,
+    ) -> np.ndarray:
+        """xs (rows × in) · Wᵀ as rows × out fp32 (many_from: rows from which the many-row paths
+        run; int8: every row rounded to int8 per 32 inputs where int8_applies, or with `wide` to
+        int16, see int8_reference; from many_from rows, only where gemm_takes)."""
+        xs = np.ascontiguousarray(xs, dtype=np.float32)
+        rows, in_dims = xs.shape
+        if in_dims != weight.in_dims:
+            raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
+        y = np.empty((rows, weight.out_dims), dtype=np.float32)
+        many = MANY_ROWS_FROM if many_from is None else many_from
+        if weight.layout in (TILED, Q6K_TILED):  # every row count through the tiles
+            if not int8:
+                raise ValueError("a weight laid out as tiles multiplies integer activations only")
+            if weight.layout == Q6K_TILED:
+                blocks = weight.addresses[0]
+                done = self._tiled_q6k(
+                    xs.ctypes.data, blocks, y.ctypes.data, rows, in_dims, weight.out_dims, threads, int(wide)
+                )
+            else:
+                fields = ctypes.addressof(weight.fields)
+                done = self.tiled_together(
+                    xs.ctypes.data, y.ctypes.data, rows, in_dims, threads, 1, fields, int(wide)
+                )
+        elif weight.layout == Q6K:  # integer activations: int8 where narrow, else int16 (integer_applies)
+            at = (xs.ctypes.data, weight.addresses[0], y.ctypes.data)
+            done = self._q6k(*at, rows, in_dims, weight.out_dims, threads, many, int(int8), int(wide))
+        else:
+            arguments = [
+                xs.ctypes.data,
+                *weight.addresses,
+                y.ctypes.data,
+                rows,
+                in_dims,
+                weight.out_dims,
+                weight.group_size,
+                weight.bits,
+                threads,
+            ]
+            if int8:
+                done = self._rows_int8(*arguments, many, weight.scale_type, weight.centre_log2, int(wide))
+            else:
+                done = self._rows(*arguments, many, weight.scale_type)
+        if done < 1:
+            raise MemoryError("the quantized kernel could not get its scratch memory")
+        return y

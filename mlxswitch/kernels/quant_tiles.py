@@ -1,0 +1,148 @@
+"""4-bit affine weights laid out once, at load, as the quantized kernel's tiles read them.
+
+The kernel's integer tiles multiply 16 outputs an instruction with no horizontal adds, but laying
+a tile out from MLX's rows costs a call about a step's reads and shuffles: a prefill pays it once
+for hundreds of rows, a check of a few drafted tokens cannot (the Qwen 1.5B's 8960 × 1536 gate,
+one thread: 4 rows 9.7 ms through tiles filled per call against 2.5 through the few-row path).
+Laid out once, the same bytes in another order, every pass of such a weight goes through the
+tiles: a step, a check and a prefill give a row the same bits, and a check's extra rows cost only
+their own multiply-adds. quant_rows.c's quant_tile_pack says the layout; AVX-512 VNNI builds only
+(`QuantKernel.tiled`): elsewhere weights keep MLX's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import mlx.core as mx
+import numpy as np
+
+from .quant_weights import Q6K, Q6K_BYTES, Q6K_TILED, Q6K_VALUES, SCALE_TYPES, TILED, QuantWeight
+
+TILE_OUTPUTS = 16  # outputs a tile holds (quant_rows.c's GEMM_OUT)
+TILE_INPUTS = 32  # inputs a block of a tile holds (quant_rows.c's BLOCK)
+
+
+def tiles_weight(weight: QuantWeight, wide: bool = False) -> bool:
+    """Whether a weight can be laid out as tiles: affine 4-bit codes, or codes a byte each (2 to 8
+    bits, held as MLX's 8-bit layout) where the rows are int8 (not `wide`: int16), groups a multiple
+    of 32, outputs a multiple of 16."""
+    return (
+        weight.layout == "affine"
+        and (weight.bits == 4 or (weight.bits == 8 and not wide))
+        and weight.group_size % TILE_INPUTS == 0
+        and weight.in_dims % weight.group_size == 0
+        and weight.out_dims % TILE_OUTPUTS == 0
+    )
+
+
+def tile_order(values: np.ndarray) -> np.ndarray:
+    """A weight's scales or biases (out × groups) in the tiles' order: per tile of 16 outputs, per
+    group, the 16 outputs' values; shaped out × groups again (the same elements)."""
+    out_dims, groups = values.shape
+    tiles = values.reshape(out_dims // TILE_OUTPUTS, TILE_OUTPUTS, groups).transpose(0, 2, 1)
+    return np.ascontiguousarray(tiles).reshape(out_dims, groups)
+
+
+def tiled_arrays(kernel, weight: QuantWeight, threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The weight's codes, scales and biases laid out as tiles (tiles_weight must hold): new arrays
+    of the views' shapes and types."""
+    codes = np.empty_like(weight.codes)
+    at = (weight.codes.ctypes.data, codes.ctypes.data, weight.out_dims, weight.in_dims, weight.bits)
+    if kernel.tile_pack(*at, threads):
+        raise ValueError(f"a {weight.out_dims} x {weight.in_dims} weight does not tile")
+    return codes, tile_order(weight.scales), tile_order(weight.biases)
+
+
+def tiled_weight(kernel, weight: QuantWeight, threads: int = 2) -> QuantWeight:
+    """The weight laid out as tiles in new MLX arrays (its `keep`: codes, scales and biases, shaped
+    and typed as MLX's triple), and the kernel's view of them."""
+    codes, scales, biases = tiled_arrays(kernel, weight, threads)
+    arrays = [mx.array(codes.view(np.uint32))]
+    for values in (scales, biases):  # bf16 is held as its uint16 bits (quant_weights._scale_view)
+        array = mx.array(values)
+        arrays.append(mx.view(array, mx.bfloat16) if weight.scale_type == SCALE_TYPES[mx.bfloat16] else array)
+    mx.eval(*arrays)
+    view = QuantWeight.from_arrays(
+        arrays[0], arrays[1], arrays[2], weight.group_size, weight.bits, weight.code_bits
+    )
+    return dataclasses.replace(view, layout=TILED)
+
+
+def tiled_codes(codes: np.ndarray | mx.array, out_dims: int, in_dims: int):
+    """A tiled weight's codes (bytes: out × in/2 for 4-bit codes, out × in for a byte each) as one
+    code a weight, out × in in natural order (NumPy or mx, as given): per tile, block and run of 8
+    inputs, output j's 4 bytes hold inputs 0-3 of the run in their low nibbles and 4-7 in their
+    high ones; a byte each, per run of 4 inputs output j's 4 bytes."""
+    if codes.size == out_dims * in_dims:  # a byte each
+        runs = codes.reshape(out_dims // TILE_OUTPUTS, in_dims // TILE_INPUTS, 8, TILE_OUTPUTS, 4)
+        return runs.transpose(0, 3, 1, 2, 4).reshape(out_dims, in_dims)
+    shape = (out_dims // TILE_OUTPUTS, in_dims // TILE_INPUTS, 4, TILE_OUTPUTS, 4)
+    raw = codes.reshape(shape)
+    if isinstance(raw, mx.array):
+        both = mx.stack([raw & 15, raw >> 4], axis=-2)  # tile, block, run, output, half, input
+        return both.transpose(0, 3, 1, 2, 4, 5).reshape(out_dims, in_dims)
+    pair = np.stack([raw & 15, raw >> 4], axis=-2)
+    return pair.transpose(0, 3, 1, 2, 4, 5).reshape(out_dims, in_dims)
+
+
+def tiled_values_mx(codes: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> mx.array:
+    """A tiled weight's W = s·q + b in plain mx ops, fp32 (its product where the kernel's is
+    refused: in mx.compile, or off the kernel's route)."""
+    out_dims, groups = scales.shape
+    in_dims = groups * group_size
+    q = tiled_codes(mx.view(codes, mx.uint8).reshape(out_dims, -1), out_dims, in_dims)
+
+    def natural(values: mx.array) -> mx.array:  # tile order back to out × groups, one per input
+        back = values.reshape(out_dims // TILE_OUTPUTS, groups, TILE_OUTPUTS).transpose(0, 2, 1)
+        return mx.repeat(back.reshape(out_dims, groups).astype(mx.float32), group_size, axis=1)
+
+    return natural(scales) * q.astype(mx.float32) + natural(biases)
+
+
+# A Q6_K weight's tile of 16 outputs and 256 inputs (quant_rows.c's Q6K_TILE): per 32 inputs 4 runs
+# of low nibbles and 2 of high bits (64 bytes each), then 16 int8 scales an output and 16 fp16 d's.
+Q6K_TILE_CODES = 8 * 6 * 64
+Q6K_TILE_BYTES = TILE_OUTPUTS * Q6K_BYTES
+
+
+def tiles_q6k(weight: QuantWeight) -> bool:
+    """Whether Q6_K blocks can be laid out as tiles: outputs a multiple of 16."""
+    return weight.layout == Q6K and weight.out_dims % TILE_OUTPUTS == 0
+
+
+def tiled_q6k_weight(kernel, weight: QuantWeight, threads: int = 2) -> QuantWeight:
+    """Q6_K blocks laid out as tiles in a new MLX array of the blocks' shape (its `keep`), and the
+    kernel's view of it (tiles_q6k must hold)."""
+    tiles = np.empty_like(weight.codes)
+    blocks = np.ascontiguousarray(weight.codes)
+    if kernel.q6k_tile_pack(blocks.ctypes.data, tiles.ctypes.data, weight.out_dims, weight.in_dims, threads):
+        raise ValueError(f"a {weight.out_dims} x {weight.in_dims} Q6_K weight does not tile")
+    array = mx.array(tiles)
+    view = QuantWeight.from_q6k(array, weight.in_dims)
+    return dataclasses.replace(view, layout=Q6K_TILED)
+
+
+def q6k_tiled_values_mx(tiles: mx.array, in_dims: int) -> mx.array:
+    """A tiled Q6_K weight's values (d·scale)·(q - 32) in plain mx ops, fp32, out × in (as
+    q6k_values_mx for the blocks as stored)."""
+    out_dims = tiles.shape[0]
+    count, superblocks = out_dims // TILE_OUTPUTS, in_dims // Q6K_VALUES
+    raw = tiles.reshape(count, superblocks, Q6K_TILE_BYTES).astype(mx.int32)
+    codes = raw[..., :Q6K_TILE_CODES].reshape(count, superblocks, 8, 6, TILE_OUTPUTS, 4)
+    low, high = [], []  # per run: inputs 0-3 of the run, then 4-7
+    for run in range(4):
+        nibbles = codes[:, :, :, run]
+        low.append((nibbles & 15) | (((codes[:, :, :, 4] >> (2 * run)) & 3) << 4))
+        high.append((nibbles >> 4) | (((codes[:, :, :, 5] >> (2 * run)) & 3) << 4))
+    # tile, block of 256, block of 32, run, half, output, input
+    q = mx.stack([mx.stack([lo, hi], axis=3) for lo, hi in zip(low, high, strict=True)], axis=3)
+    q = q.transpose(0, 5, 1, 2, 3, 4, 6).reshape(out_dims, in_dims)
+    scale_bytes = tiles.reshape(count, superblocks, Q6K_TILE_BYTES)[
+        ..., Q6K_TILE_CODES : Q6K_TILE_CODES + 256
+    ]
+    scales = mx.view(scale_bytes, mx.int8).reshape(count, superblocks, 16, TILE_OUTPUTS).astype(mx.float32)
+    d_bytes = tiles.reshape(count, superblocks, Q6K_TILE_BYTES)[..., Q6K_TILE_CODES + 256 :]
+    d = mx.view(d_bytes, mx.float16).astype(mx.float32)  # count, superblocks, 16
+    step = (d[:, :, None, :] * scales).transpose(0, 3, 1, 2).reshape(out_dims, in_dims // 16)
+    return mx.repeat(step, 16, axis=1) * (q - 32).astype(mx.float32)
