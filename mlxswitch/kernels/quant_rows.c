@@ -1871,13 +1871,14 @@ static void tile_pack_part(const void *p, long part, long parts) {
             }
             const uint8_t *row = t->codes + (tile * GEMM_OUT + j) * (t->n_in / 2);
             uint8_t *out = t->out + tile * blocks * TILE_BLOCK + 4 * j;
-            for (long blk = 0; blk < blocks; blk++)
+            for (long blk = 0; blk < blocks; blk++) {
+                uint8_t code[BLOCK]; /* byte k holds codes 2k (low nibble) and 2k + 1 */
+                for (int k = 0; k < BLOCK / 2; k++)
+                    code[2 * k] = row[blk * BLOCK / 2 + k] & 15, code[2 * k + 1] = row[blk * BLOCK / 2 + k] >> 4;
                 for (int run = 0; run < 4; run++)
-                    for (int i = 0; i < 4; i++) {
-                        long low = blk * BLOCK + 8 * run + i, high = low + 4; /* inputs */
-                        uint8_t a = (row[low / 2] >> (4 * (low % 2))) & 15, b = (row[high / 2] >> (4 * (high % 2))) & 15;
-                        out[blk * TILE_BLOCK + run * TILE_RUN + i] = (uint8_t)(a | b << 4);
-                    }
+                    for (int i = 0; i < 4; i++)
+                        out[blk * TILE_BLOCK + run * TILE_RUN + i] = (uint8_t)(code[8 * run + i] | code[8 * run + 4 + i] << 4);
+            }
         }
 }
 
@@ -2089,13 +2090,6 @@ int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads
 #define Q6K_TILE_CODES (8 * 6 * TILE_RUN) /* 3072: 8 blocks of 32, 6 runs of 64 bytes each */
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* Code v (0..255, the values' natural order) of a Q6_K block, 0..63. */
-static inline int q6k_code(const uint8_t *block, int v) {
-    int n = v / 128, quarter = (v % 128) / 32, l = v % 32;
-    const uint8_t *ql = block + 64 * n + (quarter % 2) * 32, *qh = block + 128 + 32 * n;
-    return ((ql[l] >> (4 * (quarter / 2))) & 15) | ((qh[l] >> (2 * quarter)) & 3) << 4;
-}
-
 struct q6k_pack_args {
     const uint8_t *blocks;
     uint8_t *out;
@@ -2112,10 +2106,19 @@ static void q6k_pack_part(const void *p, long part, long parts) {
             memset(out, 0, Q6K_TILE);
             for (long j = 0; j < GEMM_OUT; j++) {
                 const uint8_t *block = t->blocks + ((tile * GEMM_OUT + j) * t->superblocks + sb) * Q6K_BYTES;
+                uint8_t code[Q6K_VALUES]; /* the block's codes in the values' natural order */
+                for (int n = 0; n < 2; n++) /* as q6k_dequantize_tile reads a half */
+                    for (int l = 0; l < 32; l++) {
+                        const uint8_t *ql = block + 64 * n, h = block[128 + 32 * n + l];
+                        code[128 * n + l] = (uint8_t)((ql[l] & 15) | (h & 3) << 4);
+                        code[128 * n + l + 32] = (uint8_t)((ql[l + 32] & 15) | ((h >> 2) & 3) << 4);
+                        code[128 * n + l + 64] = (uint8_t)((ql[l] >> 4) | ((h >> 4) & 3) << 4);
+                        code[128 * n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((h >> 6) & 3) << 4);
+                    }
                 for (int blk = 0; blk < 8; blk++)
                     for (int run = 0; run < 4; run++)
                         for (int i = 0; i < 4; i++) {
-                            int low = q6k_code(block, 32 * blk + 8 * run + i), high = q6k_code(block, 32 * blk + 8 * run + 4 + i);
+                            int low = code[32 * blk + 8 * run + i], high = code[32 * blk + 8 * run + 4 + i];
                             uint8_t *codes = out + blk * 6 * TILE_RUN;
                             codes[run * TILE_RUN + 4 * j + i] = (uint8_t)((low & 15) | (high & 15) << 4);
                             codes[4 * TILE_RUN + 4 * j + i] |= (uint8_t)((low >> 4) << (2 * run));
