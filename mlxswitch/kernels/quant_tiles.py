@@ -1,4 +1,5 @@
-"""4-bit affine weights laid out once, at load, as the quantized kernel's tiles read them.
+"""Quantized weights laid out once, at load, as the quantized kernel's tiles read them: MLX's 4-bit
+codes and codes held a byte each (their scales and biases re-ordered alike), and GGUF's Q6_K blocks.
 
 The kernel's integer tiles multiply 16 outputs an instruction with no horizontal adds, but laying
 a tile out from MLX's rows costs a call about a step's reads and shuffles: a prefill pays it once
@@ -6,8 +7,8 @@ for hundreds of rows, a check of a few drafted tokens cannot (the Qwen 1.5B's 89
 one thread: 4 rows 9.7 ms through tiles filled per call against 2.5 through the few-row path).
 Laid out once, the same bytes in another order, every pass of such a weight goes through the
 tiles: a step, a check and a prefill give a row the same bits, and a check's extra rows cost only
-their own multiply-adds. quant_rows.c's quant_tile_pack says the layout; AVX-512 VNNI builds only
-(`QuantKernel.tiled`): elsewhere weights keep MLX's.
+their own multiply-adds. quant_rows.c's quant_tile_pack and quant_q6k_tile_pack say the layouts;
+AVX-512 VNNI builds only (`QuantKernel.tiled`): elsewhere weights keep MLX's (and Q6_K its blocks).
 """
 
 from __future__ import annotations
