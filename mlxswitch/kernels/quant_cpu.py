@@ -216,15 +216,12 @@ def check_tiles(kernel: QuantKernel, rng) -> str | None:
         codes, scales, biases = tiled.keep
         if _differs(np.asarray(tiled_values_mx(codes, scales, biases, group_size)), truth):
             return f"{where}: the layout's values differed from MLX's"
-        for rows, wide in itertools.product((1, 2, 3, 5, 8, 9, 13), (False, True) if bits == 4 else (False,)):
-            xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
-            want, kind = int8_reference(xs, weight, truth, wide), "int16" if wide else "int8"
-            for threads in (1, 2):
-                got = kernel.times(xs, tiled, threads, int8=True, wide=wide)
-                if _differs(got, want):
-                    return f"{where}: {rows} {kind} rows on {threads} threads differed"
-            if not np.array_equal(got[-1:], kernel.times(xs[-1:], tiled, 1, int8=True, wide=wide)):
-                return f"{where}: a row's bits depended on the rows beside it ({kind})"
+        wides = (False, True) if bits == 4 else (False,)
+        mismatch = _check_tiled_rows(
+            kernel, rng, tiled, lambda xs, wide, w=weight, t=truth: int8_reference(xs, w, t, wide), wides
+        )
+        if mismatch is not None:
+            return f"{where}: {mismatch}"
     return _check_q6k_tiles(kernel, rng)
 
 
@@ -234,15 +231,24 @@ def _check_q6k_tiles(kernel: QuantKernel, rng) -> str | None:
     tiled = tiled_q6k_weight(kernel, blocks)
     if _differs(np.asarray(q6k_tiled_values_mx(tiled.keep[0], 512)), truth):
         return "Q6_K tiles: the layout's values differed from the blocks'"
-    for rows, wide in itertools.product((1, 2, 5, 8, 9, 13), (False, True)):
-        xs = rng.standard_normal((rows, 512)).astype(np.float32)
-        want, kind = rounded_rows(xs, wide) @ truth.T, "int16" if wide else "int8"
+    mismatch = _check_tiled_rows(
+        kernel, rng, tiled, lambda xs, wide: rounded_rows(xs, wide) @ truth.T, (False, True)
+    )
+    return None if mismatch is None else f"Q6_K tiles: {mismatch}"
+
+
+def _check_tiled_rows(kernel: QuantKernel, rng, tiled: QuantWeight, reference, wides) -> str | None:
+    """None when a laid-out weight times 1-13 random rows (int8, or int16 where wide) equals
+    `reference(xs, wide)` on 1 and 2 threads, a row's bits the same alone; else what differed."""
+    for rows, wide in itertools.product((1, 2, 3, 5, 8, 9, 13), wides):
+        xs = rng.standard_normal((rows, tiled.in_dims)).astype(np.float32)
+        want, kind = reference(xs, wide), "int16" if wide else "int8"
         for threads in (1, 2):
             got = kernel.times(xs, tiled, threads, int8=True, wide=wide)
             if _differs(got, want):
-                return f"Q6_K tiles: {rows} {kind} rows on {threads} threads differed"
+                return f"{rows} {kind} rows on {threads} threads differed"
         if not np.array_equal(got[-1:], kernel.times(xs[-1:], tiled, 1, int8=True, wide=wide)):
-            return f"Q6_K tiles: a row's bits depended on the rows beside it ({kind})"
+            return f"a row's bits depended on the rows beside it ({kind})"
     return None
 
 
