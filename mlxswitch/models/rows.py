@@ -251,10 +251,11 @@ class Q6KLinear(RowsQuantizedLinear):
 
 
 class TiledLinear(RowsQuantizedLinear):
-    """A 4-bit linear on integer activations whose codes, scales and biases are laid out once as the
-    quantized kernel's tiles read them (kernels/quant_tiles.py): the same arrays' shapes and types,
-    another order. Every pass goes through the tiles, so a check's rows cost little more than a
-    step's. Taken only where the kernel is the route and tiles (take_tiles)."""
+    """A quantized linear on integer activations (4-bit codes, or codes held a byte each) whose codes,
+    scales and biases are laid out once as the quantized kernel's tiles read them
+    (kernels/quant_tiles.py): the same arrays' shapes and types, another order. Every pass goes
+    through the tiles, so a check's rows cost little more than a step's. Taken only where the
+    kernel is the route and tiles (take_tiles)."""
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): the kernel, or where it is refused (mx.compile, another route) W's
