@@ -1683,65 +1683,24 @@ static inline void q6k_half_codes(const uint8_t *block, int n, __m256i v[4]) {
     }
 }
 
-/* Output o of a Q6_K weight times K int16 rows from r. A vector of 32 codes is one block of x
- * and two sub-blocks of W: its even and odd codes, sign-extended to int16 in place (shifts, not
- * shuffles: a shuffle port was what bounded the first version), times x's even and odd inputs
- * (quantize_rows' SPLIT_BLOCKS) give 8 int32 sums, lanes 0-3 the first sub-block's and 4-7 the
- * second's, each exact in fp32 and scaled there by d·scale·dx: no horizontal adds. */
-#define Q6KROWS(K)                                                                               \
-    static void q6krows_##K(const struct i8_args *a, long r, long o) {                          \
+/* Output o of a Q6_K weight times K rows from r. WIDE: int16 rows. A vector of 32 codes is one
+ * block of x and two sub-blocks of W: its even and odd codes, sign-extended to int16 in place
+ * (shifts, not shuffles: a shuffle port was what bounded the first version), times x's even and
+ * odd inputs (quantize_rows' SPLIT_BLOCKS) give 8 int32 sums, lanes 0-3 the first sub-block's and
+ * 4-7 the second's, each exact in fp32 and scaled there by d·scale·dx: no horizontal adds.
+ * Else int8 rows (a layer that takes int8 activations: an output head): the 32 centred codes
+ * (q - 32, s8) times the row's 32 inputs moved to u8 (x + 128, its top bit flipped) by groups of 4:
+ * Σ (q - 32)(x + 128) = Σ (q - 32)·x + 128·Σ (q - 32), the second term the weight's own (one
+ * product of 128s, shared by the K rows). Without VNNI, maddubs' int16 pairs hold it exactly:
+ * 255·32·2 < 32768. The same lanes, scaled the same way. */
+#define Q6KROWS(K, WIDE, NAME)                                                                   \
+    static void NAME(const struct i8_args *a, long r, long o) {                                 \
         long blocks = a->n_in / Q6K_VALUES;                                                      \
         const uint8_t *row = a->w + o * blocks * Q6K_BYTES;                                      \
-        const int16_t *xw[K];                                                                    \
+        const char *xrow[K]; /* a row's activations, as bytes */                                 \
         const float *dx[K];                                                                      \
         for (int k = 0; k < K; k++) {                                                            \
-            xw[k] = a->xw + (r + k) * a->stride;                                                 \
-            dx[k] = a->dx + (r + k) * a->padded;                                                 \
-        }                                                                                        \
-        __m256 acc[K];                                                                           \
-        for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();                                \
-        for (long b = 0; b < blocks; b++) {                                                      \
-            const uint8_t *block = row + b * Q6K_BYTES;                                          \
-            for (int line = 0; line < 4; line++) prefetch(block + PREFETCH_BYTES + 64 * line);   \
-            const __m256 d = _mm256_set1_ps(q6k_d(block));                                       \
-            for (int n = 0; n < 2; n++) {                                                        \
-                __m256i v[4];                                                                    \
-                q6k_half_codes(block, n, v);                                                     \
-                __m128i sc = _mm_loadl_epi64((const __m128i *)(block + 192 + 8 * n));            \
-                __m256 scales = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));  \
-                for (int j = 0; j < 4; j++) {                                                    \
-                    /* sub-blocks 2j and 2j + 1's scales, 4 lanes each */                        \
-                    __m256 step = _mm256_permutevar8x32_ps(                                      \
-                        scales, _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1)); \
-                    __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(v[j], 8), 8);            \
-                    __m256i odd = _mm256_srai_epi16(v[j], 8);                                    \
-                    long blk = (b * Q6K_VALUES + 128 * n) / BLOCK + j;                           \
-                    for (int k = 0; k < K; k++) {                                                \
-                        const int16_t *x = xw[k] + blk * BLOCK;                                  \
-                        __m256i sums = _mm256_add_epi32(wide_dot(even, x), wide_dot(odd, x + 16)); \
-                        __m256 scale = _mm256_mul_ps(step, _mm256_broadcast_ss(dx[k] + blk));    \
-                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[k]);       \
-                    }                                                                            \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-        for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]);             \
-    }
-
-/* Output o of a Q6_K weight times K int8 rows from r (a layer that takes int8 activations: an
- * output head). The 32 centred codes of a vector (q - 32, s8) times the row's 32 inputs moved to
- * u8 (x + 128, its top bit flipped) by groups of 4: Σ (q - 32)(x + 128) = Σ (q - 32)·x +
- * 128·Σ (q - 32), the second term the weight's own (one product of 128s, shared by the K rows).
- * Without VNNI, maddubs' int16 pairs hold it exactly: 255·32·2 < 32768. Lanes 0-3 the first
- * sub-block's partial sums and 4-7 the second's, scaled as q6krows scales them. */
-#define Q6KROWS8(K)                                                                              \
-    static void q6krows8_##K(const struct i8_args *a, long r, long o) {                         \
-        long blocks = a->n_in / Q6K_VALUES;                                                      \
-        const uint8_t *row = a->w + o * blocks * Q6K_BYTES;                                      \
-        const int8_t *xq[K];                                                                     \
-        const float *dx[K];                                                                      \
-        for (int k = 0; k < K; k++) {                                                            \
-            xq[k] = a->xq + (r + k) * a->stride;                                                 \
+            xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
             dx[k] = a->dx + (r + k) * a->padded;                                                 \
         }                                                                                        \
         __m256 acc[K];                                                                           \
@@ -1757,13 +1716,22 @@ static inline void q6k_half_codes(const uint8_t *block, int n, __m256i v[4]) {
                 __m128i sc = _mm_loadl_epi64((const __m128i *)(block + 192 + 8 * n));            \
                 __m256 scales = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));  \
                 for (int j = 0; j < 4; j++) {                                                    \
+                    /* sub-blocks 2j and 2j + 1's scales, 4 lanes each */                        \
                     __m256 step = _mm256_permutevar8x32_ps(                                      \
                         scales, _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1)); \
-                    __m256i own = dot_bytes(_mm256_setzero_si256(), flip, v[j]);                 \
+                    __m256i even = WIDE ? _mm256_srai_epi16(_mm256_slli_epi16(v[j], 8), 8) : v[j]; \
+                    __m256i odd = WIDE ? _mm256_srai_epi16(v[j], 8) : v[j];                      \
+                    __m256i own = WIDE ? v[j] : dot_bytes(_mm256_setzero_si256(), flip, v[j]);   \
                     long blk = (b * Q6K_VALUES + 128 * n) / BLOCK + j;                           \
                     for (int k = 0; k < K; k++) {                                                \
-                        __m256i x = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq[k] + blk * BLOCK)), flip); \
-                        __m256i sums = _mm256_sub_epi32(dot_bytes(_mm256_setzero_si256(), x, v[j]), own); \
+                        __m256i sums;                                                            \
+                        if (WIDE) {                                                              \
+                            const int16_t *x = (const int16_t *)xrow[k] + blk * BLOCK;           \
+                            sums = _mm256_add_epi32(wide_dot(even, x), wide_dot(odd, x + 16));   \
+                        } else {                                                                 \
+                            __m256i x = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xrow[k] + blk * BLOCK)), flip); \
+                            sums = _mm256_sub_epi32(dot_bytes(_mm256_setzero_si256(), x, v[j]), own); \
+                        }                                                                        \
                         __m256 scale = _mm256_mul_ps(step, _mm256_broadcast_ss(dx[k] + blk));    \
                         acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[k]);       \
                     }                                                                            \
@@ -1773,14 +1741,14 @@ static inline void q6k_half_codes(const uint8_t *block, int n, __m256i v[4]) {
         for (int k = 0; k < K; k++) a->y[(r + k) * a->y_stride + o] = hsum(acc[k]);             \
     }
 
-Q6KROWS(1)
-Q6KROWS(2)
-Q6KROWS(3)
-Q6KROWS(4)
-Q6KROWS8(1)
-Q6KROWS8(2)
-Q6KROWS8(3)
-Q6KROWS8(4)
+Q6KROWS(1, 1, q6krows_1)
+Q6KROWS(2, 1, q6krows_2)
+Q6KROWS(3, 1, q6krows_3)
+Q6KROWS(4, 1, q6krows_4)
+Q6KROWS(1, 0, q6krows8_1)
+Q6KROWS(2, 0, q6krows8_2)
+Q6KROWS(3, 0, q6krows8_3)
+Q6KROWS(4, 0, q6krows8_4)
 
 static const i8_fn Q6K_ROWS[2][I8_GROUP + 1] = {{0, q6krows8_1, q6krows8_2, q6krows8_3, q6krows8_4},
                                                 {0, q6krows_1, q6krows_2, q6krows_3, q6krows_4}};
