@@ -6,6 +6,7 @@ nested gears that run on it give the reference's logits."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import os
 
@@ -350,6 +351,30 @@ def test_a_weight_laid_out_as_tiles_gives_every_row_count_the_filled_tiles_bits(
             )
     with pytest.raises(ValueError, match="integer activations only"):
         KERNEL.times(xs, tiled, 1)
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+@pytest.mark.parametrize("bits", [4, 8, 6])
+def test_a_weight_laid_out_in_place_holds_the_tiles_a_copy_would_in_its_own_array(bits):
+    rng = np.random.default_rng(bits)
+    if bits == 6:
+        made = lambda: QuantWeight.from_q6k(mx.array(_q6k_blocks(32, 512)), 512)
+        lay = tiled_q6k_weight
+    else:
+        w = mx.array(rng.standard_normal((32, 256)).astype(np.float32))
+        made = lambda: QuantWeight.from_arrays(*mx.quantize(w, group_size=32, bits=bits), 32, bits)
+        lay = tiled_weight
+    copied, own = lay(KERNEL, made()), made()
+    stored = np.array(own.codes)
+    in_place = lay(KERNEL, own, 2, in_place=True)
+    assert in_place.keep[0] is own.keep[0]  # the weight's own array, now holding the tiles
+    assert not np.array_equal(own.codes, stored)  # its view of that array reads the tiles too
+    assert np.array_equal(np.asarray(in_place.keep[0]), np.asarray(copied.keep[0]))
+    for mine, theirs in zip(in_place.keep[1:], copied.keep[1:], strict=True):
+        assert np.array_equal(np.asarray(mine), np.asarray(theirs))
+    with pytest.raises(ValueError, match="its own array"):
+        lay(KERNEL, dataclasses.replace(made(), codes=stored), 2, in_place=True)
 
 
 @needs_kernel

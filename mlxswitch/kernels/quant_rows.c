@@ -1821,23 +1821,28 @@ struct tile_pack_args {
     uint8_t *out;
     long n_in, tiles;
     int bits;
+    uint8_t *scratch; /* a tile's rows as stored, per part */
 };
 
+/* A tile's bytes as stored (GEMM_OUT rows) and laid out fill the same range of the weight, so the
+ * packs copy the rows aside first: `out` may be `codes` (laid out in place, at load: no second
+ * copy of the weight). */
 static void tile_pack_part(const void *p, long part, long parts) {
     const struct tile_pack_args *t = p;
-    long first, end, blocks = t->n_in / BLOCK;
+    long first, end, blocks = t->n_in / BLOCK, row_bytes = t->bits == 8 ? t->n_in : t->n_in / 2;
+    uint8_t *rows = t->scratch + part * GEMM_OUT * row_bytes;
     part_range(t->tiles, part, parts, &first, &end);
-    for (long tile = first; tile < end; tile++)
+    for (long tile = first; tile < end; tile++) {
+        memcpy(rows, t->codes + tile * GEMM_OUT * row_bytes, GEMM_OUT * row_bytes);
         for (long j = 0; j < GEMM_OUT; j++) {
+            const uint8_t *row = rows + j * row_bytes;
             if (t->bits == 8) { /* a code a byte: run p of a block, inputs 4p..4p+3 */
-                const uint8_t *row = t->codes + (tile * GEMM_OUT + j) * t->n_in;
                 uint8_t *out = t->out + tile * blocks * TILE_BYTE_BLOCK + 4 * j;
                 for (long blk = 0; blk < blocks; blk++)
                     for (int run = 0; run < 8; run++)
                         memcpy(out + blk * TILE_BYTE_BLOCK + run * TILE_RUN, row + blk * BLOCK + 4 * run, 4);
                 continue;
             }
-            const uint8_t *row = t->codes + (tile * GEMM_OUT + j) * (t->n_in / 2);
             uint8_t *out = t->out + tile * blocks * TILE_BLOCK + 4 * j;
             for (long blk = 0; blk < blocks; blk++) {
                 uint8_t code[BLOCK]; /* byte k holds codes 2k (low nibble) and 2k + 1 */
@@ -1848,15 +1853,20 @@ static void tile_pack_part(const void *p, long part, long parts) {
                         out[blk * TILE_BLOCK + run * TILE_RUN + i] = (uint8_t)(code[8 * run + i] | code[8 * run + 4 + i] << 4);
             }
         }
+    }
 }
 
 /* MLX's 4-bit codes (n_out × n_in/2 bytes), or codes a byte each (bits 8: n_out × n_in), laid out as
- * tiles into `out` (as many bytes): 0, or -1 where the shape does not tile (outputs a multiple of
- * GEMM_OUT, inputs of 32). */
+ * tiles into `out` (as many bytes; `codes` itself for a layout in place): 0, -1 where the shape does
+ * not tile (outputs a multiple of GEMM_OUT, inputs of 32), -2 without memory for the copies. */
 int quant_tile_pack(const uint8_t *codes, uint8_t *out, long n_out, long n_in, int bits, int threads) {
     if (n_out % GEMM_OUT || n_in % BLOCK || n_out < 1 || (bits != 4 && bits != 8)) return -1;
-    struct tile_pack_args t = {codes, out, n_in, n_out / GEMM_OUT, bits};
-    run_parts(tile_pack_part, &t, threads < 1 ? 1 : threads);
+    long parts = threads < 1 ? 1 : threads > MAX_PARTS ? MAX_PARTS : threads;
+    uint8_t *scratch = malloc(parts * GEMM_OUT * (bits == 8 ? n_in : n_in / 2));
+    if (!scratch) return -2;
+    struct tile_pack_args t = {codes, out, n_in, n_out / GEMM_OUT, bits, scratch};
+    run_parts(tile_pack_part, &t, parts);
+    free(scratch);
     return 0;
 }
 #else
@@ -2062,18 +2072,22 @@ struct q6k_pack_args {
     const uint8_t *blocks;
     uint8_t *out;
     long superblocks, tiles;
+    uint8_t *scratch; /* a tile's rows of blocks as stored, per part */
 };
 
+/* As tile_pack_part: a tile's rows are copied aside first (`out` may be `blocks`). */
 static void q6k_pack_part(const void *p, long part, long parts) {
     const struct q6k_pack_args *t = p;
-    long first, end;
+    long first, end, tile_bytes = GEMM_OUT * t->superblocks * Q6K_BYTES;
+    uint8_t *rows = t->scratch + part * tile_bytes;
     part_range(t->tiles, part, parts, &first, &end);
-    for (long tile = first; tile < end; tile++)
+    for (long tile = first; tile < end; tile++) {
+        memcpy(rows, t->blocks + tile * tile_bytes, tile_bytes);
         for (long sb = 0; sb < t->superblocks; sb++) {
             uint8_t *out = t->out + (tile * t->superblocks + sb) * Q6K_TILE;
             memset(out, 0, Q6K_TILE);
             for (long j = 0; j < GEMM_OUT; j++) {
-                const uint8_t *block = t->blocks + ((tile * GEMM_OUT + j) * t->superblocks + sb) * Q6K_BYTES;
+                const uint8_t *block = rows + (j * t->superblocks + sb) * Q6K_BYTES;
                 uint8_t code[Q6K_VALUES]; /* the block's codes in the values' natural order */
                 for (int n = 0; n < 2; n++) /* as q6k_dequantize_tile reads a half */
                     for (int l = 0; l < 32; l++) {
@@ -2096,14 +2110,20 @@ static void q6k_pack_part(const void *p, long part, long parts) {
                 memcpy(out + Q6K_TILE_CODES + 16 * GEMM_OUT + 2 * j, block + 208, 2);
             }
         }
+    }
 }
 
 /* A Q6_K weight's blocks (n_out × n_in/256 of Q6K_BYTES) laid out as tiles into `out` (as many
- * bytes): 0, or -1 where the shape does not tile (outputs a multiple of GEMM_OUT). */
+ * bytes; `blocks` itself for a layout in place): 0, -1 where the shape does not tile (outputs a
+ * multiple of GEMM_OUT), -2 without memory for the copies. */
 int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
     if (n_out % GEMM_OUT || n_in % Q6K_VALUES || n_out < 1) return -1;
-    struct q6k_pack_args t = {blocks, out, n_in / Q6K_VALUES, n_out / GEMM_OUT};
-    run_parts(q6k_pack_part, &t, threads < 1 ? 1 : threads);
+    long parts = threads < 1 ? 1 : threads > MAX_PARTS ? MAX_PARTS : threads;
+    uint8_t *scratch = malloc(parts * GEMM_OUT * (n_in / Q6K_VALUES) * Q6K_BYTES);
+    if (!scratch) return -2;
+    struct q6k_pack_args t = {blocks, out, n_in / Q6K_VALUES, n_out / GEMM_OUT, scratch};
+    run_parts(q6k_pack_part, &t, parts);
+    free(scratch);
     return 0;
 }
 #else

@@ -45,23 +45,33 @@ def tile_order(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(tiles).reshape(out_dims, groups)
 
 
-def tiled_arrays(kernel, weight: QuantWeight, threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The weight's codes, scales and biases laid out as tiles (tiles_weight must hold): new arrays
-    of the views' shapes and types."""
-    codes = np.empty_like(weight.codes)
-    at = (weight.codes.ctypes.data, codes.ctypes.data, weight.out_dims, weight.in_dims, weight.bits)
+def _pack_target(weight: QuantWeight, in_place: bool) -> np.ndarray:
+    """Where a pack writes a weight's layout: a new NumPy array, or `in_place` the codes' own buffer
+    (MLX's, which NumPy shares: writable), whose array the weight then keeps."""
+    if not in_place:
+        return np.empty_like(weight.codes)
+    codes = weight.codes
+    if not (
+        codes.flags.writeable
+        and codes.flags.c_contiguous
+        and np.shares_memory(codes, np.asarray(weight.keep[0]))
+    ):
+        raise ValueError("a weight laid out in place must hold its codes in its own array")
+    return codes
+
+
+def tiled_weight(kernel, weight: QuantWeight, threads: int = 2, in_place: bool = False) -> QuantWeight:
+    """The weight laid out as tiles (tiles_weight must hold), and the kernel's view of them: its
+    `keep` the codes, scales and biases, shaped and typed as MLX's triple. The codes in a new array,
+    or `in_place` in the weight's own (the loader's: the same bytes in another order, no second
+    copy of the weight at its peak; every other view of that array then reads tiles)."""
+    into = _pack_target(weight, in_place)
+    at = (weight.codes.ctypes.data, into.ctypes.data, weight.out_dims, weight.in_dims, weight.bits)
     if kernel.tile_pack(*at, threads):
         raise ValueError(f"a {weight.out_dims} x {weight.in_dims} weight does not tile")
-    return codes, tile_order(weight.scales), tile_order(weight.biases)
-
-
-def tiled_weight(kernel, weight: QuantWeight, threads: int = 2) -> QuantWeight:
-    """The weight laid out as tiles in new MLX arrays (its `keep`: codes, scales and biases, shaped
-    and typed as MLX's triple), and the kernel's view of them."""
-    codes, scales, biases = tiled_arrays(kernel, weight, threads)
-    arrays = [mx.array(codes.view(np.uint32))]
-    for values in (scales, biases):  # bf16 is held as its uint16 bits (quant_weights._scale_view)
-        array = mx.array(values)
+    arrays = [weight.keep[0] if in_place else mx.array(into.view(np.uint32))]
+    for values in (weight.scales, weight.biases):  # bf16 is held as its uint16 bits (_scale_view)
+        array = mx.array(tile_order(values))
         arrays.append(mx.view(array, mx.bfloat16) if weight.scale_type == SCALE_TYPES[mx.bfloat16] else array)
     mx.eval(*arrays)
     view = QuantWeight.from_arrays(
@@ -112,15 +122,14 @@ def tiles_q6k(weight: QuantWeight) -> bool:
     return weight.layout == Q6K and weight.out_dims % TILE_OUTPUTS == 0
 
 
-def tiled_q6k_weight(kernel, weight: QuantWeight, threads: int = 2) -> QuantWeight:
-    """Q6_K blocks laid out as tiles in a new MLX array of the blocks' shape (its `keep`), and the
-    kernel's view of it (tiles_q6k must hold)."""
-    tiles = np.empty_like(weight.codes)
-    blocks = np.ascontiguousarray(weight.codes)
-    if kernel.q6k_tile_pack(blocks.ctypes.data, tiles.ctypes.data, weight.out_dims, weight.in_dims, threads):
+def tiled_q6k_weight(kernel, weight: QuantWeight, threads: int = 2, in_place: bool = False) -> QuantWeight:
+    """Q6_K blocks laid out as tiles (tiles_q6k must hold), in a new MLX array of the blocks' shape
+    or `in_place` in the blocks' own (as tiled_weight), and the kernel's view of it."""
+    blocks = weight.codes if in_place else np.ascontiguousarray(weight.codes)
+    into = _pack_target(weight, in_place)
+    if kernel.q6k_tile_pack(blocks.ctypes.data, into.ctypes.data, weight.out_dims, weight.in_dims, threads):
         raise ValueError(f"a {weight.out_dims} x {weight.in_dims} Q6_K weight does not tile")
-    array = mx.array(tiles)
-    view = QuantWeight.from_q6k(array, weight.in_dims)
+    view = QuantWeight.from_q6k(weight.keep[0] if in_place else mx.array(into), weight.in_dims)
     return dataclasses.replace(view, layout=Q6K_TILED)
 
 

@@ -59,9 +59,10 @@ def fp16_scales(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array]
     if scales.dtype != mx.float32 or biases.dtype != mx.float32:
         return None
     mx.eval(scales, biases)
-    size = np.abs(np.asarray(scales))  # views of MLX's buffers
-    largest = max(float(size.max()), float(np.abs(np.asarray(biases)).max()))
-    if (size[size > 0] < FP16_NORMAL_MIN).any() or largest > FP16_MAX:
+    size, offset = np.abs(np.asarray(scales)), np.asarray(biases)  # views of MLX's buffers
+    smallest = float(size.min(initial=np.inf, where=size > 0))  # no copy of the non-zero ones
+    largest = max(float(size.max()), float(offset.max()), -float(offset.min()))
+    if smallest < FP16_NORMAL_MIN or largest > FP16_MAX:
         return None
     narrowed = scales.astype(mx.float16), biases.astype(mx.float16)
     mx.eval(*narrowed)

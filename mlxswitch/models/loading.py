@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ def load_gguf_file(source: str, path: Path, name: str, progress: Progress | None
 
 def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     """An mlx-lm directory (nested gears saved by `gears build` included)."""
+    from mlx_lm.utils import load_config
     from mlx_lm.utils import load_model as mlx_lm_load_model
 
     if not (path / "config.json").exists():
@@ -49,29 +51,41 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     config = read_json(path / "config.json")
     if "mlxswitch_gears" in config:
         return load_geared_dir(source, path, name)
+    # mlx-lm's load, its two halves: the tokenizer on a second thread (where loads share them, one
+    # already loaded from the same files is taken instead: the pair's second costs ~2.7 s) while
+    # this one reads the weights and lays them out; neither needs the other, and much of either
+    # runs without the GIL.
+    with ThreadPoolExecutor(1, thread_name_prefix="mlxswitch-tokenizer") as pool:
+        tokenizer_loaded = pool.submit(_tokenizer, path, load_config(path))  # eos ids as mlx-lm's
+        with _format_errors(source):
+            # Lazily where a converted GGUF's Q6_K blocks replace some layers' affine weights:
+            # those are then never read (use_q6k_blocks); every other parameter is evaluated below.
+            blocks = path / Q6K_BLOCKS_FILE
+            lazy = blocks.exists() and current_route().plain_linears == "quant-kernel"
+            model, config = mlx_lm_load_model(path, lazy=lazy)
+            if lazy:
+                use_q6k_blocks(model, mx.load(str(blocks)))  # type: ignore[arg-type]  # safetensors: a dict
+                mx.eval(model.parameters())
+        if config.get("rope_freqs"):  # a converted llama 3.x GGUF: mlx-lm does not know the factors
+            use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
+        cast_floats(model, compute_dtype())
+        linears = use_fast_rows(model)
+        with _format_errors(source):
+            tokenizer = tokenizer_loaded.result()
+    return LoadedModel(
+        source, name, model, tokenizer, config, precision=_precision_label(config), linears=linears
+    )
+
+
+@contextmanager
+def _format_errors(source: str) -> Iterator[None]:
+    """mlx-lm's errors for files it cannot load, as one line naming the model."""
     try:
-        # mlx-lm's load, its two halves: the model, then the tokenizer (where loads share them, one
-        # already loaded from the same files is taken instead: the pair's second costs ~2.7 s).
-        # Lazily where a converted GGUF's Q6_K blocks replace some layers' affine weights: those
-        # are then never read (use_q6k_blocks); every other parameter is evaluated below.
-        blocks = path / Q6K_BLOCKS_FILE
-        lazy = blocks.exists() and current_route().plain_linears == "quant-kernel"
-        model, config = mlx_lm_load_model(path, lazy=lazy)
-        if lazy:
-            use_q6k_blocks(model, mx.load(str(blocks)))  # type: ignore[arg-type]  # safetensors: a dict
-            mx.eval(model.parameters())
-        tokenizer = _tokenizer(path, config)
+        yield
     except ValueError as exc:  # mlx-lm's word for an unknown model_type or missing weights
         raise ModelFormatError(f"model '{source}': {str(exc).splitlines()[0]}") from exc
     except FileNotFoundError as exc:
         raise ModelFormatError(f"model '{source}': {exc}") from exc
-    if config.get("rope_freqs"):  # a converted llama 3.x GGUF: mlx-lm does not know the factors
-        use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
-    cast_floats(model, compute_dtype())
-    linears = use_fast_rows(model)
-    return LoadedModel(
-        source, name, model, tokenizer, config, precision=_precision_label(config), linears=linears
-    )
 
 
 def _precision_label(config: dict) -> str:

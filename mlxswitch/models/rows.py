@@ -243,7 +243,7 @@ class Q6KLinear(RowsQuantizedLinear):
         kernel = quant_kernel()
         route = current_route()
         if kernel is not None and kernel.tiled and route.quant_activations == "int8" and tiles_q6k(view):
-            view = tiled_q6k_weight(kernel, view, route.blas_threads)
+            view = tiled_q6k_weight(kernel, view, route.blas_threads, in_place=True)
         self.quant = QuantViews((view,))
         self.weight = view.keep[0]
         for name in ("scales", "biases"):
@@ -297,7 +297,7 @@ class TiledLinear(RowsQuantizedLinear):
         assert self.quant is not None
         kernel = quant_kernel()
         assert kernel is not None, "a layer is tiled only where the kernel is"
-        view = tiled_weight(kernel, self.quant.weights[0], current_route().blas_threads)
+        view = tiled_weight(kernel, self.quant.weights[0], current_route().blas_threads, in_place=True)
         self.weight, self.scales, self.biases = view.keep
         self.quant = QuantViews((view,))
 

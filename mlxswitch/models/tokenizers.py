@@ -10,6 +10,8 @@ PROBE_TEXT = "Entropy 12345, naïve café — 日本語 ✓\ndef f(x):\n    retu
 
 def check_shared_tokenizer(name_a: str, tok_a, name_b: str, tok_b) -> None:
     """Refuse two tiers whose tokenizers differ in vocabulary, encoding or end-of-sequence ids."""
+    if tok_a is tok_b:  # one object, parsed once from the same files (loading.shared_tokenizers)
+        return
 
     def fail(what: str) -> TokenizerMismatchError:
         return TokenizerMismatchError(
