@@ -1,7 +1,7 @@
 """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
 
     uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
-        [--sources a.c,b.c] [--mlx-cache] [--affine-q6k] [--untiled]
+        [--sources a.c,b.c] [--mlx-cache] [--affine-q6k] [--untiled] [--cflags "-O3 -mavx2 -mfma -mf16c"]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
@@ -14,7 +14,8 @@ The caches are the engine's (decoding_caches: keys and values of a decoding pass
 --mlx-cache adds an arm on mlx-lm's own KV caches (the route before). --affine-q6k adds an arm
 whose Q6_K-born layers take the converted directory's 8-bit affine copies (the route before their
 blocks were read as stored). --untiled adds an arm whose 4-bit layers keep MLX's layout (the
-few-row path) where the default lays them out as tiles (kernels/quant_tiles.py).
+few-row path) where the default lays them out as tiles (kernels/quant_tiles.py). --cflags builds
+the kernel with those flags instead of the machine's own (an AVX2 machine's kernel, on this one).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ parser.add_argument("--sources", default="", help="builds of quant_rows.c, comma
 parser.add_argument("--mlx-cache", action="store_true", help="an arm on mlx-lm's own KV caches")
 parser.add_argument("--affine-q6k", action="store_true", help="an arm on Q6_K layers' 8-bit affine copies")
 parser.add_argument("--untiled", action="store_true", help="an arm on MLX's layout, not tiles")
+parser.add_argument("--cflags", default="", help="the kernel's compiler flags (-pthread added)")
 args = parser.parse_args()
+if args.cflags:  # before anything builds the kernel
+    quant_cpu.COMPILE_FLAGS = ((*args.cflags.split(), "-pthread"),)
 kernels = {}  # arm -> its kernel (the shipped one where absent)
 for source in filter(None, args.sources.split(",")):
     built = compile_source(Path(source), quant_cpu.COMPILE_FLAGS)

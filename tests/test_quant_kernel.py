@@ -787,3 +787,29 @@ def test_a_build_without_avx2_has_no_integer_paths_and_passes_its_check_on_fp32_
     for many_from in (1 << 30, 1):
         got = kernel.times(xs, weight, 2, many_from, int8=True)
         assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max()
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this machine runs no tiled build")
+def test_an_avx2_build_tiles_what_it_sums_exactly_and_gives_rows_the_avx512_builds_bits():
+    # an AVX2 machine's kernel (two 256-bit halves a tile run, maddubs for VNNI's byte products):
+    # it passes its check, tiles 4-bit and narrow byte codes but not full bytes (maddubs' int16
+    # pairs would saturate), and where both builds tile a weight they give every row one sum
+    built = cbuild.compile_source(quant_cpu.SOURCE, (("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread"),))
+    assert not isinstance(built, str), built
+    avx2 = quant_cpu.QuantKernel(built.library, built.flags)
+    assert avx2.tiled and check_kernel(avx2) is None
+    rng = np.random.default_rng(9)
+    narrow = quant_cpu._random_weight(rng, 48, 320, 5, 32)[0]
+    full = quant_cpu._random_weight(rng, 48, 320, 8, 32)[0]
+    assert avx2.tiles(narrow) and not avx2.tiles(full)
+    four = quant_cpu._random_weight(rng, 48, 320, 4, 32, mx.float16)[0]
+    cases = [(w, tiled_weight(avx2, w), wide) for w, wide in ((four, False), (four, True), (narrow, False))]
+    blocks = QuantWeight.from_q6k(mx.array(_q6k_blocks(32, 512)), 512)
+    cases += [(blocks, tiled_q6k_weight(avx2, blocks), wide) for wide in (False, True)]
+    for stored, weight, wide in cases:
+        assert KERNEL.tiles(stored, wide) or stored.layout == Q6K  # this machine's build tiles it too
+        for rows in (1, 3, 4, 5, 9):
+            xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
+            got = avx2.times(xs, weight, 2, int8=True, wide=wide)
+            assert np.array_equal(got, KERNEL.times(xs, weight, 1, int8=True, wide=wide)), (rows, wide)

@@ -9,6 +9,7 @@ import ctypes
 
 import numpy as np
 
+from .quant_tiles import tiles_weight
 from .quant_weights import Q6K, Q6K_TILED, TILED, QuantWeight
 
 # From this many rows a weight in MLX's layout (or Q6_K blocks as stored) goes through the many-row
@@ -72,6 +73,12 @@ class QuantKernel:
         if self._unpack(raw.ctypes.data, out.ctypes.data, raw.shape[0], in_dims, bits, threads) != 0:
             raise ValueError(f"{bits}-bit codes of {in_dims} a row cannot be unpacked")
         return out
+
+    def tiles(self, weight: QuantWeight, wide: bool = False) -> bool:
+        """Whether this build multiplies the (affine) weight laid out as tiles, on int8 rows or
+        int16 where `wide`: a tiling build, a weight that tiles (quant_tiles.tiles_weight) and codes
+        the integer tiles sum exactly (gemm_takes: without VNNI, bytes below 128 only)."""
+        return self.tiled and tiles_weight(weight, wide) and self.gemm_takes(weight, wide)
 
     def gemm_takes(self, weight: QuantWeight, wide: bool = False) -> bool:
         """Whether many rows of integer activations (int8; int16 where `wide`) multiply this weight

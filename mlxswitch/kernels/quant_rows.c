@@ -1219,6 +1219,10 @@ static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, c
 #else
 #define GEMM_ROWS 2 /* of AVX2's 16 */
 #endif
+#if defined(GEMM_512) || defined(__F16C__)
+#define TILES 1 /* weights laid out as tiles at load (quant_tile_pack): one 512-bit vector a run, or two of AVX2's */
+#define TILE_ROWS (GEMM_ROWS > 4 ? GEMM_ROWS : 4) /* rows per read of a laid-out tile */
+#endif
 
 /* Whether the many-row integer path takes these codes: on int16 activations (wide) any, their
  * pairs' products summed exactly in int32; on int8 4-bit codes or bytes below 128 (exact in
@@ -1809,7 +1813,7 @@ int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_
 #if defined(__AVX2__) && defined(__FMA__)
 /* Whether this build multiplies weights laid out as tiles (quant_tile_pack). */
 int quant_tiled(void) {
-#if defined(GEMM_512)
+#if defined(TILES)
     return 1;
 #else
     return 0;
@@ -1877,14 +1881,89 @@ int quant_tile_pack(const uint8_t *codes, uint8_t *out, long n_out, long n_in, i
 }
 #endif
 
+#if defined(TILES)
+/* The tiles' kernels on GEMM_OUT lanes of int32 (ti) or fp32 (tf), lane j output j: one 512-bit
+ * vector, or two of AVX2's (outputs 0-7, 8-15) with the same operations per lane. The byte
+ * products sum exactly either way where the kernel takes a weight (gemm_takes: without VNNI, no
+ * pair of byte products past int16), so a row gets the same bits on both. */
 #if defined(GEMM_512)
+typedef __m512i ti;
+typedef __m512 tf;
+static inline ti ti_load(const void *p) { return _mm512_loadu_si512(p); }
+static inline ti ti_zero(void) { return _mm512_setzero_si512(); }
+static inline ti ti_set1(int32_t x) { return _mm512_set1_epi32(x); }
+static inline ti ti_set1_8(char x) { return _mm512_set1_epi8(x); }
+static inline ti ti_and(ti a, ti b) { return _mm512_and_si512(a, b); }
+static inline ti ti_or(ti a, ti b) { return _mm512_or_si512(a, b); }
+static inline ti ti_sub(ti a, ti b) { return _mm512_sub_epi32(a, b); }
+static inline ti ti_srli16(ti a, int n) { return _mm512_srli_epi16(a, n); }
+static inline ti ti_slli16(ti a, int n) { return _mm512_slli_epi16(a, n); }
+static inline ti ti_srli32(ti a, int n) { return _mm512_srli_epi32(a, n); }
+static inline ti ti_bytes(ti acc, ti u, ti s) { return _mm512_dpbusd_epi32(acc, u, s); }
+static inline ti ti_pairs(ti acc, ti w, ti x) { return _mm512_dpwssd_epi32(acc, w, x); }
+static inline ti ti_int8s(const void *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline tf tf_zero(void) { return _mm512_setzero_ps(); }
+static inline tf tf_set1(float x) { return _mm512_set1_ps(x); }
+static inline tf tf_of(ti a) { return _mm512_cvtepi32_ps(a); }
+static inline tf tf_add(tf a, tf b) { return _mm512_add_ps(a, b); }
+static inline tf tf_mul(tf a, tf b) { return _mm512_mul_ps(a, b); }
+static inline tf tf_fmadd(tf a, tf b, tf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void tf_store(float *p, tf a) { _mm512_storeu_ps(p, a); }
+static inline tf tf_halves(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 /* GEMM_OUT scales (or biases) of `type` from element i, as fp32. */
-static inline __m512 load_scales16(const void *p, long i, int type) {
+static inline tf load_scales16(const void *p, long i, int type) {
     if (type == SCALE_F32) return _mm512_loadu_ps((const float *)p + i);
     __m256i bits = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
     if (type == SCALE_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
     return _mm512_cvtph_ps(bits);
 }
+#else
+typedef struct { __m256i lo, hi; } ti;
+typedef struct { __m256 lo, hi; } tf;
+#define TI2(EXPR_LO, EXPR_HI) ((ti){EXPR_LO, EXPR_HI})
+#define TF2(EXPR_LO, EXPR_HI) ((tf){EXPR_LO, EXPR_HI})
+static inline ti ti_load(const void *p) {
+    return TI2(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)((const char *)p + 32)));
+}
+static inline ti ti_zero(void) { return TI2(_mm256_setzero_si256(), _mm256_setzero_si256()); }
+static inline ti ti_set1(int32_t x) { return TI2(_mm256_set1_epi32(x), _mm256_set1_epi32(x)); }
+static inline ti ti_set1_8(char x) { return TI2(_mm256_set1_epi8(x), _mm256_set1_epi8(x)); }
+static inline ti ti_and(ti a, ti b) { return TI2(_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)); }
+static inline ti ti_or(ti a, ti b) { return TI2(_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)); }
+static inline ti ti_sub(ti a, ti b) { return TI2(_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)); }
+static inline ti ti_srli16(ti a, int n) { return TI2(_mm256_srli_epi16(a.lo, n), _mm256_srli_epi16(a.hi, n)); }
+static inline ti ti_slli16(ti a, int n) { return TI2(_mm256_slli_epi16(a.lo, n), _mm256_slli_epi16(a.hi, n)); }
+static inline ti ti_srli32(ti a, int n) { return TI2(_mm256_srli_epi32(a.lo, n), _mm256_srli_epi32(a.hi, n)); }
+static inline ti ti_bytes(ti acc, ti u, ti s) { return TI2(dot_bytes(acc.lo, u.lo, s.lo), dot_bytes(acc.hi, u.hi, s.hi)); }
+static inline ti ti_pairs(ti acc, ti w, ti x) { return TI2(dot_pairs(acc.lo, w.lo, x.lo), dot_pairs(acc.hi, w.hi, x.hi)); }
+static inline ti ti_int8s(const void *p) {
+    return TI2(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)),
+               _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const char *)p + 8))));
+}
+static inline tf tf_zero(void) { return TF2(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+static inline tf tf_set1(float x) { return TF2(_mm256_set1_ps(x), _mm256_set1_ps(x)); }
+static inline tf tf_of(ti a) { return TF2(_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)); }
+static inline tf tf_add(tf a, tf b) { return TF2(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
+static inline tf tf_mul(tf a, tf b) { return TF2(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
+static inline tf tf_fmadd(tf a, tf b, tf c) {
+    return TF2(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
+}
+static inline void tf_store(float *p, tf a) { _mm256_storeu_ps(p, a.lo), _mm256_storeu_ps(p + 8, a.hi); }
+static inline tf tf_halves(const void *p) {
+    return TF2(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const char *)p + 16))));
+}
+static inline tf load_scales16(const void *p, long i, int type) {
+    if (type == SCALE_F32) return TF2(_mm256_loadu_ps((const float *)p + i), _mm256_loadu_ps((const float *)p + i + 8));
+    const uint16_t *h = (const uint16_t *)p + i;
+    if (type == SCALE_BF16) {
+        __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
+        __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + 8)));
+        return TF2(_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+    }
+    return tf_halves(h);
+}
+#endif
 
 /* K rows from r times tile `tile` of a laid-out weight: out (K × GEMM_OUT). Per block, per lane,
  * gemm512_rows_'s operations (WIDE: gemm512_wide_'s): the integer sum, centred, converted, times
@@ -1897,73 +1976,81 @@ static inline __m512 load_scales16(const void *p, long i, int type) {
         const long block_bytes = BYTES ? TILE_BYTE_BLOCK : TILE_BLOCK;                           \
         const uint8_t *w = a->w + tile * a->blocks * block_bytes;                                \
         long first = tile * a->groups * GEMM_OUT, per = a->gs / BLOCK;                           \
-        __m512 acc[K];                                                                           \
+        tf acc[K];                                                                               \
         const char *xrow[K]; /* a row's activations, as bytes */                                 \
         for (int k = 0; k < K; k++)                                                              \
-            acc[k] = _mm512_setzero_ps(),                                                        \
+            acc[k] = tf_zero(),                                                                  \
             xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
-        const __m512i mask = _mm512_set1_epi8(15), pairs = _mm512_set1_epi32(0x000F000F);         \
+        const ti mask = ti_set1_8(15), pairs = ti_set1(0x000F000F);                              \
         for (long u = 0; u < a->blocks; u++) {                                                   \
             const uint8_t *block = w + u * block_bytes;                                          \
             for (int line = 0; line < (BYTES ? 8 : 4); line++) prefetch(block + PREFETCH_BYTES + 64 * line); \
-            __m512i sum[K];                                                                      \
-            for (int k = 0; k < K; k++) sum[k] = _mm512_setzero_si512();                         \
+            ti sum[K];                                                                           \
+            for (int k = 0; k < K; k++) sum[k] = ti_zero();                                      \
             for (int run = 0; BYTES && run < 8; run++) {                                         \
-                __m512i v = _mm512_loadu_si512((const void *)(block + run * TILE_RUN));          \
+                ti v = ti_load(block + run * TILE_RUN);                                          \
                 for (int k = 0; k < K; k++) {                                                    \
                     int32_t lane;                                                                \
                     memcpy(&lane, xrow[k] + u * BLOCK + 4 * run, 4);                             \
-                    sum[k] = _mm512_dpbusd_epi32(sum[k], v, _mm512_set1_epi32(lane));            \
+                    sum[k] = ti_bytes(sum[k], v, ti_set1(lane));                                 \
                 }                                                                                \
             }                                                                                    \
             for (int run = 0; !BYTES && run < 4; run++) {                                        \
-                __m512i v = _mm512_loadu_si512((const void *)(block + run * TILE_RUN));          \
+                ti v = ti_load(block + run * TILE_RUN);                                          \
                 if (WIDE) {                                                                      \
-                    __m512i c[4] = {_mm512_and_si512(v, pairs), _mm512_and_si512(_mm512_srli_epi32(v, 8), pairs), \
-                                    _mm512_and_si512(_mm512_srli_epi32(v, 4), pairs),            \
-                                    _mm512_and_si512(_mm512_srli_epi32(v, 12), pairs)};          \
+                    ti c[4] = {ti_and(v, pairs), ti_and(ti_srli32(v, 8), pairs), ti_and(ti_srli32(v, 4), pairs), \
+                               ti_and(ti_srli32(v, 12), pairs)};                                 \
                     for (int k = 0; k < K; k++) {                                                \
                         const char *x = xrow[k] + (u * BLOCK + 8 * run) * 2;                     \
                         for (int h = 0; h < 4; h++) {                                            \
                             int32_t lane;                                                        \
                             memcpy(&lane, x + 4 * h, 4);                                         \
-                            sum[k] = _mm512_dpwssd_epi32(sum[k], c[h], _mm512_set1_epi32(lane)); \
+                            sum[k] = ti_pairs(sum[k], c[h], ti_set1(lane));                      \
                         }                                                                        \
                     }                                                                            \
                 } else {                                                                         \
-                    __m512i low = _mm512_and_si512(v, mask), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask); \
+                    ti low = ti_and(v, mask), high = ti_and(ti_srli16(v, 4), mask);              \
                     for (int k = 0; k < K; k++) {                                                \
                         int32_t lo, hi;                                                          \
                         memcpy(&lo, xrow[k] + u * BLOCK + 8 * run, 4);                           \
                         memcpy(&hi, xrow[k] + u * BLOCK + 8 * run + 4, 4);                       \
-                        sum[k] = _mm512_dpbusd_epi32(sum[k], low, _mm512_set1_epi32(lo));        \
-                        sum[k] = _mm512_dpbusd_epi32(sum[k], high, _mm512_set1_epi32(hi));       \
+                        sum[k] = ti_bytes(sum[k], low, ti_set1(lo));                             \
+                        sum[k] = ti_bytes(sum[k], high, ti_set1(hi));                            \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
-            __m512 scale = load_scales16(a->scales, first + (u / per) * GEMM_OUT, a->type);      \
+            tf scale = load_scales16(a->scales, first + (u / per) * GEMM_OUT, a->type);          \
             for (int k = 0; k < K; k++) {                                                        \
                 long at = (r + k) * a->padded + u;                                               \
-                __m512i centred = _mm512_sub_epi32(sum[k], _mm512_set1_epi32(a->xqsum[at] << a->centre)); \
-                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[at])), \
-                                         acc[k]);                                                \
+                ti centred = ti_sub(sum[k], ti_set1(a->xqsum[at] << a->centre));                 \
+                acc[k] = tf_fmadd(tf_of(centred), tf_mul(scale, tf_set1(a->dx[at])), acc[k]);    \
             }                                                                                    \
         }                                                                                        \
-        const __m512 centre = _mm512_set1_ps((float)(1 << a->centre));                          \
+        const tf centre = tf_set1((float)(1 << a->centre));                                     \
         for (long g = 0; g < a->groups; g++) {                                                   \
-            __m512 s = load_scales16(a->scales, first + g * GEMM_OUT, a->type);                  \
-            __m512 bias = _mm512_add_ps(load_scales16(a->biases, first + g * GEMM_OUT, a->type), \
-                                        _mm512_mul_ps(centre, s));                               \
+            tf s = load_scales16(a->scales, first + g * GEMM_OUT, a->type);                      \
+            tf bias = tf_add(load_scales16(a->biases, first + g * GEMM_OUT, a->type), tf_mul(centre, s)); \
             for (int k = 0; k < K; k++)                                                          \
-                acc[k] = _mm512_fmadd_ps(bias, _mm512_set1_ps(a->xsum[(r + k) * a->groups + g]), acc[k]); \
+                acc[k] = tf_fmadd(bias, tf_set1(a->xsum[(r + k) * a->groups + g]), acc[k]);      \
         }                                                                                        \
-        for (int k = 0; k < K; k++) _mm512_storeu_ps(out + k * GEMM_OUT, acc[k]);                \
+        for (int k = 0; k < K; k++) tf_store(out + k * GEMM_OUT, acc[k]);                        \
     }
+/* A kernel of each row count up to TILE_ROWS, and the table of them. */
 #define TILED_MODE(WIDE, BYTES, PREFIX)                                                          \
-    TILED_TIMES(1, WIDE, BYTES, PREFIX##1) TILED_TIMES(2, WIDE, BYTES, PREFIX##2)                 \
+    TILED_TIMES(1, WIDE, BYTES, PREFIX##1) TILED_TIMES(2, WIDE, BYTES, PREFIX##2) TILED_MORE(WIDE, BYTES, PREFIX)
+#if TILE_ROWS == 8
+#define TILED_MORE(WIDE, BYTES, PREFIX)                                                          \
     TILED_TIMES(3, WIDE, BYTES, PREFIX##3) TILED_TIMES(4, WIDE, BYTES, PREFIX##4)                 \
     TILED_TIMES(5, WIDE, BYTES, PREFIX##5) TILED_TIMES(6, WIDE, BYTES, PREFIX##6)                 \
     TILED_TIMES(7, WIDE, BYTES, PREFIX##7) TILED_TIMES(8, WIDE, BYTES, PREFIX##8)
+#define TILE_ROW_FNS(P) {0, P##1, P##2, P##3, P##4, P##5, P##6, P##7, P##8}
+#elif TILE_ROWS == 4
+#define TILED_MORE(WIDE, BYTES, PREFIX) TILED_TIMES(3, WIDE, BYTES, PREFIX##3) TILED_TIMES(4, WIDE, BYTES, PREFIX##4)
+#define TILE_ROW_FNS(P) {0, P##1, P##2, P##3, P##4}
+#else
+#define TILED_MORE(WIDE, BYTES, PREFIX)
+#define TILE_ROW_FNS(P) {0, P##1, P##2}
+#endif
 TILED_MODE(0, 0, tiled_rows_)
 TILED_MODE(1, 0, tiled_wide_)
 TILED_MODE(0, 1, tiled_bytes_)
@@ -1977,8 +2064,8 @@ static void tile_pair_order(int16_t *xw, long rows, long stride) {
         }
 }
 typedef void (*tiled_fn)(const struct i8_args *, long, long, float *);
-static const tiled_fn TILED_FN[3][GEMM_ROWS + 1] = {GEMM_ROW_FNS(tiled_rows_), GEMM_ROW_FNS(tiled_wide_),
-                                                   GEMM_ROW_FNS(tiled_bytes_)};
+static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), TILE_ROW_FNS(tiled_wide_),
+                                                   TILE_ROW_FNS(tiled_bytes_)};
 
 struct tiled_many_args {
     long count, rows;
@@ -1989,14 +2076,14 @@ struct tiled_many_args {
 static void tiled_part(const void *p, long part, long parts) {
     const struct tiled_many_args *m = p;
     long lo, hi;
-    float out[GEMM_ROWS * GEMM_OUT];
+    float out[TILE_ROWS * GEMM_OUT];
     part_range(m->first[m->count], part, parts, &lo, &hi);
     for (long i = 0; i < m->count; i++) {
         const struct i8_args *a = &m->weights[i];
         long from = lo > m->first[i] ? lo : m->first[i], to = hi < m->first[i + 1] ? hi : m->first[i + 1];
         for (long tile = from - m->first[i]; tile < to - m->first[i]; tile++)
-            for (long r = 0; r < m->rows; r += GEMM_ROWS) {
-                long k = m->rows - r < GEMM_ROWS ? m->rows - r : GEMM_ROWS;
+            for (long r = 0; r < m->rows; r += TILE_ROWS) {
+                long k = m->rows - r < TILE_ROWS ? m->rows - r : TILE_ROWS;
                 TILED_FN[a->bits == 8 ? 2 : a->wide][k](a, tile, r, out);
                 for (long rr = 0; rr < k; rr++)
                     memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT,
@@ -2013,12 +2100,12 @@ static void tiled_part(const void *p, long part, long parts) {
  * without tiles (quant_tiled). */
 int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads, long count,
                      const struct quant_weight *w, int wide) {
-#if defined(GEMM_512)
+#if defined(TILES)
     if (count < 1 || count > MANY_WEIGHTS || rows < 1) return -1;
     struct tiled_many_args m = {count, rows, {0}, {{0}}};
     long total = 0;
     for (long i = 0; i < count; i++) {
-        if (!(w[i].bits == 4 || (w[i].bits == 8 && !wide)) ||
+        if (!(w[i].bits == 4 || (w[i].bits == 8 && !wide)) || !gemm_takes(w[i].bits, w[i].centre, wide) ||
             !i8_takes(w[i].bits, w[i].centre, w[i].biases, w[i].gs, w[i].type, n_in) || w[i].n_out < 1 ||
             w[i].n_out % GEMM_OUT)
             return -1;
@@ -2133,7 +2220,7 @@ int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_
 }
 #endif
 
-#if defined(GEMM_512)
+#if defined(TILES)
 /* Σ of each 16 rounded inputs of each row (rows × n_in/16), for the codes' centre 32. */
 static int32_t *sums_of_16(const struct i8_args *a, long rows) {
     long n16 = a->n_in / 16;
@@ -2154,74 +2241,72 @@ static int32_t *sums_of_16(const struct i8_args *a, long rows) {
 #define TILED_Q6K(K, WIDE, NAME)                                                                 \
     static void NAME(const struct i8_args *a, const int32_t *xq16, long tile, long r, float *out) { \
         long superblocks = a->n_in / Q6K_VALUES, n16 = a->n_in / 16;                             \
-        __m512 acc[K];                                                                           \
+        tf acc[K];                                                                               \
         const char *xrow[K];                                                                     \
         for (int k = 0; k < K; k++)                                                              \
-            acc[k] = _mm512_setzero_ps(),                                                        \
+            acc[k] = tf_zero(),                                                                  \
             xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
-        const __m512i mask = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);                  \
-        const __m512i pairs = _mm512_set1_epi32(0x00FF00FF);                                     \
+        const ti mask = ti_set1_8(15), top = ti_set1_8(0x30), pairs = ti_set1(0x00FF00FF);      \
         for (long sb = 0; sb < superblocks; sb++) {                                              \
             const uint8_t *base = a->w + (tile * superblocks + sb) * Q6K_TILE;                   \
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(base + Q6K_TILE_CODES + 16 * GEMM_OUT))); \
+            tf d = tf_halves(base + Q6K_TILE_CODES + 16 * GEMM_OUT);                             \
             for (int blk = 0; blk < 8; blk++) {                                                  \
                 const uint8_t *codes = base + blk * 6 * TILE_RUN;                                \
                 for (int line = 0; line < 6; line++) prefetch(codes + PREFETCH_BYTES + 64 * line); \
                 long u = sb * 8 + blk; /* the row's block of 32 */                               \
-                __m512i hl = _mm512_loadu_si512((const void *)(codes + 4 * TILE_RUN));           \
-                __m512i hh = _mm512_loadu_si512((const void *)(codes + 5 * TILE_RUN));           \
-                __m512i sum[K][2];                                                               \
-                for (int k = 0; k < K; k++) sum[k][0] = sum[k][1] = _mm512_setzero_si512();      \
+                ti hl = ti_load(codes + 4 * TILE_RUN), hh = ti_load(codes + 5 * TILE_RUN);       \
+                ti sum[K][2];                                                                    \
+                for (int k = 0; k < K; k++) sum[k][0] = sum[k][1] = ti_zero();                   \
                 for (int run = 0; run < 4; run++) {                                              \
-                    __m512i v = _mm512_loadu_si512((const void *)(codes + run * TILE_RUN));      \
-                    __m512i lo = _mm512_or_si512(_mm512_and_si512(v, mask),                      \
-                                                 _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(hl, 2 * run), 4), top)); \
-                    __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), mask), \
-                                                 _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(hh, 2 * run), 4), top)); \
+                    ti v = ti_load(codes + run * TILE_RUN);                                      \
+                    ti lo = ti_or(ti_and(v, mask), ti_and(ti_slli16(ti_srli16(hl, 2 * run), 4), top)); \
+                    ti hi = ti_or(ti_and(ti_srli16(v, 4), mask), ti_and(ti_slli16(ti_srli16(hh, 2 * run), 4), top)); \
                     int half = run / 2; /* inputs 0-15 of the block, or 16-31 */                \
-                    if (WIDE) {                                                                  \
-                        __m512i c[4] = {_mm512_and_si512(lo, pairs), _mm512_and_si512(_mm512_srli_epi32(lo, 8), pairs), \
-                                        _mm512_and_si512(hi, pairs), _mm512_and_si512(_mm512_srli_epi32(hi, 8), pairs)}; \
+                    for (int h = 0; WIDE && h < 4; h++) { /* a pair vector at a time: AVX2's 16 registers */ \
+                        ti c = ti_and(h < 2 ? (h ? ti_srli32(lo, 8) : lo) : (h == 3 ? ti_srli32(hi, 8) : hi), pairs); \
                         for (int k = 0; k < K; k++) {                                            \
-                            const char *x = xrow[k] + (u * BLOCK + 8 * run) * 2;                 \
-                            for (int h = 0; h < 4; h++) {                                        \
-                                int32_t lane;                                                    \
-                                memcpy(&lane, x + 4 * h, 4);                                     \
-                                sum[k][half] = _mm512_dpwssd_epi32(sum[k][half], c[h], _mm512_set1_epi32(lane)); \
-                            }                                                                    \
+                            int32_t lane;                                                        \
+                            memcpy(&lane, xrow[k] + (u * BLOCK + 8 * run) * 2 + 4 * h, 4);       \
+                            sum[k][half] = ti_pairs(sum[k][half], c, ti_set1(lane));             \
                         }                                                                        \
-                    } else {                                                                     \
+                    }                                                                            \
+                    if (!WIDE) {                                                                 \
                         for (int k = 0; k < K; k++) {                                            \
                             int32_t l4, h4;                                                      \
                             memcpy(&l4, xrow[k] + u * BLOCK + 8 * run, 4);                       \
                             memcpy(&h4, xrow[k] + u * BLOCK + 8 * run + 4, 4);                   \
-                            sum[k][half] = _mm512_dpbusd_epi32(sum[k][half], lo, _mm512_set1_epi32(l4)); \
-                            sum[k][half] = _mm512_dpbusd_epi32(sum[k][half], hi, _mm512_set1_epi32(h4)); \
+                            sum[k][half] = ti_bytes(sum[k][half], lo, ti_set1(l4));              \
+                            sum[k][half] = ti_bytes(sum[k][half], hi, ti_set1(h4));              \
                         }                                                                        \
                     }                                                                            \
                 }                                                                                \
                 for (int half = 0; half < 2; half++) {                                           \
-                    __m128i sc = _mm_loadu_si128((const __m128i *)(base + Q6K_TILE_CODES + (2 * blk + half) * GEMM_OUT)); \
-                    __m512 scale = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), d);  \
+                    tf scale = tf_mul(tf_of(ti_int8s(base + Q6K_TILE_CODES + (2 * blk + half) * GEMM_OUT)), d); \
                     for (int k = 0; k < K; k++) {                                                \
                         int32_t centre = xq16[(r + k) * n16 + 2 * u + half] * 32;                \
-                        __m512i centred = _mm512_sub_epi32(sum[k][half], _mm512_set1_epi32(centre)); \
-                        __m512 step = _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[(r + k) * a->padded + u])); \
-                        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), step, acc[k]);     \
+                        ti centred = ti_sub(sum[k][half], ti_set1(centre));                      \
+                        tf step = tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u]));        \
+                        acc[k] = tf_fmadd(tf_of(centred), step, acc[k]);                         \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
         }                                                                                        \
-        for (int k = 0; k < K; k++) _mm512_storeu_ps(out + k * GEMM_OUT, acc[k]);                \
+        for (int k = 0; k < K; k++) tf_store(out + k * GEMM_OUT, acc[k]);                        \
     }
-#define TILED_Q6K_MODE(WIDE, PREFIX)                                                             \
-    TILED_Q6K(1, WIDE, PREFIX##1) TILED_Q6K(2, WIDE, PREFIX##2) TILED_Q6K(3, WIDE, PREFIX##3)   \
-    TILED_Q6K(4, WIDE, PREFIX##4) TILED_Q6K(5, WIDE, PREFIX##5) TILED_Q6K(6, WIDE, PREFIX##6)   \
-    TILED_Q6K(7, WIDE, PREFIX##7) TILED_Q6K(8, WIDE, PREFIX##8)
+#define TILED_Q6K_MODE(WIDE, PREFIX) TILED_Q6K(1, WIDE, PREFIX##1) TILED_Q6K(2, WIDE, PREFIX##2) TILED_Q6K_MORE(WIDE, PREFIX)
+#if TILE_ROWS == 8
+#define TILED_Q6K_MORE(WIDE, PREFIX)                                                             \
+    TILED_Q6K(3, WIDE, PREFIX##3) TILED_Q6K(4, WIDE, PREFIX##4) TILED_Q6K(5, WIDE, PREFIX##5)   \
+    TILED_Q6K(6, WIDE, PREFIX##6) TILED_Q6K(7, WIDE, PREFIX##7) TILED_Q6K(8, WIDE, PREFIX##8)
+#elif TILE_ROWS == 4
+#define TILED_Q6K_MORE(WIDE, PREFIX) TILED_Q6K(3, WIDE, PREFIX##3) TILED_Q6K(4, WIDE, PREFIX##4)
+#else
+#define TILED_Q6K_MORE(WIDE, PREFIX)
+#endif
 TILED_Q6K_MODE(0, tiled_q6k_)
 TILED_Q6K_MODE(1, tiled_q6k_wide_)
 typedef void (*tiled_q6k_fn)(const struct i8_args *, const int32_t *, long, long, float *);
-static const tiled_q6k_fn TILED_Q6K_FN[2][GEMM_ROWS + 1] = {GEMM_ROW_FNS(tiled_q6k_), GEMM_ROW_FNS(tiled_q6k_wide_)};
+static const tiled_q6k_fn TILED_Q6K_FN[2][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_q6k_), TILE_ROW_FNS(tiled_q6k_wide_)};
 
 struct tiled_q6k_args {
     const struct i8_args *a;
@@ -2233,11 +2318,11 @@ static void tiled_q6k_part(const void *p, long part, long parts) {
     const struct tiled_q6k_args *t = p;
     const struct i8_args *a = t->a;
     long lo, hi;
-    float out[GEMM_ROWS * GEMM_OUT];
+    float out[TILE_ROWS * GEMM_OUT];
     part_range(a->n_out / GEMM_OUT, part, parts, &lo, &hi);
     for (long tile = lo; tile < hi; tile++)
-        for (long r = 0; r < t->rows; r += GEMM_ROWS) {
-            long k = t->rows - r < GEMM_ROWS ? t->rows - r : GEMM_ROWS;
+        for (long r = 0; r < t->rows; r += TILE_ROWS) {
+            long k = t->rows - r < TILE_ROWS ? t->rows - r : TILE_ROWS;
             TILED_Q6K_FN[a->wide][k](a, t->xq16, tile, r, out);
             for (long rr = 0; rr < k; rr++)
                 memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT, sizeof(float) * GEMM_OUT);
@@ -2251,7 +2336,7 @@ static void tiled_q6k_part(const void *p, long part, long parts) {
  * or in a build without tiles (quant_tiled). */
 int quant_tiled_q6k(const float *x, const uint8_t *tiles, float *y, long rows, long n_in, long n_out, int threads,
                     int wide) {
-#if defined(GEMM_512)
+#if defined(TILES)
     if (rows < 1 || n_out < 1 || n_out % GEMM_OUT || n_in % Q6K_VALUES) return -1;
     struct i8_args args;
     if (i8_prepare(&args, x, rows, n_in, tiles, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, wide, 1))

@@ -8,7 +8,8 @@ one thread: 4 rows 9.7 ms through tiles filled per call against 2.5 through the 
 Laid out once, the same bytes in another order, every pass of such a weight goes through the
 tiles: a step, a check and a prefill give a row the same bits, and a check's extra rows cost only
 their own multiply-adds. quant_rows.c's quant_tile_pack and quant_q6k_tile_pack say the layouts;
-AVX-512 VNNI builds only (`QuantKernel.tiled`): elsewhere weights keep MLX's (and Q6_K its blocks).
+AVX2 and AVX-512 builds (`QuantKernel.tiles`; without VNNI not full-byte codes): elsewhere weights keep
+MLX's layout (and Q6_K its blocks).
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from ..kernels.quant_tiles import (
     tiled_values_mx,
     tiled_weight,
     tiles_q6k,
-    tiles_weight,
 )
 from ..kernels.quant_weights import (
     DIRECT_BITS,
@@ -303,17 +302,16 @@ class TiledLinear(RowsQuantizedLinear):
 
 
 def tiles_layer(module: nn.Module) -> bool:
-    """Whether a plain linear on the kernel is laid out as tiles: the kernel tiles (an AVX-512 VNNI
-    build), the layer takes integer activations (int8, or int16 where it refuses int8: a down
-    projection; quant_cpu.int8_applies, wide_applies) and its weight tiles."""
+    """Whether a plain linear on the kernel is laid out as tiles: the layer takes integer
+    activations (int8, or int16 where it refuses int8: a down projection; quant_cpu.int8_applies,
+    wide_applies) and the kernel tiles its weight (QuantKernel.tiles: an AVX2 or AVX-512 build)."""
     kernel = quant_kernel()
-    if kernel is None or not kernel.tiled or module.quant is None or len(module.quant.weights) != 1:
+    if kernel is None or module.quant is None or len(module.quant.weights) != 1:
         return False
     view = module.quant.weights[0]
     integer = int8_applies(view) if module.int8_inputs else wide_applies(view)  # int8 rows, or int16
-    return (
-        current_route().quant_activations == "int8" and integer and tiles_weight(view, not module.int8_inputs)
-    )
+    wide = not module.int8_inputs
+    return current_route().quant_activations == "int8" and integer and kernel.tiles(view, wide)
 
 
 # A decoder block's q, k and v (and gate and up) are multiplied in one kernel call on the CPU
