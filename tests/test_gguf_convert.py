@@ -421,6 +421,54 @@ def test_conversion_is_cached_by_sha256_and_atomic(tmp_path, vocab, monkeypatch)
     assert calls == [] and again.config["mlxswitch_gguf"]["sha256"] == file_sha256(path)
 
 
+def _layouts(model) -> dict[str, str]:
+    return {n: m.quant.weights[0].layout for n, m in model.named_modules() if getattr(m, "quant", None)}
+
+
+def test_a_converted_models_layout_is_kept_beside_it_and_read_back_with_the_same_bits(
+    tmp_path, vocab, monkeypatch
+):
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.quant_cpu import quant_kernel
+    from mlxswitch.models import layout_cache, rows
+    from mlxswitch.resources import file_sha256
+
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled:
+        pytest.skip("this machine lays no weight out as tiles")
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 0)  # this tiny model's rows on int8: tiled
+    path = tmp_path / "laid.gguf"
+    write_qwen2_gguf(path, vocab, Q.Q4_K, down=Q.Q6_K, output=Q.Q6_K)
+    first = load_gguf_file("laid", path, "laid")
+    folder = converted_dir(file_sha256(path))
+    (kept,) = folder.glob(f"{layout_cache.PREFIX}*")
+    assert {"tiled", "q6_k-tiled"} <= set(_layouts(first.model).values())
+    ids = mx.array([[5, 17, 42, 7, 11]])
+    want = np.array(first.model(ids))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("laid out again")
+
+    with monkeypatch.context() as patch:  # the second load reads the layout: nothing packed
+        patch.setattr(rows, "tiled_weight", refuse)
+        patch.setattr(rows, "tiled_q6k_weight", refuse)
+        again = load_gguf_file("laid", path, "laid")
+    assert _layouts(again.model) == _layouts(first.model)
+    assert np.array_equal(np.array(again.model(ids)), want)
+    # another key's file is replaced by this one's; a file that cannot be written is skipped whole
+    kept.rename(folder / f"{layout_cache.PREFIX}0123{layout_cache.SUFFIX}")
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            layout_cache.mx, "save_safetensors", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full"))
+        )
+        assert np.array_equal(np.array(load_gguf_file("laid", path, "laid").model(ids)), want)
+    assert sorted(f.name for f in folder.glob("*laid-out-*")) == [
+        f"{layout_cache.PREFIX}0123{layout_cache.SUFFIX}"
+    ]
+    assert np.array_equal(np.array(load_gguf_file("laid", path, "laid").model(ids)), want)
+    assert [f.name for f in folder.glob("*laid-out-*")] == [kept.name]
+
+
 def test_damaged_files_are_one_error(tmp_path, vocab):
     path = tmp_path / "damaged.gguf"
     write_qwen2_gguf(path, vocab, Q.Q4_K)

@@ -48,8 +48,9 @@ def compute_dtype() -> mx.Dtype | None:
     return current_route().mx_compute_dtype()
 
 
-def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
-    """Cast every floating parameter (quantization scales and biases included) to dtype."""
+def cast_floats(model: nn.Module, dtype: mx.Dtype | None, evaluate: bool = True) -> None:
+    """Cast every floating parameter (quantization scales and biases included) to dtype; lazily
+    where not `evaluate` (a cast of a parameter replaced before evaluation is then never run)."""
     if dtype is None:
         return
     casted = [
@@ -59,7 +60,8 @@ def cast_floats(model: nn.Module, dtype: mx.Dtype | None) -> None:
     ]
     if casted:
         model.load_weights(casted, strict=False)
-        mx.eval(model.parameters())
+        if evaluate:
+            mx.eval(model.parameters())
 
 
 def model_classes(config: dict, what: str) -> tuple[type[Any], type[Any]]:

@@ -1,0 +1,119 @@
+"""A converted model's weights as this machine's kernel lays them out (rows.py: tiles, Q6_K blocks),
+kept beside the converted directory so that a later load reads them as laid out instead of laying
+them out again: the pair's layout took ~1.7 s of a cold start, twice that beside the tokenizer's
+parse (the GIL), where reading the same bytes laid out costs what reading them as stored did.
+
+The file is keyed by everything the layout depends on: the sources that decide and make it (the C
+kernel, its flags, the Python that lays out) and the route's choices (scale width, activations,
+the code widths taken on int8). A new key writes a new file and removes the old ones; a file that
+cannot be written is skipped (the next load lays out again), never half-written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..kernels import quant_cpu, quant_tiles, quant_weights
+from ..kernels.quant_cpu import quant_kernel
+from ..kernels.quant_weights import Q6K, Q6K_TILED, TILED, QuantViews, QuantWeight
+from ..kernels.route import current_route
+from . import rows
+from .rows import Q6KLinear, TiledLinear
+
+PREFIX = "laid-out-"
+SUFFIX = ".safetensors"
+# Attributes a laid-out layer carries beside its arrays (rows.py's keep_quantized, take_blocks).
+_FIELDS = ("bits", "code_bits", "group_size", "scales_narrowed", "in_dims")
+
+
+def layout_file(path: Path, config: dict) -> Path | None:
+    """Where this machine keeps the laid-out weights of the converted GGUF directory `path`, or
+    None: not a directory we converted, or a route that lays nothing out (no kernel, no tiles)."""
+    kernel = quant_kernel()
+    route = current_route()
+    if (
+        "mlxswitch_gguf" not in config
+        or kernel is None
+        or not kernel.tiled
+        or route.plain_linears != "quant-kernel"
+        or route.quant_activations != "int8"
+    ):
+        return None
+    digest = hashlib.sha256()
+    for source in (quant_cpu.SOURCE, Path(quant_cpu.__file__), Path(quant_tiles.__file__)):
+        digest.update(source.read_bytes())
+    for source in (Path(quant_weights.__file__), Path(rows.__file__), Path(__file__)):
+        digest.update(source.read_bytes())
+    choices = [kernel.flags, route.quant_scales, route.quant_activations, quant_cpu.INT8_CODE_BITS]
+    digest.update(json.dumps(choices, default=list).encode())
+    return path / f"{PREFIX}{digest.hexdigest()[:20]}{SUFFIX}"
+
+
+def restore_layout(model: nn.Module, arrays: dict[str, mx.array], metadata: dict[str, str]) -> int:
+    """Give every layer the file lists its laid-out arrays and attributes, before the model's
+    parameters are evaluated (the arrays they replace are then never read); how many."""
+    layers = json.loads(metadata["layers"])
+    modules = dict(model.named_modules())
+    for name, fields in layers.items():
+        module = modules[name]
+        module.__class__ = TiledLinear if fields["layout"] == TILED else Q6KLinear
+        for key in _FIELDS:
+            setattr(module, key, fields[key])
+        if fields["layout"] == TILED:
+            module.weight, module.scales, module.biases = (
+                arrays[f"{name}.{p}"] for p in ("weight", "scales", "biases")
+            )
+            view = QuantWeight.from_arrays(
+                module.weight, module.scales, module.biases, module.group_size, module.bits, module.code_bits
+            )
+        else:
+            module.weight = arrays[f"{name}.weight"]
+            for key in ("scales", "biases"):
+                module.pop(key, None)
+            view = QuantWeight.from_q6k(module.weight, module.in_dims)
+        module.quant = QuantViews((dataclasses.replace(view, layout=fields["layout"]),))
+    return len(layers)
+
+
+def read_layout(file: Path) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """The file's arrays (lazy: read when evaluated) and its metadata."""
+    arrays, metadata = mx.load(str(file), return_metadata=True)
+    assert isinstance(arrays, dict) and isinstance(metadata, dict), "a safetensors file"
+    return arrays, metadata
+
+
+def save_layout(model: nn.Module, file: Path) -> bool:
+    """Write the model's laid-out layers (tiles, Q6_K blocks) to `file`, whole or not at all, and
+    remove the directory's files of other keys; False where there was none or it could not."""
+    arrays: dict[str, mx.array] = {}
+    layers: dict[str, dict] = {}
+    for name, module in model.named_modules():
+        view = module.quant.weights[0] if isinstance(module, RowsLaidOut) and module.quant else None
+        if view is None or view.layout not in (TILED, Q6K_TILED, Q6K):
+            continue
+        names = ("weight", "scales", "biases") if view.layout == TILED else ("weight",)
+        arrays.update({f"{name}.{p}": module[p] for p in names})
+        layers[name] = {"layout": view.layout} | {key: getattr(module, key, 0) for key in _FIELDS}
+    if not layers:
+        return False
+    temporary = file.with_name(f".{file.stem}.{os.getpid()}.partial{SUFFIX}")
+    try:
+        mx.save_safetensors(str(temporary), arrays, metadata={"layers": json.dumps(layers)})
+        os.replace(temporary, file)
+    except (OSError, RuntimeError, ValueError):  # a full disk, a read-only cache: lay out next time
+        temporary.unlink(missing_ok=True)
+        return False
+    for other in file.parent.glob(f"{PREFIX}*{SUFFIX}"):
+        if other != file:
+            other.unlink(missing_ok=True)
+    return True
+
+
+RowsLaidOut = (TiledLinear, Q6KLinear)
