@@ -19,6 +19,7 @@ from .gguf import convert_gguf, load_gguf, needs_conversion, use_rope_factors
 from .gguf_convert import Q6K_BLOCKS_FILE
 from .layout_cache import layout_file, read_layout, restore_layout, save_layout
 from .rows import use_fast_rows, use_q6k_blocks
+from .tokenizer_cache import kept_tokenizer
 from .weights import LoadedModel, cast_floats, compute_dtype, read_json
 
 Progress = Callable[[str], None]
@@ -151,13 +152,11 @@ def _tokenizer(path: Path, config: dict):
     """mlx-lm's tokenizer of the directory (as mlx_lm.load gives it), or, within
     shared_tokenizers, the one an earlier load there took from the same files (mlx-lm copies its
     detokenizer per caller)."""
-    from mlx_lm.utils import load_tokenizer
-
     shared = _SHARED
-    key = tokenizer_key(path, config) if shared is not None else ""
+    key = tokenizer_key(path, config)
     tokenizer = shared.get(key) if shared is not None else None
     if tokenizer is None:
-        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+        tokenizer = kept_tokenizer(path, config, key)
         if shared is not None:
             shared[key] = tokenizer
     return tokenizer
