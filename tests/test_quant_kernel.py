@@ -803,6 +803,7 @@ def test_an_avx2_build_tiles_what_it_sums_exactly_and_gives_rows_the_avx512_buil
     narrow = quant_cpu._random_weight(rng, 48, 320, 5, 32)[0]
     full = quant_cpu._random_weight(rng, 48, 320, 8, 32)[0]
     assert avx2.tiles(narrow) and not avx2.tiles(full)
+    assert avx2.layout_traits == (True, True, False)  # a layout cache's key tells the two builds apart
     four = quant_cpu._random_weight(rng, 48, 320, 4, 32, mx.float16)[0]
     cases = [(w, tiled_weight(avx2, w), wide) for w, wide in ((four, False), (four, True), (narrow, False))]
     blocks = QuantWeight.from_q6k(mx.array(_q6k_blocks(32, 512)), 512)

@@ -80,6 +80,13 @@ class QuantKernel:
         the integer tiles sum exactly (gemm_takes: without VNNI, bytes below 128 only)."""
         return self.tiled and tiles_weight(weight, wide) and self.gemm_takes(weight, wide)
 
+    @property
+    def layout_traits(self) -> tuple[bool, bool, bool]:
+        """What decides how this build lays weights out: whether it tiles, has integer paths, and
+        sums full-byte codes exactly on int8 (VNNI): two machines' builds with the same flags
+        (a shared home directory) can differ in these."""
+        return self.tiled, self.integer_paths, bool(self._gemm_takes(8, 7, 0))
+
     def gemm_takes(self, weight: QuantWeight, wide: bool = False) -> bool:
         """Whether many rows of integer activations (int8; int16 where `wide`) multiply this weight
         (affine, or Q6_K blocks) through the tiles, else the fp32 panel on the rows as they are."""

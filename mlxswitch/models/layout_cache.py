@@ -4,9 +4,10 @@ them out again: the pair's layout took ~1.7 s of a cold start, twice that beside
 parse (the GIL), where reading the same bytes laid out costs what reading them as stored did.
 
 The file is keyed by everything the layout depends on: the sources that decide and make it (the C
-kernel, its flags, the Python that lays out) and the route's choices (scale width, activations,
-the code widths taken on int8). A new key writes a new file and removes the old ones; a file that
-cannot be written is skipped (the next load lays out again), never half-written.
+kernel, its flags and what the build can do on this CPU, the Python that lays out) and the route's
+choices (scale width, activations, the code widths taken on int8). A new key writes a new file and
+removes the old ones; a file that cannot be written is skipped (the next load lays out again),
+never half-written.
 """
 
 from __future__ import annotations
@@ -51,7 +52,13 @@ def layout_file(path: Path, config: dict) -> Path | None:
         digest.update(source.read_bytes())
     for source in (Path(quant_weights.__file__), Path(rows.__file__), Path(__file__)):
         digest.update(source.read_bytes())
-    choices = [kernel.flags, route.quant_scales, route.quant_activations, quant_cpu.INT8_CODE_BITS]
+    choices = [
+        kernel.flags,
+        kernel.layout_traits,
+        route.quant_scales,
+        route.quant_activations,
+        quant_cpu.INT8_CODE_BITS,
+    ]
     digest.update(json.dumps(choices, default=list).encode())
     return path / f"{PREFIX}{digest.hexdigest()[:20]}{SUFFIX}"
 
