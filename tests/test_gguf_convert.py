@@ -4,6 +4,7 @@ qwen2 GGUF of K-quants against an independent NumPy forward, the conversion cach
 from __future__ import annotations
 
 import json
+import os
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -455,18 +456,21 @@ def test_a_converted_models_layout_is_kept_beside_it_and_read_back_with_the_same
         again = load_gguf_file("laid", path, "laid")
     assert _layouts(again.model) == _layouts(first.model)
     assert np.array_equal(np.array(again.model(ids)), want)
-    # another key's file is replaced by this one's; a file that cannot be written is skipped whole
-    kept.rename(folder / f"{layout_cache.PREFIX}0123{layout_cache.SUFFIX}")
+    # other keys' files (another version's): the two most recently used are kept; a file that
+    # cannot be written is skipped whole
+    older, oldest = (folder / f"{layout_cache.PREFIX}{k}{layout_cache.SUFFIX}" for k in ("0123", "4567"))
+    kept.rename(older)
+    oldest.write_bytes(b"another version's layout")
+    os.utime(older, (1e9, 1e9))
+    os.utime(oldest, (1e8, 1e8))
     with monkeypatch.context() as patch:
         patch.setattr(
             layout_cache.mx, "save_safetensors", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full"))
         )
         assert np.array_equal(np.array(load_gguf_file("laid", path, "laid").model(ids)), want)
-    assert sorted(f.name for f in folder.glob("*laid-out-*")) == [
-        f"{layout_cache.PREFIX}0123{layout_cache.SUFFIX}"
-    ]
+    assert sorted(f.name for f in folder.glob("*laid-out-*")) == [older.name, oldest.name]
     assert np.array_equal(np.array(load_gguf_file("laid", path, "laid").model(ids)), want)
-    assert [f.name for f in folder.glob("*laid-out-*")] == [kept.name]
+    assert sorted(f.name for f in folder.glob("*laid-out-*")) == sorted([older.name, kept.name])
 
 
 def test_damaged_files_are_one_error(tmp_path, vocab):

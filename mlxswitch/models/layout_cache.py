@@ -5,13 +5,14 @@ parse (the GIL), where reading the same bytes laid out costs what reading them a
 
 The file is keyed by everything the layout depends on: the sources that decide and make it (the C
 kernel, its flags and what the build can do on this CPU, the Python that lays out) and the route's
-choices (scale width, activations, the code widths taken on int8). A new key writes a new file and
-removes the old ones; a file that cannot be written is skipped (the next load lays out again),
-never half-written.
+choices (scale width, activations, the code widths taken on int8). A new key writes a new file, and
+the directory keeps the two most recently used; a file that cannot be written is skipped (the next
+load lays out again), never half-written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,6 +31,9 @@ from .rows import Q6KLinear, TiledLinear
 
 PREFIX = "laid-out-"
 SUFFIX = ".safetensors"
+# Files kept per directory, the most recently used: two versions (or two machines' builds) that
+# take turns on one cache keep theirs, instead of laying out and writing ~1.5 GB at every load.
+KEEP = 2
 # Attributes a laid-out layer carries beside its arrays (rows.py's keep_quantized, take_blocks).
 _FIELDS = ("bits", "code_bits", "group_size", "scales_narrowed", "in_dims")
 
@@ -68,6 +72,7 @@ def restore_layout(model: nn.Module, arrays: dict[str, mx.array], metadata: dict
     parameters are evaluated (the arrays they replace are then never read); how many."""
     layers = json.loads(metadata["layers"])
     modules = dict(model.named_modules())
+    mx.eval(list(arrays.values()))  # read in one evaluation, not one per view below
     for name, fields in layers.items():
         module = modules[name]
         module.__class__ = TiledLinear if fields["layout"] == TILED else Q6KLinear
@@ -90,7 +95,9 @@ def restore_layout(model: nn.Module, arrays: dict[str, mx.array], metadata: dict
 
 
 def read_layout(file: Path) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """The file's arrays (lazy: read when evaluated) and its metadata."""
+    """The file's arrays (lazy: read when evaluated) and its metadata; the file marked as used."""
+    with contextlib.suppress(OSError):  # a read-only cache: it is only kept longer
+        os.utime(file)
     arrays, metadata = mx.load(str(file), return_metadata=True)
     assert isinstance(arrays, dict) and isinstance(metadata, dict), "a safetensors file"
     return arrays, metadata
@@ -117,9 +124,9 @@ def save_layout(model: nn.Module, file: Path) -> bool:
     except (OSError, RuntimeError, ValueError):  # a full disk, a read-only cache: lay out next time
         temporary.unlink(missing_ok=True)
         return False
-    for other in file.parent.glob(f"{PREFIX}*{SUFFIX}"):
-        if other != file:
-            other.unlink(missing_ok=True)
+    kept = sorted(file.parent.glob(f"{PREFIX}*{SUFFIX}"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for other in kept[KEEP:]:
+        other.unlink(missing_ok=True)
     return True
 
 
