@@ -320,3 +320,20 @@ def test_calibrate_saves_the_probe_that_a_probe_profile_then_routes_on(tiny_pair
     assert after.exit_code == 0, after.stderr
     record = json.loads(after.stdout)
     assert record["router"]["signal"] == "probe" and 0 <= record["router"]["initial_signal"] <= 1
+
+
+def test_a_model_whose_logits_are_not_its_heads_output_has_no_split(ladder):
+    # e.g. Gemma 2's soft-capped logits: the checked split refuses it (one position suffices)
+    model = ladder.tiers[0].model.model
+    split = split_model(model, "small")
+    body, head = split.body, split.head
+
+    class Capped:
+        def __init__(self):
+            self.model, self.lm_head = body, head
+
+        def __call__(self, inputs, cache=None):
+            return mx.tanh(head(body(inputs, cache=cache)) / 3.0) * 3.0
+
+    with pytest.raises(UsageError, match="gives no hidden state the probe can read"):
+        split_model(Capped(), "capped")
