@@ -124,9 +124,10 @@ def save_layout(model: nn.Module, file: Path) -> bool:
     except (OSError, RuntimeError, ValueError):  # a full disk, a read-only cache: lay out next time
         temporary.unlink(missing_ok=True)
         return False
-    kept = sorted(file.parent.glob(f"{PREFIX}*{SUFFIX}"), key=lambda f: f.stat().st_mtime, reverse=True)
-    for other in kept[KEEP:]:
-        other.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another process's clean-up at the same time
+        kept = sorted(file.parent.glob(f"{PREFIX}*{SUFFIX}"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for other in kept[KEEP:]:
+            other.unlink(missing_ok=True)
     return True
 
 

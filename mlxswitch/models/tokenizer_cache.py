@@ -12,6 +12,7 @@ again and replaced; one that cannot be written is skipped, never half-written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import pickle
 import platform
@@ -43,10 +44,11 @@ def kept_tokenizer(path: Path, config: dict, key: str):
     try:
         with file.open("rb") as handle:
             return pickle.load(handle)
-    except FileNotFoundError:
-        pass
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
-        file.unlink(missing_ok=True)  # damaged, or written by other code: loaded again below
+    except OSError:
+        pass  # none kept yet, or a cache directory that cannot be read (a home that is a file)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+        with contextlib.suppress(OSError):
+            file.unlink()  # damaged, or written by other code: loaded again below
     tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
