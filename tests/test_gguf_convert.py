@@ -456,6 +456,10 @@ def test_a_converted_models_layout_is_kept_beside_it_and_read_back_with_the_same
         again = load_gguf_file("laid", path, "laid")
     assert _layouts(again.model) == _layouts(first.model)
     assert np.array_equal(np.array(again.model(ids)), want)
+    whole = kept.read_bytes()
+    kept.write_bytes(whole[: len(whole) // 2])  # damaged (a copy cut short): laid out again, replaced
+    assert np.array_equal(np.array(load_gguf_file("laid", path, "laid").model(ids)), want)
+    assert kept.read_bytes() == whole
     # other keys' files (another version's): the two most recently used are kept; a file that
     # cannot be written is skipped whole
     older, oldest = (folder / f"{layout_cache.PREFIX}{k}{layout_cache.SUFFIX}" for k in ("0123", "4567"))

@@ -36,6 +36,7 @@ SUFFIX = ".safetensors"
 KEEP = 2
 # Attributes a laid-out layer carries beside its arrays (rows.py's keep_quantized, take_blocks).
 _FIELDS = ("bits", "code_bits", "group_size", "scales_narrowed", "in_dims")
+RowsLaidOut = (TiledLinear, Q6KLinear)
 
 
 def layout_file(path: Path, config: dict) -> Path | None:
@@ -67,12 +68,24 @@ def layout_file(path: Path, config: dict) -> Path | None:
     return path / f"{PREFIX}{digest.hexdigest()[:20]}{SUFFIX}"
 
 
-def restore_layout(model: nn.Module, arrays: dict[str, mx.array], metadata: dict[str, str]) -> int:
-    """Give every layer the file lists its laid-out arrays and attributes, before the model's
-    parameters are evaluated (the arrays they replace are then never read); how many."""
-    layers = json.loads(metadata["layers"])
+def restore_layout(model: nn.Module, file: Path) -> bool:
+    """Give every layer `file` lists its laid-out arrays and attributes, before the model's other
+    parameters are evaluated (the arrays they replace are then never read). False, with the file
+    removed and the model untouched, where it cannot be read whole (damaged, another model's)."""
     modules = dict(model.named_modules())
-    mx.eval(list(arrays.values()))  # read in one evaluation, not one per view below
+    with contextlib.suppress(OSError):  # marked as used (a read-only cache: it is only kept longer)
+        os.utime(file)
+    try:
+        arrays, metadata = mx.load(str(file), return_metadata=True)
+        assert isinstance(arrays, dict) and isinstance(metadata, dict), "a safetensors file"
+        layers = json.loads(metadata["layers"])
+        if not set(layers) <= modules.keys():
+            raise ValueError("layers this model does not have")
+        mx.eval(list(arrays.values()))  # read in one evaluation, not one per view below
+    except (OSError, RuntimeError, ValueError, KeyError):
+        with contextlib.suppress(OSError):
+            file.unlink()
+        return False
     for name, fields in layers.items():
         module = modules[name]
         module.__class__ = TiledLinear if fields["layout"] == TILED else Q6KLinear
@@ -91,21 +104,12 @@ def restore_layout(model: nn.Module, arrays: dict[str, mx.array], metadata: dict
                 module.pop(key, None)
             view = QuantWeight.from_q6k(module.weight, module.in_dims)
         module.quant = QuantViews((dataclasses.replace(view, layout=fields["layout"]),))
-    return len(layers)
-
-
-def read_layout(file: Path) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """The file's arrays (lazy: read when evaluated) and its metadata; the file marked as used."""
-    with contextlib.suppress(OSError):  # a read-only cache: it is only kept longer
-        os.utime(file)
-    arrays, metadata = mx.load(str(file), return_metadata=True)
-    assert isinstance(arrays, dict) and isinstance(metadata, dict), "a safetensors file"
-    return arrays, metadata
+    return True
 
 
 def save_layout(model: nn.Module, file: Path) -> bool:
     """Write the model's laid-out layers (tiles, Q6_K blocks) to `file`, whole or not at all, and
-    remove the directory's files of other keys; False where there was none or it could not."""
+    keep the directory's KEEP most recently used; False where there was none or it could not."""
     arrays: dict[str, mx.array] = {}
     layers: dict[str, dict] = {}
     for name, module in model.named_modules():
@@ -129,6 +133,3 @@ def save_layout(model: nn.Module, file: Path) -> bool:
         for other in kept[KEEP:]:
             other.unlink(missing_ok=True)
     return True
-
-
-RowsLaidOut = (TiledLinear, Q6KLinear)

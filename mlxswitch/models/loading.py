@@ -17,7 +17,7 @@ from ..kernels.route import current_route
 from .gear_files import load_geared_dir
 from .gguf import convert_gguf, load_gguf, needs_conversion, use_rope_factors
 from .gguf_convert import Q6K_BLOCKS_FILE
-from .layout_cache import layout_file, read_layout, restore_layout, save_layout
+from .layout_cache import layout_file, restore_layout, save_layout
 from .rows import use_fast_rows, use_q6k_blocks
 from .tokenizer_cache import kept_tokenizer
 from .weights import LoadedModel, cast_floats, compute_dtype, read_json
@@ -63,22 +63,22 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
             # Lazily where a converted GGUF's Q6_K blocks, or its layers as laid out here before
             # (layout_cache.py), replace some layers' affine weights: those are then never read;
             # every other parameter is evaluated below.
-            blocks, laid_out = path / Q6K_BLOCKS_FILE, layout_file(path, config)
-            restoring = laid_out is not None and laid_out.exists()
-            lazy = restoring or (blocks.exists() and current_route().plain_linears == "quant-kernel")
+            laid_out = layout_file(path, config)
+            blocks = path / Q6K_BLOCKS_FILE
+            has_blocks = blocks.exists() and current_route().plain_linears == "quant-kernel"
+            lazy = has_blocks or (laid_out is not None and laid_out.exists())
             model, config = mlx_lm_load_model(path, lazy=lazy)
             # Cast before the laid-out layers come in (they hold their scales as laid out), and
             # lazily: the casts of the arrays they replace are never run.
             cast_floats(model, compute_dtype(), evaluate=not lazy)
-            if laid_out is not None and restoring:
-                restore_layout(model, *read_layout(laid_out))
-            elif lazy:
+            restored = laid_out is not None and laid_out.exists() and restore_layout(model, laid_out)
+            if has_blocks and not restored:
                 use_q6k_blocks(model, mx.load(str(blocks)))  # type: ignore[arg-type]  # safetensors: a dict
             mx.eval(model.parameters())
         if config.get("rope_freqs"):  # a converted llama 3.x GGUF: mlx-lm does not know the factors
             use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)
         linears = use_fast_rows(model)
-        if laid_out is not None and not restoring:
+        if laid_out is not None and not restored:
             save_layout(model, laid_out)
         with _format_errors(source):
             tokenizer = tokenizer_loaded.result()
