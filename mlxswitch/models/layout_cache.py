@@ -42,15 +42,15 @@ RowsLaidOut = (TiledLinear, Q6KLinear)
 def layout_file(path: Path, config: dict) -> Path | None:
     """Where this machine keeps the laid-out weights of the converted GGUF directory `path`, or
     None: not a directory we converted, or a route that lays nothing out (no kernel, no tiles)."""
-    kernel = quant_kernel()
     route = current_route()
     if (
         "mlxswitch_gguf" not in config
-        or kernel is None
-        or not kernel.tiled
         or route.plain_linears != "quant-kernel"
         or route.quant_activations != "int8"
     ):
+        return None  # asked before the kernel: a route without it builds none here
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled:
         return None
     digest = hashlib.sha256()
     for source in (quant_cpu.SOURCE, Path(quant_cpu.__file__), Path(quant_tiles.__file__)):

@@ -64,14 +64,15 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
             # (layout_cache.py), replace some layers' affine weights: those are then never read;
             # every other parameter is evaluated below.
             laid_out = layout_file(path, config)
+            kept = laid_out is not None and laid_out.exists()
             blocks = path / Q6K_BLOCKS_FILE
             has_blocks = blocks.exists() and current_route().plain_linears == "quant-kernel"
-            lazy = has_blocks or (laid_out is not None and laid_out.exists())
+            lazy = has_blocks or kept
             model, config = mlx_lm_load_model(path, lazy=lazy)
             # Cast before the laid-out layers come in (they hold their scales as laid out), and
             # lazily: the casts of the arrays they replace are never run.
             cast_floats(model, compute_dtype(), evaluate=not lazy)
-            restored = laid_out is not None and laid_out.exists() and restore_layout(model, laid_out)
+            restored = kept and laid_out is not None and restore_layout(model, laid_out)
             if has_blocks and not restored:
                 use_q6k_blocks(model, mx.load(str(blocks)))  # type: ignore[arg-type]  # safetensors: a dict
             mx.eval(model.parameters())
