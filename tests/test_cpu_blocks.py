@@ -40,6 +40,15 @@ def test_numpy_attention_equals_mlx_for_every_mask_kind(kind):
     assert got is not None and np.allclose(np.array(got), np.array(want), atol=1e-5)
 
 
+@pytest.mark.parametrize(("length", "total"), [(40, 40), (300, 420), (128, 600)])
+def test_a_long_causal_pass_taken_a_block_of_queries_at_a_time_equals_mlx(length, total):
+    # past INT8_MAX_POSITIONS: one product a block of CAUSAL_BLOCK queries, over the keys it sees
+    q, k, v = _qkv(length=length, total=total)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
+    got = numpy_attention(q, k, v, 0.25, "causal")
+    assert got is not None and np.allclose(np.array(got), np.array(want), atol=1e-5)
+
+
 def test_an_unknown_mask_kind_is_left_to_mlx():
     q, k, v = _qkv()
     assert numpy_attention(q, k, v, 0.25, "sliding") is None
@@ -94,13 +103,13 @@ def test_rope_in_numpy_equals_mlx(traditional, dims):
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: biased q, k, v projections
-def test_decoding_passes_run_the_numpy_block_with_mlx_logits(model_type, monkeypatch):
+def test_prefills_steps_and_checks_run_the_numpy_block_with_mlx_logits(model_type, monkeypatch):
     from tinymodels import llama_config, make_model
 
     from mlxswitch.models import cpu_blocks
 
     taken = []
-    block = cpu_blocks.decoding_block
+    block = cpu_blocks.numpy_block
 
     def counted(*args):
         out = block(*args)
@@ -116,13 +125,13 @@ def test_decoding_passes_run_the_numpy_block_with_mlx_logits(model_type, monkeyp
         nn.quantize(model, group_size=32, bits=4)
         mx.eval(model.parameters())
         use_fast_rows(model)
-        monkeypatch.setattr(cpu_blocks, "decoding_block", counted)
+        monkeypatch.setattr(cpu_blocks, "numpy_block", counted)
         cache = make_prompt_cache(model)
         logits[kernels] = [np.array(model(ids, cache=cache))]
         if kernels == "exact":
-            assert taken == [False, False]  # a 40-token prefill: mlx-lm's blocks
+            assert taken == [True, True]  # a 40-token prefill (the many-row paths): NumPy's too
         logits[kernels] += [np.array(model(step, cache=cache)) for step in steps]
-    assert taken == [False, False] + [True, True] * len(steps)  # a step and a 3-row check: NumPy's
+    assert taken == [True, True] * (1 + len(steps))  # then a step and a 3-row check
     for want, got in zip(logits["reference"], logits["exact"], strict=True):
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -142,7 +151,7 @@ def test_a_cache_kept_in_numpy_gives_mlx_caches_bits_through_prefills_trims_and_
     plain = make_prompt_cache(model)
     kept = decoding_caches(model, make_prompt_cache(model))
     assert all(type(c) is NumpyKVCache for c in kept) and all(type(c) is KVCache for c in plain)
-    prompt = mx.array([list(range(3, 43))])  # a prefill: mlx-lm's blocks write MLX's arrays
+    prompt = mx.array([list(range(3, 43))])  # a prefill: written to the NumPy copy too
     passes = [prompt] + [mx.array([[t]]) for t in range(7, 12)] + [mx.array([[9, 4, 77]])]
     for ids in passes:
         assert np.array_equal(np.array(model(ids, cache=kept)), np.array(model(ids, cache=plain)))
@@ -151,14 +160,14 @@ def test_a_cache_kept_in_numpy_gives_mlx_caches_bits_through_prefills_trims_and_
         assert a.offset == b.offset
         for mine, theirs in zip(a.state[:2], b.state[:2], strict=True):
             assert np.array_equal(np.array(mine[:, :, : a.offset]), np.array(theirs[:, :, : b.offset]))
-    # a rejected draft trimmed, a step, a second prefill chunk through MLX, then a step again
+    # a rejected draft trimmed, a step, a second prefill chunk, then a step again
     for caches in (kept, plain):
         trim_prompt_cache(caches, 2)
     passes = [mx.array([[5]]), mx.array([list(range(50, 90))]), mx.array([[6]])]
     for ids in passes:
         assert np.array_equal(np.array(model(ids, cache=kept)), np.array(model(ids, cache=plain)))
-        # after a prefill (MLX writes), MLX's arrays hold every position; after a step, NumPy's
-        assert (kept[0].pending == EVERY_POSITION) == (ids.shape[1] > 1)
+        # every pass (a prefill's too) writes NumPy's copy only: MLX's arrays wait for a reader
+        assert kept[0].pending < kept[0].offset
     # a packed pass's way: MLX's update right after steps kept in NumPy only
     rows = mx.array(np.random.default_rng(0).standard_normal((1, 2, 3, 16)).astype(np.float32))
     cache = NumpyKVCache()

@@ -752,8 +752,8 @@ def test_a_block_multiplies_its_projections_together_and_gets_a_call_eachs_logit
     mx.eval(model.parameters())
     rows.use_fast_rows(model)
     calls = []
-    real = nested_cpu.decoding_quant_rows_together
-    monkeypatch.setattr(cpu_blocks, "decoding_quant_rows_together", lambda *a: calls.append(1) or real(*a))
+    real = nested_cpu.numpy_quant_rows_together
+    monkeypatch.setattr(cpu_blocks, "numpy_quant_rows_together", lambda *a: calls.append(1) or real(*a))
 
     def logits() -> np.ndarray:
         cache = make_prompt_cache(model)

@@ -333,12 +333,12 @@ def int8_decoding_weight(weights: Sequence[QuantWeight], int8_inputs: bool) -> Q
     return weights[0]
 
 
-def decoding_quant_rows_together(
+def numpy_quant_rows_together(
     xs: np.ndarray, pack: WeightPack, biases: Sequence[mx.array | None]
 ) -> list[np.ndarray] | None:
-    """A decoding pass's rows times each of the pack's weights (+ its bias) in one kernel call:
-    the bits decoding_quant_rows gives each (int8_decoding_weight's path). None where the kernel
-    refused: the caller multiplies one at a time."""
+    """A pass's rows times each of the pack's weights (+ its bias) in one kernel call: the bits
+    numpy_quant_rows gives each (int8_decoding_weight's path; a prefill's only on tiles). None
+    where the kernel refused: the caller multiplies one at a time."""
     kernel = quant_kernel()
     assert kernel is not None, "packs are made only where the kernel is"
     y = times_together(kernel, xs, pack, current_route().blas_threads)
@@ -351,12 +351,13 @@ def decoding_quant_rows_together(
     return outs
 
 
-def decoding_quant_rows(
-    xs: np.ndarray, weights: Sequence[QuantWeight], bias: mx.array | None, int8_inputs: bool
+def numpy_quant_rows(
+    xs: np.ndarray, weights: Sequence[QuantWeight], bias: mx.array | None, int8_inputs: bool, decoding: bool
 ) -> np.ndarray:
-    """A decoding pass's rows (fp32 NumPy) · (Σ weights)ᵀ (+ bias) in NumPy: the bits quant_matmul
-    gives those rows, without a round trip through MLX (cpu_blocks.decoding_block)."""
-    y = quant_rows_times(xs, weights, True, int8_inputs)
+    """A pass's rows (fp32 NumPy) · (Σ weights)ᵀ (+ bias) in NumPy: the bits quant_matmul gives
+    those rows, without a round trip through MLX (cpu_blocks.numpy_block). decoding: as
+    quant_rows_times."""
+    y = quant_rows_times(xs, weights, decoding, int8_inputs)
     if bias is not None:
         y += _bias_row(bias)
     return y

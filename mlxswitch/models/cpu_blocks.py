@@ -12,6 +12,7 @@ decoding pass's keys and values in NumPy, numpy_cache.py). Where evaluation is r
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +23,10 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache
 
 from ..kernels._common import single_threaded_blas
-from ..kernels.nested_cpu import decoding_quant_rows_together
+from ..kernels.nested_cpu import numpy_quant_rows_together
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..kernels.quant_packs import weight_pack
-from .numpy_attention import attention_rows, evaluated, numpy_attention
+from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention
 from .numpy_cache import NumpyKVCache
 
 # The block classes whose __call__ the subclasses below follow step for step.
@@ -36,8 +37,15 @@ BLOCK_CLASSES = (llama.TransformerBlock, qwen2.TransformerBlock)
 
 def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate)·up, the gated MLP's activation."""
+    # In place (gate and up are this pass's own products): a prefill chunk's 512 × 8,960 values
+    # took 21 ms a layer through four temporaries.
     with np.errstate(over="ignore"):  # exp(-g) overflows to inf for g ≪ 0: silu is then -0
-        return gate / (1 + np.exp(-gate)) * up
+        denominator = np.negative(gate)
+        np.exp(denominator, out=denominator)
+        denominator += 1
+        np.divide(gate, denominator, out=gate)
+        gate *= up
+        return gate
 
 
 class NumpyAttention(nn.Module):
@@ -75,32 +83,34 @@ class NumpyMLP(nn.Module):
         views = evaluated(gate, up)
         if views is None:
             return super().__call__(x)
-        return self.down_proj(mx.array(_silu_times(*views)).astype(x.dtype))
+        # A copy: _silu_times works in place, and these are views of MLX's buffers.
+        return self.down_proj(mx.array(_silu_times(views[0].copy(), views[1])).astype(x.dtype))
 
 
 class NumpyBlock(nn.Module):
-    """mlx-lm's llama/qwen2 decoder block whose decoding passes run in NumPy (decoding_block)."""
+    """mlx-lm's llama/qwen2 decoder block whose passes run in NumPy (numpy_block)."""
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        """The block's output: decoding_block's where it takes the pass, else mlx-lm's."""
-        out = decoding_block(self, x, mask, cache)
+        """The block's output: numpy_block's where it takes the pass, else mlx-lm's."""
+        out = numpy_block(self, x, mask, cache)
         return super().__call__(x, mask, cache) if out is None else out
 
 
-def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
-    """One decoder block on a decoding pass's rows (≤ INT8_MAX_POSITIONS a sequence, fp32), with
-    no MLX evaluation where the cache is a NumpyKVCache (else one, where mlx-lm's block made six:
-    each evaluation of a small graph costs ~0.13 ms on MLX's CPU backend). The norms, residuals,
-    linears (their decoding_rows), RoPE (nn.RoPE's) and attention run in NumPy; a scaled RoPE stays
-    the model's, and a cache of mlx-lm's own its own. None
-    where the pass is not one (a prefill, another dtype, a quantized cache, another layout, under
-    mx.compile): mlx-lm's block runs."""
+def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
+    """One decoder block on a pass's rows (fp32) with no MLX evaluation where the cache is a
+    NumpyKVCache (else one, where mlx-lm's block made six: each evaluation of a small graph costs
+    ~0.13 ms on MLX's CPU backend, and a prefill's rows went to NumPy and back at each linear).
+    The norms, residuals, linears (their `numpy_rows`), RoPE (nn.RoPE's) and attention run in
+    NumPy; a scaled RoPE stays the model's, and a cache of mlx-lm's own its own. A decoding pass
+    (≤ INT8_MAX_POSITIONS a sequence) computes each row as a step would; a longer one (a
+    prefill chunk) by the kernel's many-row paths and one batched attention product. None where
+    the pass cannot (another dtype, a quantized cache, another layout, under mx.compile):
+    mlx-lm's block runs."""
     attention, mlp = block.self_attn, block.mlp
     norms = (block.input_layernorm, block.post_attention_layernorm)
     if (
         x.dtype != mx.float32
         or x.ndim != 3
-        or x.shape[1] > INT8_MAX_POSITIONS
         or not isinstance(attention, NumpyAttention)
         or not isinstance(mlp, NumpyMLP)
         or not all(type(norm) is nn.RMSNorm for norm in norms)
@@ -113,10 +123,11 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
     except ValueError:  # under mx.compile, vmap or export: no evaluation
         return None
     batch, length, dims = x.shape
+    decoding = length <= INT8_MAX_POSITIONS
     h = np.asarray(x).reshape(-1, dims)
     normed = _rms_norm(h, norms[0])
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-    queries_rows, keys_rows, values_rows = _rows_times_together(attention, projections, normed)
+    queries_rows, keys_rows, values_rows = _rows_times_together(attention, projections, normed, decoding)
     shaped = [
         rows.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
         for rows, heads in ((queries_rows, attention.n_heads), (keys_rows, attention.n_kv_heads))
@@ -129,12 +140,14 @@ def decoding_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array |
         k, v = cache.append_rows(rotated_keys, values_rows)  # copied into the cache: any layout
     else:
         q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache)
-    with single_threaded_blas():  # as numpy_attention does for a step's products
+    # One BLAS thread up to a prefill chunk's queries (numpy_attention.SMALL_QUERIES says why).
+    with single_threaded_blas() if length <= SMALL_QUERIES else contextlib.nullcontext():
         attended = attention_rows(q, k, v, attention.scale, mask)
-    h = h + _rows_times(attention.o_proj, attended.transpose(0, 2, 1, 3).reshape(batch * length, -1))
+    attended_rows = attended.transpose(0, 2, 1, 3).reshape(batch * length, -1)
+    h = h + _rows_times(attention.o_proj, attended_rows, decoding)
     normed = _rms_norm(h, norms[1])
-    hidden = _silu_times(*_rows_times_together(mlp, (mlp.gate_proj, mlp.up_proj), normed))
-    h = h + _rows_times(mlp.down_proj, hidden)
+    hidden = _silu_times(*_rows_times_together(mlp, (mlp.gate_proj, mlp.up_proj), normed, decoding))
+    h += _rows_times(mlp.down_proj, hidden, decoding)
     return mx.array(h.reshape(batch, length, dims))
 
 
@@ -215,11 +228,11 @@ def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm) -> np.ndarray:
     return rows / np.sqrt(mean_square + np.float32(norm.eps)) * kept.view
 
 
-def _rows_times(linear: nn.Module, rows: np.ndarray) -> np.ndarray:
-    """rows · Wᵀ (+ bias) as fp32 NumPy: in NumPy by the layer's decoding_rows where it has one
-    and its route takes it, else by the layer's own call (an evaluation)."""
-    decoding_rows = getattr(linear, "decoding_rows", None)
-    y = decoding_rows(rows) if decoding_rows is not None else None
+def _rows_times(linear: nn.Module, rows: np.ndarray, decoding: bool) -> np.ndarray:
+    """rows · Wᵀ (+ bias) as fp32 NumPy: in NumPy by the layer's numpy_rows where it has one and
+    its route takes it, else by the layer's own call (an evaluation). decoding: as numpy_rows."""
+    numpy_rows = getattr(linear, "numpy_rows", None)
+    y = numpy_rows(rows, decoding) if numpy_rows is not None else None
     if y is None:
         out = linear(mx.array(rows))
         y = np.asarray(out if out.dtype == mx.float32 else out.astype(mx.float32))
@@ -227,23 +240,24 @@ def _rows_times(linear: nn.Module, rows: np.ndarray) -> np.ndarray:
 
 
 def _rows_times_together(
-    owner: nn.Module, linears: tuple[nn.Module, ...], rows: np.ndarray
+    owner: nn.Module, linears: tuple[nn.Module, ...], rows: np.ndarray, decoding: bool
 ) -> list[np.ndarray]:
     """rows · Wᵀ (+ bias) for linears that read the same rows (a block's q, k and v; its gate and
     up): one kernel call where each takes the int8 path in one product (the same bits as a call
-    each, kernels/quant_packs.py), else a call each. The pack is kept on `owner` (a plain
-    attribute) while its weights are the linears'."""
+    each, kernels/quant_packs.py; a prefill's rows only where they are tiles, whose one path
+    takes every row count), else a call each. The pack is kept on `owner` (a plain attribute)
+    while its weights are the linears'."""
     found = [getattr(linear, "int8_weight", lambda: None)() for linear in linears]
     weights = [weight for weight in found if weight is not None]
     if len(weights) == len(linears):
         kept = getattr(owner, "weight_pack", None)
         if kept is None or not all(a is b for a, b in zip(kept.weights, weights, strict=False)):
             kept = owner.weight_pack = weight_pack(weights)
-        if kept is not None and len(kept.weights) == len(weights):
-            together = decoding_quant_rows_together(rows, kept, [linear.get("bias") for linear in linears])
+        if kept is not None and len(kept.weights) == len(weights) and (decoding or kept.tiled):
+            together = numpy_quant_rows_together(rows, kept, [linear.get("bias") for linear in linears])
             if together is not None:
                 return together
-    return [_rows_times(linear, rows) for linear in linears]
+    return [_rows_times(linear, rows, decoding) for linear in linears]
 
 
 def _subclass(base: type, mixin: type) -> type:

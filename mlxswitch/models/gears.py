@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
-from ..kernels.nested_cpu import decoding_quant_rows, quant_matmul
+from ..kernels.nested_cpu import numpy_quant_rows, quant_matmul
 from ..kernels.quant_weights import QuantViews, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
@@ -208,14 +208,16 @@ class NestedLinear(nn.Module):
             self.quant_planes = quant_views(self.planes, self.plane_bits, self.group_size)
         return self.quant_planes
 
-    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
-        """A decoding pass's rows (fp32 NumPy, rows × in) · (Σ active planes)ᵀ (+ bias) in NumPy, as
-        __call__ computes them; None where the gear takes a route other than the quantized kernel."""
+    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+        """A pass's rows (fp32 NumPy, rows × in) · (Σ active planes)ᵀ (+ bias) in NumPy, as __call__
+        computes them (decoding: as nested_cpu.numpy_quant_rows); None where the gear takes a route
+        other than the quantized kernel."""
         views = self._kernel_views()
         if views is None:
             return None
         bias = self.bias if "bias" in self else None
-        return decoding_quant_rows(xs, views.weights[: self.gear_state.active_planes], bias, self.int8_inputs)
+        active = views.weights[: self.gear_state.active_planes]
+        return numpy_quant_rows(xs, active, bias, self.int8_inputs, decoding)
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · (Σ active planes)ᵀ (+ bias), by the fastest checked route (kernels/nested.py)."""

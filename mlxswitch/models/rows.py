@@ -17,8 +17,8 @@ import numpy as np
 
 from ..kernels.nested import quantized_matmul_rows
 from ..kernels.nested_cpu import (
-    decoding_quant_rows,
     int8_decoding_weight,
+    numpy_quant_rows,
     quant_matmul,
     resident_copy,
     resident_dense_matmul,
@@ -84,16 +84,17 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
             mode=self.mode,
         )
 
-    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
-        """A decoding pass's rows (fp32 NumPy, rows × in) · Wᵀ (+ bias) in NumPy, as __call__
-        computes them; None where this layer takes a route other than the quantized kernel."""
+    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+        """A pass's rows (fp32 NumPy, rows × in) · Wᵀ (+ bias) in NumPy, as __call__ computes them
+        (decoding: a decoding pass's, else a prefill's: nested_cpu.numpy_quant_rows); None where
+        this layer takes a route other than the quantized kernel."""
         if self.quant is None or current_route().plain_linears != "quant-kernel":
             return None
-        return decoding_quant_rows(xs, self.quant.weights, self.get("bias"), self.int8_inputs)
+        return numpy_quant_rows(xs, self.quant.weights, self.get("bias"), self.int8_inputs, decoding)
 
     def int8_weight(self) -> QuantWeight | None:
         """The weight this layer's decoding rows are multiplied by on int8 activations in one
-        kernel product (decoding_rows' path), or None where they take another."""
+        kernel product (numpy_rows' path), or None where they take another."""
         if self.quant is None or current_route().plain_linears != "quant-kernel":
             return None
         return int8_decoding_weight(self.quant.weights, self.int8_inputs)
@@ -216,10 +217,10 @@ class Q6KLinear(RowsQuantizedLinear):
     def _tiled(self) -> bool:
         return self.quant is not None and self.quant.weights[0].layout == Q6K_TILED
 
-    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
-        """As RowsQuantizedLinear.decoding_rows; None where tiles meet a route without int8."""
+    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+        """As RowsQuantizedLinear.numpy_rows; None where tiles meet a route without int8."""
         tiles_refused = self._tiled() and current_route().quant_activations != "int8"
-        return None if tiles_refused else super().decoding_rows(xs)
+        return None if tiles_refused else super().numpy_rows(xs, decoding)
 
     def stored_values(self) -> mx.array:
         """W as fp32 from its blocks (or their tiles), in plain mx ops."""
@@ -275,9 +276,9 @@ class TiledLinear(RowsQuantizedLinear):
             and route.quant_activations == "int8"
         )
 
-    def decoding_rows(self, xs: np.ndarray) -> np.ndarray | None:
-        """As RowsQuantizedLinear.decoding_rows, on the tiles; None off them."""
-        return super().decoding_rows(xs) if self._on_tiles() else None
+    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+        """As RowsQuantizedLinear.numpy_rows, on the tiles; None off them."""
+        return super().numpy_rows(xs, decoding) if self._on_tiles() else None
 
     def int8_weight(self) -> QuantWeight | None:
         """As RowsQuantizedLinear.int8_weight, on the tiles; None off them."""
