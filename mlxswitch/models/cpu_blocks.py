@@ -36,16 +36,16 @@ BLOCK_CLASSES = (llama.TransformerBlock, qwen2.TransformerBlock)
 
 
 def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate)·up, the gated MLP's activation."""
-    # In place (gate and up are this pass's own products): a prefill chunk's 512 × 8,960 values
-    # took 21 ms a layer through four temporaries.
+    """silu(gate)·up, the gated MLP's activation, as a new contiguous array (gate and up may be
+    column views of one product: the down projection then reads it without another copy)."""
+    # Through one array, not four temporaries: a prefill chunk's 512 × 8,960 values a layer.
     with np.errstate(over="ignore"):  # exp(-g) overflows to inf for g ≪ 0: silu is then -0
-        denominator = np.negative(gate)
-        np.exp(denominator, out=denominator)
-        denominator += 1
-        np.divide(gate, denominator, out=gate)
-        gate *= up
-        return gate
+        out = np.negative(gate)
+        np.exp(out, out=out)
+        out += 1
+        np.divide(gate, out, out=out)
+        out *= up
+        return out
 
 
 class NumpyAttention(nn.Module):
@@ -83,8 +83,7 @@ class NumpyMLP(nn.Module):
         views = evaluated(gate, up)
         if views is None:
             return super().__call__(x)
-        # A copy: _silu_times works in place, and these are views of MLX's buffers.
-        return self.down_proj(mx.array(_silu_times(views[0].copy(), views[1])).astype(x.dtype))
+        return self.down_proj(mx.array(_silu_times(*views)).astype(x.dtype))
 
 
 class NumpyBlock(nn.Module):
