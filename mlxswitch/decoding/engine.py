@@ -201,9 +201,12 @@ class Engine:
         for group in together.values():
             uids = [uid for uid, _ in group]
             chunk = self._answers[uids[0]].request.settings.prefill_step
-            results = CacheGroup.score_together(
-                [(p.group, p.inputs, p.rows) for _, p in group], group[0][1].gear, chunk
-            )
+            first = group[0][1]
+            if len(group) == 1:  # an answer's pass alone
+                results = [first.group.score(first.inputs, first.rows, first.gear, chunk)]
+            else:
+                passes = [(p.group, p.inputs, p.rows) for _, p in group]
+                results = CacheGroup.score_together(passes, first.gear, chunk)
             for uid, logits in zip(uids, results, strict=True):
                 answer = self._answers[uid]
                 assert answer.loop is not None

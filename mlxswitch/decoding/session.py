@@ -199,11 +199,6 @@ class ChatSession:
         """Raw text to continue, tokenized and checked (PromptTooLongError), not yet answered."""
         return self._prepare(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
 
-    def stream_prepared(self, prepared: PreparedAnswer) -> Generator[TokenEvent | AnswerSummary, None, None]:
-        """Answer a prepared request on this session's sequence and caches."""
-        self.last_summary = None
-        return self._generate(prepared)
-
     def sampler_for(self, settings: GenerationSettings) -> Callable[[mx.array], mx.array]:
         """mlx-lm's sampler for these settings (the session's own when they are its settings)."""
         if settings is self.settings:
@@ -227,7 +222,10 @@ class ChatSession:
         budget = self._token_budget(prompt_ids, settings.max_tokens)
         return PreparedAnswer(prompt, prompt_ids, messages, settings, budget, control)
 
-    def _generate(self, prepared: PreparedAnswer) -> Generator[TokenEvent | AnswerSummary, None, None]:
+    def stream_prepared(self, prepared: PreparedAnswer) -> Generator[TokenEvent | AnswerSummary, None, None]:
+        """Answer a prepared request on this session's sequence and caches: a batch of one on
+        the engine every answer is decoded by (engine.py)."""
+        self.last_summary = None
         prompt, prompt_ids, messages = prepared.prompt, prepared.prompt_ids, prepared.messages
         settings, conversation = prepared.settings, self.conversation
         if self.prompt_caches is not None:
@@ -255,7 +253,6 @@ class ChatSession:
 
         loop = self.answer_loop(ladder, conversation.ids, settings, sampler, span, prepared.control)
         mx.reset_peak_memory()
-        # A batch of one: the engine every answer is decoded by (engine.py).
         engine = Engine(self, 1, stream=self._stream)
         events: deque[TokenEvent | AnswerSummary] = deque()
         uid = engine.add_own(prepared, events.append, loop, builder)
@@ -372,7 +369,7 @@ class ChatSession:
     def hand_off(self, summary: AnswerSummary, on_text=None) -> dict | None:
         """With the cloud in answer mode: score the answer, re-ask it when unsure; the record.
 
-        Every chat answer that ends whole goes through it (`_generate`): chat, serve and the library
+        Every chat answer that ends whole goes through it (`stream_prepared`): chat, serve and the library
         alike. The conversation keeps the answer shown; the summary carries the record and the costs.
         """
         cloud = self.cloud

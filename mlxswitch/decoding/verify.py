@@ -132,7 +132,7 @@ class VerifyLoop:
         self.ledger.restart()
         # The top tier's one-row pass over the token a round with no draft takes, queued before
         # that token is read (as mlx-lm pipelines its steps): the first row of the next check,
-        # whatever that round drafts, so it is never thrown away (`_queue_check`).
+        # whatever that round drafts, so it is never thrown away (`_check`).
         ahead: _Queued | None = None
         while n < budget:
             done, ahead = yield from self._round(budget - n, n == 0, ahead)
@@ -170,7 +170,7 @@ class VerifyLoop:
         # A check whose first row was queued ahead ran partly while the last token was read:
         # its seconds are not one pass's, so the planner does not learn from them.
         teach = ahead is None
-        check, ahead = (yield from self._queue_check(draft, catch_up, ahead)), None
+        check, ahead = (yield from self._check(draft, catch_up, ahead)), None
         if not draft and room > 1 and self.pass_mode.pipelined:
             ahead = yield from self._queue_one(check.samples)  # this round's token is its first sample
         samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
@@ -261,25 +261,31 @@ class VerifyLoop:
             top_logprobs=top,
         )
 
-    def _queue_check(
+    def _check(
         self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None
     ) -> Generator[Score, mx.array, _Queued]:
-        """The top tier's check of `draft`, its samples and its first row's signals, queued. After
-        a one-row pass queued `ahead`, that pass is the check's first row and only the draft is fed."""
-        if ahead is None:
-            rows = self._normalized((yield from self._check(draft, catch_up)))
-            samples = self.sampling.sampler(rows)
-            first = None if draft or not self.sampling.measures else read_time_signals(rows[0])
+        """The top tier's check of `draft`: its rows at every drafted position and the one after,
+        their samples and the first row's signals, queued. After a one-row pass queued `ahead`,
+        that pass is the check's first row and only the draft is fed (none where there is none)."""
+        top = self.ladder.tiers[-1]
+        if ahead is not None and not draft:
+            queued = ahead
+            self.clock.check_rows, self.clock.check_prefill = 1, False  # the row queued ahead
         else:
-            rows, samples, first = ahead.rows, ahead.samples, ahead.top_signals
-            self.clock.check_rows, self.clock.check_prefill = 0, False
-            if draft:
-                more = self._normalized((yield from self._check(draft, catch_up, after_ahead=True)))
-                rows = mx.concatenate([rows, more])
-                samples = mx.concatenate([samples, self.sampling.sampler(more)])
-            self.clock.check_rows += 1  # the row queued ahead, read at the same sync
-        mx.async_eval(samples, *([first.array] if first is not None else []))
-        return _Queued(rows, samples, first)
+            inputs, wanted = self._check_inputs(draft, catch_up, after_ahead=ahead is not None)
+            logits = yield from score(top.group, mx.array(inputs), wanted, top.gear)
+            rows = self._normalized(logits.astype(mx.float32))
+            samples = self.sampling.sampler(rows)
+            if ahead is None:
+                first = None if draft or not self.sampling.measures else read_time_signals(rows[0])
+                queued = _Queued(rows, samples, first)
+            else:  # the row queued ahead, read at the same sync, then the draft's
+                self.clock.check_rows += 1
+                rows, samples = mx.concatenate([ahead.rows, rows]), mx.concatenate([ahead.samples, samples])
+                queued = _Queued(rows, samples, ahead.top_signals)
+        first_row = queued.top_signals
+        mx.async_eval(queued.samples, *([first_row.array] if first_row is not None else []))
+        return queued
 
     def _queue_one(self, token: mx.array) -> Generator[Score, mx.array, _Queued]:
         """The top tier's one-row pass over `token` (lazy: the sample a round with no draft takes)."""
@@ -347,15 +353,14 @@ class VerifyLoop:
         mlx-lm's samplers other than top-p do not mind a shift)."""
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True) if self.sampling.normalizes else logits
 
-    def _check(
-        self, draft: list[int], catch_up: dict[str, int], after_ahead: bool = False
-    ) -> Generator[Score, mx.array, mx.array]:
-        """The top tier's logits at every drafted position and the one after (rows, V); the
-        generated ids it was fed that it had not computed (its catch-up) go into `catch_up`.
-        `after_ahead`: the top tier holds every id (a one-row pass was queued ahead, giving the
-        first row): only the draft is fed, and its positions' rows are returned."""
-        top = self.ladder.tiers[-1]
-        group = top.group
+    def _check_inputs(
+        self, draft: list[int], catch_up: dict[str, int], after_ahead: bool
+    ) -> tuple[list[int], int]:
+        """The ids the top tier's check is fed and the rows it reads: the generated ids it has not
+        computed (its catch-up, counted into `catch_up`), then the draft; a row at every drafted
+        position and the one after. `after_ahead`: the top tier holds every id (a one-row pass
+        was queued ahead, giving the first row): only the draft is fed, and its rows read."""
+        group = self.ladder.tiers[-1].group
         ids, prompt_tokens = self.sequence.ids, self.sequence.prompt_tokens
         length = len(ids)
         if not after_ahead and group.seen > length - 1:  # a shared gear cache holds the draft
@@ -363,14 +368,12 @@ class VerifyLoop:
         start = group.seen
         inputs = ids[start:] + draft
         self.clock.check_rows, self.clock.check_prefill = len(inputs), start < prompt_tokens
-        wanted = len(draft) + (0 if after_ahead else 1)
-        rows = yield from score(group, mx.array(inputs), wanted, top.gear)
         fed = length + len(draft) - max(start, prompt_tokens)
         if length - 1 >= max(start, prompt_tokens):
             fed -= 1  # the last id is its own token (every round ends with one): its next input
         if fed > 0:
             catch_up[group.name] = catch_up.get(group.name, 0) + fed
-        return rows.astype(mx.float32)
+        return inputs, len(draft) + (0 if after_ahead else 1)
 
     def _logprobs(self, rows: mx.array) -> np.ndarray | None:
         """The rows as NumPy log-probabilities (already normalized: asking for them turns it on)."""
