@@ -73,6 +73,14 @@ class NumpyKVCache(KVCache):
         copy = 0 if self._numpy is None else sum(a.nbytes for a in self._numpy)
         return super().nbytes + copy
 
+    def lazy_arrays(self) -> list[mx.array]:
+        """What evaluating this cache's writes takes: MLX's arrays where MLX wrote the last
+        positions (a lazy update), none where NumPy holds them (reading `state` would copy them
+        into MLX's arrays too: a second copy of a prompt's keys and values that nothing reads)."""
+        if self.pending < self._offset:
+            return []
+        return [a for a in (self._keys, self._values) if a is not None]
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """mlx-lm's: MLX writes these positions, so NumPy no longer holds them."""
         self.mirrored = min(self.mirrored, self._offset)
