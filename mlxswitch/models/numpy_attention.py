@@ -1,7 +1,8 @@
 """Attention in NumPy on the CPU's eager route: softmax(q·kᵀ·scale + mask)·v for mlx-lm's llama and
 qwen2 attention (cpu_blocks.py), where MLX's CPU `scaled_dot_product_attention` ran at ~2 GFLOP/s
 (cpu_blocks' docstring). A decoding pass's queries one at a time over exactly the keys each sees,
-so a checked token's attention is its step's; longer passes one batched product.
+so a checked token's attention is its step's; longer passes one batched product (under a causal
+mask, a block of queries at a time over the keys it sees).
 """
 
 from __future__ import annotations
