@@ -208,7 +208,7 @@ class NestedLinear(nn.Module):
             self.quant_planes = quant_views(self.planes, self.plane_bits, self.group_size)
         return self.quant_planes
 
-    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+    def numpy_rows(self, xs: np.ndarray, decoding: bool) -> np.ndarray | None:
         """A pass's rows (fp32 NumPy, rows × in) · (Σ active planes)ᵀ (+ bias) in NumPy, as __call__
         computes them (decoding: as nested_cpu.numpy_quant_rows); None where the gear takes a route
         other than the quantized kernel."""

@@ -135,9 +135,7 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) 
         elif m.ndim == 4:
             m = m[:, :, None] if m.shape[1] == 1 else m.reshape(m.shape[0], kv_heads, group, length, total)
         scores = np.where(m, scores, np.float32(-np.inf)) if m.dtype == np.bool_ else scores + m
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    _softmax_in_place(scores)
     out = np.matmul(scores.reshape(batch, kv_heads, group * length, total), v)
     return out.reshape(batch, heads, length, dim)
 
@@ -165,12 +163,17 @@ def _causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float)
         scores = scores.reshape(batch, kv_heads, group, n, seen)
         scores *= np.float32(scale)
         scores[..., seen - n :] += _upper_triangle(n)  # the last n keys: query r sees the first r + 1
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        _softmax_in_place(scores)
         attended = np.matmul(scores.reshape(batch, kv_heads, group * n, seen), v[:, :, :seen])
         grouped_out[:, :, :, first : first + n] = attended.reshape(batch, kv_heads, group, n, dim)
     return out
+
+
+def _softmax_in_place(scores: np.ndarray) -> None:
+    """softmax over the last axis, in place (every attention product's, one order of operations)."""
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
 
 
 @functools.cache

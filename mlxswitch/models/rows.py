@@ -84,7 +84,7 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
             mode=self.mode,
         )
 
-    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+    def numpy_rows(self, xs: np.ndarray, decoding: bool) -> np.ndarray | None:
         """A pass's rows (fp32 NumPy, rows × in) · Wᵀ (+ bias) in NumPy, as __call__ computes them
         (decoding: a decoding pass's, else a prefill's: nested_cpu.numpy_quant_rows); None where
         this layer takes a route other than the quantized kernel."""
@@ -217,7 +217,7 @@ class Q6KLinear(RowsQuantizedLinear):
     def _tiled(self) -> bool:
         return self.quant is not None and self.quant.weights[0].layout == Q6K_TILED
 
-    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+    def numpy_rows(self, xs: np.ndarray, decoding: bool) -> np.ndarray | None:
         """As RowsQuantizedLinear.numpy_rows; None where tiles meet a route without int8."""
         tiles_refused = self._tiled() and current_route().quant_activations != "int8"
         return None if tiles_refused else super().numpy_rows(xs, decoding)
@@ -276,7 +276,7 @@ class TiledLinear(RowsQuantizedLinear):
             and route.quant_activations == "int8"
         )
 
-    def numpy_rows(self, xs: np.ndarray, decoding: bool = True) -> np.ndarray | None:
+    def numpy_rows(self, xs: np.ndarray, decoding: bool) -> np.ndarray | None:
         """As RowsQuantizedLinear.numpy_rows, on the tiles; None off them."""
         return super().numpy_rows(xs, decoding) if self._on_tiles() else None
 
