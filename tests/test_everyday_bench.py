@@ -130,3 +130,51 @@ def test_the_fixed_arm_needs_two_local_tiers(tiny_pair):
         "error: the fixed arm cannot run on 'ad-hoc': verify needs two local tiers, a drafter and a checker "
         "(this ladder has 1)\n"
     )
+
+
+def test_rounds_go_on_from_the_records_each_prompt_in_another_order_and_pool(everyday, monkeypatch, tmp_path):
+    _, out, args = everyday
+    records = tmp_path / "r.jsonl"
+    records.write_text((out / "r.jsonl").read_text())
+    at = args.index("--records")
+    asked = [
+        *args[:at],
+        "--records",
+        str(records),
+        *args[at + 2 :],
+        "--repeats",
+        "2",
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
+    monkeypatch.setenv("MLXSWITCH_HOME", str(out / "home"))
+    result = runner.invoke(app, asked)
+    assert result.exit_code == 0, result.stderr
+    assert "resuming: 6 answers kept" in result.stderr
+    lines = _lines(records)[7:]  # round 1's six answers are kept as they were
+    # Round 2 starts each prompt one arm further on: with two or more arms, another order.
+    assert [(r["task_id"], r["arm"], r["round"]) for r in lines] == [
+        ("code-01", "profile", 2),
+        ("code-01", "fixed", 2),
+        ("code-01", "top", 2),
+        ("prose-01", "fixed", 2),
+        ("prose-01", "top", 2),
+        ("prose-01", "profile", 2),
+    ]
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert (record["prompts"], record["rounds"]) == (2, 2)
+    everything = record["categories"][-1]
+    walls = {(r["task_id"], r["arm"], r["round"]): r["wall_s"] for r in _lines(records)[1:]}
+    assert everything["answers"] == 4
+    fixed = sum(w for (_, arm, _), w in walls.items() if arm == "fixed")
+    top = sum(w for (_, arm, _), w in walls.items() if arm == "top")
+    assert everything["seconds_per_answer"]["fixed"] == pytest.approx(fixed / 4)
+    assert everything["vs_top"]["fixed"] == pytest.approx(fixed / top)
+    second = record["by_round"][1]
+    assert second["round"] == 2 and second["answers"] == 2
+    assert second["vs_top"]["fixed"] == pytest.approx(
+        sum(w for (_, arm, n), w in walls.items() if arm == "fixed" and n == 2)
+        / sum(w for (_, arm, n), w in walls.items() if arm == "top" and n == 2)
+    )
+    assert record["per_arm"]["fixed"]["same_as_top"] == 4
+    assert "in each of 2 rounds" in result.stdout and "round by round: profile" in result.stdout

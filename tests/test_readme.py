@@ -557,11 +557,11 @@ def test_the_readme_everyday_table_is_its_suite_record():
         chosen = [r for r in records if row["category"] in ("all", r["category"])]
         top = [r["wall_s"] for r in chosen if r["arm"] == "top"]
         profile = [r["wall_s"] for r in chosen if r["arm"] == "profile"]
-        assert len(top) == len(profile) == row["prompts"]
+        assert len(top) == len(profile) == row["answers"]
         want = (
             f"| {names.get(row['category'], row['category'])} | {sum(top) / len(top):.1f} | "
             f"{sum(profile) / len(profile):.1f} ({sum(profile) / sum(top):.2f}×) |"
         )
         assert want in rows, want
     same = report["per_arm"]["profile"]["same_as_top"]
-    assert f"own answer {same}/{report['prompts']} times" in section[0]
+    assert f"own answer {same}/{report['per_arm']['profile']['answers']} times" in section[0]

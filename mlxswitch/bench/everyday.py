@@ -3,10 +3,12 @@ requests, against its top tier alone, on this machine?
 
 Each prompt (bench_prompts/everyday.jsonl: code, prose, shell, SQL, maths, written for this bench,
 none from HumanEval; or `--prompts`) is answered greedily by every arm, the arms rotated prompt by
-prompt so that the machine's drift hits them alike. One record per (prompt, arm) is appended as
-it finishes, in humaneval's records format (a header of settings, fsynced lines, a torn last line
-dropped), so the same command run again goes on where it stopped, and `--report` reads it without
-loading a model. Arms:
+prompt so that the machine's drift hits them alike; with `--repeats N`, N rounds, each prompt's
+arms in another order each round (two arms: both orders over two rounds), the figures pooled over
+every round. One record per (prompt, arm, round) is appended as it finishes, in humaneval's
+records format (a header of settings, fsynced lines, a torn last line dropped), so the same
+command run again goes on where it stopped (or with a larger `--repeats`, on to the next round),
+and `--report` reads it without loading a model. Arms:
 
 - `top`: the top tier alone (plain decoding, no prompt lookup): the bar.
 - `bottom`: the bottom tier alone: the floor of what drafting can reach.
@@ -100,6 +102,22 @@ class EverydayRun:
     arms: tuple[str, ...]
     max_tokens: int
     records: Records
+    rounds: int = 1
+
+
+def answers(records: Records) -> dict[tuple[str, str, int], dict]:
+    """The result records by (prompt id, arm, round); a record without a round (before rounds
+    were kept) is round 1's."""
+    return {
+        (r["task_id"], r["arm"], r.get("round", 1)): r for r in records.lines if r.get("type") == "result"
+    }
+
+
+def arm_order(arms: tuple[str, ...], prompt: int, round_: int) -> tuple[str, ...]:
+    """The arms in the order they answer prompt `prompt` (0-based) in round `round_` (1-based):
+    rotated by one a prompt and one a round, so each prompt sees another order each round."""
+    shift = (prompt + round_ - 1) % len(arms)
+    return arms[shift:] + arms[:shift]
 
 
 def open_run(
@@ -110,24 +128,28 @@ def open_run(
     records_path: Path,
     restart: bool = False,
     read_only: bool = False,
+    rounds: int = 1,
 ) -> EverydayRun:
-    """The records opened (or resumed; refused when made with other settings) for these prompts."""
+    """The records opened (or resumed; refused when made with other settings) for these prompts.
+    `rounds` may differ from the run before: a run asking for more goes on with the next round."""
     wanted = settings(profile, prompts, max_tokens)
     records = Records.open(records_path, wanted, restart=restart, read_only=read_only)
     if records.header is None and not read_only:
         records.start(wanted, {"prompts": [p.id for p in prompts]})
-    return EverydayRun(profile, prompts, arms, max_tokens, records)
+    return EverydayRun(profile, prompts, arms, max_tokens, records, rounds)
 
 
 def run(everyday: EverydayRun, ladder: Ladder, progress: Progress | None = None) -> dict:
-    """Answer every (prompt, arm) the records lack, arms rotated by prompt; the report."""
+    """Answer every (prompt, arm, round) the records lack, round by round, arms rotated by prompt
+    and by round (arm_order); the report."""
     say = progress or (lambda stage, done, total: None)
-    done = everyday.records.results()
+    done = answers(everyday.records)
     todo = [
-        (i, p, arm)
+        (round_, p, arm)
+        for round_ in range(1, everyday.rounds + 1)
         for i, p in enumerate(everyday.prompts)
-        for arm in everyday.arms[i % len(everyday.arms) :] + everyday.arms[: i % len(everyday.arms)]
-        if (p.id, arm) not in done
+        for arm in arm_order(everyday.arms, i, round_)
+        if (p.id, arm, round_) not in done
     ]
     kept = ladder.draft_memory
     memories = {
@@ -140,7 +162,7 @@ def run(everyday: EverydayRun, ladder: Ladder, progress: Progress | None = None)
     settings_ = GenerationSettings(max_tokens=everyday.max_tokens, temperature=0.0)
     session = ChatSession(ladder, config, settings_, decoding=mode)
     try:
-        for made, (_, prompt, arm) in enumerate(todo):
+        for made, (round_, prompt, arm) in enumerate(todo):
             say("answering", made, len(todo))
             ladder.draft_memory, ladder.rung_memory = memories[arm], rungs[arm]
             session.decode_with(*arm_decoding(arm, everyday.profile))
@@ -154,6 +176,7 @@ def run(everyday: EverydayRun, ladder: Ladder, progress: Progress | None = None)
                     "task_id": prompt.id,
                     "category": prompt.category,
                     "arm": arm,
+                    "round": round_,
                     "ids": [e.id for e in summary.tokens],
                     "text": summary.text,
                     "wall_s": round(wall, 4),
@@ -169,39 +192,37 @@ def run(everyday: EverydayRun, ladder: Ladder, progress: Progress | None = None)
 
 
 def report(everyday: EverydayRun) -> dict:
-    """Per category and arm, seconds per answer and against the top tier alone; answers token for
-    token the top tier's; first token; tokens by proposer. Over the prompts every arm answered."""
-    by = everyday.records.results()
+    """Per category and arm, seconds per answer and against the top tier alone, pooled over every
+    round the records hold, and the whole set's ratio round by round; answers token for token the
+    top tier's (in the same round); first token; tokens by proposer. Over the (prompt, round)
+    pairs every arm answered."""
+    by = answers(everyday.records)
     arms = [a for a in everyday.arms if any(key[1] == a for key in by)]
-    prompts = [p for p in everyday.prompts if all((p.id, a) in by for a in arms)]
-    categories = sorted({p.category for p in prompts})
-    rows = []
-    for category in [*categories, "all"]:
-        chosen = [p for p in prompts if category in ("all", p.category)]
-        walls = {a: sum(by[(p.id, a)]["wall_s"] for p in chosen) for a in arms}
-        rows.append(
-            {
-                "category": category,
-                "prompts": len(chosen),
-                "seconds_per_answer": {a: walls[a] / len(chosen) if chosen else None for a in arms},
-                "vs_top": {
-                    a: walls[a] / walls["top"] if "top" in walls and walls["top"] else None for a in arms
-                },
-            }
-        )
+    rounds = sorted({key[2] for key in by})
+    answered = [(p, n) for n in rounds for p in everyday.prompts if all((p.id, a, n) in by for a in arms)]
+    categories = sorted({p.category for p, _ in answered})
+    rows = [
+        {
+            "category": category,
+            **_pooled(by, arms, [(p, n) for p, n in answered if category in ("all", p.category)]),
+        }
+        for category in [*categories, "all"]
+    ]
     per_arm = {}
     for a in arms:
-        answers = [by[(p.id, a)] for p in prompts]
+        records = [by[(p.id, a, n)] for p, n in answered]
         proposers: dict[str, int] = {}
-        for r in answers:
+        for r in records:
             for name, count in r["stats"].get("proposers", {}).items():
                 proposers[name] = proposers.get(name, 0) + count
-        firsts = [r["stats"]["first_token_s"] for r in answers if r["stats"].get("first_token_s") is not None]
+        firsts = [r["stats"]["first_token_s"] for r in records if r["stats"].get("first_token_s") is not None]
         per_arm[a] = {
-            "answers": len(answers),
-            "tokens": sum(len(r["ids"]) for r in answers),
+            "answers": len(records),
+            "tokens": sum(len(r["ids"]) for r in records),
             "same_as_top": (
-                sum(r["ids"] == by[(r["task_id"], "top")]["ids"] for r in answers) if "top" in arms else None
+                sum(by[(p.id, a, n)]["ids"] == by[(p.id, "top", n)]["ids"] for p, n in answered)
+                if "top" in arms
+                else None
             ),
             "median_first_token_s": statistics.median(firsts) if firsts else None,
             "proposers": proposers,
@@ -212,7 +233,23 @@ def report(everyday: EverydayRun) -> dict:
         "records": str(everyday.records.path),
         "arms": arms,
         "max_tokens": everyday.max_tokens,
-        "prompts": len(prompts),
+        "prompts": len({p.id for p, _ in answered}),
+        "rounds": len({n for _, n in answered}),
         "categories": rows,
+        "by_round": [
+            {"round": n, **_pooled(by, arms, [(p, m) for p, m in answered if m == n])}
+            for n in sorted({n for _, n in answered})
+        ],
         "per_arm": per_arm,
+    }
+
+
+def _pooled(by: dict, arms: list[str], pairs: list[tuple[BenchPrompt, int]]) -> dict:
+    """Over these (prompt, round) pairs: how many, each arm's seconds per answer and its total
+    time against the top tier's."""
+    walls = {a: sum(by[(p.id, a, n)]["wall_s"] for p, n in pairs) for a in arms}
+    return {
+        "answers": len(pairs),
+        "seconds_per_answer": {a: walls[a] / len(pairs) if pairs else None for a in arms},
+        "vs_top": {a: walls[a] / walls["top"] if "top" in walls and walls["top"] else None for a in arms},
     }

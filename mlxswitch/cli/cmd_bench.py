@@ -22,7 +22,10 @@ def bench(
         bool,
         typer.Option(help="One prompt per category, one speed prompt, 3 sweep points: about 2 minutes."),
     ] = False,
-    repeats: Annotated[int, typer.Option(help="Repeats of every speed arm (figures: median, min–max).")] = 1,
+    repeats: Annotated[
+        int,
+        typer.Option(help="Repeats of every speed arm (figures: median, min–max); everyday: rounds, pooled."),
+    ] = 1,
     max_tokens: o.OptionalMaxTokensOpt = None,
     speed_prompts: Annotated[
         int | None, typer.Option(help="Prompts every speed arm runs (default 4; --quick 1).")
@@ -100,12 +103,18 @@ def bench(
     chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
     if suite not in ("prompts", "humaneval", "everyday"):
         raise UsageError(f"--suite must be prompts, humaneval or everyday (got '{suite}')")
+    for value, flag in (
+        (repeats, "--repeats"),
+        (max_tokens, "--max-tokens"),
+        (speed_prompts, "--speed-prompts"),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1 (got {value})")
     if suite == "everyday":
         from .everyday import bench_everyday
 
         for given, flag in (
             (quick, "--quick"),
-            (repeats != 1, "--repeats"),
             (speed_prompts is not None, "--speed-prompts"),
             (plot is not None, "--plot"),
             (problems is not None, "--problems"),
@@ -127,6 +136,7 @@ def bench(
             json_path=json_path,
             force_memory=force_memory,
             report_only=report,
+            rounds=repeats,
         )
         return
     if suite == "humaneval":
@@ -168,13 +178,6 @@ def bench(
     ):
         if given:
             raise UsageError(f"{flag} applies to --suite {suites} only")
-    for value, flag in (
-        (repeats, "--repeats"),
-        (max_tokens, "--max-tokens"),
-        (speed_prompts, "--speed-prompts"),
-    ):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1 (got {value})")
     check_output_path(json_path, "--json")
     check_output_path(plot, "--plot")
     if plot is not None:

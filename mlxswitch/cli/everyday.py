@@ -20,6 +20,7 @@ def bench_everyday(
     json_path: Path | None,
     force_memory: bool,
     report_only: bool = False,
+    rounds: int = 1,
 ) -> None:
     """Check every flag, open (or resume) the records, load the ladder, answer, write and print."""
     from ..api import build_ladder
@@ -28,8 +29,6 @@ def bench_everyday(
     from ..bench.humaneval.records import default_records_path
     from ..bench.prompts import load_prompts
 
-    if max_tokens is not None and max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1 (got {max_tokens})")
     if report_only and restart:
         raise UsageError("--report reads the records as they stand; --restart would start them over")
     check_output_path(json_path, "--json")
@@ -48,8 +47,9 @@ def bench_everyday(
         path,
         restart=restart,
         read_only=report_only,
+        rounds=rounds,
     )
-    done = len(run.records.results())
+    done = len(everyday.answers(run.records))
     held = f" ({'reading' if report_only else 'resuming'}: {done} answers kept)" if done else ""
     ui.print_dim(ui.make_console(stderr=True), f"records: {run.records.path}{held}")
     if report_only:

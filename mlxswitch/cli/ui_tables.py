@@ -236,19 +236,31 @@ def everyday_tables(record: dict) -> tuple[Table, Table]:
         show_edge=False,
         title_justify="left",
     )
-    for column in ("category", "prompts", *(f"{a} s/answer" for a in arms)):
+    for column in ("category", "answers", *(f"{a} s/answer" for a in arms)):
         timed.add_column(literal(column), justify="left" if column == "category" else "right")
     for row in record["categories"]:
-        cells = [row["category"], str(row["prompts"])]
+        cells = [row["category"], str(row["answers"])]
         for a in arms:
             ratio = row["vs_top"][a]
             shown = f" ({ratio:.2f}×)" if ratio is not None and a != "top" else ""
             cells.append(cell(row["seconds_per_answer"][a], 1) + shown)
         timed.add_row(*map(literal, cells))
+    rounds = record["rounds"]
+    over = f"{record['prompts']} prompt(s) every arm answered" + (
+        f" in each of {rounds} rounds, each prompt's arms in another order each round, pooled"
+        if rounds > 1
+        else ""
+    )
+    by_round = [
+        f"{a} "
+        + ", ".join(f"{r['vs_top'][a]:.2f}×" for r in record["by_round"] if r["vs_top"][a] is not None)
+        for a in arms
+        if a != "top" and rounds > 1
+    ]
     timed.caption = (
         f"greedy, {record['max_tokens']} tokens at most; wall seconds per answer, prompt included, over the "
-        f"{record['prompts']} prompt(s) every arm answered, arms rotated prompt by prompt; "
-        "(×) against the top tier alone"
+        f"{over}; arms rotated prompt by prompt; (×) against the top tier alone"
+        + (f"; round by round: {'; '.join(by_round)}" if by_round else "")
     )
     per_arm = Table(show_edge=False)
     for column in ("arm", "answers", "tokens", "same as top", "first token s", "proposed by"):
