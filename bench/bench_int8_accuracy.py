@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxswitch.kernels import nested_cpu, quant_cpu, quant_weights
+from mlxswitch.kernels import quant_cpu, quant_linear, quant_weights
 from mlxswitch.kernels.route import current_route, kernels_override
 from mlxswitch.models.sources import load_model
 
@@ -104,7 +104,7 @@ def down_projections(spec: tuple[float, int] | None):
         yield
         return
     ratio, most = spec
-    real = nested_cpu.quant_rows_times
+    real = quant_linear.quant_rows_times
 
     def product(xs, weights, decoding, int8_inputs):
         if int8_inputs or not decoding:
@@ -124,11 +124,11 @@ def down_projections(spec: tuple[float, int] | None):
                     y[r] += (_columns(weight, idx) @ xs[r, idx].astype(np.float64)).astype(np.float32)
         return y
 
-    nested_cpu.quant_rows_times = product
+    quant_linear.quant_rows_times = product
     try:
         yield
     finally:
-        nested_cpu.quant_rows_times = real
+        quant_linear.quant_rows_times = real
 
 
 def main() -> None:

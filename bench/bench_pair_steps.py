@@ -31,7 +31,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlxswitch.kernels import quant_cpu
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.route import kernels_override
-from mlxswitch.models import loading, rows
+from mlxswitch.models import loading, row_routes, rows
 from mlxswitch.models.cpu_blocks import decoding_caches
 from mlxswitch.models.gguf_convert import Q6K_BLOCKS_FILE
 from mlxswitch.models.sources import load_model
@@ -78,10 +78,10 @@ if args.affine_q6k:  # the converted directory's affine copies: as if it held no
     loading.Q6K_BLOCKS_FILE = Q6K_BLOCKS_FILE
     arms["Q6_K as 8-bit affine"] = (quant_cpu.INT8_CODE_BITS, copies)
 if args.untiled:  # every layer as the few-row path reads it: MLX's layout, Q6_K blocks as stored
-    tiles_layer, tiles_q6k = rows.tiles_layer, rows.tiles_q6k
-    rows.tiles_layer, rows.tiles_q6k = (lambda module: False), (lambda view: False)
+    tiles_layer, tiles_q6k = row_routes.tiles_layer, rows.tiles_q6k
+    row_routes.tiles_layer, rows.tiles_q6k = (lambda module: False), (lambda view: False)
     untiled = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
-    rows.tiles_layer, rows.tiles_q6k = tiles_layer, tiles_q6k
+    row_routes.tiles_layer, rows.tiles_q6k = tiles_layer, tiles_q6k
     arms["untiled"] = (quant_cpu.INT8_CODE_BITS, untiled)
 ids = mx.array(
     [[151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264] * 3]

@@ -20,7 +20,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.models.qwen2 import Model, ModelArgs
 
 from mlxswitch.kernels.route import current_route
-from mlxswitch.models.rows import use_fast_rows
+from mlxswitch.models.row_routes import use_fast_rows
 
 QWEN25_7B = ModelArgs(
     model_type="qwen2",

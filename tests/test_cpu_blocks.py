@@ -12,7 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxswitch.kernels.route import resolve_route
 from mlxswitch.models.cpu_blocks import NumpyAttention, NumpyMLP
 from mlxswitch.models.numpy_attention import numpy_attention
-from mlxswitch.models.rows import use_fast_rows
+from mlxswitch.models.row_routes import use_fast_rows
 
 
 def _qkv(heads=6, kv_heads=2, length=5, total=9, dim=16, seed=0):

@@ -27,7 +27,7 @@ from mlxswitch.models.gears import (
     source_bits,
 )
 from mlxswitch.models.model_bytes import bytes_per_token, resident_bytes
-from mlxswitch.models.rows import use_fast_rows
+from mlxswitch.models.row_routes import use_fast_rows
 from mlxswitch.models.sources import load_model
 from mlxswitch.resources import embedded_gguf_path
 from mlxswitch.routing.router import RouterConfig, derive_tiers

@@ -106,7 +106,7 @@ def test_a_model_on_the_panel_route_gives_the_blas_routes_logits():
     from tinymodels import llama_config, make_model
 
     from mlxswitch.kernels.panel_cpu import PanelWeight
-    from mlxswitch.models import rows
+    from mlxswitch.models import row_routes
     from mlxswitch.models.rows import RowsQuantizedLinear
 
     ids = mx.array([[5, 17, 42, 7, 9, 11, 3]])
@@ -116,7 +116,7 @@ def test_a_model_on_the_panel_route_gives_the_blas_routes_logits():
         model = make_model(llama_config(vocab_size=300, tie=True), seed=3)
         nn.quantize(model, group_size=32, bits=4)
         mx.eval(model.parameters())
-        assert rows.use_fast_rows(model) == "resident-fp32"
+        assert row_routes.use_fast_rows(model) == "resident-fp32"
         kept = [m.dense for _, m in model.named_modules() if type(m) is RowsQuantizedLinear]
         assert kept and all(isinstance(d, PanelWeight) == (setting == "fp32") for d in kept)
         logits[setting] = np.array(model(ids))

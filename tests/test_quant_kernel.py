@@ -182,7 +182,7 @@ def test_4_and_8_bit_codes_are_read_in_place_and_other_widths_unpacked_once():
 def test_narrow_codes_are_widened_in_place_to_bytes_and_give_the_reference_logits(bits):
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.models import rows
+    from mlxswitch.models import row_routes
     from mlxswitch.models.gears import source_bits
 
     ids = mx.array([[5, 17, 42, 7, 99, 3]])
@@ -192,7 +192,7 @@ def test_narrow_codes_are_widened_in_place_to_bytes_and_give_the_reference_logit
         model = make_model(llama_config(vocab_size=300, tie=True), seed=5)
         nn.quantize(model, group_size=32, bits=bits)
         mx.eval(model.parameters())
-        rows.use_fast_rows(model)
+        row_routes.use_fast_rows(model)
         logits[kernels] = np.array(model(ids))
     layer = model.model.layers[0].self_attn.q_proj
     view = layer.quant.weights[0]
@@ -382,14 +382,14 @@ def test_a_weight_laid_out_in_place_holds_the_tiles_a_copy_would_in_its_own_arra
 def test_a_model_lays_its_4_bit_layers_out_as_tiles_and_a_check_gives_a_step_s_bits():
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.models import rows
+    from mlxswitch.models import row_routes, rows
 
     resolve_route("auto", "cpu")
     model = make_model(llama_config(vocab_size=300), seed=3)
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     reference = np.array(model(mx.array([[5, 9, 2, 7]])))  # MLX's own quantized layers
-    assert rows.use_fast_rows(model) == "quant-kernel"
+    assert row_routes.use_fast_rows(model) == "quant-kernel"
     layer = model.model.layers[0]
     assert isinstance(layer.mlp.gate_proj, rows.TiledLinear) and isinstance(
         layer.self_attn.o_proj, rows.TiledLinear
@@ -482,7 +482,7 @@ def test_a_source_change_compiles_a_new_library(tmp_path):
 def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.models import rows
+    from mlxswitch.models import row_routes
     from mlxswitch.models.gears import nest_model
 
     ids = mx.array([[5, 17, 42, 7, 99, 3]])
@@ -492,7 +492,7 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
         model = make_model(llama_config(vocab_size=300, tie=True), seed=5)
         nn.quantize(model, group_size=32, bits=4)
         mx.eval(model.parameters())
-        linears = rows.use_fast_rows(model)
+        linears = row_routes.use_fast_rows(model)
         logits[kernels] = np.array(model(ids))
         if kernels != "reference":
             assert linears == "quant-kernel"
@@ -576,7 +576,7 @@ def test_the_cpu_default_takes_int8_activations_and_exact_takes_fp32():
 def test_the_cpu_default_holds_a_models_scales_as_fp16_and_its_lookups_stay_fp32():
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.models import rows
+    from mlxswitch.models import row_routes
 
     ids = mx.array([[5, 17, 42, 7, 99, 3]])
     held = {}
@@ -586,7 +586,7 @@ def test_the_cpu_default_holds_a_models_scales_as_fp16_and_its_lookups_stay_fp32
         nn.quantize(model, group_size=32, bits=4)
         mx.eval(model.parameters())
         stored = model.model.embed_tokens["scales"], model.model.embed_tokens["biases"]
-        rows.use_fast_rows(model)
+        row_routes.use_fast_rows(model)
         layer, embed = model.model.layers[0].mlp.up_proj, model.model.embed_tokens
         held[kernels] = (layer["scales"].dtype, embed["scales"].dtype, layer.quant.weights[0].scale_type)
         looked_up = embed(ids)
@@ -619,8 +619,8 @@ def test_every_pass_a_decoding_round_makes_takes_the_int8_path():
 
 @needs_kernel
 def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_the_int8_tiles():
-    from mlxswitch.kernels.nested_cpu import quant_matmul
     from mlxswitch.kernels.quant_cpu import INT8_MAX_POSITIONS
+    from mlxswitch.kernels.quant_linear import quant_matmul
 
     weight, truth = _weight(24, 320, 4, 64, seed=11)
     rng = np.random.default_rng(12)
@@ -643,13 +643,13 @@ def test_a_sequence_gets_the_same_bits_alone_or_batched_and_a_prefill_takes_the_
 def test_a_down_projection_takes_no_int8_activations_and_the_others_do():
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.models import rows
+    from mlxswitch.models import row_routes
 
     resolve_route("auto", "cpu")
     model = make_model(llama_config(vocab_size=300), seed=7)
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
-    assert rows.use_fast_rows(model) == "quant-kernel"
+    assert row_routes.use_fast_rows(model) == "quant-kernel"
     mlp = model.model.layers[0].mlp
     assert not mlp.down_proj.int8_inputs and mlp.gate_proj.int8_inputs and mlp.up_proj.int8_inputs
     x = mx.random.normal((1, 3, mlp.down_proj.quant.weights[0].in_dims), key=mx.random.key(1))
@@ -667,8 +667,8 @@ def test_a_down_projection_takes_no_int8_activations_and_the_others_do():
 @needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_down_projection_takes_int16_activations_on_4_bit_codes_and_fp32_on_wider_ones(bits):
-    from mlxswitch.kernels.nested_cpu import quant_matmul
     from mlxswitch.kernels.quant_cpu import INT8_MIN_INPUTS, int8_reference
+    from mlxswitch.kernels.quant_linear import quant_matmul
 
     weight, truth = _weight(24, INT8_MIN_INPUTS + 32, bits, 32, seed=13)
     rng = np.random.default_rng(14)
@@ -693,13 +693,13 @@ def test_a_check_gets_the_bits_of_the_steps_it_replaces(kernels):
     from mlx_lm.models.cache import make_prompt_cache
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.models import rows
+    from mlxswitch.models import row_routes
 
     resolve_route(kernels, "cpu")
     model = make_model(llama_config(vocab_size=300), seed=8)
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
-    rows.use_fast_rows(model)  # int8 activations and fp32 ones (a down projection) both in play
+    row_routes.use_fast_rows(model)  # int8 activations and fp32 ones (a down projection) both in play
     prompt, drafted = mx.array([[5, 17, 42, 7, 99, 3]]), [11, 250, 8, 63, 1, 77, 140, 9, 2, 31, 12, 6, 4]
     stepped = make_prompt_cache(model)
     model(prompt, cache=stepped)
@@ -743,16 +743,16 @@ def test_a_block_multiplies_its_projections_together_and_gets_a_call_eachs_logit
     from mlx_lm.models.cache import make_prompt_cache
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.kernels import nested_cpu
-    from mlxswitch.models import cpu_blocks, rows
+    from mlxswitch.kernels import quant_linear
+    from mlxswitch.models import cpu_blocks, row_routes
 
     resolve_route("auto", "cpu")
     model = make_model(llama_config(vocab_size=300), seed=9)
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
-    rows.use_fast_rows(model)
+    row_routes.use_fast_rows(model)
     calls = []
-    real = nested_cpu.numpy_quant_rows_together
+    real = quant_linear.numpy_quant_rows_together
     monkeypatch.setattr(cpu_blocks, "numpy_quant_rows_together", lambda *a: calls.append(1) or real(*a))
 
     def logits() -> np.ndarray:

@@ -19,7 +19,7 @@ from mlxswitch.kernels.route import (
     resolve_route,
     route_for,
 )
-from mlxswitch.models import rows
+from mlxswitch.models import row_routes, rows
 from mlxswitch.models.weights import compute_dtype
 from mlxswitch.routing.signals import read_time_signals, token_signals_numpy
 
@@ -175,18 +175,18 @@ def _quantized_model() -> nn.Module:
 def test_on_cuda_plain_quantized_linears_stay_mlx_modules():
     resolve_route("auto", "cuda")
     model = _quantized_model()
-    assert rows.use_fast_rows(model) == "mlx-module"
+    assert row_routes.use_fast_rows(model) == "mlx-module"
     assert all(type(m) is nn.QuantizedLinear for m in model.layers)
-    assert not rows.keeps_dense_weights(10)
+    assert not row_routes.keeps_dense_weights(10)
     assert compute_dtype() is None  # the checkpoint's own dtype
     resolve_route("auto", "cpu")  # and on this CPU every one takes the quantized kernel: no copy
     model = _quantized_model()
-    assert rows.use_fast_rows(model) == "quant-kernel"
+    assert row_routes.use_fast_rows(model) == "quant-kernel"
     assert all(type(m) is rows.RowsQuantizedLinear and m.quant and m.dense is None for m in model.layers)
     assert compute_dtype() == mx.float32
     resolve_route("fp32", "cpu")  # or, asked for, resident fp32 copies
     model = _quantized_model()
-    assert rows.use_fast_rows(model) == "resident-fp32"  # tiny: its fp32 copies fit
+    assert row_routes.use_fast_rows(model) == "resident-fp32"  # tiny: its fp32 copies fit
     assert all(type(m) is rows.RowsQuantizedLinear and m.dense is not None for m in model.layers)
 
 
@@ -213,11 +213,11 @@ def test_on_cuda_nested_gears_and_signals_take_mlx_ops(monkeypatch):
 
 def test_a_model_whose_fp32_copies_do_not_fit_keeps_its_planes_and_says_so(monkeypatch):
     resolve_route("fp32", "cpu")
-    monkeypatch.setattr(rows, "available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr(row_routes, "available_memory_bytes", lambda: 1000)
     model = _quantized_model()
-    assert rows.use_fast_rows(model) == "rows"
+    assert row_routes.use_fast_rows(model) == "rows"
     assert all(type(m) is rows.RowsQuantizedLinear and m.dense is None for m in model.layers)
-    assert rows.use_fast_rows(nn.Sequential(nn.Linear(4, 4))) == "none"
+    assert row_routes.use_fast_rows(nn.Sequential(nn.Linear(4, 4))) == "none"
 
 
 @pytest.mark.parametrize("kernels", ["exact", "fp32"])
@@ -230,7 +230,7 @@ def test_a_tied_quantized_head_takes_the_cpu_route_and_gives_the_same_logits(ker
     mx.eval(model.parameters())
     ids = mx.array([[5, 17, 42, 7]])
     want = np.array(model(ids))  # MLX's quantized matmul for the tied head
-    assert rows.use_fast_rows(model) == {"exact": "quant-kernel", "fp32": "resident-fp32"}[kernels]
+    assert row_routes.use_fast_rows(model) == {"exact": "quant-kernel", "fp32": "resident-fp32"}[kernels]
     embed = model.model.embed_tokens
     assert type(embed) is rows.RowsQuantizedEmbedding
     assert (embed.quant is not None) == (kernels == "exact") and (embed.dense is not None) == (
@@ -239,5 +239,5 @@ def test_a_tied_quantized_head_takes_the_cpu_route_and_gives_the_same_logits(ker
     assert np.allclose(np.array(model(ids)), want, rtol=1e-4, atol=1e-4)
     untied = make_model(llama_config(vocab_size=300), seed=3)
     nn.quantize(untied, group_size=32, bits=4)
-    rows.use_fast_rows(untied)
+    row_routes.use_fast_rows(untied)
     assert type(untied.model.embed_tokens) is nn.QuantizedEmbedding  # a lookup only: no copy

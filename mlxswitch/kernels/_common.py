@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import mlx.core as mx
+import numpy as np
 
 from .route import KERNELS_ENV as KERNELS_ENV  # re-exported: tests and scripts name it here
 from .route import available_cores as available_cores  # re-exported: the CLI and tests name it here
@@ -156,3 +157,20 @@ class KernelCheck:
     name: str
     backend: str
     status: str
+
+
+def as_numpy_rows(x: mx.array) -> np.ndarray | None:
+    """x as a 2-D fp32 NumPy array (rows × last dim), or None where evaluation is refused."""
+    # Evaluates x here (a sync point); under mx.compile / vmap / export evaluation is refused,
+    # and the caller stays in MLX. No gradient flows through NumPy: an inference-only route.
+    x32 = x.astype(mx.float32)
+    try:
+        mx.eval(x32)
+    except ValueError:
+        return None
+    return np.asarray(x32).reshape(-1, x.shape[-1])  # a zero-copy view of MLX's buffer
+
+
+def rows_as_mx(y: np.ndarray, x: mx.array) -> mx.array:
+    """A (rows × out) NumPy result as an mx.array of shape (*x.shape[:-1], out)."""
+    return mx.array(y.reshape(*x.shape[:-1], y.shape[-1]))

@@ -18,9 +18,9 @@ from .nested_cpu import (
     cpu_route,
     dense_nested_matmul,
     describe_cpu_rule,
-    quant_matmul,
     result_dtype,
 )
+from .quant_linear import quant_matmul
 from .quant_weights import quant_views
 from .route import current_route
 

@@ -9,18 +9,14 @@ and the Metal launch (kernels/nested.py, which holds the dispatcher) share live 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from functools import cache
 
 import mlx.core as mx
 import numpy as np
 
-from ._common import blas_threads
+from ._common import as_numpy_rows, blas_threads, rows_as_mx
 from .panel_cpu import PanelWeight, panel_copy, panel_kernel
-from .quant_cpu import INT8_MAX_POSITIONS, int8_applies, quant_kernel, quant_weights_times
-from .quant_packs import WeightPack, times_together
-from .quant_weights import QuantWeight
-from .route import Route, current_route, route_for
+from .route import current_route, route_for
 
 # CPU rule, measured on Linux x86_64 with bench/bench_kernels.py (bench/results/kernels-rule.txt,
 # kernels-smollm2.txt): dequantizing a plane costs about as much as a few rows of MLX's scalar
@@ -159,25 +155,8 @@ def _rows_of(planes, r0: int, r1: int) -> list[dict]:
     return [{k: p[k][r0:r1] for k in ("weight", "scales", "biases")} for p in planes]
 
 
-def _numpy_rows(x: mx.array) -> np.ndarray | None:
-    """x as a 2-D fp32 NumPy array (rows × last dim), or None where evaluation is refused."""
-    # Evaluates x here (a sync point); under mx.compile / vmap / export evaluation is refused,
-    # and the caller stays in MLX. No gradient flows through NumPy: an inference-only route.
-    x32 = x.astype(mx.float32)
-    try:
-        mx.eval(x32)
-    except ValueError:
-        return None
-    return np.asarray(x32).reshape(-1, x.shape[-1])  # a zero-copy view of MLX's buffer
-
-
-def _from_rows(y: np.ndarray, x: mx.array) -> mx.array:
-    """A (rows × out) NumPy result as an mx.array of shape (*x.shape[:-1], out)."""
-    return mx.array(y.reshape(*x.shape[:-1], y.shape[-1]))
-
-
 def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.array | None:
-    xs = _numpy_rows(x32)
+    xs = as_numpy_rows(x32)
     if xs is None:
         return None
     out = np.empty((xs.shape[0], blocks[-1][1]), dtype=np.float32)
@@ -194,7 +173,7 @@ def _blas_matmul(x32: mx.array, planes, plane_bits, group_size, blocks) -> mx.ar
             weight = np.asarray(dense)
         with blas_threads(xs.shape[0]):
             out[:, r0:r1] = sgemm_rows(xs, weight)
-    return _from_rows(out, x32)
+    return rows_as_mx(out, x32)
 
 
 def dense_nested_matmul(
@@ -264,103 +243,18 @@ def resident_dense_matmul(
     (in × out, contiguous; see RESIDENT_GEMV_MAX_ROWS) by NumPy's BLAS. The CPU route at every row
     count for a plain quantized linear (MLX's quantized mat-vec is a scalar loop on x86; see
     bench/results/row-routes-qwen1.5b.txt). None where evaluation is refused (mx.compile)."""
-    xs = _numpy_rows(x)
+    xs = as_numpy_rows(x)
     if xs is None:
         return None
     if isinstance(weight, PanelWeight):
         kernel = panel_kernel()
         assert kernel is not None, "panels are built only where the kernel is"
-        y = _from_rows(kernel.times(xs, weight, current_route().blas_threads), x)
+        y = rows_as_mx(kernel.times(xs, weight, current_route().blas_threads), x)
     else:
         with blas_threads(xs.shape[0]):
-            y = _from_rows(resident_rows_times(xs, weight), x)
+            y = rows_as_mx(resident_rows_times(xs, weight), x)
     y = y if y.dtype == x.dtype else y.astype(x.dtype)
     return y if bias is None else y + bias
-
-
-def quant_matmul(
-    x: mx.array, weights: Sequence[QuantWeight], bias: mx.array | None = None, int8_inputs: bool = True
-) -> mx.array | None:
-    """x · (Σ weights)ᵀ (+ bias) by the compiled quantized kernel on the stored codes (the CPU
-    route of every quantized linear and nested gear where it built). None where evaluation is
-    refused (mx.compile): the caller stays in MLX. int8_inputs: whether the layer may take int8
-    activations (quant_cpu.int8_inputs)."""
-    xs = _numpy_rows(x)
-    if xs is None:
-        return None
-    # A sequence's positions in this pass: x is (batch, positions, dims), or (rows, dims) when its
-    # rows are different sequences' (a packed pass's head).
-    positions = x.shape[-2] if x.ndim > 2 else 1
-    decoding = positions <= INT8_MAX_POSITIONS  # each row computed as a step computes it
-    y = _from_rows(quant_rows_times(xs, weights, decoding, int8_inputs), x)
-    y = y if y.dtype == x.dtype else y.astype(x.dtype)
-    return y if bias is None else y + bias
-
-
-def quant_rows_times(
-    xs: np.ndarray, weights: Sequence[QuantWeight], decoding: bool, int8_inputs: bool
-) -> np.ndarray:
-    """xs (rows × in, fp32 NumPy) · (Σ weights)ᵀ on the quantized kernel, as quant_matmul computes
-    it, with integer activations where the route allows (int8 where the layer does,
-    quant_weights_times). decoding: the rows are a decoding pass's (≤ INT8_MAX_POSITIONS a
-    sequence), each computed as a step computes it; else (a prefill) by the many-row paths."""
-    route = current_route()
-    integer = route.quant_activations == "int8"
-    return quant_weights_times(xs, weights, route.blas_threads, integer, by_row=decoding, narrow=int8_inputs)
-
-
-def _int8_activations(route: Route, int8_inputs: bool) -> bool:
-    """Whether a decoding pass rounds this layer's rows to int8: the layer allows it and so does the
-    route (each weight then by int8_applies; a layer that does not allow it takes int16 where
-    quant_cpu.wide_applies)."""
-    return int8_inputs and route.quant_activations == "int8"
-
-
-def _bias_row(bias: mx.array) -> np.ndarray:
-    """A layer's bias as the fp32 NumPy row added to its products."""
-    return np.asarray(bias if bias.dtype == mx.float32 else bias.astype(mx.float32))
-
-
-def int8_decoding_weight(weights: Sequence[QuantWeight], int8_inputs: bool) -> QuantWeight | None:
-    """The weight a decoding pass multiplies on int8 activations in one product (a plain linear:
-    one plane), or None where quant_rows_times takes another path for these rows."""
-    if (
-        len(weights) != 1
-        or not _int8_activations(current_route(), int8_inputs)
-        or not int8_applies(weights[0])
-    ):
-        return None
-    return weights[0]
-
-
-def numpy_quant_rows_together(
-    xs: np.ndarray, pack: WeightPack, biases: Sequence[mx.array | None]
-) -> list[np.ndarray] | None:
-    """A pass's rows times each of the pack's weights (+ its bias) in one kernel call: the bits
-    numpy_quant_rows gives each (int8_decoding_weight's path; a prefill's only on tiles). None
-    where the kernel refused: the caller multiplies one at a time."""
-    kernel = quant_kernel()
-    assert kernel is not None, "packs are made only where the kernel is"
-    y = times_together(kernel, xs, pack, current_route().blas_threads)
-    if y is None:
-        return None
-    outs = np.split(y, pack.ends[:-1], axis=1)
-    for out, bias in zip(outs, biases, strict=True):
-        if bias is not None:
-            out += _bias_row(bias)  # a view: y's columns
-    return outs
-
-
-def numpy_quant_rows(
-    xs: np.ndarray, weights: Sequence[QuantWeight], bias: mx.array | None, int8_inputs: bool, decoding: bool
-) -> np.ndarray:
-    """A pass's rows (fp32 NumPy) · (Σ weights)ᵀ (+ bias) in NumPy: the bits quant_matmul gives
-    those rows, without a round trip through MLX (cpu_blocks.numpy_block). decoding: as
-    quant_rows_times."""
-    y = quant_rows_times(xs, weights, decoding, int8_inputs)
-    if bias is not None:
-        y += _bias_row(bias)
-    return y
 
 
 def resident_rows_times(xs: np.ndarray, weight_t: np.ndarray) -> np.ndarray:

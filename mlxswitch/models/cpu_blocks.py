@@ -23,8 +23,8 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache
 
 from ..kernels._common import single_threaded_blas
-from ..kernels.nested_cpu import numpy_quant_rows_together
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
+from ..kernels.quant_linear import numpy_quant_rows_together
 from ..kernels.quant_packs import weight_pack
 from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention
 from .numpy_cache import NumpyKVCache

@@ -32,7 +32,7 @@ from .gears import (
 )
 from .gguf import use_rope_factors
 from .model_bytes import bytes_per_token, resident_bytes
-from .rows import use_fast_rows
+from .row_routes import use_fast_rows
 from .weights import LoadedModel, compute_dtype, load_checked_weights, model_classes
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
-from ..kernels.nested_cpu import numpy_quant_rows, quant_matmul
+from ..kernels.quant_linear import numpy_quant_rows, quant_matmul
 from ..kernels.quant_weights import QuantViews, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
@@ -68,7 +68,7 @@ def _round_to(values: mx.array, dtype: mx.Dtype, memory: mx.Dtype) -> mx.array:
 class NestedLinear(nn.Module):
     """A linear layer whose weight is a sum of quantized residual planes; the GearState picks how many."""
 
-    # Whether its input may be rounded to int8 (quant_cpu.int8_inputs; set by rows.use_fast_rows).
+    # Whether its input may be rounded to int8 (quant_cpu.int8_inputs; set by row_routes.use_fast_rows).
     int8_inputs: bool = True
 
     def __init__(
@@ -210,7 +210,7 @@ class NestedLinear(nn.Module):
 
     def numpy_rows(self, xs: np.ndarray, decoding: bool) -> np.ndarray | None:
         """A pass's rows (fp32 NumPy, rows × in) · (Σ active planes)ᵀ (+ bias) in NumPy, as __call__
-        computes them (decoding: as nested_cpu.numpy_quant_rows); None where the gear takes a route
+        computes them (decoding: as quant_linear.numpy_quant_rows); None where the gear takes a route
         other than the quantized kernel."""
         views = self._kernel_views()
         if views is None:

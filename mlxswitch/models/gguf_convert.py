@@ -45,7 +45,7 @@ REQUANT_BITS = {
 CONVERTED_FORMAT = 2  # bump when a converted directory's layout or REQUANT_BITS changes
 # Beside the mlx-lm files: every Q6_K matrix's blocks as the file holds them, by module path. MLX has
 # no group of 16, so the affine copy re-rounds them (8-bit codes, 9-10 bits a weight); the CPU's
-# quantized kernel reads these instead (models/rows.py's use_q6k_blocks). mlx-lm reads only
+# quantized kernel reads these instead (models/row_routes.py's use_q6k_blocks). mlx-lm reads only
 # model*.safetensors.
 Q6K_BLOCKS_FILE = "q6_k_blocks.safetensors"
 

@@ -1,7 +1,8 @@
-"""A converted model's weights as this machine's kernel lays them out (rows.py: tiles, Q6_K blocks),
-kept beside the converted directory so that a later load reads them as laid out instead of laying
-them out again: the pair's layout took ~1.7 s of a cold start, twice that beside the tokenizer's
-parse (the GIL), where reading the same bytes laid out costs what reading them as stored did.
+"""A converted model's weights as this machine's kernel lays them out (rows.py, row_routes.py:
+tiles, Q6_K blocks), kept beside the converted directory so that a later load reads them as laid
+out instead of laying them out again: the pair's layout took ~1.7 s of a cold start, twice that
+beside the tokenizer's parse (the GIL), where reading the same bytes laid out costs what reading
+them as stored did.
 
 The file is keyed by everything the layout depends on: the sources that decide and make it (the C
 kernel, its flags and what the build can do on this CPU, the Python that lays out) and the route's
@@ -26,7 +27,7 @@ from ..kernels import quant_cpu, quant_tiles, quant_weights
 from ..kernels.quant_cpu import quant_kernel
 from ..kernels.quant_weights import Q6K, Q6K_TILED, TILED, QuantViews, QuantWeight
 from ..kernels.route import current_route
-from . import rows
+from . import row_routes, rows
 from .rows import Q6KLinear, TiledLinear
 
 PREFIX = "laid-out-"
@@ -55,7 +56,12 @@ def layout_file(path: Path, config: dict) -> Path | None:
     digest = hashlib.sha256()
     for source in (quant_cpu.SOURCE, Path(quant_cpu.__file__), Path(quant_tiles.__file__)):
         digest.update(source.read_bytes())
-    for source in (Path(quant_weights.__file__), Path(rows.__file__), Path(__file__)):
+    for source in (
+        Path(quant_weights.__file__),
+        Path(rows.__file__),
+        Path(row_routes.__file__),
+        Path(__file__),
+    ):
         digest.update(source.read_bytes())
     choices = [
         kernel.flags,

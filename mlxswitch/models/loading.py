@@ -18,7 +18,7 @@ from .gear_files import load_geared_dir
 from .gguf import convert_gguf, load_gguf, needs_conversion, use_rope_factors
 from .gguf_convert import Q6K_BLOCKS_FILE
 from .layout_cache import layout_file, restore_layout, save_layout
-from .rows import use_fast_rows, use_q6k_blocks
+from .row_routes import use_fast_rows, use_q6k_blocks
 from .tokenizer_cache import kept_tokenizer
 from .weights import LoadedModel, cast_floats, compute_dtype, read_json
 

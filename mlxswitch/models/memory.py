@@ -11,7 +11,7 @@ from ..tier_names import local_tier_names
 from .footprint import Footprint, float_width
 from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
 from .machine import available_memory_bytes
-from .rows import keeps_dense_weights
+from .row_routes import keeps_dense_weights
 from .sources import model_source
 
 KV_CONTEXT_TOKENS = 4096

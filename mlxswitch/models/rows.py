@@ -7,6 +7,7 @@ head are multiplied on their stored codes: no copy. With MLXSWITCH_KERNELS=fp32 
 compiler) each keeps a resident fp32 copy of its weight (4 bytes a parameter beside the ~0.6 of
 its codes) where the copies fit. On other CPU settings the codes are used through MLX. On a GPU
 plain quantized linears stay MLX's own nn.QuantizedLinear modules (only nested gears get ours).
+Which layer takes which route is decided once, at load (models/row_routes.py).
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels.nested import quantized_matmul_rows
-from ..kernels.nested_cpu import (
-    int8_decoding_weight,
-    numpy_quant_rows,
-    quant_matmul,
-    resident_copy,
-    resident_dense_matmul,
-)
+from ..kernels.nested_cpu import resident_copy, resident_dense_matmul
 from ..kernels.panel_cpu import PanelWeight
-from ..kernels.quant_cpu import int8_applies, int8_inputs, quant_kernel, wide_applies, widened_codes
+from ..kernels.quant_cpu import quant_kernel, widened_codes
+from ..kernels.quant_linear import int8_decoding_weight, numpy_quant_rows, quant_matmul
 from ..kernels.quant_tiles import (
     q6k_tiled_values_mx,
     tiled_q6k_weight,
@@ -43,8 +39,6 @@ from ..kernels.quant_weights import (
     quant_views,
 )
 from ..kernels.route import current_route
-from .cpu_blocks import use_numpy_blocks
-from .machine import available_memory_bytes
 
 
 class RowsQuantizedLinear(nn.QuantizedLinear):
@@ -64,7 +58,7 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         """x · Wᵀ (+ bias): by the quantized kernel on the stored codes, or on the resident fp32
         weight, else many rows through one dequantized product and few through MLX's quantized
-        matmul (kernels/nested.py, kernels/nested_cpu.py)."""
+        matmul (kernels/quant_linear.py; kernels/nested.py, kernels/nested_cpu.py)."""
         if self.quant is not None and current_route().plain_linears == "quant-kernel":
             y = quant_matmul(x, self.quant.weights, self.get("bias"), self.int8_inputs)
             if y is not None:
@@ -86,7 +80,7 @@ class RowsQuantizedLinear(nn.QuantizedLinear):
 
     def numpy_rows(self, xs: np.ndarray, decoding: bool) -> np.ndarray | None:
         """A pass's rows (fp32 NumPy, rows × in) · Wᵀ (+ bias) in NumPy, as __call__ computes them
-        (decoding: a decoding pass's, else a prefill's: nested_cpu.numpy_quant_rows); None where
+        (decoding: a decoding pass's, else a prefill's: quant_linear.numpy_quant_rows); None where
         this layer takes a route other than the quantized kernel."""
         if self.quant is None or current_route().plain_linears != "quant-kernel":
             return None
@@ -300,110 +294,3 @@ class TiledLinear(RowsQuantizedLinear):
         view = tiled_weight(kernel, self.quant.weights[0], current_route().blas_threads, in_place=True)
         self.weight, self.scales, self.biases = view.keep
         self.quant = QuantViews((view,))
-
-
-def tiles_layer(module: nn.Module) -> bool:
-    """Whether a plain linear on the kernel is laid out as tiles: the layer takes integer
-    activations (int8, or int16 where it refuses int8: a down projection; quant_cpu.int8_applies,
-    wide_applies) and the kernel tiles its weight (QuantKernel.tiles: an AVX2 or AVX-512 build)."""
-    kernel = quant_kernel()
-    if kernel is None or module.quant is None or len(module.quant.weights) != 1:
-        return False
-    view = module.quant.weights[0]
-    integer = int8_applies(view) if module.int8_inputs else wide_applies(view)  # int8 rows, or int16
-    wide = not module.int8_inputs
-    return current_route().quant_activations == "int8" and integer and kernel.tiles(view, wide)
-
-
-# A decoder block's q, k and v (and gate and up) are multiplied in one kernel call on the CPU
-# (cpu_blocks.py, kernels/quant_packs.py), which takes affine weights: a Q6_K one there keeps them.
-PACKED_LINEARS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-
-
-def use_q6k_blocks(model: nn.Module, blocks: dict[str, mx.array]) -> int:
-    """Give every plain quantized linear named in `blocks` (a converted GGUF's Q6_K tensors, by
-    module path) its blocks as stored, where the quantized kernel is the route and the linear is
-    not one that shares a kernel call; how many took them. Before the model's parameters are
-    evaluated: the affine weights they replace are then never read."""
-    if current_route().plain_linears != "quant-kernel":
-        return 0
-    taken = 0
-    for name, module in model.named_modules():
-        found = blocks.pop(name, None)  # not held past its layer: tiles replace it
-        if (
-            found is None
-            or type(module) is not nn.QuantizedLinear
-            or name.rsplit(".", 1)[-1] in PACKED_LINEARS
-        ):
-            continue
-        module.__class__ = Q6KLinear
-        module.take_blocks(found)
-        taken += 1
-    return taken
-
-
-def _tied_head(model: nn.Module) -> nn.QuantizedEmbedding | None:
-    """The quantized embedding that is also the output head (mlx-lm models without an lm_head)."""
-    if getattr(model, "lm_head", None) is not None:
-        return None
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    return embed if type(embed) is nn.QuantizedEmbedding else None
-
-
-DENSE_SHARE = 0.5  # of the available memory, what one model's fp32 copies may take
-
-
-def keeps_dense_weights(params: int) -> bool:
-    """Whether a model's plain quantized linears (`params` weights) get resident fp32 copies: where
-    the route says so (a CPU with NumPy routes), when the copies fit (a 7B would need 28 GB: it
-    keeps its planes only)."""
-    return (
-        current_route().plain_linears == "resident-fp32"
-        and 4 * params <= DENSE_SHARE * available_memory_bytes()
-    )
-
-
-def use_fast_rows(model: nn.Module) -> str:
-    """Give every plain nn.QuantizedLinear the CPU routes; which route its linears took:
-    "mlx-module" (the route keeps MLX's own: a GPU), "quant-kernel" (multiplied on the stored
-    codes), "resident-fp32" (fp32 copies kept), "rows" (the planes only: no NumPy route, or the
-    copies do not fit) or "none" (no plain layer)."""
-    route = current_route().plain_linears
-    if route == "mlx-module":
-        return "mlx-module"
-    if current_route().numpy_allowed:
-        use_numpy_blocks(model)  # attention and the MLP's activation in NumPy (cpu_blocks.py)
-    for name, module in model.named_modules():
-        if not int8_inputs(name):  # read by our linears and nested gears once they take over
-            module.int8_inputs = False  # a plain attribute: never a parameter
-    plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
-    head = _tied_head(model)
-    if not plain:
-        return "none"
-    if route == "quant-kernel":
-        # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
-        # Changing the class leaves the parameters, and so loading and saving, untouched.
-        taken = 0
-        for module in plain:
-            module.__class__ = RowsQuantizedLinear
-            kept = module.keep_quantized()
-            if kept and tiles_layer(module):
-                module.__class__ = TiledLinear
-                module.take_tiles()
-            taken += kept
-        if head is not None:
-            head.__class__ = RowsQuantizedEmbedding
-            head.keep_quantized()
-        # A layer the kernel cannot take (another mode, an odd group) keeps the multi-row route.
-        return "quant-kernel" if taken == len(plain) else "rows"
-    dense = keeps_dense_weights(sum(m.weight.size * 32 // m.bits for m in plain + ([head] if head else [])))
-    for module in plain:
-        # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
-        # Changing the class leaves the parameters, and so loading and saving, untouched.
-        module.__class__ = RowsQuantizedLinear
-        if dense:
-            module.keep_dense()
-    if head is not None and dense:
-        head.__class__ = RowsQuantizedEmbedding
-        head.keep_dense()
-    return "resident-fp32" if dense else "rows"

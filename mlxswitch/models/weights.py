@@ -27,7 +27,7 @@ class LoadedModel:
     tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
     config: dict = field(default_factory=dict)
     precision: str = ""
-    linears: str = ""  # the route its plain quantized linears took (rows.use_fast_rows), "" unknown
+    linears: str = ""  # the route its plain quantized linears took (row_routes.use_fast_rows), "" unknown
 
     @property
     def context_length(self) -> int:
