@@ -15,7 +15,7 @@ time against the top tier alone's (its prefill, then one-row passes). A round's 
 settles by decoding.drafting.ModelDraft, as the live loop's does (tests/test_replay_round.py holds
 the two to the same rounds on an answer decoded live). It is a model of the run,
 not a measurement: no timing noise, no Python between passes; compare its decisions with a real
-run's (bench/bench_everyday.py --report) before trusting a rule it prefers.
+run's (`mlxswitch bench --suite everyday`'s report) before trusting a rule it prefers.
 
 Answers: by default the large arm's in bench/results/everyday-pair.jsonl (35 everyday prompts,
 64 tokens) and the 1.5B alone's in bench/results/humaneval-pair-v6.jsonl (20 held-out HumanEval
@@ -59,14 +59,16 @@ def _answers(everyday: list[tuple[str, str]], humaneval: bool) -> list[dict]:
                 texts[p["id"]] = p["prompt"]
         for line in Path(records_path).read_text().splitlines():
             r = json.loads(line)
-            if r["arm"] == "large":
+            # bench_everyday.py's records (git history) name the top tier's arm "large" and the
+            # prompt "prompt"; the everyday suite's "top" and "task_id", one answer a round
+            if r.get("arm") == "large" or (r.get("arm") == "top" and r.get("round", 1) == 1):
                 ended = r["stats"]["generated"] < 64
                 out.append(
                     dict(
-                        id=r["prompt"],
+                        id=r.get("task_id", r.get("prompt")),
                         suite=Path(prompts_path).stem,
                         category=r["category"],
-                        prompt=texts[r["prompt"]],
+                        prompt=texts[r.get("task_id", r.get("prompt"))],
                         ids=r["ids"],
                         ended=ended,
                         budget=64,
@@ -369,8 +371,9 @@ def main() -> None:
         nargs=2,
         action="append",
         metavar=("PROMPTS", "RECORDS"),
-        help="with --collect: an everyday prompt set and a bench_everyday record of its large arm "
-        "(again for more; default: everyday.jsonl and everyday-pair.jsonl)",
+        help="with --collect: an everyday prompt set and its records (the everyday suite's top arm, "
+        "or an earlier bench_everyday.py record's large arm; again for more; default: everyday.jsonl "
+        "and everyday-pair.jsonl)",
     )
     parser.add_argument("--no-humaneval", action="store_true", help="with --collect: leave HumanEval out")
     parser.add_argument("--fixed", action="store_true", help="replay the fixed rule, not the planner")

@@ -64,6 +64,17 @@ def test_every_prompt_is_answered_by_every_arm_in_rotation(everyday):
     # Verified drafting answers as the top tier alone does, token for token (greedy).
     assert record["per_arm"]["fixed"]["same_as_top"] == 2
     assert "everyday" in result.stdout and "top s/answer" in result.stdout and "same as top" in result.stdout
+    # Where the seconds went: every answer's pass ledger summed, per arm.
+    for arm in ("top", "fixed"):
+        passes = record["per_arm"][arm]["passes"]
+        ledgers = [r["stats"]["passes"] for r in lines[1:] if r["arm"] == arm]
+        for key in {k for ledger in ledgers for k in ledger} - {"rest_s"}:
+            summed = sum(ledger[key]["seconds"] for ledger in ledgers if key in ledger)
+            assert passes[key]["seconds"] == pytest.approx(summed)
+            assert passes[key]["passes"] == sum(ledger[key]["passes"] for ledger in ledgers if key in ledger)
+        assert passes["rest_s"] == pytest.approx(sum(ledger["rest_s"] for ledger in ledgers))
+        assert any(key.endswith("prefill") for key in passes)
+    assert "where the seconds went" in result.stdout
 
 
 def test_the_same_command_resumes_and_a_report_loads_no_model(everyday, monkeypatch):

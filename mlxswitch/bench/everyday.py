@@ -217,6 +217,7 @@ def report(everyday: EverydayRun) -> dict:
                 proposers[name] = proposers.get(name, 0) + count
         firsts = [r["stats"]["first_token_s"] for r in records if r["stats"].get("first_token_s") is not None]
         per_arm[a] = {
+            "passes": _passes(records),
             "answers": len(records),
             "tokens": sum(len(r["ids"]) for r in records),
             "same_as_top": (
@@ -242,6 +243,23 @@ def report(everyday: EverydayRun) -> dict:
         ],
         "per_arm": per_arm,
     }
+
+
+def _passes(records: list[dict]) -> dict:
+    """Where these answers' seconds went, from each answer's pass ledger (decoding/ledger.py):
+    passes, rows and seconds by model and kind ("large 1", "small 2-3", "large prefill", …), and
+    `rest_s`, what no pass claimed (sampling, detokenizing, Python)."""
+    out: dict[str, dict] = {}
+    rest = 0.0
+    for record in records:
+        for key, entry in record["stats"].get("passes", {}).items():
+            if key == "rest_s":
+                rest += entry
+                continue
+            total = out.setdefault(key, {"passes": 0, "rows": 0, "seconds": 0.0})
+            for field in total:
+                total[field] += entry[field]
+    return {**dict(sorted(out.items())), "rest_s": rest}
 
 
 def _pooled(by: dict, arms: list[str], pairs: list[tuple[BenchPrompt, int]]) -> dict:

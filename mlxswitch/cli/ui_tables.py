@@ -226,10 +226,10 @@ def calibration_report(name: str, result: dict) -> Table:
     return table
 
 
-def everyday_tables(record: dict) -> tuple[Table, Table]:
+def everyday_tables(record: dict) -> tuple[Table, Table, Table]:
     """The everyday suite: per category, each arm's seconds per answer (× the top tier alone's);
     then per arm, its answers, tokens, answers identical to the top tier's, first token and who
-    proposed the tokens."""
+    proposed the tokens; then per arm where its seconds went (passes by model and rows)."""
     arms = record["arms"]
     timed = Table(
         title=literal(f"mlxswitch bench --suite everyday · {record['profile']['name']}"),
@@ -283,4 +283,37 @@ def everyday_tables(record: dict) -> tuple[Table, Table]:
                 ],
             )
         )
-    return timed, per_arm
+    return timed, per_arm, _everyday_seconds(record)
+
+
+def _everyday_seconds(record: dict) -> Table:
+    """Per arm, its passes by model and rows (a step is 1 row, a check or a draft's catch-up
+    more, a prompt's prefill) and what no pass claimed, summed over the answers."""
+    table = Table(show_edge=False)
+    for column in ("arm", "pass", "passes", "rows", "seconds", "share"):
+        table.add_column(column, justify="left" if column in ("arm", "pass") else "right")
+    for a in record["arms"]:
+        passes = record["per_arm"][a]["passes"]
+        total = sum(e["seconds"] for k, e in passes.items() if k != "rest_s") + passes["rest_s"]
+        entries = [(k, e) for k, e in passes.items() if k != "rest_s"]
+        for i, (key, entry) in enumerate(entries):
+            share = f"{100 * entry['seconds'] / total:.0f}%" if total else "–"
+            table.add_row(
+                *map(
+                    literal,
+                    [
+                        a if i == 0 else "",
+                        key,
+                        str(entry["passes"]),
+                        str(entry["rows"]),
+                        cell(entry["seconds"], 1),
+                        share,
+                    ],
+                )
+            )
+        rest = f"{100 * passes['rest_s'] / total:.0f}%" if total else "–"
+        table.add_row(*map(literal, ["" if entries else a, "rest", "", "", cell(passes["rest_s"], 1), rest]))
+    table.caption = (
+        "where the seconds went, summed over the answers: each model pass by its rows (decoding/ledger.py)"
+    )
+    return table
