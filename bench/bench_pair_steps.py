@@ -28,7 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from mlxswitch.kernels import quant_cpu
+from mlxswitch.kernels import quant_cpu, quant_linear
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.route import kernels_override
 from mlxswitch.models import loading, row_routes, rows
@@ -96,7 +96,11 @@ res: dict[tuple, list[float]] = {}
 for _ in range(5):
     for arm, (bits, loaded) in arms.items():
         quant_cpu.INT8_CODE_BITS = bits
-        quant_cpu.quant_kernel = (lambda k=kernels[arm]: k) if arm in kernels else shipped  # type: ignore[misc]
+        # Both modules that look the kernel up at a pass: a pack's products (quant_linear) on the
+        # shipped build beside the arm's would leave two thread pools spinning on the same cores
+        # (each spins ~2 ms after its last product): every arm ran ~3x slower so.
+        chosen = (lambda k=kernels[arm]: k) if arm in kernels else shipped
+        quant_cpu.quant_kernel = quant_linear.quant_kernel = chosen  # type: ignore[misc]
         for n, m in loaded.items():
             cache = caches[arm, n]
             for count in [int(r) for r in args.rows.split(",")] if n == "1.5b" else [1]:
