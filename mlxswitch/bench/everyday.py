@@ -39,6 +39,7 @@ from ..routing.router import RouterConfig
 from .humaneval.records import Records, profile_settings
 from .prompts import BenchPrompt
 from .runner import PLAIN, forced_config
+from .seconds import merged_passes
 
 ARMS = ("top", "bottom", "profile", "fixed")
 DEFAULT_ARMS = ("top", "profile")
@@ -246,20 +247,11 @@ def report(everyday: EverydayRun) -> dict:
 
 
 def _passes(records: list[dict]) -> dict:
-    """Where these answers' seconds went, from each answer's pass ledger (decoding/ledger.py):
+    """Where these answers' seconds went (seconds.merged_passes over each answer's pass ledger):
     passes, rows and seconds by model and kind ("large 1", "small 2-3", "large prefill", …), and
-    `rest_s`, what no pass claimed (sampling, detokenizing, Python)."""
-    out: dict[str, dict] = {}
-    rest = 0.0
-    for record in records:
-        for key, entry in record["stats"].get("passes", {}).items():
-            if key == "rest_s":
-                rest += entry
-                continue
-            total = out.setdefault(key, {"passes": 0, "rows": 0, "seconds": 0.0})
-            for field in total:
-                total[field] += entry[field]
-    return {**dict(sorted(out.items())), "rest_s": rest}
+    `rest_s`, what no pass claimed (sampling, detokenizing, Python); none where an answer kept none."""
+    merged = merged_passes([r["stats"].get("passes") or {} for r in records])
+    return {"rest_s": 0.0} if merged is None else {**merged[0], "rest_s": merged[1]}
 
 
 def _pooled(by: dict, arms: list[str], pairs: list[tuple[BenchPrompt, int]]) -> dict:

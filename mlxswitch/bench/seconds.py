@@ -1,5 +1,6 @@
 """Where every second of an arm went, from its answers' pass ledgers (decoding/ledger.py), and how
-far the arm is from the floor — shared by both suites (the prompt bench and HumanEval).
+far the arm is from the floor — shared by the suites (the prompt bench and HumanEval; the everyday
+suite sums its ledgers with merged_passes).
 
 Each engine answer's raw record keeps `passes`: "MODEL KIND" → {passes, rows, seconds} (KIND is
 "prefill" or the row bucket "1", "2-3", …, "33+") plus "rest_s", what no pass claimed. Summed over
@@ -52,12 +53,18 @@ def _split(key: str) -> tuple[str, str]:
 
 def _merged(records: list[dict]) -> tuple[dict[str, dict], float] | None:
     """Every answer's passes summed by key, and their rest; None if an answer has none."""
-    if not records or any(not r.get("passes") for r in records):
+    return merged_passes([r.get("passes") or {} for r in records])
+
+
+def merged_passes(ledgers: list[dict]) -> tuple[dict[str, dict], float] | None:
+    """Answers' pass ledgers (decoding/ledger.py's records: passes, rows and seconds by model and
+    kind, and `rest_s`) summed by key, and their rest; None if there are none or one is empty."""
+    if not ledgers or any(not ledger for ledger in ledgers):
         return None
     out: dict[str, dict] = {}
     rest = 0.0
-    for r in records:
-        for key, entry in r["passes"].items():
+    for ledger in ledgers:
+        for key, entry in ledger.items():
             if key == "rest_s":
                 rest += entry
                 continue
