@@ -188,4 +188,4 @@ def test_rounds_go_on_from_the_records_each_prompt_in_another_order_and_pool(eve
         / sum(w for (_, arm, n), w in walls.items() if arm == "top" and n == 2)
     )
     assert record["per_arm"]["fixed"]["same_as_top"] == 4
-    assert "in each of 2 rounds" in result.stdout and "round by round: profile" in result.stdout
+    assert "in 2 rounds" in result.stdout and "round by round: profile" in result.stdout

@@ -247,9 +247,7 @@ def everyday_tables(record: dict) -> tuple[Table, Table, Table]:
         timed.add_row(*map(literal, cells))
     rounds = record["rounds"]
     over = f"{record['prompts']} prompt(s) every arm answered" + (
-        f" in each of {rounds} rounds, each prompt's arms in another order each round, pooled"
-        if rounds > 1
-        else ""
+        f", in {rounds} rounds (each prompt's arms in another order each round), pooled" if rounds > 1 else ""
     )
     by_round = [
         f"{a} "
