@@ -217,15 +217,14 @@ def test_a_cache_kept_in_numpy_counts_both_copies_in_its_bytes():
 
 
 def test_a_prefill_chunk_kept_in_numpy_is_not_copied_into_mlx_arrays_until_read():
-    from mlxswitch.decoding.tiers import _lazy_arrays
-    from mlxswitch.models.numpy_cache import NumpyKVCache
+    from mlxswitch.models.numpy_cache import NumpyKVCache, arrays_to_evaluate
 
     cache = NumpyKVCache()
     rows = np.ones((1, 2, 3, 16), np.float32)
     cache.append_rows(rows, rows)  # a NumPy block's pass: NumPy holds the positions
-    assert _lazy_arrays(cache) == [] and cache.pending < cache.offset
+    assert arrays_to_evaluate(cache) == [] and cache.pending < cache.offset
     keys = cache.state[0]  # a reader (the prompt cache): MLX's arrays brought up to date
     assert np.array_equal(np.array(keys[:, :, :3]), rows) and cache.pending > cache.offset
     more = mx.zeros((1, 2, 2, 16))
     cache.update_and_fetch(more, more)  # MLX's own write: lazy, evaluated after the chunk
-    assert len(_lazy_arrays(cache)) == 2
+    assert len(arrays_to_evaluate(cache)) == 2

@@ -19,7 +19,7 @@ from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..models.cpu_blocks import decoding_caches
 from ..models.heads import SplitModel, split_model
 from ..models.model_bytes import bytes_per_token
-from ..models.numpy_cache import NumpyKVCache
+from ..models.numpy_cache import arrays_to_evaluate
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
 from ..tier_names import local_tier_names
@@ -178,7 +178,7 @@ class CacheGroup:
         while inputs.size > leave:
             part = inputs[: min(chunk, inputs.size - leave)]
             fill(part[None], cache=self.cache)
-            mx.eval([_lazy_arrays(c) for c in self.cache])
+            mx.eval([arrays_to_evaluate(c) for c in self.cache])
             mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries
             self.seen += part.size
             inputs = inputs[part.size :]
@@ -376,9 +376,3 @@ def gear_ladder(model: LoadedModel, gears: list[int]) -> Ladder:
         [Tier(name, group, gear=bits) for name, bits in zip(names, gears, strict=True)],
         description=f"{model.name} gears {'/'.join(map(str, gears))}",
     )
-
-
-def _lazy_arrays(cache) -> list[mx.array]:
-    """A cache's arrays to evaluate after a prefill chunk: its state (mlx-lm's habit), but for a
-    NumPy-kept cache only what MLX wrote (NumpyKVCache.lazy_arrays)."""
-    return cache.lazy_arrays() if isinstance(cache, NumpyKVCache) else cache.state

@@ -138,3 +138,10 @@ class NumpyKVCache(KVCache):
         self.pending, self._offset = EVERY_POSITION, start  # mlx-lm's update reads keys and values
         KVCache.update_and_fetch(self, keys, values)  # grows MLX's arrays as mlx-lm does
         self.pending, self.mirrored = EVERY_POSITION, mirrored  # its growth assigned keys: NumPy's hold
+
+
+def arrays_to_evaluate(cache) -> list[mx.array]:
+    """A cache's arrays to evaluate after a prefill chunk: its state (mlx-lm's habit), but for a
+    NumpyKVCache only what MLX wrote (its lazy_arrays: reading its state would copy the NumPy-held
+    positions into MLX's arrays)."""
+    return cache.lazy_arrays() if isinstance(cache, NumpyKVCache) else cache.state
