@@ -193,6 +193,25 @@ def test_an_open_pipe_is_answered_line_by_line(pair_args):
         proc.kill()
 
 
+def test_the_process_ends_with_everything_it_wrote_and_its_code(pair_args, tmp_path):
+    # main() ends the process without Python's teardown: what was buffered still arrives.
+    telemetry = tmp_path / "tokens.jsonl"
+    args = ["chat", *pair_args, "-p", "Hello", "--json", "--max-tokens", "6", "--telemetry", str(telemetry)]
+    done = subprocess.run([sys.executable, "-m", "mlxswitch", *args], capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (record,) = [json.loads(line) for line in done.stdout.splitlines()]
+    tokens = [json.loads(line) for line in telemetry.read_text().splitlines()]
+    assert record["prompt"] == "Hello" and record["text"]
+    assert [t["index"] for t in tokens if "index" in t] == list(range(record["stats"]["generated"]))
+    refused = subprocess.run(
+        [sys.executable, "-m", "mlxswitch", "chat", "--top-k", "-1"], capture_output=True, timeout=120
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.decode().strip().splitlines() == [
+        "error: --top-k must be ≥ 0 (got -1; 0 keeps every token)"
+    ]
+
+
 def test_a_reader_that_goes_away_ends_the_run_quietly(pair_args):
     reader = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     proc = subprocess.Popen(

@@ -459,6 +459,32 @@ def test_a_later_process_loads_the_cached_library_instead_of_compiling(monkeypat
         build_quant_kernel.cache_clear()
 
 
+@needs_kernel
+def test_a_checked_library_is_not_checked_again_until_its_bytes_change(monkeypatch):
+    build_quant_kernel.cache_clear()
+    try:
+        first = build_quant_kernel()  # compiled and checked in this test's own cache directory
+        assert first.kernel is not None and "kept from an earlier process" not in first.detail
+        checks = []
+        monkeypatch.setattr(quant_cpu, "check_kernel", lambda kernel: checks.append(kernel) or "planted")
+        build_quant_kernel.cache_clear()
+        again = build_quant_kernel()  # a later process: the pass kept beside the library
+        assert again.kernel is not None and "kept from an earlier process" in again.detail
+        assert checks == []
+        (library,) = cbuild.kernels_cache().glob("quant_rows-*.so")
+        other = library.with_suffix(".other")  # a new file: this process has the old one mapped
+        other.write_bytes(library.read_bytes() + b"\0")
+        os.replace(other, library)  # other bytes: checked again, and refused
+        build_quant_kernel.cache_clear()
+        refused = build_quant_kernel()
+        assert refused.kernel is None and refused.detail == "check failed: planted"
+        assert len(checks) == 1
+        build_quant_kernel.cache_clear()
+        assert build_quant_kernel().kernel is None and len(checks) == 2  # a failure is never kept
+    finally:
+        build_quant_kernel.cache_clear()
+
+
 _REAL_RUN = cbuild.subprocess.run
 
 

@@ -3,13 +3,21 @@
 A later process loads the cached library (milliseconds) instead of compiling again (a second or
 more). The cache lives under the user's cache directory; a library is written under a temporary
 name and renamed when whole, so two processes compiling at once never load half a file.
+
+A library's check (its float64 reference) passes or fails the same way on the same bytes, CPU
+and checking code, so a pass is kept beside the library (`Compiled.checked_before`): a later
+process on this machine loads a checked library without running the check again (~0.23 s of the
+quantized kernel's, at every start). Another library, CPU, checking code, MLX or NumPy is checked
+again; a failure is never kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -42,16 +50,16 @@ def kernels_cache() -> Path:
 
 def compile_cached(
     source: Path, compiler: str, flag_sets: tuple[tuple[str, ...], ...]
-) -> tuple[ctypes.CDLL, tuple[str, ...], bool] | str:
-    """(library, flags, whether it came from the cache) for the first flag set that compiles, or
-    why none did. A cached library of the same key is loaded instead of compiling."""
+) -> tuple[ctypes.CDLL, Path, tuple[str, ...], bool] | str:
+    """(library, its file, flags, whether it came from the cache) for the first flag set that
+    compiles, or why none did. A cached library of the same key is loaded instead of compiling."""
     last_error = "no message"
     folder = kernels_cache()
     for flags in flag_sets:
         target = folder / f"{source.stem}-{library_key(source, compiler, flags)}.so"
         if target.exists():
             try:
-                return ctypes.CDLL(str(target)), flags, True
+                return ctypes.CDLL(str(target)), target, flags, True
             except OSError:
                 pass  # a damaged cache entry: compile it again below
         try:
@@ -75,7 +83,7 @@ def compile_cached(
         if Path(partial) != target:
             os.replace(partial, target)
         try:
-            return ctypes.CDLL(str(target)), flags, False
+            return ctypes.CDLL(str(target)), target, flags, False
         except OSError as error:
             return f"the compiled kernel did not load ({error})"
     return f"{compiler} failed ({last_error})"
@@ -86,17 +94,47 @@ class Compiled:
     """A kernel library compiled (or loaded from the cache) on this machine."""
 
     library: ctypes.CDLL
+    path: Path
     compiler: str
     flags: tuple[str, ...]
     cached: bool
+    checked_earlier: bool = False  # its check's pass was kept by an earlier process (checked_before)
+
+    def check_mark(self, checked_by: tuple[Path, ...]) -> Path:
+        """Where a pass of this library's check is kept: keyed by the library's bytes, the code that
+        checks it (`checked_by`), this CPU and the versions of the libraries that compute the
+        references."""
+        from importlib import metadata
+
+        digest = hashlib.sha256(self.path.read_bytes())
+        for source in checked_by:
+            digest.update(source.read_bytes())
+        versions = [metadata.version(name) for name in ("mlx", "numpy")]
+        digest.update("\0".join((cpu_identity(), platform.python_version(), *versions)).encode())
+        return self.path.with_name(f"{self.path.stem}.checked-{digest.hexdigest()[:20]}")
+
+    def checked_before(self, checked_by: tuple[Path, ...]) -> bool:
+        """Whether this library passed its check (by the code in `checked_by`) in an earlier process
+        on this machine (remember_checked)."""
+        try:
+            return self.check_mark(checked_by).exists()
+        except OSError:  # the library's file went away: check it here
+            return False
+
+    def remember_checked(self, checked_by: tuple[Path, ...]) -> None:
+        """Keep that this library passed its check, for later processes (an empty file; skipped
+        where the cache cannot be written: they check again)."""
+        with contextlib.suppress(OSError):
+            self.check_mark(checked_by).touch()
 
     def detail(self, threaded: bool, checked_against: str, pool: str = "OpenMP threads") -> str:
         """How it was built, for `mlxswitch doctor` (pool: what runs its threads)."""
         threads = pool if threaded else "one thread (no OpenMP)"
         where = "cached build" if self.cached else "compiled now"
+        when = " (a pass kept from an earlier process)" if self.checked_earlier else ""
         return (
             f"{Path(self.compiler).name} {' '.join(self.flags)} ({where}), {threads}, "
-            f"checked against {checked_against}"
+            f"checked against {checked_against}{when}"
         )
 
 
@@ -108,5 +146,19 @@ def compile_source(source: Path, flag_sets: tuple[tuple[str, ...], ...]) -> Comp
     built = compile_cached(source, compiler, flag_sets)
     if isinstance(built, str):
         return built
-    library, flags, cached = built
-    return Compiled(library, compiler, flags, cached)
+    library, path, flags, cached = built
+    return Compiled(library, path, compiler, flags, cached)
+
+
+def cpu_identity() -> str:
+    """This CPU's model and instruction set, as the kernel's build and check depend on them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    wanted = ("model name", "flags", "Features", "CPU part")  # x86, then Arm's names
+    first: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    return "|".join([platform.machine(), *(first.get(key, "") for key in wanted)])

@@ -12,7 +12,8 @@ mlx-lm has no CPU route of its own to reuse.
 
 Life cycle as the panel kernel's: compiled on first use with the machine's C compiler into the
 per-machine cache (cbuild.py), loaded with ctypes and checked against a float64 product before
-any model uses it. Without a compiler, or on a failed check, `quant_kernel()` is None and the
+any model uses it (a pass kept beside the library: a later process loading the same bytes on this
+CPU does not check again). Without a compiler, or on a failed check, `quant_kernel()` is None and the
 route falls back (kernels/route.py says which and why).
 """
 
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
+from . import quant_library, quant_tiles, quant_weights
 from .cbuild import compile_source
 from .quant_library import QuantKernel
 from .quant_tiles import q6k_tiled_values_mx, tiled_q6k_weight, tiled_values_mx, tiled_weight
@@ -328,10 +330,19 @@ def build_quant_kernel() -> QuantBuild:
         kernel = QuantKernel(library, flags)
     except AttributeError as error:  # a source without the functions this module calls
         return QuantBuild(None, f"the compiled kernel lacks a function ({error})")
-    mismatch = check_kernel(kernel)
-    if mismatch is not None:
-        return QuantBuild(None, f"check failed: {mismatch}")
+    if built.checked_before(CHECKED_BY):
+        built = replace(built, checked_earlier=True)
+    else:
+        mismatch = check_kernel(kernel)
+        if mismatch is not None:
+            return QuantBuild(None, f"check failed: {mismatch}")
+        built.remember_checked(CHECKED_BY)
     return QuantBuild(kernel, built.detail(kernel.threaded, "float64", pool="its own thread pool"))
+
+
+# The code a check's verdict depends on besides the library: the check and its references here,
+# the library's Python face, and the weight views and tile layouts it multiplies.
+CHECKED_BY = (Path(__file__), *(Path(str(m.__file__)) for m in (quant_library, quant_weights, quant_tiles)))
 
 
 def quant_kernel() -> QuantKernel | None:
