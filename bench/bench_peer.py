@@ -16,6 +16,12 @@ are identical to the 1.5B alone's on the same program. With --clients, each conf
 that many streaming clients at once (each its own everyday or HumanEval-style request, 64
 tokens; llama-server started with `-np 8 --kv-unified` slots, ours batching up to 8 answers as it does by
 default): the tokens all clients got over the wall time, first request to last answer.
+
+With --cold-start N it measures start-up instead, N rounds in turns (and a round 0 not counted):
+`llama-server` with the 1.5B from start until the first streamed token of one request (/health
+polled every 50 ms, then max_tokens 1), and `mlxswitch chat -p` with the pair, one process per
+checkout in --trees (NAME=PATH, each run with PYTHONPATH=PATH; default: this one), from start until
+the first byte of its answer on stdout, and until it exits.
 """
 
 from __future__ import annotations
@@ -222,6 +228,8 @@ def main() -> None:
     parser.add_argument(
         "--workloads", default="everyday,humaneval,edit", help="one client's workloads ('' for none)"
     )
+    parser.add_argument("--cold-start", type=int, default=0, help="rounds of start-up instead (see above)")
+    parser.add_argument("--trees", default=f"ours={HERE.parent}", help="--cold-start's checkouts: N=PATH,…")
     args = parser.parse_args()
     found = shutil.which("llama-server")
     llama = args.llama_bin or (Path(found).parent if found else None)
@@ -242,6 +250,9 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="mlxswitch-peer-") as tmp:
         ggufs = join_ggufs(Path(tmp))
+        if args.cold_start:
+            trees = dict(tree.split("=", 1) for tree in args.trees.split(","))
+            return cold_start(args.cold_start, trees, ggufs[LARGE], llama, env)
         for round_index in range(args.rounds):
             order = configs[round_index % len(configs) :] + configs[: round_index % len(configs)]
             for config in order:
@@ -267,6 +278,73 @@ def main() -> None:
                 if args.json:  # kept as it grows: a later failure loses nothing measured
                     args.json.write_text(json.dumps(results, indent=1))
     report(results, work)
+
+
+COLD_PROMPT = "Write hello world in Python."
+
+
+def cold_start(rounds: int, trees: dict[str, str], gguf: Path, llama: Path | None, env: dict) -> None:
+    """Start-up in turns (the module's docstring): one line a run, then the medians of rounds 1..N."""
+    times: dict[str, list[float]] = {}
+    for round_index in range(rounds + 1):
+        for name, tree in trees.items():
+            first, done, text = _ours_cold(tree)
+            print(f"{round_index} {name} first {first:.3f} exit {done:.3f} {text!r}", flush=True)
+            if round_index:
+                times.setdefault(f"{name} first", []).append(first)
+                times.setdefault(f"{name} exit", []).append(done)
+        if llama is not None:
+            first, text = _llama_cold(llama, gguf, env)
+            print(f"{round_index} llama first {first:.3f} {text!r}", flush=True)
+            if round_index:
+                times.setdefault("llama first", []).append(first)
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    llama_s = medians.get("llama first")
+    for key, median in medians.items():
+        ratio = f" ({median / llama_s:.2f}x llama.cpp's)" if llama_s and not key.startswith("llama") else ""
+        print(f"median {key}: {median:.2f} s{ratio}")
+
+
+def _ours_cold(tree: str) -> tuple[float, float, str]:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    command = [sys.executable, "-m", "mlxswitch", "chat", "-p", COLD_PROMPT, "--profile", PAIR_PROFILE]
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [*command, "--max-tokens", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**env, "PYTHONPATH": tree},
+        cwd=tempfile.gettempdir(),  # not a checkout: PYTHONPATH alone says which code runs
+    )
+    assert process.stdout is not None
+    head = process.stdout.read(1)
+    first = time.perf_counter() - started
+    rest = process.stdout.read()
+    process.wait()
+    return first, time.perf_counter() - started, (head + rest).decode().strip()
+
+
+def _llama_cold(llama: Path, gguf: Path, env: dict) -> tuple[float, str]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = [str(llama / "llama-server"), "-m", str(gguf), "-t", "2", "-c", "4096", "--port", str(port)]
+    started = time.perf_counter()
+    process = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if process.poll() is not None:
+                    sys.exit(f"error: llama-server exited (code {process.returncode}) before it loaded")
+            time.sleep(0.05)
+        asked = time.perf_counter() - started
+        answer = ask(base, "any", COLD_PROMPT, 1)
+        return asked + answer["first_s"], answer["text"]
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def report(results: dict[str, dict], work: dict[str, list[str]]) -> None:
