@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import httpx
-from bench_serve import free_port, start, stop  # the same directory: run this file as a script
+
+from mlxswitch.bench.peer import Server, free_port
 
 OPENINGS = {
     "A": "Here are my notes on the history of lighthouses, one line per fact. "
@@ -95,16 +96,20 @@ def main() -> None:
                 str(port),
             ]
             command += ["--prompt-cache-size", str(size), "--log-level", "warning"]
-            servers.append(start(f"--prompt-cache-size {size}", command, port, tmp))
+            server = Server(command, tmp / f"{size}.log", dict(os.environ))
+            servers.append((f"--prompt-cache-size {size}", server))
         try:
-            for _, _, base in servers:  # warm-up: the first request pays one-time costs
-                turn(base, args.profile, [{"role": "user", "content": "Hi"}])
+            for _, server in servers:  # loaded, then a warm-up: the first request pays one-time costs
+                server.wait_ready()
+                turn(server.base, args.profile, [{"role": "user", "content": "Hi"}])
             rows: dict = {}
             for r in range(args.rounds):
-                for name, _, base in servers[r % 2 :] + servers[: r % 2]:
-                    rows.setdefault(name, []).extend(conversation_round(base, args.profile, args.turns))
+                for name, server in servers[r % 2 :] + servers[: r % 2]:
+                    answered = conversation_round(server.base, args.profile, args.turns)
+                    rows.setdefault(name, []).extend(answered)
         finally:
-            stop(servers)
+            for _, server in servers:
+                server.stop()
     print(
         f"profile {args.profile}: clients A and B alternating, {args.turns} turns each, {args.rounds} rounds "
         "(server order rotating); turns after each client's first, one greedy token each"

@@ -38,8 +38,9 @@ def bench(
     suite: Annotated[
         str,
         typer.Option(
-            help="prompts (the prompt suite), humaneval (pass@1 by execution; needs the humaneval extra)"
-            " or everyday (everyday requests: seconds per answer against the top tier alone, resumable)."
+            help="prompts (the prompt suite), humaneval (pass@1 by execution; needs the humaneval extra),"
+            " everyday (everyday requests: seconds per answer against the top tier alone, resumable)"
+            " or peer (beside llama.cpp's llama-server on the same GGUF files, through one client)."
         ),
     ] = "prompts",
     records: Annotated[
@@ -92,6 +93,20 @@ def bench(
             help="humaneval: the figures from the records file as it stands; loads no model, decodes nothing."
         ),
     ] = False,
+    llama_bin: Annotated[
+        Path | None,
+        typer.Option(
+            help="peer: the folder holding llama.cpp's llama-server (default: PATH's; none: skipped)."
+        ),
+    ] = None,
+    workloads: Annotated[
+        str | None,
+        typer.Option(help="peer: among everyday, humaneval, edit, cold-start (default: the first three)."),
+    ] = None,
+    clients: Annotated[
+        str | None,
+        typer.Option(help="peer: concurrent streaming clients per config afterwards, e.g. 1,4,8."),
+    ] = None,
 ) -> None:
     """Does switching pay on this machine? Speed, quality and cost of every arm, side by side."""
     from ..api import build_ladder, resolve_profile
@@ -101,8 +116,16 @@ def bench(
     from ..errors import UsageError
 
     chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
-    if suite not in ("prompts", "humaneval", "everyday"):
-        raise UsageError(f"--suite must be prompts, humaneval or everyday (got '{suite}')")
+    if suite not in ("prompts", "humaneval", "everyday", "peer"):
+        raise UsageError(f"--suite must be prompts, humaneval, everyday or peer (got '{suite}')")
+    if suite != "peer":
+        for peer_only, flag in (
+            (llama_bin, "--llama-bin"),
+            (workloads, "--workloads"),
+            (clients, "--clients"),
+        ):
+            if peer_only is not None:
+                raise UsageError(f"{flag} applies to --suite peer only")
     for value, flag in (
         (repeats, "--repeats"),
         (max_tokens, "--max-tokens"),
@@ -110,6 +133,41 @@ def bench(
     ):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1 (got {value})")
+    if suite == "peer":
+        from .peer import bench_peer
+
+        for given, flag in (
+            (quick, "--quick"),
+            (speed_prompts is not None, "--speed-prompts"),
+            (plot is not None, "--plot"),
+            (prompts is not None, "--prompts"),
+            (records is not None, "--records"),
+            (restart, "--restart"),
+            (problems is not None, "--problems"),
+            (split != "all", "--split"),
+            (limit is not None, "--limit"),
+            (timeout is not None, "--timeout"),
+            (shard is not None, "--shard"),
+            (bool(with_records), "--with-records"),
+            (report, "--report"),
+            (force_memory, "--force-memory"),
+        ):
+            if given:
+                raise UsageError(f"{flag} does not apply to --suite peer")
+        named = (("--profile", profile), ("--small", small), ("--large", large), ("--model", model))
+        flags = [part for flag, value in named if value is not None for part in (flag, value)]
+        bench_peer(
+            chosen,
+            flags + (["--gears", gears] if gears is not None else []),
+            llama_bin=llama_bin,
+            arms=arms,
+            workloads=workloads,
+            clients=clients,
+            rounds=repeats,
+            max_tokens=max_tokens,
+            json_path=json_path,
+        )
+        return
     if suite == "everyday":
         from .everyday import bench_everyday
 

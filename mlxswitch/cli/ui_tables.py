@@ -315,3 +315,70 @@ def _everyday_seconds(record: dict) -> Table:
         "where the seconds went, summed over the answers: each model pass by its rows (decoding/ledger.py)"
     )
     return table
+
+
+def peer_tables(record: dict, max_tokens: int) -> list[Table]:
+    """The peer suite: per workload each config's seconds, tokens/s, first token and answers equal
+    to its program's top model alone; the concurrent clients' tokens/s; each config's load."""
+    tables = []
+    for name, rows in record["workloads"].items():
+        cold = name == "cold-start"
+        table = Table(
+            title=literal(f"mlxswitch bench --suite peer · {name}"), show_edge=False, title_justify="left"
+        )
+        columns = (
+            ("config", "runs", "first token s", "exit s")
+            if cold
+            else (
+                "config",
+                "answers",
+                "seconds",
+                "tokens",
+                "tokens/s",
+                "first token s",
+                "same as its top alone",
+            )
+        )
+        for column in columns:
+            table.add_column(literal(column), justify="left" if column == "config" else "right")
+        for row in rows:
+            same = f"{row['same_as_top']}/{row['answers']}" if "same_as_top" in row else "–"
+            if cold:
+                cells = [row["config"], str(row["answers"]), cell(row["first_s"]), cell(row.get("exit_s"))]
+            else:
+                cells = [
+                    row["config"],
+                    str(row["answers"]),
+                    cell(row["seconds"], 1),
+                    str(row["tokens"]),
+                    cell(row["tokens_per_s"]),
+                    cell(row["first_s"]),
+                    same,
+                ]
+            table.add_row(*map(literal, cells))
+        table.caption = (
+            "a cold process to its first token (median); ours: `mlxswitch chat -p`, start to the first "
+            "byte and to exit"
+            if cold
+            else f"greedy, one streaming client, {max_tokens} tokens at most (edit: 3×); seconds summed "
+            "over the requests"
+        )
+        tables.append(table)
+    levels = sorted({int(level) for figures in record["clients"].values() for level in figures})
+    if levels:
+        table = Table(show_edge=False)
+        for column in ("config", *(f"{n} clients tok/s" for n in levels)):
+            table.add_column(literal(column), justify="left" if column == "config" else "right")
+        for config, figures in record["clients"].items():
+            table.add_row(*map(literal, [config, *(cell(figures.get(str(n))) for n in levels)]))
+        table.caption = "streaming clients at once, 64 tokens each: the tokens all got over the wall time"
+        tables.append(table)
+    if record["loads"]:
+        table = Table(show_edge=False)
+        for column in ("config", "load s", "peak RSS GB"):
+            table.add_column(column, justify="left" if column == "config" else "right")
+        for config, figures in record["loads"].items():
+            table.add_row(literal(config), cell(figures["load_s"], 1), cell(figures["peak_rss_gb"]))
+        table.caption = "start until /health says 200 (median); the server's peak resident memory (VmHWM)"
+        tables.append(table)
+    return tables
