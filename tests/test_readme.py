@@ -503,24 +503,24 @@ def test_the_parse_check_can_fail(args):
         _parse(args)
 
 
-# The README's peer table: its row labels and the bench/bench_peer.py configs they show.
+# The README's peer table: its row labels and the peer suite's configs they show.
 PEER_ROWS = {
-    "llama.cpp, 1.5B alone": "llama-1.5b",
+    "llama.cpp, 1.5B alone": "llama-top",
     "llama.cpp, 0.5B as draft": "llama-draft",
-    "mlxswitch, 1.5B alone": "ours-1.5b",
-    "mlxswitch, the pair as shipped": "ours-pair",
+    "mlxswitch, 1.5B alone": "ours-top",
+    "mlxswitch, the pair as shipped": "ours-profile",
 }
 
 
 def test_the_readme_peer_table_is_its_record():
     """Every figure of the README's table beside llama.cpp is the everyday workload of the record
-    it names (bench/results/peer-llama.json, written by bench/bench_peer.py --json)."""
+    it names (bench/results/peer-llama.json, written by `mlxswitch bench --suite peer --json`)."""
     import statistics
 
     readme = README.read_text(encoding="utf-8")
     section = re.search(r"^## Beside llama\.cpp.*?(?=^## )", readme, re.MULTILINE | re.DOTALL)
     assert section and "`bench/results/peer-llama.txt`" in section[0]
-    results = json.loads((ROOT / "bench/results/peer-llama.json").read_text(encoding="utf-8"))
+    results = json.loads((ROOT / "bench/results/peer-llama.json").read_text(encoding="utf-8"))["results"]
     rows = [line for line in section[0].splitlines() if line.startswith("|")][2:]
     assert [row.split("|")[1].strip() for row in rows] == list(PEER_ROWS)
     for row in rows:
@@ -528,7 +528,7 @@ def test_the_readme_peer_table_is_its_record():
         config = PEER_ROWS[label]
         runs = results[config]["runs"]["everyday"]
         seconds, tokens = sum(r["seconds"] for r in runs), sum(r["tokens"] for r in runs)
-        base = "llama-1.5b" if config.startswith("llama") else "ours-1.5b"
+        base = "llama-top" if config.startswith("llama") else "ours-top"
         alone = results[base]["runs"]["everyday"]
         same = sum(a["text"] == b["text"] for a, b in zip(runs, alone, strict=True))
         assert (seconds_cell, rate) == (f"{seconds:.1f}", f"{tokens / seconds:.1f}"), label

@@ -14,7 +14,8 @@ prompts), `humaneval` (three HumanEval-style completions), `edit` (a ~130-line m
 request at a time; `cold-start`: each config from a cold process to its first token (llama-server:
 start until the first streamed token of one request, /health polled every 50 ms; ours: `mlxswitch
 chat -p` with the config's models, start until the first byte of its answer on stdout, and until it
-exits). `--clients 4,8`: each config then serves that many streaming clients at once (llama-server
+exits), after one start not counted (bytecode written, the files in the page cache).
+`--clients 4,8`: each config then serves that many streaming clients at once (llama-server
 with `-np 8 --kv-unified`), 64 tokens each. Rounds (`--repeats`) rotate the config order.
 
 Per config and workload: seconds, completion tokens, tokens/s, median first token and the answers
@@ -170,7 +171,9 @@ def server_command(plan: PeerPlan, config: str, port: int, slots: bool = False) 
 
 def _environment(plan: PeerPlan) -> dict[str, str]:
     found = os.environ.get("LD_LIBRARY_PATH", "")
-    return {**os.environ, "LD_LIBRARY_PATH": f"{plan.llama}:{found}" if plan.llama else found}
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{plan.llama}:{found}" if plan.llama else found}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # ours starts as an install does: from its bytecode
+    return env
 
 
 def free_port() -> int:
@@ -309,7 +312,6 @@ def cold_start(plan: PeerPlan, config: str, logs: Path) -> dict:
         finally:
             server.stop()
     models = plan.ours_models if config == "ours-top" else plan.ours_profile
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's process keeps its bytecode
     command = [sys.executable, "-m", "mlxswitch", "chat", "-p", COLD_PROMPT, *models, "--max-tokens", "1"]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
@@ -347,6 +349,8 @@ def run(plan: PeerPlan, progress: Progress, saved: Callable[[dict], None]) -> di
                 progress(f"round {round_index + 1}: {config}", done, total)
                 data = results[config]
                 if "cold-start" in plan.workloads:
+                    if round_index == 0:  # not counted: bytecode written, the files in the page cache
+                        cold_start(plan, config, logs)
                     data["runs"]["cold-start"].append(cold_start(plan, config, logs))
                 if served or plan.clients:
                     _serve_round(plan, config, data, prompts, served, logs)
