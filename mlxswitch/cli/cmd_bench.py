@@ -66,7 +66,8 @@ def bench(
         typer.Option(
             help="humaneval: arm groups among profile, calibrated, verify, ead, peek, random, oracle,"
             " mlx-lm, mlx-lm-fp32, speculative, speculative-ours, speculative-fp32"
-            " (bottom and top always run; none: only they)."
+            " (bottom and top always run; none: only they); everyday: among top, bottom, profile,"
+            " fixed; peer: configs among llama-top, llama-ngram, llama-draft, ours-top, ours-profile."
         ),
     ] = None,
     timeout: Annotated[
