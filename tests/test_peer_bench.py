@@ -175,6 +175,10 @@ def test_llama_needs_gguf_files_and_a_server(pair_args, fake_llama, tmp_path):
     assert one_error_line(missing) == f"error: --llama-bin {tmp_path}: no llama-server there"
     elsewhere = invoke(["bench", "--workloads", "edit"])
     assert one_error_line(elsewhere) == "error: --workloads applies to --suite peer only"
+    arms = invoke(["bench", "--arms", "top"])  # the one table of which suite takes which flag
+    assert one_error_line(arms) == "error: --arms applies to --suite humaneval, everyday or peer only"
+    clients = invoke(["bench", "--suite", "humaneval", "--clients", "4"])
+    assert one_error_line(clients) == "error: --clients does not apply to --suite humaneval"
 
 
 def test_without_llama_server_its_configs_are_skipped_in_one_line(gguf_pair, monkeypatch):

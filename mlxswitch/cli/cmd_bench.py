@@ -10,6 +10,50 @@ import typer
 from . import options as o
 from . import ui, ui_tables
 
+# The suites that take each flag beside the profile's and --max-tokens/--json: given to another,
+# a flag is refused in one line before anything loads. The one place that says so.
+SUITE_FLAGS = {
+    "--quick": ("prompts", "humaneval"),
+    "--speed-prompts": ("prompts",),
+    "--plot": ("prompts", "humaneval"),
+    "--prompts": ("prompts", "everyday"),
+    "--repeats": ("prompts", "everyday", "peer"),
+    "--force-memory": ("prompts", "humaneval", "everyday"),
+    "--records": ("humaneval", "everyday"),
+    "--restart": ("humaneval", "everyday"),
+    "--problems": ("humaneval",),
+    "--split": ("humaneval",),
+    "--limit": ("humaneval",),
+    "--arms": ("humaneval", "everyday", "peer"),
+    "--timeout": ("humaneval",),
+    "--report": ("humaneval", "everyday"),
+    "--shard": ("humaneval",),
+    "--with-records": ("humaneval",),
+    "--llama-bin": ("peer",),
+    "--workloads": ("peer",),
+    "--clients": ("peer",),
+}
+# Why a suite refuses a flag, where a few words help.
+_WHY = {
+    ("humaneval", f): " (every arm answers every problem once)"
+    for f in ("--prompts", "--repeats", "--speed-prompts")
+}
+
+
+def refuse_other_suites_flags(suite: str, given: list[str]) -> None:
+    """A UsageError for the first flag in `given` that `suite` does not take (SUITE_FLAGS): on the
+    default suite, which suites take it; on a named one, that it does not apply there."""
+    from ..errors import UsageError
+
+    for flag in given:
+        takes = SUITE_FLAGS[flag]
+        if suite in takes:
+            continue
+        if suite == "prompts":
+            named = ", ".join(takes[:-1]) + " or " + takes[-1] if len(takes) > 1 else takes[0]
+            raise UsageError(f"{flag} applies to --suite {named} only")
+        raise UsageError(f"{flag} does not apply to --suite {suite}{_WHY.get((suite, flag), '')}")
+
 
 def bench(
     profile: o.ProfileOpt = None,
@@ -119,14 +163,6 @@ def bench(
     chosen = resolve_profile(profile, small=small, large=large, model=model, gears=gears)
     if suite not in ("prompts", "humaneval", "everyday", "peer"):
         raise UsageError(f"--suite must be prompts, humaneval, everyday or peer (got '{suite}')")
-    if suite != "peer":
-        for peer_only, flag in (
-            (llama_bin, "--llama-bin"),
-            (workloads, "--workloads"),
-            (clients, "--clients"),
-        ):
-            if peer_only is not None:
-                raise UsageError(f"{flag} applies to --suite peer only")
     for value, flag in (
         (repeats, "--repeats"),
         (max_tokens, "--max-tokens"),
@@ -134,27 +170,31 @@ def bench(
     ):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1 (got {value})")
+    given = {
+        "--quick": quick,
+        "--speed-prompts": speed_prompts is not None,
+        "--plot": plot is not None,
+        "--prompts": prompts is not None,
+        "--repeats": repeats != 1,
+        "--force-memory": force_memory,
+        "--records": records is not None,
+        "--restart": restart,
+        "--problems": problems is not None,
+        "--split": split != "all",
+        "--limit": limit is not None,
+        "--arms": arms is not None,
+        "--timeout": timeout is not None,
+        "--report": report,
+        "--shard": shard is not None,
+        "--with-records": bool(with_records),
+        "--llama-bin": llama_bin is not None,
+        "--workloads": workloads is not None,
+        "--clients": clients is not None,
+    }
+    refuse_other_suites_flags(suite, [flag for flag, was_given in given.items() if was_given])
     if suite == "peer":
         from .peer import bench_peer
 
-        for given, flag in (
-            (quick, "--quick"),
-            (speed_prompts is not None, "--speed-prompts"),
-            (plot is not None, "--plot"),
-            (prompts is not None, "--prompts"),
-            (records is not None, "--records"),
-            (restart, "--restart"),
-            (problems is not None, "--problems"),
-            (split != "all", "--split"),
-            (limit is not None, "--limit"),
-            (timeout is not None, "--timeout"),
-            (shard is not None, "--shard"),
-            (bool(with_records), "--with-records"),
-            (report, "--report"),
-            (force_memory, "--force-memory"),
-        ):
-            if given:
-                raise UsageError(f"{flag} does not apply to --suite peer")
         named = (("--profile", profile), ("--small", small), ("--large", large), ("--model", model))
         flags = [part for flag, value in named if value is not None for part in (flag, value)]
         bench_peer(
@@ -172,19 +212,6 @@ def bench(
     if suite == "everyday":
         from .everyday import bench_everyday
 
-        for given, flag in (
-            (quick, "--quick"),
-            (speed_prompts is not None, "--speed-prompts"),
-            (plot is not None, "--plot"),
-            (problems is not None, "--problems"),
-            (split != "all", "--split"),
-            (limit is not None, "--limit"),
-            (timeout is not None, "--timeout"),
-            (shard is not None, "--shard"),
-            (bool(with_records), "--with-records"),
-        ):
-            if given:
-                raise UsageError(f"{flag} does not apply to --suite everyday")
         bench_everyday(
             chosen,
             prompts=prompts,
@@ -203,9 +230,6 @@ def bench(
 
         bench_humaneval(
             chosen,
-            prompts=prompts,
-            repeats=repeats,
-            speed_prompts=speed_prompts,
             quick=quick,
             max_tokens=max_tokens,
             json_path=json_path,
@@ -223,20 +247,6 @@ def bench(
             with_records=with_records,
         )
         return
-    for given, flag, suites in (
-        (records is not None, "--records", "humaneval or everyday"),
-        (restart, "--restart", "humaneval or everyday"),
-        (problems is not None, "--problems", "humaneval"),
-        (split != "all", "--split", "humaneval"),
-        (limit is not None, "--limit", "humaneval"),
-        (arms is not None, "--arms", "humaneval or everyday"),
-        (timeout is not None, "--timeout", "humaneval"),
-        (report, "--report", "humaneval or everyday"),
-        (shard is not None, "--shard", "humaneval"),
-        (bool(with_records), "--with-records", "humaneval"),
-    ):
-        if given:
-            raise UsageError(f"{flag} applies to --suite {suites} only")
     check_output_path(json_path, "--json")
     check_output_path(plot, "--plot")
     if plot is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
 from ..profiles import Profile
 from . import ui, ui_humaneval, ui_tables
 
@@ -12,9 +11,6 @@ from . import ui, ui_humaneval, ui_tables
 def bench_humaneval(
     profile: Profile,
     *,
-    prompts: Path | None,
-    repeats: int,
-    speed_prompts: int | None,
     quick: bool,
     max_tokens: int | None,
     json_path: Path | None,
@@ -37,15 +33,6 @@ def bench_humaneval(
     from ..bench.humaneval.command import bench_humaneval as run
     from ..bench.humaneval.command import plan, report
 
-    for given, flag in (
-        (prompts is not None, "--prompts"),
-        (repeats != 1, "--repeats"),
-        (speed_prompts is not None, "--speed-prompts"),
-    ):
-        if given:
-            raise UsageError(
-                f"{flag} does not apply to --suite humaneval (every arm answers every problem once)"
-            )
     check_output_path(json_path, "--json")
     check_output_path(plot, "--plot")
     if plot is not None:
