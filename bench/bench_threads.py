@@ -1,6 +1,7 @@
 """BLAS threads on the CPU route: one vs every core, by row count, on a model's own layer shapes.
 
-    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7] [--padding | --layout | --panels]
+    uv run python bench/bench_threads.py [--shapes qwen1.5b] [--rounds 7]
+        [--padding | --layout | --panels | --small-rows]
 
 The resident fp32 route multiplies rows by each layer's weight, kept transposed (in × out),
 through NumPy's OpenBLAS (kernels/nested_cpu.py). A one-row step is a mat-vec (memory-bound), a
@@ -13,18 +14,23 @@ With --layout it compares, on every core, the route (Wᵀ kept) against the out 
 before (`out_by_in_rows_times` here), each with its own sgemv/sgemm rule.
 With --panels it compares, on every core, NumPy's BLAS on Wᵀ (MLXSWITCH_KERNELS=blas) against the
 compiled panel kernel on W in panels (kernels/panel_cpu.py, the route under "auto").
+With --small-rows it compares, on one BLAS thread, one sgemm of a few rows against one sgemv a row
+(W kept out × in) on each distinct linear shape: OpenBLAS's sgemm is slow for a handful of rows
+(a 2-row product can cost several 1-row ones), what a check of 1-3 drafted tokens feeds it; the
+mean ms of 10 calls after a warm-up, the median of the rounds (it was bench/bench_small_rows.py).
 Run it alone: a timing taken while another process shares the cores is not a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import numpy as np
 
 from mlxswitch.kernels import nested_cpu
-from mlxswitch.kernels._common import _openblas_threads, available_cores
+from mlxswitch.kernels._common import _openblas_threads, available_cores, single_threaded_blas
 from mlxswitch.kernels.nested_cpu import resident_rows_times, sgemm_rows
 from mlxswitch.kernels.panel_cpu import build_panel_kernel, panel_copy
 
@@ -57,8 +63,10 @@ LAYOUT_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 24, 33, 48, 64)
 OPENBLAS_SPIN_S = 0.3  # longer than OpenBLAS's workers spin after a product before they sleep
 BACK_TO_BACK = 3
 PANEL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 33, 47, 64, 128)
+SMALL_ROWS = (1, 2, 3, 4, 5, 6, 8, 16)
+SMALL_ROWS_CALLS = 10
 # The rule of the out × in layout the resident route kept before: one sgemv a row up to 3 rows,
-# where its sgemm was slow (bench/bench_small_rows.py, bench/results/small-rows-qwen1.5b.txt).
+# where its sgemm was slow (--small-rows below, bench/results/small-rows-qwen1.5b.txt).
 OUT_BY_IN_GEMV_MAX_ROWS = 3
 
 
@@ -130,6 +138,30 @@ def compare_panels(weights, rounds: int, rng) -> None:
         print(f"{rows:5d}{1e3 * old:10.2f}{old / one:9.2f}{1e3 * new:11.2f}{new / one:9.2f}{old / new:7.2f}")
 
 
+def compare_small_rows(weights, rounds: int, rng) -> None:
+    """One sgemm against one sgemv a row (W out × in), one BLAS thread, each distinct shape."""
+
+    def mean_ms(call) -> float:
+        call()  # a warm-up call
+        started = time.perf_counter()
+        for _ in range(SMALL_ROWS_CALLS):
+            call()
+        return (time.perf_counter() - started) / SMALL_ROWS_CALLS * 1e3
+
+    print("layer | rows | sgemm ms | sgemv per row ms | per row / sgemm")
+    shapes = list(dict.fromkeys(w.shape for w in weights[:-1]))  # the head (an eighth) left out
+    with single_threaded_blas():
+        for out_dims, in_dims in shapes:
+            weight = rng.standard_normal((out_dims, in_dims), dtype=np.float32)
+            for rows in SMALL_ROWS:
+                x = rng.standard_normal((rows, in_dims), dtype=np.float32)
+                assert np.allclose(x @ weight.T, row_by_row(x, weight), rtol=1e-4, atol=1e-3)
+                gemm = [mean_ms(lambda x=x, w=weight: x @ w.T) for _ in range(rounds)]
+                gemv = [mean_ms(lambda x=x, w=weight: row_by_row(x, w)) for _ in range(rounds)]
+                a, b = statistics.median(gemm), statistics.median(gemv)
+                print(f"{out_dims}×{in_dims} | {rows} | {a:.3f} | {b:.3f} | {b / a:.2f}", flush=True)
+
+
 def compare_padding(weights, rounds: int, rng) -> None:
     """Padded (the route) against unpadded products on every core, interleaved, best of rounds."""
     multiple = nested_cpu.SGEMM_ROW_MULTIPLE
@@ -160,6 +192,7 @@ def main() -> None:
     parser.add_argument("--padding", action="store_true", help="padded against unpadded rows, every core")
     parser.add_argument("--layout", action="store_true", help="Wᵀ kept (the route) against W, every core")
     parser.add_argument("--panels", action="store_true", help="BLAS on Wᵀ against the panel kernel")
+    parser.add_argument("--small-rows", action="store_true", help="an sgemm against an sgemv a row")
     args = parser.parse_args()
     threads = _openblas_threads()
     if threads is None:
@@ -167,6 +200,9 @@ def main() -> None:
     _, set_threads = threads
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(shape, dtype=np.float32) for shape in SHAPES[args.shapes]]
+    if args.small_rows:
+        compare_small_rows(weights, args.rounds, rng)
+        return
     if args.padding or args.layout or args.panels:
         set_threads(available_cores())
         print(
