@@ -17,7 +17,7 @@ from cli_helpers import invoke, one_error_line
 FAKE_SERVER = textwrap.dedent(
     """\
     #!{python}
-    import json, sys
+    import json, os, sys
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     argv = sys.argv[1:]
@@ -45,6 +45,8 @@ FAKE_SERVER = textwrap.dedent(
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if os.environ.get("FAKE_LLAMA_FAILS"):
+                return self._json(500, {{"error": "out of memory"}})
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -186,3 +188,26 @@ def test_without_llama_server_its_configs_are_skipped_in_one_line(gguf_pair, mon
     result = invoke(["bench", "--suite", "peer", *gguf_pair, "--arms", "llama-top,llama-ngram"])
     assert "llama.cpp: no llama-server on PATH or in --llama-bin; its configs are skipped" in result.stderr
     assert one_error_line(result) == "error: --arms: nothing left to run"
+
+
+def test_a_server_that_fails_a_request_is_one_line_naming_its_config(
+    fake_llama, gguf_pair, tmp_path, monkeypatch
+):
+    folder, _ = fake_llama
+    out = tmp_path / "peer.json"
+    args = [
+        "bench",
+        "--suite",
+        "peer",
+        *gguf_pair,
+        "--llama-bin",
+        str(folder),
+        "--arms",
+        "llama-top,llama-ngram",
+    ]
+    args += ["--workloads", "everyday", "--max-tokens", "2", "--json", str(out)]
+    assert invoke(args).exit_code == 0
+    monkeypatch.setenv("FAKE_LLAMA_FAILS", "1")
+    failed = invoke(args)
+    assert failed.exit_code == 2
+    assert one_error_line(failed).startswith("error: llama-top: a request failed (Server error '500")

@@ -337,6 +337,8 @@ def run(plan: PeerPlan, progress: Progress, saved: Callable[[dict], None]) -> di
     """Every round, every config in turn (the order rotated a place each round): its server started
     and loaded, each workload's requests in turn, then the concurrent clients; `saved` gets the
     results after each config (a later failure loses nothing measured)."""
+    import httpx
+
     prompts = workload_prompts()
     results = empty_results(plan)
     served = [w for w in plan.workloads if w != "cold-start"]
@@ -353,7 +355,12 @@ def run(plan: PeerPlan, progress: Progress, saved: Callable[[dict], None]) -> di
                         cold_start(plan, config, logs)
                     data["runs"]["cold-start"].append(cold_start(plan, config, logs))
                 if served or plan.clients:
-                    _serve_round(plan, config, data, prompts, served, logs)
+                    try:
+                        _serve_round(plan, config, data, prompts, served, logs)
+                    except httpx.HTTPError as error:  # a server that failed or dropped a request
+                        raise UsageError(
+                            f"{config}: a request failed ({error}); what was measured before is in --json"
+                        ) from None
                 done += 1
                 saved(results)
     progress("done", total, total)
