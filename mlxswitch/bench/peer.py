@@ -350,17 +350,17 @@ def run(plan: PeerPlan, progress: Progress, saved: Callable[[dict], None]) -> di
             for config in plan.configs[shift:] + plan.configs[:shift]:
                 progress(f"round {round_index + 1}: {config}", done, total)
                 data = results[config]
-                if "cold-start" in plan.workloads:
-                    if round_index == 0:  # not counted: bytecode written, the files in the page cache
-                        cold_start(plan, config, logs)
-                    data["runs"]["cold-start"].append(cold_start(plan, config, logs))
-                if served or plan.clients:
-                    try:
+                try:
+                    if "cold-start" in plan.workloads:
+                        if round_index == 0:  # not counted: bytecode written, the files in the page cache
+                            cold_start(plan, config, logs)
+                        data["runs"]["cold-start"].append(cold_start(plan, config, logs))
+                    if served or plan.clients:
                         _serve_round(plan, config, data, prompts, served, logs)
-                    except httpx.HTTPError as error:  # a server that failed or dropped a request
-                        raise UsageError(
-                            f"{config}: a request failed ({error}); what was measured before is in --json"
-                        ) from None
+                except httpx.HTTPError as error:  # a server that failed or dropped a request
+                    raise UsageError(
+                        f"{config}: a request failed ({error}); what was measured before is in --json"
+                    ) from None
                 done += 1
                 saved(results)
     progress("done", total, total)
