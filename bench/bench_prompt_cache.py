@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from mlxswitch.bench.peer import Server, free_port
+from mlxswitch.bench.servers import Server, free_port
 
 OPENINGS = {
     "A": "Here are my notes on the history of lighthouses, one line per fact. "

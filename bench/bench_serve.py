@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,16 +29,11 @@ from pathlib import Path
 
 import httpx
 
+from mlxswitch.bench.servers import Server, free_port
+
 PAIR = ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")  # packaged GGUFs: small, large
 PAIR_PROFILE = "qwen2.5-coder-0.5b-1.5b"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-
-
-def free_port() -> int:
-    """A port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def save_mlx_dir(spec: str, out: Path) -> Path:
@@ -55,31 +49,6 @@ def save_mlx_dir(spec: str, out: Path) -> Path:
     save_config(config, out / "config.json")
     loaded.tokenizer.save_pretrained(str(out))
     return out
-
-
-def start(
-    name: str, command: list[str], port: int, logs: Path, env: dict[str, str] | None = None
-) -> tuple[str, subprocess.Popen, str]:
-    """Start one server and wait (bounded) until it answers."""
-    with open(logs / f"{name}.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            sys.exit(f"{name} exited: {(logs / f'{name}.log').read_text()[-2000:]}")
-        try:
-            httpx.get(f"{base}/v1/models", timeout=1)
-            return name, proc, base
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    sys.exit(f"{name} did not start")
-
-
-def stop(servers: list[tuple[str, subprocess.Popen, str]]) -> None:
-    """End every server started by `start` and wait for it."""
-    for _, proc, _ in servers:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 _REQUESTS = iter(range(1, 1 << 30))
@@ -166,7 +135,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        servers: list[tuple[str, subprocess.Popen, str]] = []
+        servers: list[tuple[str, Server]] = []
         models: dict[str, str] = {}
         if not args.no_mlx_lm:
             port = free_port()
@@ -176,7 +145,8 @@ def main() -> None:
             else:
                 model_dir, extra = save_mlx_dir("embedded", tmp / "smollm2-mlx"), []
             mlx_lm = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(port)]
-            servers.append(start("mlx_lm.server", [*mlx_lm, *extra, "--log-level", "WARNING"], port, tmp))
+            command = [*mlx_lm, *extra, "--log-level", "WARNING"]
+            servers.append(("mlx_lm.server", Server(command, tmp / "mlx_lm.server.log", dict(os.environ))))
             models["mlx_lm.server"] = str(model_dir)
         env_home = tmp / "home"
         env_home.mkdir()
@@ -192,21 +162,24 @@ def main() -> None:
         for (label, env, profile), port in zip(runs, ports, strict=True):
             name = f"{label} {profile}"
             command = [sys.executable, "-m", "mlxswitch", "serve", "--profile", profile, "--port", str(port)]
-            servers.append(start(name, [*command, "--log-level", "warning"], port, tmp, env))
+            log = tmp / f"{name}.log"
+            servers.append((name, Server([*command, "--log-level", "warning"], log, env or dict(os.environ))))
             models[name] = profile
         try:
-            for name, _, base in servers:  # warm-up: the first request pays one-time costs
-                level(base, models[name], 1, 4)
+            for name, server in servers:  # loaded, then a warm-up: the first request pays one-time costs
+                server.wait_ready()
+                level(server.base, models[name], 1, 4)
             rows: dict = {}
             for r in range(args.rounds):
                 order = servers[r % len(servers) :] + servers[: r % len(servers)]
-                for name, _, base in order:
+                for name, server in order:
                     for clients in levels:
                         rows.setdefault((name, clients), []).append(
-                            level(base, models[name], clients, args.tokens)
+                            level(server.base, models[name], clients, args.tokens)
                         )
         finally:
-            stop(servers)
+            for _, server in servers:
+                server.stop()
     print(
         f"{args.tokens} tokens per answer, greedy, {args.rounds} rounds (server order rotating), "
         f"median over rounds; ttfb = time to the first SSE chunk"

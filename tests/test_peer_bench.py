@@ -83,10 +83,9 @@ def gguf_pair(tmp_path) -> list[str]:
     return ["--small", str(small), "--large", str(large)]
 
 
-def test_llama_configs_run_each_workload_and_record_it(fake_llama, gguf_pair, tmp_path):
-    folder, calls = fake_llama
-    out = tmp_path / "peer.json"
-    args = [
+def _llama_run(gguf_pair: list[str], folder: Path, arms: str, out: Path) -> list[str]:
+    """`bench --suite peer` on the .gguf pair with the stand-in llama-server, its record to `out`."""
+    return [
         "bench",
         "--suite",
         "peer",
@@ -94,18 +93,17 @@ def test_llama_configs_run_each_workload_and_record_it(fake_llama, gguf_pair, tm
         "--llama-bin",
         str(folder),
         "--arms",
-        "llama-top,llama-draft",
-    ]
-    args += [
-        "--workloads",
-        "everyday,edit,cold-start",
-        "--clients",
-        "2",
-        "--max-tokens",
-        "3",
+        arms,
         "--json",
         str(out),
     ]
+
+
+def test_llama_configs_run_each_workload_and_record_it(fake_llama, gguf_pair, tmp_path):
+    folder, calls = fake_llama
+    out = tmp_path / "peer.json"
+    args = _llama_run(gguf_pair, folder, "llama-top,llama-draft", out)
+    args += ["--workloads", "everyday,edit,cold-start", "--clients", "2", "--max-tokens", "3"]
     result = invoke(args)
     assert result.exit_code == 0, result.stderr
     record = json.loads(out.read_text())
@@ -194,18 +192,8 @@ def test_a_server_that_fails_a_request_is_one_line_naming_its_config(
     fake_llama, gguf_pair, tmp_path, monkeypatch
 ):
     folder, _ = fake_llama
-    out = tmp_path / "peer.json"
-    args = [
-        "bench",
-        "--suite",
-        "peer",
-        *gguf_pair,
-        "--llama-bin",
-        str(folder),
-        "--arms",
-        "llama-top,llama-ngram",
-    ]
-    args += ["--workloads", "everyday", "--max-tokens", "2", "--json", str(out)]
+    args = _llama_run(gguf_pair, folder, "llama-top,llama-ngram", tmp_path / "peer.json")
+    args += ["--workloads", "everyday", "--max-tokens", "2"]
     assert invoke(args).exit_code == 0
     monkeypatch.setenv("FAKE_LLAMA_FAILS", "1")
     failed = invoke(args)
