@@ -33,6 +33,7 @@ FIELDS = [
     "quant_scales",
     "resident_product",
     "nested",
+    "pass_ops",
     "multi_row",
     "blas_threads",
     "compute_dtype",

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 import mlx.core as mx
 
 from .panel_cpu import build_panel_kernel
+from .pass_ops import build_pass_ops
 from .quant_cpu import build_quant_kernel
 
 KERNELS_ENV = "MLXSWITCH_KERNELS"
@@ -107,6 +108,12 @@ _WORDS = {
         "else quantized_matmul a plane",
         "reference": "quantized_matmul a plane (many rows on a CPU: multi_row)",
     },
+    "pass_ops": {
+        "compiled": "compiled C (pass_ops.c): RMSNorm, RoPE, attention and silu·up of a decoding pass "
+        "(checked on load)",
+        "numpy": "NumPy",
+        "none": "MLX's own (no NumPy blocks)",
+    },
     "multi_row": {
         "numpy-blas": "dequantized fp32 + NumPy BLAS",
         "mx-dense": "dequantized fp32 + MLX matmul where it pays",
@@ -140,6 +147,9 @@ class Route:
     nested: a nested-gear product — "quant-kernel" (a CPU: the compiled kernel, one product a
         plane, any row count), "metal-kernel" (the fused mat-vec for 2+ planes and few rows,
         checked on first use) or "reference" (one quantized_matmul a plane, or multi_row's rule).
+    pass_ops: a decoding pass's RMSNorm, RoPE, attention and silu·up on the CPU's NumPy blocks —
+        "compiled" (pass_ops.c, where it built and passed its check; MLXSWITCH_KERNELS=auto), "numpy"
+        (the reference arithmetic: exact, fp32, blas) or "none" (no NumPy blocks).
     multi_row: a product of many rows — "numpy-blas" (dequantized fp32 + NumPy's BLAS),
         "mx-dense" (dequantized fp32 + MLX's matmul where it pays) or "reference".
     blas_threads: the BLAS threads a NumPy product of THREADED_MIN_ROWS+ rows may use (--threads).
@@ -155,6 +165,7 @@ class Route:
     quant_scales: str
     resident_product: str
     nested: str
+    pass_ops: str
     multi_row: str
     blas_threads: int
     compute_dtype: str | None
@@ -203,6 +214,8 @@ class Route:
                 text = f"{_WORDS[key][value]}; build: {build_quant_kernel().detail}"
             elif key == "resident_product" and value != "none" and self.kernels in ("auto", "exact", "fp32"):
                 text = f"{_WORDS[key][value]}; build: {build_panel_kernel().detail}"
+            elif key == "pass_ops" and self.kernels == "auto" and self.backend == "cpu":
+                text = f"{_WORDS[key][value]}; build: {build_pass_ops().detail}"
             else:
                 text = _WORDS.get(key, {}).get(value, str(value))
             lines.append((key, text))
@@ -217,9 +230,11 @@ def route_for(
     blas_threads: int = 1,
     panel_kernel: bool = False,
     quant_kernel: bool = False,
+    pass_ops: bool = False,
 ) -> Route:
     """The route a machine with `backend` takes under a kernels setting (pure: reads no device);
-    `panel_kernel`, `quant_kernel`: whether each compiled kernel built and passed its check here."""
+    `panel_kernel`, `quant_kernel`, `pass_ops`: whether each compiled kernel built and passed its
+    check here."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     kernels = parse_kernels_setting(kernels)
@@ -255,6 +270,7 @@ def route_for(
         quant_scales=("stored" if kernels == "exact" else "fp16") if quantized else "none",
         resident_product=resident,
         nested=nested,
+        pass_ops=("compiled" if pass_ops and kernels == "auto" else "numpy") if numpy else "none",
         multi_row=multi_row,
         blas_threads=blas_threads,
         # On MLX's CPU backend bf16 is slower with wrong reductions, and fp16 quantization scales
@@ -288,8 +304,15 @@ def resolve_route(
         and not quant
         and build_panel_kernel().kernel is not None
     )
+    ops = backend == "cpu" and setting == "auto" and build_pass_ops().ops is not None
     route = route_for(
-        backend, setting, metal=metal, blas_threads=blas_threads, panel_kernel=panel, quant_kernel=quant
+        backend,
+        setting,
+        metal=metal,
+        blas_threads=blas_threads,
+        panel_kernel=panel,
+        quant_kernel=quant,
+        pass_ops=ops,
     )
     use_route(route)
     return route

@@ -23,9 +23,11 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache
 
 from ..kernels._common import single_threaded_blas
+from ..kernels.pass_ops import PassOps, pass_ops
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..kernels.quant_linear import numpy_quant_rows_together
 from ..kernels.quant_packs import weight_pack
+from ..kernels.route import current_route
 from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention
 from .numpy_cache import NumpyKVCache
 
@@ -35,9 +37,12 @@ MLP_CLASSES = (llama.MLP, qwen2.MLP)
 BLOCK_CLASSES = (llama.TransformerBlock, qwen2.TransformerBlock)
 
 
-def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+def _silu_times(gate: np.ndarray, up: np.ndarray, ops: PassOps | None = None) -> np.ndarray:
     """silu(gate)·up, the gated MLP's activation, as a new contiguous array (gate and up may be
-    column views of one product: the down projection then reads it without another copy)."""
+    column views of one product: the down projection then reads it without another copy); by the
+    compiled pass operations where given (a decoding pass's)."""
+    if ops is not None:
+        return ops.silu_times(gate, up)
     # Through one array, not four temporaries: a prefill chunk's 512 × 8,960 values a layer.
     with np.errstate(over="ignore"):  # exp(-g) overflows to inf for g ≪ 0: silu is then -0
         out = np.negative(gate)
@@ -83,7 +88,7 @@ class NumpyMLP(nn.Module):
         views = evaluated(gate, up)
         if views is None:
             return super().__call__(x)
-        return self.down_proj(mx.array(_silu_times(*views)).astype(x.dtype))
+        return self.down_proj(mx.array(_silu_times(views[0], views[1])).astype(x.dtype))
 
 
 class NumpyBlock(nn.Module):
@@ -123,8 +128,10 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
         return None
     batch, length, dims = x.shape
     decoding = length <= INT8_MAX_POSITIONS
+    # A decoding pass's small operations in C where the route has them (kernels/pass_ops.py).
+    ops = pass_ops() if decoding and current_route().pass_ops == "compiled" else None
     h = np.asarray(x).reshape(-1, dims)
-    normed = _rms_norm(h, norms[0])
+    normed = _rms_norm(h, norms[0], ops)
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
     queries_rows, keys_rows, values_rows = _rows_times_together(attention, projections, normed, decoding)
     shaped = [
@@ -135,23 +142,29 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     offset = 0 if cache is None else cache.offset
     if type(attention.rope) is nn.RoPE and isinstance(cache, NumpyKVCache):
         # MLX's rope of a step cost more than its linears; keys and values go to the NumPy copy
-        q, rotated_keys = (_rope(a, attention.rope, offset) for a in shaped)
+        q, rotated_keys = (_rope(a, attention.rope, offset, ops) for a in shaped)
         k, v = cache.append_rows(rotated_keys, values_rows)  # copied into the cache: any layout
     else:
-        q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache)
+        q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache, ops)
     # One BLAS thread up to a prefill chunk's queries (numpy_attention.SMALL_QUERIES says why).
     with single_threaded_blas() if length <= SMALL_QUERIES else contextlib.nullcontext():
-        attended = attention_rows(q, k, v, attention.scale, mask)
+        attended = attention_rows(q, k, v, attention.scale, mask, ops)
     attended_rows = attended.transpose(0, 2, 1, 3).reshape(batch * length, -1)
     h = h + _rows_times(attention.o_proj, attended_rows, decoding)
-    normed = _rms_norm(h, norms[1])
-    hidden = _silu_times(*_rows_times_together(mlp, (mlp.gate_proj, mlp.up_proj), normed, decoding))
+    normed = _rms_norm(h, norms[1], ops)
+    gate, up = _rows_times_together(mlp, (mlp.gate_proj, mlp.up_proj), normed, decoding)
+    hidden = _silu_times(gate, up, ops)
     h += _rows_times(mlp.down_proj, hidden, decoding)
     return mx.array(h.reshape(batch, length, dims))
 
 
 def _mlx_cache_rows(
-    attention: Any, shaped: list[np.ndarray], values_rows: np.ndarray, offset: Any, cache: Any
+    attention: Any,
+    shaped: list[np.ndarray],
+    values_rows: np.ndarray,
+    offset: Any,
+    cache: Any,
+    ops: PassOps | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Queries, keys and values (B × heads × T × D, fp32 NumPy) of a decoding pass whose cache
     is mlx-lm's own (a packed pass's, a rotating one) or whose RoPE is scaled (Llama 3's, YaRN:
@@ -159,7 +172,7 @@ def _mlx_cache_rows(
     values = mx.array(values_rows)
     q: np.ndarray | None = None
     if type(attention.rope) is nn.RoPE:  # the queries stay NumPy's
-        q, rotated_keys = (_rope(a, attention.rope, offset) for a in shaped)
+        q, rotated_keys = (_rope(a, attention.rope, offset, ops) for a in shaped)
         keys = mx.array(rotated_keys)
     else:
         queries, keys = (attention.rope(mx.array(a), offset=offset) for a in shaped)
@@ -170,11 +183,14 @@ def _mlx_cache_rows(
     return (q, views[0], views[1]) if q is not None else (views[0], views[1], views[2])
 
 
-def _rope(x: np.ndarray, rope: nn.RoPE, offset: Any) -> np.ndarray:
+def _rope(x: np.ndarray, rope: nn.RoPE, offset: Any, ops: PassOps | None = None) -> np.ndarray:
     """nn.RoPE on fp32 NumPy x (B, heads, L, D) at positions offset + 0..L-1; offset is an int or
-    one per sequence (an array of B, as a packed pass gives)."""
+    one per sequence (an array of B, as a packed pass gives). The same bits by the compiled pass
+    operations where given."""
     half = rope.dims // 2
     cos, sin = _rope_tables(rope, np.asarray(offset, dtype=np.float64).reshape(-1), x.shape[2])
+    if ops is not None:
+        return ops.rope(x, rope.dims, rope.traditional, cos, sin)
     out = x.copy()
     if rope.traditional:  # pairs of neighbours
         first, second = x[..., 0 : rope.dims : 2], x[..., 1 : rope.dims : 2]
@@ -216,12 +232,14 @@ class _NumpyWeight:
     view: np.ndarray
 
 
-def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm) -> np.ndarray:
-    """nn.RMSNorm on fp32 NumPy rows."""
+def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm, ops: PassOps | None = None) -> np.ndarray:
+    """nn.RMSNorm on fp32 NumPy rows (the same bits by the compiled pass operations where given)."""
     kept = getattr(norm, "numpy_weight", None)
     if kept is None or kept.weight is not norm.weight:
         view = np.asarray(norm.weight if norm.weight.dtype == mx.float32 else norm.weight.astype(mx.float32))
         kept = norm.numpy_weight = _NumpyWeight(norm.weight, view)
+    if ops is not None:
+        return ops.rms_norm(rows, kept.view, norm.eps)
     # np.mean's own bits (a sum, then one division), without its Python-level wrapper
     mean_square = np.add.reduce(np.square(rows), axis=-1, keepdims=True) / np.float32(rows.shape[-1])
     return rows / np.sqrt(mean_square + np.float32(norm.eps)) * kept.view

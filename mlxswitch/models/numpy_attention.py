@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels._common import single_threaded_blas
+from ..kernels.pass_ops import PassOps
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 
 # Up to this many query rows (steps, checks and the default prefill step's chunks) attention runs
@@ -56,14 +57,30 @@ def numpy_attention(
         return mx.array(attention_rows(q, k, v, scale, mask))
 
 
-def attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask) -> np.ndarray:
-    """A decoding pass's queries one at a time (_attention_by_row), where the mask says plainly
-    which keys each sees; else, and for longer passes, one batched product."""
+def attention_rows(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask, ops: PassOps | None = None
+) -> np.ndarray:
+    """A decoding pass's queries one at a time (by the compiled pass operations where given, else
+    _attention_by_row), where the mask says plainly which keys each sees; else, and for longer
+    passes, one batched product."""
     if q.shape[2] <= INT8_MAX_POSITIONS:
+        seen = _visible_ranges(mask, q.shape[0], q.shape[2], k.shape[2]) if ops is not None else None
+        attended = ops.attend(q, k, v, seen, scale) if ops is not None and seen is not None else None
+        if attended is not None:
+            return attended
         by_row = _attention_by_row(q, k, v, scale, mask)
         if by_row is not None:
             return by_row
     return _attention(q, k, v, scale, mask)
+
+
+def _visible_ranges(mask, batch: int, length: int, total: int) -> list[slice] | None:
+    """The keys each query (b, i) of a pass sees, in order b·L + i (_visible_keys); None where
+    the mask does not say so plainly for one of them."""
+    if isinstance(mask, mx.array):
+        mask = np.asarray(mask)  # once, not once a query
+    seen = [_visible_keys(mask, length, total, b, i) for b in range(batch) for i in range(length)]
+    return None if any(s is None for s in seen) else seen  # type: ignore[return-value]
 
 
 def _visible_keys(mask, length: int, total: int, b: int, i: int) -> slice | None:

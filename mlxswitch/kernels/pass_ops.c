@@ -1,0 +1,221 @@
+/* A decoding pass's small operations between the quantized products (pass_ops.py): RMSNorm, RoPE,
+ * attention over the keys each query sees, and silu(gate)·up, one call each for a pass's rows.
+ *
+ * Why our own: in NumPy each is several array operations of a few microseconds, and a decoding
+ * step of the Qwen 1.5B made ~1,500 of them (~8 ms of an ~80 ms step; a check of 8 rows, whose
+ * attention went a query at a time, ~20 ms). Every row is computed alone, in one fixed order, so
+ * a row's bits do not depend on the rows beside it (a check's rows are a step's).
+ *
+ * Compiled with -ffp-contract=off: RMSNorm and RoPE then make NumPy's float operations in NumPy's
+ * order (its pairwise sum of the squares), the same bits; attention and silu take their own
+ * exponential and summation order, within fp32 rounding of NumPy's (checked on first use). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int pass_ops_version(void) { return 1; }
+
+/* NumPy's pairwise sum of n contiguous floats (its float add.reduce): blocks of up to 128 summed
+ * in 8 lanes, halves (multiples of 8) summed apart and added. */
+static float pairwise_sum(const float *a, long n) {
+    if (n < 8) {
+        float sum = 0.0f;
+        for (long i = 0; i < n; i++) sum += a[i];
+        return sum;
+    }
+    if (n <= 128) {
+        float r[8];
+        long i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        float sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) sum += a[i];
+        return sum;
+    }
+    long half = n / 2;
+    half -= half % 8;
+    return pairwise_sum(a, half) + pairwise_sum(a + half, n - half);
+}
+
+/* out = x / sqrt(mean(x²) + eps) · w, row by row (x and out: rows × dims, contiguous). */
+int rms_norm_rows(const float *x, const float *w, float eps, float *out, long rows, long dims) {
+    float *squares = malloc(sizeof(float) * (size_t)dims);
+    if (!squares) return -1;
+    for (long r = 0; r < rows; r++) {
+        const float *row = x + r * dims;
+        float *to = out + r * dims;
+        for (long i = 0; i < dims; i++) squares[i] = row[i] * row[i];
+        float mean = pairwise_sum(squares, dims) / (float)dims;
+        float root = sqrtf(mean + eps);
+        for (long i = 0; i < dims; i++) {
+            float scaled = row[i] / root;
+            to[i] = scaled * w[i];
+        }
+    }
+    free(squares);
+    return 1;
+}
+
+/* RoPE as nn.RoPE: x (B × H × L × D, element strides sb, sh, sl; D contiguous) rotated at the
+ * angles whose cos and sin are given per (sequence, position) (tables B or 1 × L × half, cb: the
+ * sequence stride, 0 for one table) into out (B × H × L × D, contiguous); dims past rope_dims are
+ * copied. traditional: neighbours paired, else the first half of the rotated dims with the second. */
+int rope_rows(const float *x, long sb, long sh, long sl, long batch, long heads, long length, long dim,
+              long rope_dims, int traditional, const float *cos_t, const float *sin_t, long cb, float *out) {
+    long half = rope_dims / 2;
+    for (long b = 0; b < batch; b++)
+        for (long h = 0; h < heads; h++)
+            for (long l = 0; l < length; l++) {
+                const float *in = x + b * sb + h * sh + l * sl;
+                const float *c = cos_t + b * cb + l * half, *s = sin_t + b * cb + l * half;
+                float *to = out + ((b * heads + h) * length + l) * dim;
+                memcpy(to, in, sizeof(float) * (size_t)dim);
+                for (long i = 0; i < half; i++) {
+                    long first = traditional ? 2 * i : i, second = traditional ? 2 * i + 1 : i + half;
+                    float a = in[first], e = in[second];
+                    float ac = a * c[i], es = e * s[i], as = a * s[i], ec = e * c[i];
+                    to[first] = ac - es;
+                    to[second] = as + ec;
+                }
+            }
+    return 1;
+}
+
+/* e^x in place for n floats: Cephes' expf (a degree-6 polynomial on x - k·ln 2, times 2^k), 16
+ * at a time in the compiler's vector types (the tail through a padded block: the same operations,
+ * so an element's value does not depend on where it sits); within ~2 ulp of the exact value,
+ * inputs clamped to [-87, 88]. */
+typedef float floats16 __attribute__((vector_size(64)));
+typedef int32_t ints16 __attribute__((vector_size(64)));
+
+static inline floats16 exp16(floats16 v) {
+    const floats16 low = {0}, round = low + 12582912.0f; /* 1.5·2^23: adding it rounds to an integer */
+    ints16 under = v < -87.0f, over = v > 88.0f; /* lanes all ones where true */
+    v = (floats16)(((ints16)v & ~(under | over)) | ((ints16)(low - 87.0f) & under) | ((ints16)(low + 88.0f) & over));
+    floats16 k = v * 1.44269504088896341f;
+    k = (k + round) - round;
+    floats16 r = v - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    floats16 p = low + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    ints16 bits = (__builtin_convertvector(k, ints16) + 127) << 23;
+    return p * (floats16)bits;
+}
+
+static void exp_in_place(float *x, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        floats16 v;
+        memcpy(&v, x + i, sizeof v);
+        v = exp16(v);
+        memcpy(x + i, &v, sizeof v);
+    }
+    if (i < n) {
+        floats16 v = {0};
+        memcpy(&v, x + i, sizeof(float) * (size_t)(n - i));
+        v = exp16(v);
+        memcpy(x + i, &v, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+/* The sum of a vector's 16 lanes, halves added pairwise: one fixed order. */
+static inline float lanes_sum(floats16 v) {
+    float part[16];
+    memcpy(part, &v, sizeof part);
+    for (int width = 8; width > 0; width /= 2)
+        for (int j = 0; j < width; j++) part[j] += part[j + width];
+    return part[0];
+}
+
+/* Σ a[i]·b[i] over n floats in 16 partial sums (the tail zero-padded), added pairwise. */
+static inline float dot(const float *restrict a, const float *restrict b, long n) {
+    floats16 sum = {0};
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        floats16 x, y;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&y, b + i, sizeof y);
+        sum += x * y;
+    }
+    if (i < n) {
+        floats16 x = {0}, y = {0};
+        memcpy(&x, a + i, sizeof(float) * (size_t)(n - i));
+        memcpy(&y, b + i, sizeof(float) * (size_t)(n - i));
+        sum += x * y;
+    }
+    return lanes_sum(sum);
+}
+
+#define MOST_GROUP 16 /* query heads a key head serves (attend_rows refuses more) */
+
+/* softmax(q·kᵀ·scale)·v for each query of a pass over the keys it sees: q (B × H × L × D, strides
+ * qb, qh, ql), k and v (B × KV × T × D, strides kb, kh, kt; D contiguous and a multiple of 16), KV
+ * dividing H, at most MOST_GROUP query heads a key head (query head h reads key head h / (H / KV));
+ * query (b, l) sees keys seen_from[b·L + l] up to seen_to[b·L + l]. out: B × H × L × D, contiguous.
+ * A key head's query heads read each key and value once together; each query's sums run over the
+ * keys in order, whatever the rows and heads beside it. */
+int attend_rows(const float *q, long qb, long qh, long ql, const float *k, const float *v, long kb, long kh,
+                long kt, long batch, long heads, long kv_heads, long length, long dim, const long *seen_from,
+                const long *seen_to, float scale, float *out) {
+    if (dim % 16 || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MOST_GROUP) return -1;
+    long most = 0;
+    for (long r = 0; r < batch * length; r++)
+        if (seen_to[r] - seen_from[r] > most) most = seen_to[r] - seen_from[r];
+    long group = heads / kv_heads;
+    float *scores = malloc(sizeof(float) * (size_t)(group * (most > 0 ? most : 1)));
+    if (!scores) return -1;
+    for (long b = 0; b < batch; b++)
+        for (long l = 0; l < length; l++) {
+            long from = seen_from[b * length + l], count = seen_to[b * length + l] - from;
+            for (long g = 0; g < kv_heads; g++) {
+                const float *keys = k + b * kb + g * kh + from * kt, *values = v + b * kb + g * kh + from * kt;
+                const float *query = q + b * qb + g * group * qh + l * ql;
+                float *to = out + ((b * heads + g * group) * length + l) * dim;
+                for (long j = 0; j < count; j++)
+                    for (long h = 0; h < group; h++) scores[h * count + j] = dot(query + h * qh, keys + j * kt, dim) * scale;
+                for (long h = 0; h < group; h++) {
+                    float *row = scores + h * count, top = -INFINITY;
+                    for (long j = 0; j < count; j++) top = row[j] > top ? row[j] : top;
+                    for (long j = 0; j < count; j++) row[j] -= top;
+                    exp_in_place(row, count);
+                    float total = pairwise_sum(row, count);
+                    for (long j = 0; j < count; j++) row[j] /= total;
+                }
+                for (long c = 0; c < dim; c += 16) {
+                    floats16 sum[MOST_GROUP] = {{0}};
+                    for (long j = 0; j < count; j++) {
+                        floats16 value;
+                        memcpy(&value, values + j * kt + c, sizeof value);
+                        for (long h = 0; h < group; h++) sum[h] += value * scores[h * count + j];
+                    }
+                    for (long h = 0; h < group; h++) memcpy(to + h * length * dim + c, &sum[h], sizeof sum[h]);
+                }
+            }
+        }
+    free(scores);
+    return 1;
+}
+
+/* out = silu(gate)·up = gate / (1 + e^-gate) · up, row by row (gate and up: rows × n, `stride`
+ * floats from a row to the next; out: rows × n, contiguous). */
+int silu_times_rows(const float *gate, const float *up, long stride, long rows, long n, float *out) {
+    for (long r = 0; r < rows; r++) {
+        const float *g = gate + r * stride, *u = up + r * stride;
+        float *to = out + r * n;
+        for (long i = 0; i < n; i++) to[i] = -g[i];
+        exp_in_place(to, n);
+        for (long i = 0; i < n; i++) {
+            float denominator = to[i] + 1.0f;
+            float silu = g[i] / denominator;
+            to[i] = silu * u[i];
+        }
+    }
+    return 1;
+}

@@ -1,0 +1,198 @@
+"""A decoding pass's small operations between its quantized products, in C (pass_ops.c).
+
+Why our own: a decoding pass's block (models/cpu_blocks.py) ran RMSNorm, RoPE, attention a query
+at a time and silu(gate)·up as NumPy operations of a few microseconds each: ~1,500 of them in a
+Qwen 1.5B step, ~8 ms of ~80, and ~20 ms of an 8-row check. Here each is one call for the pass's
+rows. RMSNorm and RoPE give NumPy's bits (the same float operations in the same order: its
+pairwise sum included); attention and silu take their own exponential and summation order. Each
+row is computed alone in one order, so a check's rows keep a step's bits.
+
+Life cycle as the quantized kernel's: compiled on first use into the per-machine kernel cache
+(cbuild.py), checked against float64 NumPy before a model runs on it (a pass kept beside the
+library), and where it cannot be built or fails, `pass_ops()` is None and the blocks keep NumPy
+(`mlxswitch doctor` says why: the route's `pass_ops`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from .cbuild import compile_source
+
+SOURCE = Path(__file__).with_name("pass_ops.c")
+# -ffp-contract=off: no multiply-add fused where NumPy rounds twice (RMSNorm and RoPE keep its bits).
+COMPILE_FLAGS = (
+    ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno"),
+    ("-O3", "-ffp-contract=off", "-fno-math-errno"),
+)
+MOST_GROUP = 16  # query heads a key head may serve (pass_ops.c)
+
+_P, _L = ctypes.c_void_p, ctypes.c_long
+
+
+def _strides(array: np.ndarray) -> list[int]:
+    """An fp32 array's strides in elements."""
+    return [stride // 4 for stride in array.strides]
+
+
+class PassOps:
+    """The compiled pass_ops.c, on fp32 NumPy arrays."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._library = library  # kept: the functions below live in it
+        self._norm = library.rms_norm_rows
+        self._norm.argtypes = [_P, _P, ctypes.c_float, _P, _L, _L]
+        self._rope = library.rope_rows
+        self._rope.argtypes = [_P, _L, _L, _L, _L, _L, _L, _L, _L, ctypes.c_int, _P, _P, _L, _P]
+        self._attend = library.attend_rows
+        self._attend.argtypes = [_P, _L, _L, _L, _P, _P, *[_L] * 8, _P, _P, ctypes.c_float, _P]
+        self._silu = library.silu_times_rows
+        self._silu.argtypes = [_P, _P, _L, _L, _L, _P]
+        for function in (self._norm, self._rope, self._attend, self._silu):
+            function.restype = ctypes.c_int
+
+    def rms_norm(self, rows: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        """rows / sqrt(mean(rows²) + eps) · weight for fp32 rows (N × dims): nn.RMSNorm's values
+        with NumPy's bits."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        out = np.empty_like(rows)
+        if self._norm(rows.ctypes.data, weight.ctypes.data, eps, out.ctypes.data, *rows.shape) < 1:
+            raise MemoryError("pass_ops could not get its scratch memory")
+        return out
+
+    def rope(
+        self, x: np.ndarray, dims: int, traditional: bool, cos: np.ndarray, sin: np.ndarray
+    ) -> np.ndarray:
+        """x (B × H × L × D, fp32, D contiguous) rotated as nn.RoPE (its first `dims` dims) at the
+        angles of the tables (1 or B × 1 × L × dims/2, contiguous), as a new contiguous array."""
+        batch, heads, length, dim = x.shape
+        if x.strides[3] != 4:
+            x = np.ascontiguousarray(x)
+        out = np.empty((batch, heads, length, dim), dtype=np.float32)
+        table_stride = 0 if cos.shape[0] == 1 else cos.strides[0] // 4
+        self._rope(
+            x.ctypes.data, *_strides(x)[:3], batch, heads, length, dim, dims, int(traditional),
+            cos.ctypes.data, sin.ctypes.data, table_stride, out.ctypes.data,
+        )  # fmt: skip
+        return out
+
+    def attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, seen: list[slice], scale: float
+    ) -> np.ndarray | None:
+        """softmax(q·kᵀ·scale)·v for q (B × H × L × D) and k, v (B × KV × T × D, one layout), query
+        (b, l) over the keys seen[b·L + l]; None where the kernel refuses the shapes (a head dim
+        not a multiple of 16, more than MOST_GROUP query heads a key head)."""
+        batch, heads, length, dim = q.shape
+        if q.strides[3] != 4:
+            q = np.ascontiguousarray(q)
+        if k.strides != v.strides or k.strides[3] != 4:  # one layout for both, D contiguous
+            k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
+        seen_from = np.array([s.start for s in seen], dtype=np.int64)
+        seen_to = np.array([s.stop for s in seen], dtype=np.int64)
+        out = np.empty((batch, heads, length, dim), dtype=np.float32)
+        done = self._attend(
+            q.ctypes.data, *_strides(q)[:3], k.ctypes.data, v.ctypes.data, *_strides(k)[:3],
+            batch, heads, k.shape[1], length, dim, seen_from.ctypes.data, seen_to.ctypes.data,
+            scale, out.ctypes.data,
+        )  # fmt: skip
+        return out if done >= 1 else None
+
+    def silu_times(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """silu(gate)·up for fp32 rows (N × n) whose rows lie one stride apart in both (gate and up
+        may be column views of one product), as a new contiguous array."""
+        rows, n = gate.shape
+        if gate.strides != up.strides or gate.strides[1] != 4:
+            gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
+        out = np.empty((rows, n), dtype=np.float32)
+        self._silu(gate.ctypes.data, up.ctypes.data, gate.strides[0] // 4, rows, n, out.ctypes.data)
+        return out
+
+
+@dataclass(frozen=True)
+class PassOpsBuild:
+    """What building the operations gave: them, or None and why not (for `mlxswitch doctor`)."""
+
+    ops: PassOps | None
+    detail: str
+
+
+def _differs(got: np.ndarray | None, want: np.ndarray, tolerance: float = 1e-5) -> bool:
+    """Whether got is missing or off float64 `want` by more than fp32 rounding."""
+    if got is None or got.shape != want.shape:
+        return True
+    return not np.allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+def check_ops(ops: PassOps) -> str | None:
+    """None when every operation equals a float64 NumPy reference within fp32 rounding on odd
+    shapes, and RMSNorm and RoPE equal NumPy's fp32 bits; else what differed."""
+    rng = np.random.default_rng(0)
+    for rows, dims in ((1, 7), (3, 129), (2, 1000)):
+        x = (rng.standard_normal((rows, dims)) * 4).astype(np.float32)
+        weight = rng.standard_normal(dims).astype(np.float32)
+        mean_square = np.add.reduce(np.square(x), axis=-1, keepdims=True) / np.float32(dims)
+        numpy_norm = x / np.sqrt(mean_square + np.float32(1e-5)) * weight
+        if not np.array_equal(ops.rms_norm(x, weight, 1e-5), numpy_norm):
+            return f"RMSNorm of {rows} × {dims} differed from NumPy's bits"
+    for traditional in (False, True):
+        x = rng.standard_normal((2, 3, 5, 32)).astype(np.float32)
+        angles = rng.uniform(-3, 3, (2, 1, 5, 12))
+        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        first, second = (slice(0, 24, 2), slice(1, 24, 2)) if traditional else (slice(0, 12), slice(12, 24))
+        want = x.copy()
+        want[..., first] = x[..., first] * cos - x[..., second] * sin
+        want[..., second] = x[..., first] * sin + x[..., second] * cos
+        if not np.array_equal(ops.rope(x, 24, traditional, cos, sin), want):
+            return "RoPE differed from NumPy's bits"
+    q = rng.standard_normal((2, 6, 3, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 9, 32)).astype(np.float32) for _ in range(2))
+    seen = [slice(0, 7), slice(0, 8), slice(2, 9), slice(0, 1), slice(4, 6), slice(0, 9)]
+    got = ops.attend(q, k, v, seen, 0.3)
+    want = np.empty(q.shape, dtype=np.float64)
+    for b in range(2):
+        for h in range(6):
+            for i in range(3):
+                keys = k[b, h // 3, seen[b * 3 + i]].astype(np.float64)
+                scores = keys @ q[b, h, i].astype(np.float64) * 0.3
+                weights = np.exp(scores - scores.max())
+                want[b, h, i] = weights @ v[b, h // 3, seen[b * 3 + i]] / weights.sum()
+    if _differs(got, want):
+        return "attention differed from a float64 product"
+    gate_up = (rng.standard_normal((3, 2 * 37)) * 6).astype(np.float32)
+    gate, up = gate_up[:, :37].astype(np.float64), gate_up[:, 37:].astype(np.float64)
+    if _differs(ops.silu_times(gate_up[:, :37], gate_up[:, 37:]), gate / (1 + np.exp(-gate)) * up):
+        return "silu(gate)·up differed from float64"
+    return None
+
+
+@cache
+def build_pass_ops() -> PassOpsBuild:
+    """Compile (or load from the per-machine cache), load and check the operations once a process."""
+    built = compile_source(SOURCE, COMPILE_FLAGS)
+    if isinstance(built, str):
+        return PassOpsBuild(None, built)
+    try:
+        ops = PassOps(built.library)
+    except AttributeError as error:  # a source without the functions this module calls
+        return PassOpsBuild(None, f"the compiled library lacks a function ({error})")
+    if built.checked_before(CHECKED_BY):
+        built = replace(built, checked_earlier=True)
+    else:
+        mismatch = check_ops(ops)
+        if mismatch is not None:
+            return PassOpsBuild(None, f"check failed: {mismatch}")
+        built.remember_checked(CHECKED_BY)
+    return PassOpsBuild(ops, built.detail(True, "float64 and NumPy", pool="one thread"))
+
+
+CHECKED_BY = (Path(__file__),)  # the check and the library's Python face
+
+
+def pass_ops() -> PassOps | None:
+    """The checked operations, or None where they could not be built (see build_pass_ops)."""
+    return build_pass_ops().ops

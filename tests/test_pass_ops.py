@@ -1,0 +1,120 @@
+"""The compiled pass operations (kernels/pass_ops.c) against the NumPy blocks' own arithmetic."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxswitch.kernels import pass_ops
+from mlxswitch.kernels.route import current_route, resolve_route, route_for
+from mlxswitch.models import cpu_blocks, numpy_attention
+
+BUILD = pass_ops.build_pass_ops()
+OPS = BUILD.ops
+needs_ops = pytest.mark.skipif(OPS is None, reason=f"pass_ops did not build here: {BUILD.detail}")
+
+
+@needs_ops
+@pytest.mark.parametrize("rows, dims", [(1, 7), (1, 1536), (8, 896), (3, 8960), (2, 129)])
+def test_rms_norm_gives_the_numpy_block_s_bits(rows, dims):
+    rng = np.random.default_rng(dims)
+    x = (rng.standard_normal((rows, dims)) * rng.uniform(0.1, 30)).astype(np.float32)
+    x[0, dims // 3] *= 400  # a massive activation
+    norm = nn.RMSNorm(dims, eps=1e-6)
+    norm.weight = mx.array(rng.standard_normal(dims).astype(np.float32))
+    assert np.array_equal(cpu_blocks._rms_norm(x, norm, OPS), cpu_blocks._rms_norm(x, norm))
+
+
+@needs_ops
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [64, 128])
+def test_rope_gives_the_numpy_block_s_bits_at_every_offset_kind(traditional, dims):
+    rng = np.random.default_rng(dims)
+    rope = nn.RoPE(dims, traditional=traditional, base=1e6)
+    rows = rng.standard_normal((2, 5, 4 * 128)).astype(np.float32)
+    x = rows.reshape(2, 5, 4, 128).transpose(0, 2, 1, 3)  # a view, as the block's
+    for offset in (0, 37, np.array([3, 250])):  # one offset, or one a sequence (a packed pass)
+        got = cpu_blocks._rope(x, rope, offset, OPS)
+        assert got.flags.c_contiguous and np.array_equal(got, cpu_blocks._rope(x, rope, offset))
+
+
+@needs_ops
+@pytest.mark.parametrize("length, total", [(1, 1), (1, 40), (8, 96), (3, 700)])
+def test_attention_of_a_decoding_pass_equals_numpy_s_query_by_query(length, total):
+    rng = np.random.default_rng(total)
+    q = rng.standard_normal((1, 12, length, 128)).astype(np.float32)
+    held = rng.standard_normal((2, 1, 2, total + 30, 128)).astype(np.float32)  # a cache's room
+    k, v = held[0, :, :, :total], held[1, :, :, :total]
+    scale = 128**-0.5
+    want = numpy_attention.attention_rows(q, k, v, scale, "causal")
+    got = numpy_attention.attention_rows(q, k, v, scale, "causal", OPS)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_ops
+def test_attention_under_a_padded_batch_s_mask_sees_each_query_s_own_keys():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 4, 2, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 6, 32)).astype(np.float32) for _ in range(2))
+    mask = np.zeros((2, 1, 2, 6), dtype=np.float32)
+    mask[0, :, :, :2] = -np.inf  # the first sequence left-padded by two
+    mask[:, :, 0, 5] = -np.inf  # causal: the first query does not see the last key
+    want = numpy_attention.attention_rows(q, k, v, 0.2, mx.array(mask))
+    got = numpy_attention.attention_rows(q, k, v, 0.2, mx.array(mask), OPS)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_ops
+def test_silu_times_up_on_column_views_of_one_product():
+    rng = np.random.default_rng(5)
+    product = (rng.standard_normal((3, 2 * 8960)) * 8).astype(np.float32)
+    product[0, :4] = [-120, -90, 90, 120]  # e^±x past fp32's range
+    gate, up = product[:, :8960], product[:, 8960:]
+    with np.errstate(over="ignore"):
+        want = cpu_blocks._silu_times(gate, up)
+    got = cpu_blocks._silu_times(gate, up, OPS)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_ops
+def test_a_wrong_operation_is_caught_by_the_check(monkeypatch):
+    assert pass_ops.check_ops(OPS) is None
+    monkeypatch.setattr(pass_ops.PassOps, "silu_times", lambda self, gate, up: gate * up)
+    assert pass_ops.check_ops(OPS) == "silu(gate)·up differed from float64"
+
+
+def test_the_route_takes_them_on_auto_only_and_says_why_not():
+    assert route_for("cpu", "auto", pass_ops=True).pass_ops == "compiled"
+    assert route_for("cpu", "auto").pass_ops == "numpy"  # did not build
+    assert route_for("cpu", "exact", pass_ops=True).pass_ops == "numpy"  # the reference arithmetic
+    assert route_for("metal", "auto", pass_ops=True).pass_ops == "none"
+    described = dict(route_for("cpu", "auto", pass_ops=True).describe())
+    assert described["pass_ops"].startswith("compiled C (pass_ops.c)") and "build: " in described["pass_ops"]
+
+
+@needs_ops
+def test_a_model_s_decoding_passes_take_them_and_keep_mlx_logits(monkeypatch):
+    from mlx_lm.models.cache import make_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    resolve_route("auto", "cpu")
+    assert current_route().pass_ops == "compiled"
+    model, reference = (make_model(llama_config(vocab_size=300), seed=9) for _ in range(2))
+    mx.eval(model.parameters(), reference.parameters())
+    cpu_blocks.use_numpy_blocks(model)
+    taken = []
+    attend = pass_ops.PassOps.attend
+
+    def counted(self, *args):
+        out = attend(self, *args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(pass_ops.PassOps, "attend", counted)
+    ours, theirs = make_prompt_cache(model), make_prompt_cache(reference)
+    for ids in ([list(range(3, 20))], [[7]], [[9, 4, 77]]):  # a prefill (NumPy's), a step, a check
+        got, want = model(mx.array(ids), cache=ours), reference(mx.array(ids), cache=theirs)
+        assert np.allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+    assert taken and all(taken)
