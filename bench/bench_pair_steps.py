@@ -2,6 +2,7 @@
 
     uv run --extra qwen-coder python bench/bench_pair_steps.py [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
         [--sources a.c,b.c] [--mlx-cache] [--affine-q6k] [--untiled] [--cflags "-O3 -mavx2 -mfma -mf16c"]
+        [--numpy-pass-ops]
 
 Both models loaded in one process, a 48-token cache each; 5 rounds of 8 passes per (model, rows),
 interleaved; medians in ms. What the README's caption says about a model draft's price.
@@ -16,6 +17,8 @@ whose Q6_K-born layers take the converted directory's 8-bit affine copies (the r
 blocks were read as stored). --untiled adds an arm whose 4-bit layers keep MLX's layout (the
 few-row path) where the default lays them out as tiles (kernels/quant_tiles.py). --cflags builds
 the kernel with those flags instead of the machine's own (an AVX2 machine's kernel, on this one).
+--numpy-pass-ops adds an arm whose decoding passes run RMSNorm, RoPE, attention and silu·up in
+NumPy (the route's pass_ops "numpy": before kernels/pass_ops.c), on the same models.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -30,7 +34,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlxswitch.kernels import quant_cpu, quant_linear
 from mlxswitch.kernels.cbuild import compile_source
-from mlxswitch.kernels.route import kernels_override
+from mlxswitch.kernels.route import kernels_override, resolve_route, use_route
 from mlxswitch.models import loading, row_routes, rows
 from mlxswitch.models.cpu_blocks import decoding_caches
 from mlxswitch.models.gguf_convert import Q6K_BLOCKS_FILE
@@ -45,6 +49,7 @@ parser.add_argument("--mlx-cache", action="store_true", help="an arm on mlx-lm's
 parser.add_argument("--affine-q6k", action="store_true", help="an arm on Q6_K layers' 8-bit affine copies")
 parser.add_argument("--untiled", action="store_true", help="an arm on MLX's layout, not tiles")
 parser.add_argument("--cflags", default="", help="the kernel's compiler flags (-pthread added)")
+parser.add_argument("--numpy-pass-ops", action="store_true", help="an arm on NumPy's pass operations")
 args = parser.parse_args()
 if args.cflags:  # before anything builds the kernel
     quant_cpu.COMPILE_FLAGS = ((*args.cflags.split(), "-pthread"),)
@@ -77,6 +82,8 @@ if args.affine_q6k:  # the converted directory's affine copies: as if it held no
     copies = {n: load_model(f"package:qwen2.5-coder-{n}-instruct").model for n in NAMES}
     loading.Q6K_BLOCKS_FILE = Q6K_BLOCKS_FILE
     arms["Q6_K as 8-bit affine"] = (quant_cpu.INT8_CODE_BITS, copies)
+if args.numpy_pass_ops:
+    arms["numpy pass ops"] = (quant_cpu.INT8_CODE_BITS, models)
 if args.untiled:  # every layer as the few-row path reads it: MLX's layout, Q6_K blocks as stored
     tiles_layer, tiles_q6k = row_routes.tiles_layer, rows.tiles_q6k
     row_routes.tiles_layer, rows.tiles_q6k = (lambda module: False), (lambda view: False)
@@ -92,6 +99,7 @@ for arm, (_, loaded) in arms.items():
         own = make_prompt_cache(m)
         caches[arm, n] = own if arm == "mlx-lm caches" else decoding_caches(m, own)
         mx.eval(m(ids, cache=caches[arm, n]))
+route = resolve_route()
 res: dict[tuple, list[float]] = {}
 for _ in range(5):
     for arm, (bits, loaded) in arms.items():
@@ -101,6 +109,7 @@ for _ in range(5):
         # (each spins ~2 ms after its last product): every arm ran ~3x slower so.
         chosen = (lambda k=kernels[arm]: k) if arm in kernels else shipped
         quant_cpu.quant_kernel = quant_linear.quant_kernel = chosen  # type: ignore[misc]
+        use_route(replace(route, pass_ops="numpy") if arm == "numpy pass ops" else route)
         for n, m in loaded.items():
             cache = caches[arm, n]
             for count in [int(r) for r in args.rows.split(",")] if n == "1.5b" else [1]:
