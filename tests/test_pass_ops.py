@@ -118,3 +118,47 @@ def test_a_model_s_decoding_passes_take_them_and_keep_mlx_logits(monkeypatch):
         got, want = model(mx.array(ids), cache=ours), reference(mx.array(ids), cache=theirs)
         assert np.allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
     assert taken and all(taken)
+
+
+@needs_ops
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q, k and v with biases
+def test_a_block_in_one_call_gives_the_bits_of_its_operations_one_by_one(model_type, monkeypatch):
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.quant_cpu import quant_kernel
+    from mlxswitch.models.row_routes import use_fast_rows
+
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model's rows on int8: tiled
+    resolve_route("auto", "cpu")
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled:
+        pytest.skip("no quantized kernel with tiles here")
+    model = make_model(dict(llama_config(vocab_size=300), model_type=model_type), seed=6)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    use_fast_rows(model)
+    assert all(cpu_blocks._block_plan(layer) is not None for layer in model.layers)
+    one_call = cpu_blocks._block_in_one_call
+    taken: list[bool] = []
+
+    def counted(*args):
+        out = one_call(*args)
+        taken.append(out is not None)
+        return out
+
+    outputs = {}
+    for arm, block in (("one call", counted), ("one by one", lambda *args: None)):
+        monkeypatch.setattr(cpu_blocks, "_block_in_one_call", block)
+        cache = cpu_blocks.decoding_caches(model, make_prompt_cache(model))
+        got = [np.array(model(mx.array([list(range(3, 40))]), cache=cache))]  # a prefill: NumPy's way
+        for ids in ([8], [9, 4, 77], list(range(50, 63))):  # a step, a check, 13 rows
+            got.append(np.array(model(mx.array([ids]), cache=cache)))
+        trim_prompt_cache(cache, 5)  # a rejected draft, then a step after it
+        got.append(np.array(model(mx.array([[6]]), cache=cache)))
+        got += [np.array(a) for a in cache[-1].state]
+        outputs[arm] = got
+    assert taken and all(taken)
+    for mine, theirs in zip(outputs["one call"], outputs["one by one"], strict=True):
+        assert np.array_equal(mine, theirs)

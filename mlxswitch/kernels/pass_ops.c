@@ -219,3 +219,94 @@ int silu_times_rows(const float *gate, const float *up, long stride, long rows, 
     }
     return 1;
 }
+
+/* ---- A decoder block's decoding pass in one call -------------------------------------------
+ * For a llama/qwen2 block whose every product is the quantized kernel's on weights laid out as
+ * its tiles (quant_rows.c's quant_tiled_rows, quant_tiled_q6k: given as function pointers, so
+ * this library does not link that one): the same products, in the same order, with the same
+ * operations between them as the NumPy block with these operations (cpu_blocks.numpy_block), so
+ * the same bits; what it saves is Python's ~20 calls a block. */
+typedef int (*tiled_fn)(const float *x, float *y, long rows, long n_in, int threads, long count, const void *w,
+                        int wide);
+typedef int (*q6k_fn)(const float *x, const void *tiles, float *y, long rows, long n_in, long n_out, int threads,
+                      int wide);
+
+struct product {
+    const void *weights; /* the tiled weights' fields (count of them), or Q6_K tiles */
+    const float *bias;   /* n_out floats added to every row, or NULL */
+    long count, n_in, n_out;
+    int q6k, wide;
+};
+
+struct block_plan {
+    struct product qkv, o, gate_up, down;
+    const float *norm1, *norm2;
+    float eps1, eps2, scale;
+    long dims, inter, heads, kv_heads, head_dim, rope_dims;
+    int traditional;
+    const void *tiled, *q6k; /* tiled_fn, q6k_fn */
+};
+
+static int product_rows(const struct block_plan *p, const struct product *w, const float *x, float *y, long rows,
+                        int threads) {
+    int done = w->q6k ? ((q6k_fn)p->q6k)(x, w->weights, y, rows, w->n_in, w->n_out, threads, w->wide)
+                      : ((tiled_fn)p->tiled)(x, y, rows, w->n_in, threads, w->count, w->weights, w->wide);
+    if (done < 1) return -1;
+    if (w->bias)
+        for (long r = 0; r < rows; r++)
+            for (long j = 0; j < w->n_out; j++) y[r * w->n_out + j] += w->bias[j];
+    return 1;
+}
+
+/* h (rows × dims, one sequence's positions start..start + rows - 1) through the block, in place.
+ * cos_t, sin_t: the rows' RoPE tables (rows × rope_dims/2); keys and values: the layer's cache (KV ×
+ * cap × D), this pass's written at start..; query l sees keys seen_from[l] up to seen_to[l].
+ * Returns 1, or -1 (no memory, a product refused: h is then as it was). */
+int block_rows(const struct block_plan *p, float *h, long rows, const float *cos_t, const float *sin_t,
+               float *keys, float *values, long cap, long start, const long *seen_from, const long *seen_to,
+               int threads) {
+    long dims = p->dims, heads = p->heads, kv = p->kv_heads, d = p->head_dim, n_qkv = p->qkv.n_out;
+    long sizes[] = {rows * dims, rows * n_qkv, heads * rows * d, kv * rows * d, heads * rows * d,
+                    rows * heads * d, rows * dims, rows * 2 * p->inter, rows * p->inter, rows * dims};
+    size_t total = 0;
+    for (int i = 0; i < 10; i++) total += (size_t)sizes[i];
+    float *scratch = malloc(sizeof(float) * total), *at[10];
+    if (!scratch) return -1;
+    at[0] = scratch;
+    for (int i = 1; i < 10; i++) at[i] = at[i - 1] + sizes[i - 1];
+    float *normed = at[0], *qkv = at[1], *q = at[2], *k = at[3], *attended = at[4], *att_rows = at[5];
+    float *o = at[6], *gate_up = at[7], *hidden = at[8], *down = at[9];
+    int ok = rms_norm_rows(h, p->norm1, p->eps1, normed, rows, dims) >= 1 &&
+             product_rows(p, &p->qkv, normed, qkv, rows, threads) >= 1;
+    if (ok) {
+        rope_rows(qkv, 0, d, n_qkv, 1, heads, rows, d, p->rope_dims, p->traditional, cos_t, sin_t, 0, q);
+        rope_rows(qkv + heads * d, 0, d, n_qkv, 1, kv, rows, d, p->rope_dims, p->traditional, cos_t, sin_t, 0, k);
+        for (long g = 0; g < kv; g++)
+            for (long l = 0; l < rows; l++) {
+                memcpy(keys + (g * cap + start + l) * d, k + (g * rows + l) * d, sizeof(float) * (size_t)d);
+                memcpy(values + (g * cap + start + l) * d, qkv + l * n_qkv + (heads + kv + g) * d,
+                       sizeof(float) * (size_t)d);
+            }
+        ok = attend_rows(q, 0, rows * d, d, keys, values, 0, cap * d, d, 1, heads, kv, rows, d, seen_from, seen_to,
+                         p->scale, attended) >= 1;
+    }
+    if (ok) {
+        for (long l = 0; l < rows; l++)
+            for (long hh = 0; hh < heads; hh++)
+                memcpy(att_rows + (l * heads + hh) * d, attended + (hh * rows + l) * d, sizeof(float) * (size_t)d);
+        ok = product_rows(p, &p->o, att_rows, o, rows, threads) >= 1;
+    }
+    if (ok) {
+        for (long i = 0; i < rows * dims; i++) o[i] = h[i] + o[i]; /* the residual, kept apart until the end */
+        ok = rms_norm_rows(o, p->norm2, p->eps2, normed, rows, dims) >= 1 &&
+             product_rows(p, &p->gate_up, normed, gate_up, rows, threads) >= 1;
+    }
+    if (ok) {
+        silu_times_rows(gate_up, gate_up + p->inter, 2 * p->inter, rows, p->inter, hidden);
+        ok = product_rows(p, &p->down, hidden, down, rows, threads) >= 1;
+    }
+    if (ok)
+        for (long i = 0; i < rows * dims; i++) h[i] = o[i] + down[i];
+    free(scratch);
+    return ok ? 1 : -1;
+}

@@ -35,6 +35,48 @@ MOST_GROUP = 16  # query heads a key head may serve (pass_ops.c)
 _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
+class Product(ctypes.Structure):
+    """One product of a block (pass_ops.c's struct product): tiled weights' fields (`count` of
+    them, quant_rows.c's quant_tiled_rows) or Q6_K tiles (quant_tiled_q6k), and a bias or NULL."""
+
+    _fields_ = [
+        ("weights", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("count", ctypes.c_long),
+        ("n_in", ctypes.c_long),
+        ("n_out", ctypes.c_long),
+        ("q6k", ctypes.c_int),
+        ("wide", ctypes.c_int),
+    ]
+
+
+class BlockPlan(ctypes.Structure):
+    """A decoder block as block_rows reads it (pass_ops.c's struct block_plan): its four products,
+    norms, attention's shape and the quantized kernel's two entry points. Whoever makes one keeps
+    the arrays it points to alive (cpu_blocks.block_plan)."""
+
+    _fields_ = [
+        ("qkv", Product),
+        ("o", Product),
+        ("gate_up", Product),
+        ("down", Product),
+        ("norm1", ctypes.c_void_p),
+        ("norm2", ctypes.c_void_p),
+        ("eps1", ctypes.c_float),
+        ("eps2", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("dims", ctypes.c_long),
+        ("inter", ctypes.c_long),
+        ("heads", ctypes.c_long),
+        ("kv_heads", ctypes.c_long),
+        ("head_dim", ctypes.c_long),
+        ("rope_dims", ctypes.c_long),
+        ("traditional", ctypes.c_int),
+        ("tiled", ctypes.c_void_p),
+        ("q6k", ctypes.c_void_p),
+    ]
+
+
 def _strides(array: np.ndarray) -> list[int]:
     """An fp32 array's strides in elements."""
     return [stride // 4 for stride in array.strides]
@@ -53,7 +95,9 @@ class PassOps:
         self._attend.argtypes = [_P, _L, _L, _L, _P, _P, *[_L] * 8, _P, _P, ctypes.c_float, _P]
         self._silu = library.silu_times_rows
         self._silu.argtypes = [_P, _P, _L, _L, _L, _P]
-        for function in (self._norm, self._rope, self._attend, self._silu):
+        self._block = library.block_rows
+        self._block.argtypes = [_P, _P, _L, _P, _P, _P, _P, _L, _L, _P, _P, ctypes.c_int]
+        for function in (self._norm, self._rope, self._attend, self._silu, self._block):
             function.restype = ctypes.c_int
 
     def rms_norm(self, rows: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -101,6 +145,31 @@ class PassOps:
             scale, out.ctypes.data,
         )  # fmt: skip
         return out if done >= 1 else None
+
+    def block(
+        self,
+        plan: BlockPlan,
+        h: np.ndarray,
+        tables: tuple[np.ndarray, np.ndarray],
+        cache: tuple[np.ndarray, np.ndarray, int],
+        seen: list[slice],
+        threads: int,
+    ) -> bool:
+        """One sequence's decoding pass through a decoder block, in place on h (rows × dims, fp32,
+        contiguous): the products `plan` names with this library's operations between them, as
+        cpu_blocks.numpy_block makes them (the same bits). tables: RoPE's cos and sin (rows ×
+        dims/2, contiguous); cache: the layer's keys and values (1 × KV × room × D, contiguous)
+        and where this pass's are written; seen: the keys each row sees. False where a product
+        refused or memory ran out (h unchanged)."""
+        keys, values, start = cache
+        seen_from = np.array([s.start for s in seen], dtype=np.int64)
+        seen_to = np.array([s.stop for s in seen], dtype=np.int64)
+        done = self._block(
+            ctypes.addressof(plan), h.ctypes.data, h.shape[0], tables[0].ctypes.data, tables[1].ctypes.data,
+            keys.ctypes.data, values.ctypes.data, keys.shape[2], start, seen_from.ctypes.data,
+            seen_to.ctypes.data, threads,
+        )  # fmt: skip
+        return done >= 1
 
     def silu_times(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """silu(gate)·up for fp32 rows (N × n) whose rows lie one stride apart in both (gate and up

@@ -47,9 +47,9 @@ class QuantKernel:
         self.q6k_tile_pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
         for function in (self.tile_pack, self.q6k_tile_pack):
             function.restype = ctypes.c_int
-        self._tiled_q6k = library.quant_tiled_q6k  # x, tiles, y; rows, in, out; threads, int16
-        self._tiled_q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
-        self._tiled_q6k.restype = ctypes.c_int
+        self.tiled_q6k = library.quant_tiled_q6k  # x, tiles, y; rows, in, out; threads, int16
+        self.tiled_q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
+        self.tiled_q6k.restype = ctypes.c_int
         # x, blocks, y; rows, in, out; threads; many_from; integer activations, int16 (else int8)
         self._q6k = library.q6k_rows
         self._q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
@@ -116,7 +116,7 @@ class QuantKernel:
                 raise ValueError("a weight laid out as tiles multiplies integer activations only")
             if weight.layout == Q6K_TILED:
                 blocks = weight.addresses[0]
-                done = self._tiled_q6k(
+                done = self.tiled_q6k(
                     xs.ctypes.data, blocks, y.ctypes.data, rows, in_dims, weight.out_dims, threads, int(wide)
                 )
             else:

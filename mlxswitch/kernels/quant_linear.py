@@ -56,7 +56,7 @@ def _int8_activations(route: Route, int8_inputs: bool) -> bool:
     return int8_inputs and route.quant_activations == "int8"
 
 
-def _bias_row(bias: mx.array) -> np.ndarray:
+def bias_row(bias: mx.array) -> np.ndarray:
     """A layer's bias as the fp32 NumPy row added to its products."""
     return np.asarray(bias if bias.dtype == mx.float32 else bias.astype(mx.float32))
 
@@ -87,7 +87,7 @@ def numpy_quant_rows_together(
     outs = np.split(y, pack.ends[:-1], axis=1)
     for out, bias in zip(outs, biases, strict=True):
         if bias is not None:
-            out += _bias_row(bias)  # a view: y's columns
+            out += bias_row(bias)  # a view: y's columns
     return outs
 
 
@@ -99,5 +99,5 @@ def numpy_quant_rows(
     quant_rows_times."""
     y = quant_rows_times(xs, weights, decoding, int8_inputs)
     if bias is not None:
-        y += _bias_row(bias)
+        y += bias_row(bias)
     return y

@@ -92,7 +92,13 @@ static inline float hsum(vf v) {
  * spinning between parallel regions, so each of a step's ~200 products waited for a woken
  * thread: the Qwen 1.5B's step took ~72 ms on a second thread against ~60 on the first. Here a
  * worker spins a while (SPINS pauses, ~1-2 ms) after a product before it sleeps, as libgomp does
- * in a single team, and a product's caller computes part 0 itself. */
+ * in a single team, and a product's caller computes part 0 itself. The tiles' products (every
+ * decoding pass and prefill of a tiled model) do not split their tiles in halves: each thread takes
+ * an eighth of a half at a time from a counter they share (next_items), so a worker that woke late
+ * or ran slower takes fewer. With halves the Qwen 1.5B's caller waited 4-8 ms of a ~60 ms step for
+ * the worker (timed in an instrumented build); the step 61.2 -> 56.5 ms, a 4-row check 80.4 ->
+ * 69.9, 8 rows 111.1 -> 104.1 (bench_pair_steps.py --sources, the two builds interleaved). Which
+ * thread computes a tile changes no bit. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 static inline void relax(void) { _mm_pause(); }
@@ -187,6 +193,21 @@ static long run_parts(part_fn fn, const void *args, long parts) {
     while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) relax();
     pthread_mutex_unlock(&pool.call);
     return parts;
+}
+
+/* Items a thread takes at a time where the parts share items as they go (next_items): an eighth of
+ * each part's share, so a thread that started late or runs slower takes fewer. */
+static inline long share_chunk(long count, long parts) {
+    long chunk = count / (8 * parts);
+    return chunk > 0 ? chunk : 1;
+}
+
+/* The next `chunk` items of count from a counter all parts share: [*first, *end), or 0 when none is left. */
+static inline int next_items(atomic_long *next, long count, long chunk, long *first, long *end) {
+    *first = atomic_fetch_add_explicit(next, chunk, memory_order_relaxed);
+    if (*first >= count) return 0;
+    *end = *first + chunk < count ? *first + chunk : count;
+    return 1;
 }
 
 /* Part `part` of `parts` of the items 0..count-1: contiguous, in order. */
@@ -2071,13 +2092,12 @@ struct tiled_many_args {
     long count, rows;
     long first[MANY_WEIGHTS + 1]; /* weight i's tiles are first[i]..first[i + 1] - 1 of the call's */
     struct i8_args weights[MANY_WEIGHTS];
+    atomic_long next; /* the next tile no thread has taken (next_items) */
 };
 
-static void tiled_part(const void *p, long part, long parts) {
-    const struct tiled_many_args *m = p;
-    long lo, hi;
+/* Tiles lo..hi - 1 of a call of quant_tiled_rows (across its weights). */
+static void tiled_tiles(const struct tiled_many_args *m, long lo, long hi) {
     float out[TILE_ROWS * GEMM_OUT];
-    part_range(m->first[m->count], part, parts, &lo, &hi);
     for (long i = 0; i < m->count; i++) {
         const struct i8_args *a = &m->weights[i];
         long from = lo > m->first[i] ? lo : m->first[i], to = hi < m->first[i + 1] ? hi : m->first[i + 1];
@@ -2091,6 +2111,13 @@ static void tiled_part(const void *p, long part, long parts) {
             }
     }
 }
+
+static void tiled_part(const void *p, long part, long parts) {
+    struct tiled_many_args *m = (struct tiled_many_args *)p; /* the call's own: its counter moves */
+    long lo, hi, total = m->first[m->count], chunk = share_chunk(total, parts);
+    (void)part;
+    while (next_items(&m->next, total, chunk, &lo, &hi)) tiled_tiles(m, lo, hi);
+}
 #endif
 
 /* y (rows × Σ n_out) = x (rows × n_in) · [W_0 … W_count-1]ᵀ on int8 activations (int16: wide, 4-bit
@@ -2102,7 +2129,7 @@ int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads
                      const struct quant_weight *w, int wide) {
 #if defined(TILES)
     if (count < 1 || count > MANY_WEIGHTS || rows < 1) return -1;
-    struct tiled_many_args m = {count, rows, {0}, {{0}}};
+    struct tiled_many_args m = {count, rows, {0}, {{0}}, 0};
     long total = 0;
     for (long i = 0; i < count; i++) {
         if (!(w[i].bits == 4 || (w[i].bits == 8 && !wide)) || !gemm_takes(w[i].bits, w[i].centre, wide) ||
@@ -2312,21 +2339,24 @@ struct tiled_q6k_args {
     const struct i8_args *a;
     const int32_t *xq16;
     long rows;
+    atomic_long next; /* the next tile no thread has taken (next_items) */
 };
 
 static void tiled_q6k_part(const void *p, long part, long parts) {
-    const struct tiled_q6k_args *t = p;
+    struct tiled_q6k_args *t = (struct tiled_q6k_args *)p; /* the call's own: its counter moves */
     const struct i8_args *a = t->a;
-    long lo, hi;
+    long lo, hi, tiles = a->n_out / GEMM_OUT, chunk = share_chunk(tiles, parts);
     float out[TILE_ROWS * GEMM_OUT];
-    part_range(a->n_out / GEMM_OUT, part, parts, &lo, &hi);
-    for (long tile = lo; tile < hi; tile++)
-        for (long r = 0; r < t->rows; r += TILE_ROWS) {
-            long k = t->rows - r < TILE_ROWS ? t->rows - r : TILE_ROWS;
-            TILED_Q6K_FN[a->wide][k](a, t->xq16, tile, r, out);
-            for (long rr = 0; rr < k; rr++)
-                memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT, sizeof(float) * GEMM_OUT);
-        }
+    (void)part;
+    while (next_items(&t->next, tiles, chunk, &lo, &hi))
+        for (long tile = lo; tile < hi; tile++)
+            for (long r = 0; r < t->rows; r += TILE_ROWS) {
+                long k = t->rows - r < TILE_ROWS ? t->rows - r : TILE_ROWS;
+                TILED_Q6K_FN[a->wide][k](a, t->xq16, tile, r, out);
+                for (long rr = 0; rr < k; rr++)
+                    memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT,
+                           sizeof(float) * GEMM_OUT);
+            }
 }
 #endif
 
@@ -2347,7 +2377,7 @@ int quant_tiled_q6k(const float *x, const uint8_t *tiles, float *y, long rows, l
         return -1;
     }
     if (wide) tile_pair_order((int16_t *)args.xw, rows, args.stride);
-    struct tiled_q6k_args t = {&args, xq16, rows};
+    struct tiled_q6k_args t = {&args, xq16, rows, 0};
     threads = (int)run_parts(tiled_q6k_part, &t, threads < 1 ? 1 : threads);
     free(xq16);
     i8_release(&args);

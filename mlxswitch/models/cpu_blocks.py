@@ -13,6 +13,7 @@ decoding pass's keys and values in NumPy, numpy_cache.py). Where evaluation is r
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +24,13 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache
 
 from ..kernels._common import single_threaded_blas
-from ..kernels.pass_ops import PassOps, pass_ops
-from ..kernels.quant_cpu import INT8_MAX_POSITIONS
-from ..kernels.quant_linear import numpy_quant_rows_together
+from ..kernels.pass_ops import BlockPlan, PassOps, Product, pass_ops
+from ..kernels.quant_cpu import INT8_MAX_POSITIONS, quant_kernel
+from ..kernels.quant_linear import bias_row, numpy_quant_rows_together
 from ..kernels.quant_packs import weight_pack
+from ..kernels.quant_weights import Q6K_TILED, TILED
 from ..kernels.route import current_route
-from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention
+from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention, visible_ranges
 from .numpy_cache import NumpyKVCache
 
 # The block classes whose __call__ the subclasses below follow step for step.
@@ -131,6 +133,10 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     # A decoding pass's small operations in C where the route has them (kernels/pass_ops.py).
     ops = pass_ops() if decoding and current_route().pass_ops == "compiled" else None
     h = np.asarray(x).reshape(-1, dims)
+    if ops is not None and batch == 1 and isinstance(cache, NumpyKVCache):
+        fused = _block_in_one_call(block, ops, h, mask, cache)
+        if fused is not None:
+            return mx.array(fused.reshape(batch, length, dims))
     normed = _rms_norm(h, norms[0], ops)
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
     queries_rows, keys_rows, values_rows = _rows_times_together(attention, projections, normed, decoding)
@@ -156,6 +162,134 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     hidden = _silu_times(gate, up, ops)
     h += _rows_times(mlp.down_proj, hidden, decoding)
     return mx.array(h.reshape(batch, length, dims))
+
+
+@dataclass(frozen=True, eq=False)
+class _KeptPlan:
+    """A block's BlockPlan, the objects it was made from (their identity says it still holds) and
+    the arrays it points into (kept alive with it)."""
+
+    plan: BlockPlan
+    sources: tuple
+    arrays: tuple
+
+
+def _block_in_one_call(
+    block: Any, ops: PassOps, h: np.ndarray, mask: Any, cache: NumpyKVCache
+) -> np.ndarray | None:
+    """One sequence's decoding pass through the block in one call of the pass operations
+    (PassOps.block: the products and operations numpy_block makes, in its order: the same bits),
+    where every product is the quantized kernel's on tiles; None where not (numpy_block's way)."""
+    kept = _block_plan(block)
+    if kept is None:
+        return None
+    attention, length = block.self_attn, h.shape[0]
+    plan = kept.plan
+    shape = (1, plan.kv_heads, length, plan.head_dim)
+    keys, values, start = cache.reserve_rows(shape, shape)
+    seen = visible_ranges(mask, 1, length, start + length)
+    if seen is None:
+        return None
+    cos, sin = _rope_tables(attention.rope, np.asarray(start, dtype=np.float64).reshape(-1), length)
+    out = np.array(h, dtype=np.float32)  # a copy: the block writes its rows in place
+    tables = (cos.reshape(length, -1), sin.reshape(length, -1))
+    if not ops.block(plan, out, tables, (keys, values, start), seen, current_route().blas_threads):
+        return None
+    cache.commit_rows(start + length)
+    return out
+
+
+def _block_plan(block: Any) -> _KeptPlan | None:
+    """The block's plan for PassOps.block, kept on the block while its weights and norms are the
+    ones it was made from; None where a product is not the quantized kernel's on tiles on int8
+    rows (int16 for the down projection), the RoPE is not plain, or a pack does not form."""
+    route = current_route()
+    kernel = quant_kernel()
+    if route.plain_linears != "quant-kernel" or route.quant_activations != "int8" or kernel is None:
+        return None
+    attention, mlp = block.self_attn, block.mlp
+    linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj) + (
+        mlp.gate_proj,
+        mlp.up_proj,
+        mlp.down_proj,
+    )
+    weights = [getattr(linear, "quant", None) for linear in linears]
+    norms = (block.input_layernorm, block.post_attention_layernorm)
+    sources = (*(w.weights if w is not None else None for w in weights), *(n.weight for n in norms))
+    kept = getattr(block, "pass_plan", None)
+    if kept is not None and all(a is b for a, b in zip(kept.sources, sources, strict=True)):
+        return kept
+    made = _make_block_plan(kernel, attention, mlp, linears, norms)
+    block.pass_plan = None if made is None else _KeptPlan(made[0], sources, made[1])
+    return block.pass_plan
+
+
+def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norms: tuple) -> tuple | None:
+    """(BlockPlan, the arrays it points into), or None (_block_plan says where)."""
+    if type(attention.rope) is not nn.RoPE:
+        return None
+    arrays: list = []
+    products = []
+    # q, k and v; o; gate and up; down (whose rows take int16, not int8: FP32_INPUT_LAYERS)
+    groups = ((linears[:3], True), (linears[3:4], True), (linears[4:6], True), (linears[6:], False))
+    for group, narrow in groups:
+        product = _product(group, narrow, arrays)
+        if product is None:
+            return None
+        products.append(product)
+    views = [_rms_norm_weight(norm) for norm in norms]
+    arrays += views
+    head_dim = attention.q_proj.quant.weights[0].out_dims // attention.n_heads
+    plan = BlockPlan(
+        *products,
+        norm1=views[0].ctypes.data,
+        norm2=views[1].ctypes.data,
+        eps1=norms[0].eps,
+        eps2=norms[1].eps,
+        scale=attention.scale,
+        dims=linears[0].quant.weights[0].in_dims,
+        inter=linears[4].quant.weights[0].out_dims,
+        heads=attention.n_heads,
+        kv_heads=attention.n_kv_heads,
+        head_dim=head_dim,
+        rope_dims=attention.rope.dims,
+        traditional=int(attention.rope.traditional),
+        tiled=ctypes.cast(kernel.tiled_together, ctypes.c_void_p).value,
+        q6k=ctypes.cast(kernel.tiled_q6k, ctypes.c_void_p).value,
+    )
+    return plan, tuple(arrays)
+
+
+def _product(linears: tuple, narrow: bool, arrays: list) -> Product | None:
+    """The Product of linears that read the same rows (one call, as _rows_times_together makes it;
+    one linear as numpy_rows makes it), or None where they do not take the tiles' path."""
+    found = []
+    for linear in linears:
+        quant = getattr(linear, "quant", None)
+        if quant is None or len(quant.weights) != 1 or linear.int8_inputs != narrow:
+            return None
+        found.append(quant.weights[0])
+    biases = [linear.get("bias") for linear in linears]
+    if any(b is None for b in biases) != all(b is None for b in biases):
+        return None  # a bias on some only: added one by one in NumPy
+    bias = None if biases[0] is None else np.concatenate([bias_row(b) for b in biases])
+    if bias is not None:
+        arrays.append(bias)
+    bias_at = None if bias is None else bias.ctypes.data
+    if len(found) > 1:
+        pack = weight_pack(found)
+        if pack is None or not pack.tiled:
+            return None
+        arrays.append(pack)
+        fields = ctypes.addressof(pack.fields)
+        return Product(fields, bias_at, len(found), found[0].in_dims, pack.ends[-1], 0, 0)
+    weight = found[0]
+    wide = int(not narrow)
+    if weight.layout == TILED:
+        return Product(ctypes.addressof(weight.fields), bias_at, 1, weight.in_dims, weight.out_dims, 0, wide)
+    if weight.layout == Q6K_TILED:
+        return Product(weight.addresses[0], bias_at, 1, weight.in_dims, weight.out_dims, 1, wide)
+    return None
 
 
 def _mlx_cache_rows(
@@ -232,17 +366,23 @@ class _NumpyWeight:
     view: np.ndarray
 
 
-def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm, ops: PassOps | None = None) -> np.ndarray:
-    """nn.RMSNorm on fp32 NumPy rows (the same bits by the compiled pass operations where given)."""
+def _rms_norm_weight(norm: nn.RMSNorm) -> np.ndarray:
+    """The norm's weight as an fp32 NumPy view, kept on the norm while it is its weight."""
     kept = getattr(norm, "numpy_weight", None)
     if kept is None or kept.weight is not norm.weight:
         view = np.asarray(norm.weight if norm.weight.dtype == mx.float32 else norm.weight.astype(mx.float32))
         kept = norm.numpy_weight = _NumpyWeight(norm.weight, view)
+    return kept.view
+
+
+def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm, ops: PassOps | None = None) -> np.ndarray:
+    """nn.RMSNorm on fp32 NumPy rows (the same bits by the compiled pass operations where given)."""
+    weight = _rms_norm_weight(norm)
     if ops is not None:
-        return ops.rms_norm(rows, kept.view, norm.eps)
+        return ops.rms_norm(rows, weight, norm.eps)
     # np.mean's own bits (a sum, then one division), without its Python-level wrapper
     mean_square = np.add.reduce(np.square(rows), axis=-1, keepdims=True) / np.float32(rows.shape[-1])
-    return rows / np.sqrt(mean_square + np.float32(norm.eps)) * kept.view
+    return rows / np.sqrt(mean_square + np.float32(norm.eps)) * weight
 
 
 def _rows_times(linear: nn.Module, rows: np.ndarray, decoding: bool) -> np.ndarray:

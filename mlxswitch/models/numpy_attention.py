@@ -64,7 +64,7 @@ def attention_rows(
     _attention_by_row), where the mask says plainly which keys each sees; else, and for longer
     passes, one batched product."""
     if q.shape[2] <= INT8_MAX_POSITIONS:
-        seen = _visible_ranges(mask, q.shape[0], q.shape[2], k.shape[2]) if ops is not None else None
+        seen = visible_ranges(mask, q.shape[0], q.shape[2], k.shape[2]) if ops is not None else None
         attended = ops.attend(q, k, v, seen, scale) if ops is not None and seen is not None else None
         if attended is not None:
             return attended
@@ -74,7 +74,7 @@ def attention_rows(
     return _attention(q, k, v, scale, mask)
 
 
-def _visible_ranges(mask, batch: int, length: int, total: int) -> list[slice] | None:
+def visible_ranges(mask, batch: int, length: int, total: int) -> list[slice] | None:
     """The keys each query (b, i) of a pass sees, in order b·L + i (_visible_keys); None where
     the mask does not say so plainly for one of them."""
     if isinstance(mask, mx.array):

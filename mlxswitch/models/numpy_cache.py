@@ -89,23 +89,38 @@ class NumpyKVCache(KVCache):
     def append_rows(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Write a decoding pass's keys and values (fp32, B × heads × L × D) after the offset, in
         NumPy only; every position's keys and values as NumPy views (B × heads × offset × D)."""
-        start = self._offset
+        held_keys, held_values, start = self.reserve_rows(keys.shape, values.shape)
         end = start + keys.shape[2]
-        self._mirror_upto(start)
-        held_keys, held_values = self._room(end, keys, values)
         held_keys[:, :, start:end] = keys
         held_values[:, :, start:end] = values
-        self._offset, self.pending, self.mirrored = end, min(self.pending, start), end
+        self.commit_rows(end)
         return held_keys[:, :, :end], held_values[:, :, :end]
 
-    def _room(self, end: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def reserve_rows(
+        self, keys_shape: tuple[int, ...], values_shape: tuple[int, ...]
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Room for a decoding pass's keys and values (shapes B × heads × L × D) after the offset,
+        the positions before it held in NumPy: the whole NumPy copy (keys, values) and where the
+        pass's positions start. commit_rows(end) once they are written."""
+        start = self._offset
+        self._mirror_upto(start)
+        held_keys, held_values = self._room(start + keys_shape[2], keys_shape, values_shape)
+        return held_keys, held_values, start
+
+    def commit_rows(self, end: int) -> None:
+        """The positions from the offset up to `end` are written in the NumPy copy (reserve_rows)."""
+        self._offset, self.pending, self.mirrored = end, min(self.pending, self._offset), end
+
+    def _room(
+        self, end: int, keys_shape: tuple[int, ...], values_shape: tuple[int, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The NumPy copy, grown (a whole GROWTH of positions at a time) to hold `end` positions."""
         held = self._numpy
         if held is not None and held[0].shape[2] >= end:
             return held
         size = -(-end // GROWTH) * GROWTH
         grown = tuple(
-            np.zeros((*new.shape[:2], size, new.shape[3]), dtype=np.float32) for new in (keys, values)
+            np.zeros((*shape[:2], size, shape[3]), dtype=np.float32) for shape in (keys_shape, values_shape)
         )
         if held is not None:
             for old, new in zip(held, grown, strict=True):
@@ -122,7 +137,7 @@ class NumpyKVCache(KVCache):
         parts = [a[:, :, start:end].astype(mx.float32) for a in (self._keys, self._values)]
         mx.eval(*parts)
         keys, values = (np.asarray(a) for a in parts)
-        held_keys, held_values = self._room(end, keys, values)
+        held_keys, held_values = self._room(end, keys.shape, values.shape)
         held_keys[:, :, start:end] = keys
         held_values[:, :, start:end] = values
         self.mirrored = end
