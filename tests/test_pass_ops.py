@@ -122,7 +122,7 @@ def test_a_model_s_decoding_passes_take_them_and_keep_mlx_logits(monkeypatch):
 
 @needs_ops
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q, k and v with biases
-def test_a_block_in_one_call_gives_the_bits_of_its_operations_one_by_one(model_type, monkeypatch):
+def test_a_body_and_a_block_in_one_call_give_the_bits_of_the_operations_one_by_one(model_type, monkeypatch):
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
     from tinymodels import llama_config, make_model
 
@@ -140,16 +140,28 @@ def test_a_block_in_one_call_gives_the_bits_of_its_operations_one_by_one(model_t
     mx.eval(model.parameters())
     use_fast_rows(model)
     assert all(cpu_blocks._block_plan(layer) is not None for layer in model.layers)
-    one_call = cpu_blocks._block_in_one_call
-    taken: list[bool] = []
+    calls = {"body": cpu_blocks._body_in_one_call, "block": cpu_blocks._block_in_one_call}
+    taken: dict[str, list[bool]] = {"body": [], "block": []}
 
-    def counted(*args):
-        out = one_call(*args)
-        taken.append(out is not None)
-        return out
+    def counted(name):
+        def call(*args):
+            out = calls[name](*args)
+            taken[name].append(out is not None)
+            return out
+
+        return call
+
+    def refused(*args):
+        return None
 
     outputs = {}
-    for arm, block in (("one call", counted), ("one by one", lambda *args: None)):
+    arms = {
+        "body": (counted("body"), refused),
+        "block": (refused, counted("block")),
+        "one by one": (refused, refused),
+    }
+    for arm, (body, block) in arms.items():
+        monkeypatch.setattr(cpu_blocks, "_body_in_one_call", body)
         monkeypatch.setattr(cpu_blocks, "_block_in_one_call", block)
         cache = cpu_blocks.decoding_caches(model, make_prompt_cache(model))
         got = [np.array(model(mx.array([list(range(3, 40))]), cache=cache))]  # a prefill: NumPy's way
@@ -159,6 +171,8 @@ def test_a_block_in_one_call_gives_the_bits_of_its_operations_one_by_one(model_t
         got.append(np.array(model(mx.array([[6]]), cache=cache)))
         got += [np.array(a) for a in cache[-1].state]
         outputs[arm] = got
-    assert taken and all(taken)
-    for mine, theirs in zip(outputs["one call"], outputs["one by one"], strict=True):
-        assert np.array_equal(mine, theirs)
+    # the body's call takes the 4 decoding passes (the prefill is 37 rows: NumPy's many-row way)
+    assert taken["body"] == [False, True, True, True, True] and taken["block"] and all(taken["block"])
+    for arm in ("body", "block"):
+        for mine, theirs in zip(outputs[arm], outputs["one by one"], strict=True):
+            assert np.array_equal(mine, theirs), arm

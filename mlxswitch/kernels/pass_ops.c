@@ -310,3 +310,16 @@ int block_rows(const struct block_plan *p, float *h, long rows, const float *cos
     free(scratch);
     return ok ? 1 : -1;
 }
+
+/* Every block of a model body in turn (block_rows), h in place: layer i's plan plans[i], cache
+ * keys[i], values[i] of room caps[i]; the rows' RoPE tables and the keys each sees are the same in
+ * every layer. Returns 1, or -1 where a block refused (h is then the block's input before it). */
+int blocks_rows(const struct block_plan *const *plans, long layers, float *h, long rows, const float *cos_t,
+                const float *sin_t, float *const *keys, float *const *values, const long *caps, long start,
+                const long *seen_from, const long *seen_to, int threads) {
+    for (long i = 0; i < layers; i++)
+        if (block_rows(plans[i], h, rows, cos_t, sin_t, keys[i], values[i], caps[i], start, seen_from, seen_to,
+                       threads) < 1)
+            return -1;
+    return 1;
+}

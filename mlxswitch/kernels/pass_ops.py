@@ -97,7 +97,9 @@ class PassOps:
         self._silu.argtypes = [_P, _P, _L, _L, _L, _P]
         self._block = library.block_rows
         self._block.argtypes = [_P, _P, _L, _P, _P, _P, _P, _L, _L, _P, _P, ctypes.c_int]
-        for function in (self._norm, self._rope, self._attend, self._silu, self._block):
+        self._blocks = library.blocks_rows
+        self._blocks.argtypes = [_P, _L, _P, _L, _P, _P, _P, _P, _P, _L, _P, _P, ctypes.c_int]
+        for function in (self._norm, self._rope, self._attend, self._silu, self._block, self._blocks):
             function.restype = ctypes.c_int
 
     def rms_norm(self, rows: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -168,6 +170,32 @@ class PassOps:
             ctypes.addressof(plan), h.ctypes.data, h.shape[0], tables[0].ctypes.data, tables[1].ctypes.data,
             keys.ctypes.data, values.ctypes.data, keys.shape[2], start, seen_from.ctypes.data,
             seen_to.ctypes.data, threads,
+        )  # fmt: skip
+        return done >= 1
+
+    def blocks(
+        self,
+        plans: list[BlockPlan],
+        h: np.ndarray,
+        tables: tuple[np.ndarray, np.ndarray],
+        caches: list[tuple[np.ndarray, np.ndarray]],
+        start: int,
+        seen: list[slice],
+        threads: int,
+    ) -> bool:
+        """As `block`, through every block of a model body in turn (plans[i] with caches[i]: layer
+        i's keys and values, this pass's written at `start`): one call a pass. False where a block
+        refused (h is then unusable)."""
+        count = len(plans)
+        plan_at = (ctypes.c_void_p * count)(*(ctypes.addressof(plan) for plan in plans))
+        keys_at = (ctypes.c_void_p * count)(*(keys.ctypes.data for keys, _ in caches))
+        values_at = (ctypes.c_void_p * count)(*(values.ctypes.data for _, values in caches))
+        rooms = np.array([keys.shape[2] for keys, _ in caches], dtype=np.int64)
+        seen_from = np.array([s.start for s in seen], dtype=np.int64)
+        seen_to = np.array([s.stop for s in seen], dtype=np.int64)
+        done = self._blocks(
+            plan_at, count, h.ctypes.data, h.shape[0], tables[0].ctypes.data, tables[1].ctypes.data,
+            keys_at, values_at, rooms.ctypes.data, start, seen_from.ctypes.data, seen_to.ctypes.data, threads,
         )  # fmt: skip
         return done >= 1
 

@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import llama, qwen2
+from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from ..kernels._common import single_threaded_blas
@@ -37,6 +38,7 @@ from .numpy_cache import NumpyKVCache
 ATTENTION_CLASSES = (llama.Attention, qwen2.Attention)
 MLP_CLASSES = (llama.MLP, qwen2.MLP)
 BLOCK_CLASSES = (llama.TransformerBlock, qwen2.TransformerBlock)
+BODY_CLASSES = (llama.LlamaModel, qwen2.Qwen2Model)
 
 
 def _silu_times(gate: np.ndarray, up: np.ndarray, ops: PassOps | None = None) -> np.ndarray:
@@ -100,6 +102,66 @@ class NumpyBlock(nn.Module):
         """The block's output: numpy_block's where it takes the pass, else mlx-lm's."""
         out = numpy_block(self, x, mask, cache)
         return super().__call__(x, mask, cache) if out is None else out
+
+
+class NumpyBody(nn.Module):
+    """mlx-lm's llama/qwen2 model body whose decoding pass of one sequence runs all its blocks in
+    one call of the pass operations (PassOps.blocks) where each block has a plan; else its own
+    (each block then numpy_block's way)."""
+
+    def __call__(self, inputs: mx.array, cache: Any = None, input_embeddings: Any = None) -> mx.array:
+        """The body's hidden states, as mlx-lm's __call__ gives them."""
+        out = _body_in_one_call(self, inputs, cache, input_embeddings)
+        if out is None:
+            out = super().__call__(inputs, cache=cache, input_embeddings=input_embeddings)
+        return out
+
+
+def _body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: Any) -> mx.array | None:
+    """One sequence's decoding pass through every block in one call (PassOps.blocks: each block as
+    _block_in_one_call makes it, the same bits), then the body's norm; None where a block has no
+    plan, a cache is not a NumpyKVCache, or the body is not mlx-lm's plain one (pipelined,
+    sliding windows, given embeddings)."""
+    if input_embeddings is not None or cache is None or inputs.ndim != 2 or inputs.shape[0] != 1:
+        return None
+    length, layers = inputs.shape[1], body.layers
+    if length > INT8_MAX_POSITIONS or current_route().pass_ops != "compiled" or len(cache) != len(layers):
+        return None
+    if getattr(body, "pipeline_size", 1) != 1 or getattr(body, "swa_idx", None) is not None:
+        return None
+    ops = pass_ops()
+    if ops is None or not all(isinstance(c, NumpyKVCache) for c in cache):
+        return None
+    found = [_block_plan(layer) if isinstance(layer, NumpyBlock) else None for layer in layers]
+    plans = [kept for kept in found if kept is not None]
+    ropes = {(a.rope.dims, a.rope.base, a.rope.scale) for a in (layer.self_attn for layer in layers)}
+    start = cache[0].offset
+    if len(plans) != len(layers) or len(ropes) != 1 or any(c.offset != start for c in cache):
+        return None
+    h = body.embed_tokens(inputs)
+    try:
+        mx.eval(h)
+    except ValueError:  # under mx.compile, vmap or export: no evaluation
+        return None
+    mask = create_attention_mask(h, cache[0])
+    seen = visible_ranges(mask, 1, length, start + length)
+    if h.dtype != mx.float32 or seen is None:
+        return None
+    rope = layers[0].self_attn.rope
+    cos, sin = _rope_tables(rope, np.asarray(start, dtype=np.float64).reshape(-1), length)
+    rows = np.array(np.asarray(h).reshape(length, -1))  # a copy: the blocks write it in place
+    room = []
+    for kept, layer_cache in zip(plans, cache, strict=True):
+        shape = (1, kept.plan.kv_heads, length, kept.plan.head_dim)
+        keys, values, _ = layer_cache.reserve_rows(shape, shape)
+        room.append((keys, values))
+    tables = (cos.reshape(length, -1), sin.reshape(length, -1))
+    threads = current_route().blas_threads
+    if not ops.blocks([kept.plan for kept in plans], rows, tables, room, start, seen, threads):
+        return None  # nothing committed: mlx-lm's body computes the pass again
+    for layer_cache in cache:
+        layer_cache.commit_rows(start + length)
+    return body.norm(mx.array(rows.reshape(1, length, -1)))
 
 
 def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
@@ -208,13 +270,17 @@ def _block_plan(block: Any) -> _KeptPlan | None:
     if route.plain_linears != "quant-kernel" or route.quant_activations != "int8" or kernel is None:
         return None
     attention, mlp = block.self_attn, block.mlp
+    norms = (block.input_layernorm, block.post_attention_layernorm)
+    if not isinstance(attention, NumpyAttention) or not isinstance(mlp, NumpyMLP):
+        return None
+    if not all(type(norm) is nn.RMSNorm for norm in norms):
+        return None
     linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj) + (
         mlp.gate_proj,
         mlp.up_proj,
         mlp.down_proj,
     )
     weights = [getattr(linear, "quant", None) for linear in linears]
-    norms = (block.input_layernorm, block.post_attention_layernorm)
     sources = (*(w.weights if w is not None else None for w in weights), *(n.weight for n in norms))
     kept = getattr(block, "pass_plan", None)
     if kept is not None and all(a is b for a, b in zip(kept.sources, sources, strict=True)):
@@ -452,4 +518,6 @@ def use_numpy_blocks(model: nn.Module) -> int:
             taken += 1
         elif base in BLOCK_CLASSES:
             module.__class__ = _subclass(base, NumpyBlock)
+        elif base in BODY_CLASSES:
+            module.__class__ = _subclass(base, NumpyBody)
     return taken
