@@ -9,7 +9,7 @@ import pytest
 
 from mlxswitch.kernels import pass_ops
 from mlxswitch.kernels.route import current_route, resolve_route, route_for
-from mlxswitch.models import cpu_blocks, numpy_attention
+from mlxswitch.models import block_calls, cpu_blocks, numpy_attention
 
 BUILD = pass_ops.build_pass_ops()
 OPS = BUILD.ops
@@ -139,8 +139,8 @@ def test_a_body_and_a_block_in_one_call_give_the_bits_of_the_operations_one_by_o
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     use_fast_rows(model)
-    assert all(cpu_blocks._block_plan(layer) is not None for layer in model.layers)
-    calls = {"body": cpu_blocks._body_in_one_call, "block": cpu_blocks._block_in_one_call}
+    assert all(block_calls._block_plan(layer) is not None for layer in model.layers)
+    calls = {"body": block_calls.body_in_one_call, "block": block_calls.block_in_one_call}
     taken: dict[str, list[bool]] = {"body": [], "block": []}
 
     def counted(name):
@@ -161,8 +161,8 @@ def test_a_body_and_a_block_in_one_call_give_the_bits_of_the_operations_one_by_o
         "one by one": (refused, refused),
     }
     for arm, (body, block) in arms.items():
-        monkeypatch.setattr(cpu_blocks, "_body_in_one_call", body)
-        monkeypatch.setattr(cpu_blocks, "_block_in_one_call", block)
+        monkeypatch.setattr(cpu_blocks, "body_in_one_call", body)
+        monkeypatch.setattr(cpu_blocks, "block_in_one_call", block)
         cache = cpu_blocks.decoding_caches(model, make_prompt_cache(model))
         got = [np.array(model(mx.array([list(range(3, 40))]), cache=cache))]  # a prefill: NumPy's way
         for ids in ([8], [9, 4, 77], list(range(50, 63))):  # a step, a check, 13 rows

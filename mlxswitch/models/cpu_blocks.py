@@ -13,25 +13,23 @@ decoding pass's keys and values in NumPy, numpy_cache.py). Where evaluation is r
 from __future__ import annotations
 
 import contextlib
-import ctypes
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import llama, qwen2
-from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from ..kernels._common import single_threaded_blas
-from ..kernels.pass_ops import BlockPlan, PassOps, Product, pass_ops
-from ..kernels.quant_cpu import INT8_MAX_POSITIONS, quant_kernel
-from ..kernels.quant_linear import bias_row, numpy_quant_rows_together
+from ..kernels.pass_ops import PassOps, pass_ops
+from ..kernels.quant_cpu import INT8_MAX_POSITIONS
+from ..kernels.quant_linear import numpy_quant_rows_together
 from ..kernels.quant_packs import weight_pack
-from ..kernels.quant_weights import Q6K_TILED, TILED
 from ..kernels.route import current_route
-from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention, visible_ranges
+from .block_calls import block_in_one_call, body_in_one_call
+from .block_tables import rms_norm_weight, rope_tables
+from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention
 from .numpy_cache import NumpyKVCache
 
 # The block classes whose __call__ the subclasses below follow step for step.
@@ -111,57 +109,20 @@ class NumpyBody(nn.Module):
 
     def __call__(self, inputs: mx.array, cache: Any = None, input_embeddings: Any = None) -> mx.array:
         """The body's hidden states, as mlx-lm's __call__ gives them."""
-        out = _body_in_one_call(self, inputs, cache, input_embeddings)
+        plain = all(_numpy_layer(layer) for layer in self.layers)
+        out = body_in_one_call(self, inputs, cache, input_embeddings) if plain else None
         if out is None:
             out = super().__call__(inputs, cache=cache, input_embeddings=input_embeddings)
         return out
 
 
-def _body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: Any) -> mx.array | None:
-    """One sequence's decoding pass through every block in one call (PassOps.blocks: each block as
-    _block_in_one_call makes it, the same bits), then the body's norm; None where a block has no
-    plan, a cache is not a NumpyKVCache, or the body is not mlx-lm's plain one (pipelined,
-    sliding windows, given embeddings)."""
-    if input_embeddings is not None or cache is None or inputs.ndim != 2 or inputs.shape[0] != 1:
-        return None
-    length, layers = inputs.shape[1], body.layers
-    if length > INT8_MAX_POSITIONS or current_route().pass_ops != "compiled" or len(cache) != len(layers):
-        return None
-    if getattr(body, "pipeline_size", 1) != 1 or getattr(body, "swa_idx", None) is not None:
-        return None
-    ops = pass_ops()
-    if ops is None or not all(isinstance(c, NumpyKVCache) for c in cache):
-        return None
-    found = [_block_plan(layer) if isinstance(layer, NumpyBlock) else None for layer in layers]
-    plans = [kept for kept in found if kept is not None]
-    ropes = {(a.rope.dims, a.rope.base, a.rope.scale) for a in (layer.self_attn for layer in layers)}
-    start = cache[0].offset
-    if len(plans) != len(layers) or len(ropes) != 1 or any(c.offset != start for c in cache):
-        return None
-    h = body.embed_tokens(inputs)
-    try:
-        mx.eval(h)
-    except ValueError:  # under mx.compile, vmap or export: no evaluation
-        return None
-    mask = create_attention_mask(h, cache[0])
-    seen = visible_ranges(mask, 1, length, start + length)
-    if h.dtype != mx.float32 or seen is None:
-        return None
-    rope = layers[0].self_attn.rope
-    cos, sin = _rope_tables(rope, np.asarray(start, dtype=np.float64).reshape(-1), length)
-    rows = np.array(np.asarray(h).reshape(length, -1))  # a copy: the blocks write it in place
-    room = []
-    for kept, layer_cache in zip(plans, cache, strict=True):
-        shape = (1, kept.plan.kv_heads, length, kept.plan.head_dim)
-        keys, values, _ = layer_cache.reserve_rows(shape, shape)
-        room.append((keys, values))
-    tables = (cos.reshape(length, -1), sin.reshape(length, -1))
-    threads = current_route().blas_threads
-    if not ops.blocks([kept.plan for kept in plans], rows, tables, room, start, seen, threads):
-        return None  # nothing committed: mlx-lm's body computes the pass again
-    for layer_cache in cache:
-        layer_cache.commit_rows(start + length)
-    return body.norm(mx.array(rows.reshape(1, length, -1)))
+def _numpy_layer(layer: Any) -> bool:
+    """Whether a body's layer is mlx-lm's llama/qwen2 block on the NumPy route (use_numpy_blocks)."""
+    return (
+        isinstance(layer, NumpyBlock)
+        and isinstance(layer.self_attn, NumpyAttention)
+        and isinstance(layer.mlp, NumpyMLP)
+    )
 
 
 def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
@@ -196,7 +157,7 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     ops = pass_ops() if decoding and current_route().pass_ops == "compiled" else None
     h = np.asarray(x).reshape(-1, dims)
     if ops is not None and batch == 1 and isinstance(cache, NumpyKVCache):
-        fused = _block_in_one_call(block, ops, h, mask, cache)
+        fused = block_in_one_call(block, ops, h, mask, cache)
         if fused is not None:
             return mx.array(fused.reshape(batch, length, dims))
     normed = _rms_norm(h, norms[0], ops)
@@ -224,138 +185,6 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     hidden = _silu_times(gate, up, ops)
     h += _rows_times(mlp.down_proj, hidden, decoding)
     return mx.array(h.reshape(batch, length, dims))
-
-
-@dataclass(frozen=True, eq=False)
-class _KeptPlan:
-    """A block's BlockPlan, the objects it was made from (their identity says it still holds) and
-    the arrays it points into (kept alive with it)."""
-
-    plan: BlockPlan
-    sources: tuple
-    arrays: tuple
-
-
-def _block_in_one_call(
-    block: Any, ops: PassOps, h: np.ndarray, mask: Any, cache: NumpyKVCache
-) -> np.ndarray | None:
-    """One sequence's decoding pass through the block in one call of the pass operations
-    (PassOps.block: the products and operations numpy_block makes, in its order: the same bits),
-    where every product is the quantized kernel's on tiles; None where not (numpy_block's way)."""
-    kept = _block_plan(block)
-    if kept is None:
-        return None
-    attention, length = block.self_attn, h.shape[0]
-    plan = kept.plan
-    shape = (1, plan.kv_heads, length, plan.head_dim)
-    keys, values, start = cache.reserve_rows(shape, shape)
-    seen = visible_ranges(mask, 1, length, start + length)
-    if seen is None:
-        return None
-    cos, sin = _rope_tables(attention.rope, np.asarray(start, dtype=np.float64).reshape(-1), length)
-    out = np.array(h, dtype=np.float32)  # a copy: the block writes its rows in place
-    tables = (cos.reshape(length, -1), sin.reshape(length, -1))
-    if not ops.block(plan, out, tables, (keys, values, start), seen, current_route().blas_threads):
-        return None
-    cache.commit_rows(start + length)
-    return out
-
-
-def _block_plan(block: Any) -> _KeptPlan | None:
-    """The block's plan for PassOps.block, kept on the block while its weights and norms are the
-    ones it was made from; None where a product is not the quantized kernel's on tiles on int8
-    rows (int16 for the down projection), the RoPE is not plain, or a pack does not form."""
-    route = current_route()
-    kernel = quant_kernel()
-    if route.plain_linears != "quant-kernel" or route.quant_activations != "int8" or kernel is None:
-        return None
-    attention, mlp = block.self_attn, block.mlp
-    norms = (block.input_layernorm, block.post_attention_layernorm)
-    if not isinstance(attention, NumpyAttention) or not isinstance(mlp, NumpyMLP):
-        return None
-    if not all(type(norm) is nn.RMSNorm for norm in norms):
-        return None
-    linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj) + (
-        mlp.gate_proj,
-        mlp.up_proj,
-        mlp.down_proj,
-    )
-    weights = [getattr(linear, "quant", None) for linear in linears]
-    sources = (*(w.weights if w is not None else None for w in weights), *(n.weight for n in norms))
-    kept = getattr(block, "pass_plan", None)
-    if kept is not None and all(a is b for a, b in zip(kept.sources, sources, strict=True)):
-        return kept
-    made = _make_block_plan(kernel, attention, mlp, linears, norms)
-    block.pass_plan = None if made is None else _KeptPlan(made[0], sources, made[1])
-    return block.pass_plan
-
-
-def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norms: tuple) -> tuple | None:
-    """(BlockPlan, the arrays it points into), or None (_block_plan says where)."""
-    if type(attention.rope) is not nn.RoPE:
-        return None
-    arrays: list = []
-    products = []
-    # q, k and v; o; gate and up; down (whose rows take int16, not int8: FP32_INPUT_LAYERS)
-    groups = ((linears[:3], True), (linears[3:4], True), (linears[4:6], True), (linears[6:], False))
-    for group, narrow in groups:
-        product = _product(group, narrow, arrays)
-        if product is None:
-            return None
-        products.append(product)
-    views = [_rms_norm_weight(norm) for norm in norms]
-    arrays += views
-    head_dim = attention.q_proj.quant.weights[0].out_dims // attention.n_heads
-    plan = BlockPlan(
-        *products,
-        norm1=views[0].ctypes.data,
-        norm2=views[1].ctypes.data,
-        eps1=norms[0].eps,
-        eps2=norms[1].eps,
-        scale=attention.scale,
-        dims=linears[0].quant.weights[0].in_dims,
-        inter=linears[4].quant.weights[0].out_dims,
-        heads=attention.n_heads,
-        kv_heads=attention.n_kv_heads,
-        head_dim=head_dim,
-        rope_dims=attention.rope.dims,
-        traditional=int(attention.rope.traditional),
-        tiled=ctypes.cast(kernel.tiled_together, ctypes.c_void_p).value,
-        q6k=ctypes.cast(kernel.tiled_q6k, ctypes.c_void_p).value,
-    )
-    return plan, tuple(arrays)
-
-
-def _product(linears: tuple, narrow: bool, arrays: list) -> Product | None:
-    """The Product of linears that read the same rows (one call, as _rows_times_together makes it;
-    one linear as numpy_rows makes it), or None where they do not take the tiles' path."""
-    found = []
-    for linear in linears:
-        quant = getattr(linear, "quant", None)
-        if quant is None or len(quant.weights) != 1 or linear.int8_inputs != narrow:
-            return None
-        found.append(quant.weights[0])
-    biases = [linear.get("bias") for linear in linears]
-    if any(b is None for b in biases) != all(b is None for b in biases):
-        return None  # a bias on some only: added one by one in NumPy
-    bias = None if biases[0] is None else np.concatenate([bias_row(b) for b in biases])
-    if bias is not None:
-        arrays.append(bias)
-    bias_at = None if bias is None else bias.ctypes.data
-    if len(found) > 1:
-        pack = weight_pack(found)
-        if pack is None or not pack.tiled:
-            return None
-        arrays.append(pack)
-        fields = ctypes.addressof(pack.fields)
-        return Product(fields, bias_at, len(found), found[0].in_dims, pack.ends[-1], 0, 0)
-    weight = found[0]
-    wide = int(not narrow)
-    if weight.layout == TILED:
-        return Product(ctypes.addressof(weight.fields), bias_at, 1, weight.in_dims, weight.out_dims, 0, wide)
-    if weight.layout == Q6K_TILED:
-        return Product(weight.addresses[0], bias_at, 1, weight.in_dims, weight.out_dims, 1, wide)
-    return None
 
 
 def _mlx_cache_rows(
@@ -388,7 +217,7 @@ def _rope(x: np.ndarray, rope: nn.RoPE, offset: Any, ops: PassOps | None = None)
     one per sequence (an array of B, as a packed pass gives). The same bits by the compiled pass
     operations where given."""
     half = rope.dims // 2
-    cos, sin = _rope_tables(rope, np.asarray(offset, dtype=np.float64).reshape(-1), x.shape[2])
+    cos, sin = rope_tables(rope, np.asarray(offset, dtype=np.float64).reshape(-1), x.shape[2])
     if ops is not None:
         return ops.rope(x, rope.dims, rope.traditional, cos, sin)
     out = x.copy()
@@ -403,47 +232,9 @@ def _rope(x: np.ndarray, rope: nn.RoPE, offset: Any, ops: PassOps | None = None)
     return out
 
 
-def _rope_tables(rope: nn.RoPE, offsets: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (1 or B, 1, L, dims/2) of nn.RoPE's angles at positions offsets + 0..L-1. Every
-    layer of a pass rotates its queries and keys at the same positions: the last tables are kept
-    (one entry; a pass of 28 layers computes them once, not 56 times)."""
-    key = (rope.dims, rope.base, rope.scale, length, offsets.tobytes())
-    last = _ROPE_TABLES.get("last")
-    if last is not None and last[0] == key:
-        return last[1]
-    half = rope.dims // 2
-    positions = offsets.reshape(-1, 1) + np.arange(length)  # (1 or B, L)
-    frequencies = np.asarray(rope.base, dtype=np.float64) ** (-np.arange(half) / half)
-    angles = (rope.scale * positions)[:, None, :, None] * frequencies  # (1 or B, 1, L, half)
-    tables = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
-    _ROPE_TABLES["last"] = (key, tables)  # one assignment: a reader on another thread sees a pair
-    return tables
-
-
-_ROPE_TABLES: dict[str, tuple] = {}
-
-
-@dataclass(frozen=True)
-class _NumpyWeight:
-    """A norm's weight and its fp32 NumPy view, kept on the norm (a plain attribute, never a
-    parameter: not an mx.array, dict, list or tuple) while that array is still its weight."""
-
-    weight: mx.array
-    view: np.ndarray
-
-
-def _rms_norm_weight(norm: nn.RMSNorm) -> np.ndarray:
-    """The norm's weight as an fp32 NumPy view, kept on the norm while it is its weight."""
-    kept = getattr(norm, "numpy_weight", None)
-    if kept is None or kept.weight is not norm.weight:
-        view = np.asarray(norm.weight if norm.weight.dtype == mx.float32 else norm.weight.astype(mx.float32))
-        kept = norm.numpy_weight = _NumpyWeight(norm.weight, view)
-    return kept.view
-
-
 def _rms_norm(rows: np.ndarray, norm: nn.RMSNorm, ops: PassOps | None = None) -> np.ndarray:
     """nn.RMSNorm on fp32 NumPy rows (the same bits by the compiled pass operations where given)."""
-    weight = _rms_norm_weight(norm)
+    weight = rms_norm_weight(norm)
     if ops is not None:
         return ops.rms_norm(rows, weight, norm.eps)
     # np.mean's own bits (a sum, then one division), without its Python-level wrapper
