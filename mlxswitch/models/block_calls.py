@@ -30,7 +30,7 @@ from .numpy_cache import NumpyKVCache
 
 def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: Any) -> mx.array | None:
     """One sequence's decoding pass through every block in one call (PassOps.blocks: each block as
-    _block_in_one_call makes it, the same bits), then the body's norm; None where a block has no
+    block_in_one_call makes it, the same bits), then the body's norm; None where a block has no
     plan, a cache is not a NumpyKVCache, or the body is not mlx-lm's plain one (pipelined,
     sliding windows, given embeddings)."""
     if input_embeddings is not None or cache is None or inputs.ndim != 2 or inputs.shape[0] != 1:
