@@ -21,8 +21,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from ..resources import cache_dir
 
@@ -162,3 +164,32 @@ def cpu_identity() -> str:
         key, _, value = line.partition(":")
         first.setdefault(key.strip(), value.strip())
     return "|".join([platform.machine(), *(first.get(key, "") for key in wanted)])
+
+
+Face = TypeVar("Face")
+
+
+def build_checked(
+    source: Path,
+    flag_sets: tuple[tuple[str, ...], ...],
+    face: Callable[[Compiled], Face],
+    check: Callable[[Face], str | None],
+    checked_by: tuple[Path, ...],
+) -> tuple[Face, Compiled] | str:
+    """A kernel's life cycle once compiled: `source` compiled (or loaded from the cache), its Python
+    face made (`face(built)`), and checked (`check(made)`: None, or what differed) unless an earlier
+    process kept a pass for this library and `checked_by` (Compiled.checked_before); or why not."""
+    built = compile_source(source, flag_sets)
+    if isinstance(built, str):
+        return built
+    try:
+        made = face(built)
+    except AttributeError as error:  # a source without the functions the face calls
+        return f"the compiled kernel lacks a function ({error})"
+    if built.checked_before(checked_by):
+        return made, replace(built, checked_earlier=True)
+    mismatch = check(made)
+    if mismatch is not None:
+        return f"check failed: {mismatch}"
+    built.remember_checked(checked_by)
+    return made, built

@@ -16,13 +16,13 @@ library), and where it cannot be built or fails, `pass_ops()` is None and the bl
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from .cbuild import compile_source
+from .cbuild import build_checked
 
 SOURCE = Path(__file__).with_name("pass_ops.c")
 # -ffp-contract=off: no multiply-add fused where NumPy rounds twice (RMSNorm and RoPE keep its bits).
@@ -270,20 +270,10 @@ def check_ops(ops: PassOps) -> str | None:
 @cache
 def build_pass_ops() -> PassOpsBuild:
     """Compile (or load from the per-machine cache), load and check the operations once a process."""
-    built = compile_source(SOURCE, COMPILE_FLAGS)
-    if isinstance(built, str):
-        return PassOpsBuild(None, built)
-    try:
-        ops = PassOps(built.library)
-    except AttributeError as error:  # a source without the functions this module calls
-        return PassOpsBuild(None, f"the compiled library lacks a function ({error})")
-    if built.checked_before(CHECKED_BY):
-        built = replace(built, checked_earlier=True)
-    else:
-        mismatch = check_ops(ops)
-        if mismatch is not None:
-            return PassOpsBuild(None, f"check failed: {mismatch}")
-        built.remember_checked(CHECKED_BY)
+    made = build_checked(SOURCE, COMPILE_FLAGS, lambda built: PassOps(built.library), check_ops, CHECKED_BY)
+    if isinstance(made, str):
+        return PassOpsBuild(None, made)
+    ops, built = made
     return PassOpsBuild(ops, built.detail(True, "float64 and NumPy", pool="one thread"))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -29,7 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import quant_library, quant_tiles, quant_weights
-from .cbuild import compile_source
+from .cbuild import build_checked
 from .quant_library import QuantKernel
 from .quant_tiles import q6k_tiled_values_mx, tiled_q6k_weight, tiled_values_mx, tiled_weight
 from .quant_weights import (
@@ -322,21 +322,12 @@ def _check_rows(kernel: QuantKernel, rng, weight: QuantWeight, truth: np.ndarray
 @cache
 def build_quant_kernel() -> QuantBuild:
     """Compile (or load from the per-machine cache), load and check the kernel once per process."""
-    built = compile_source(SOURCE, COMPILE_FLAGS)
-    if isinstance(built, str):
-        return QuantBuild(None, built)
-    library, flags = built.library, built.flags
-    try:
-        kernel = QuantKernel(library, flags)
-    except AttributeError as error:  # a source without the functions this module calls
-        return QuantBuild(None, f"the compiled kernel lacks a function ({error})")
-    if built.checked_before(CHECKED_BY):
-        built = replace(built, checked_earlier=True)
-    else:
-        mismatch = check_kernel(kernel)
-        if mismatch is not None:
-            return QuantBuild(None, f"check failed: {mismatch}")
-        built.remember_checked(CHECKED_BY)
+    made = build_checked(
+        SOURCE, COMPILE_FLAGS, lambda built: QuantKernel(built.library, built.flags), check_kernel, CHECKED_BY
+    )
+    if isinstance(made, str):
+        return QuantBuild(None, made)
+    kernel, built = made
     return QuantBuild(kernel, built.detail(kernel.threaded, "float64", pool="its own thread pool"))
 
 
