@@ -44,7 +44,7 @@ def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: 
     if ops is None or not all(isinstance(c, NumpyKVCache) for c in cache):
         return None
     found = [_block_plan(layer) for layer in layers]
-    plans = [kept for kept in found if kept is not None]
+    plans = [plan for plan in found if plan is not None]
     ropes = {(a.rope.dims, a.rope.base, a.rope.scale) for a in (layer.self_attn for layer in layers)}
     start = cache[0].offset
     if len(plans) != len(layers) or len(ropes) != 1 or any(c.offset != start for c in cache):
@@ -62,13 +62,13 @@ def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: 
     cos, sin = rope_tables(rope, np.asarray(start, dtype=np.float64).reshape(-1), length)
     rows = np.array(np.asarray(h).reshape(length, -1))  # a copy: the blocks write it in place
     room = []
-    for kept, layer_cache in zip(plans, cache, strict=True):
-        shape = (1, kept.plan.kv_heads, length, kept.plan.head_dim)
+    for plan, layer_cache in zip(plans, cache, strict=True):
+        shape = (1, plan.kv_heads, length, plan.head_dim)
         keys, values, _ = layer_cache.reserve_rows(shape, shape)
         room.append((keys, values))
     tables = (cos.reshape(length, -1), sin.reshape(length, -1))
     threads = current_route().blas_threads
-    if not ops.blocks([kept.plan for kept in plans], rows, tables, room, start, seen, threads):
+    if not ops.blocks(plans, rows, tables, room, start, seen, threads):
         return None  # nothing committed: mlx-lm's body computes the pass again
     for layer_cache in cache:
         layer_cache.commit_rows(start + length)
@@ -77,10 +77,11 @@ def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: 
 
 @dataclass(frozen=True, eq=False)
 class _KeptPlan:
-    """A block's BlockPlan, the objects it was made from (their identity says it still holds) and
-    the arrays it points into (kept alive with it)."""
+    """A block's BlockPlan (None: the block cannot take one, remembered so that a pass does not try
+    again), the objects it was made from (their identity says it still holds) and the arrays it
+    points into (kept alive with it)."""
 
-    plan: BlockPlan
+    plan: BlockPlan | None
     sources: tuple
     arrays: tuple
 
@@ -91,11 +92,10 @@ def block_in_one_call(
     """One sequence's decoding pass through the block in one call of the pass operations
     (PassOps.block: the products and operations numpy_block makes, in its order: the same bits),
     where every product is the quantized kernel's on tiles; None where not (numpy_block's way)."""
-    kept = _block_plan(block)
-    if kept is None:
+    plan = _block_plan(block)
+    if plan is None:
         return None
     attention, length = block.self_attn, h.shape[0]
-    plan = kept.plan
     shape = (1, plan.kv_heads, length, plan.head_dim)
     keys, values, start = cache.reserve_rows(shape, shape)
     seen = visible_ranges(mask, 1, length, start + length)
@@ -110,7 +110,7 @@ def block_in_one_call(
     return out
 
 
-def _block_plan(block: Any) -> _KeptPlan | None:
+def _block_plan(block: Any) -> BlockPlan | None:
     """The block's plan for PassOps.block, kept on the block while its weights and norms are the
     ones it was made from; None where a product is not the quantized kernel's on tiles on int8
     rows (int16 for the down projection), the RoPE is not plain, or a pack does not form."""
@@ -130,11 +130,11 @@ def _block_plan(block: Any) -> _KeptPlan | None:
     weights = [getattr(linear, "quant", None) for linear in linears]
     sources = (*(w.weights if w is not None else None for w in weights), *(n.weight for n in norms))
     kept = getattr(block, "pass_plan", None)
-    if kept is not None and all(a is b for a, b in zip(kept.sources, sources, strict=True)):
-        return kept
-    made = _make_block_plan(kernel, attention, mlp, linears, norms)
-    block.pass_plan = None if made is None else _KeptPlan(made[0], sources, made[1])
-    return block.pass_plan
+    if kept is None or not all(a is b for a, b in zip(kept.sources, sources, strict=True)):
+        made = _make_block_plan(kernel, attention, mlp, linears, norms)
+        plan, arrays = made if made is not None else (None, ())
+        kept = block.pass_plan = _KeptPlan(plan, sources, arrays)
+    return kept.plan
 
 
 def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norms: tuple) -> tuple | None:
