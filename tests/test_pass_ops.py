@@ -171,8 +171,51 @@ def test_a_body_and_a_block_in_one_call_give_the_bits_of_the_operations_one_by_o
         got.append(np.array(model(mx.array([[6]]), cache=cache)))
         got += [np.array(a) for a in cache[-1].state]
         outputs[arm] = got
-    # the body's call takes the 4 decoding passes (the prefill is 37 rows: NumPy's many-row way)
-    assert taken["body"] == [False, True, True, True, True] and taken["block"] and all(taken["block"])
+    # the body's call takes the 4 decoding passes (the prefill is 37 rows: NumPy's many-row way); the
+    # first is checked against a reference pass made the operations' way (the second False, inside it)
+    assert taken["body"] == [False, False, True, True, True, True] and taken["block"] and all(taken["block"])
     for arm in ("body", "block"):
         for mine, theirs in zip(outputs[arm], outputs["one by one"], strict=True):
             assert np.array_equal(mine, theirs), arm
+
+
+@needs_ops
+def test_a_body_whose_first_one_call_pass_differs_keeps_the_operations_one_by_one(monkeypatch, caplog):
+    from mlx_lm.models.cache import make_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.quant_cpu import quant_kernel
+    from mlxswitch.models.row_routes import use_fast_rows
+
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)
+    resolve_route("auto", "cpu")
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled:
+        pytest.skip("no quantized kernel with tiles here")
+    outputs = {}
+    blocks = pass_ops.PassOps.blocks
+    for arm in ("planted", "one by one"):
+        model = make_model(dict(llama_config(vocab_size=300), model_type="qwen2"), seed=6)
+        nn.quantize(model, group_size=32, bits=4)
+        mx.eval(model.parameters())
+        use_fast_rows(model)
+        if arm == "planted":  # a composition that goes wrong: one hidden value off
+
+            def wrong(self, plans, h, *args):
+                done = blocks(self, plans, h, *args)
+                h[0, 0] += 1.0
+                return done
+
+            monkeypatch.setattr(pass_ops.PassOps, "blocks", wrong)
+        else:
+            monkeypatch.setattr(cpu_blocks, "body_in_one_call", lambda *args: None)
+        cache = cpu_blocks.decoding_caches(model, make_prompt_cache(model))
+        got = [np.array(model(mx.array([list(range(3, 40))]), cache=cache))]
+        got += [np.array(model(mx.array([ids]), cache=cache)) for ids in ([8], [9, 4, 77], [5])]
+        outputs[arm] = got + [np.array(a) for a in cache[-1].state]
+        if arm == "planted":
+            assert model.model.one_call_checked is False
+            assert "differed from its operations one by one" in caplog.text
+    for mine, theirs in zip(outputs["planted"], outputs["one by one"], strict=True):
+        assert np.array_equal(mine, theirs)

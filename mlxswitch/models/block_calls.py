@@ -9,6 +9,8 @@ llama/qwen2 structure: the plan below reads their layers by name).
 from __future__ import annotations
 
 import ctypes
+import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +29,19 @@ from .block_tables import rms_norm_weight, rope_tables
 from .numpy_attention import visible_ranges
 from .numpy_cache import NumpyKVCache
 
+# Set while a body's first one-call pass is checked against the operations one by one: the calls
+# below step aside for the reference pass (one flag a thread: serve's engine runs on its own).
+_REFERENCE_PASS = threading.local()
+
 
 def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: Any) -> mx.array | None:
     """One sequence's decoding pass through every block in one call (PassOps.blocks: each block as
     block_in_one_call makes it, the same bits), then the body's norm; None where a block has no
-    plan, a cache is not a NumpyKVCache, or the body is not mlx-lm's plain one (pipelined,
-    sliding windows, given embeddings)."""
+    plan, a cache is not a NumpyKVCache, the body is not mlx-lm's plain one (pipelined, sliding
+    windows, given embeddings), or its first such pass differed from the operations one by one
+    (_first_pass_checked)."""
+    if getattr(_REFERENCE_PASS, "on", False) or getattr(body, "one_call_checked", None) is False:
+        return None
     if input_embeddings is not None or cache is None or inputs.ndim != 2 or inputs.shape[0] != 1:
         return None
     length, layers = inputs.shape[1], body.layers
@@ -70,9 +79,31 @@ def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: 
     threads = current_route().blas_threads
     if not ops.blocks(plans, rows, tables, room, start, seen, threads):
         return None  # nothing committed: mlx-lm's body computes the pass again
+    out = body.norm(mx.array(rows.reshape(1, length, -1)))
+    if getattr(body, "one_call_checked", None) is None:
+        return _first_pass_checked(body, inputs, cache, out)
     for layer_cache in cache:
         layer_cache.commit_rows(start + length)
-    return body.norm(mx.array(rows.reshape(1, length, -1)))
+    return out
+
+
+def _first_pass_checked(body: Any, inputs: mx.array, cache: Any, out: mx.array) -> mx.array:
+    """A body's first one-call pass, checked: the same pass made again by the operations one by one
+    (which writes and commits the same keys and values), its hidden states compared bit for bit.
+    On a difference the body keeps the operations one by one from then on (a warning says so); the
+    reference's output is returned either way."""
+    _REFERENCE_PASS.on = True
+    try:
+        want = body(inputs, cache=cache)
+        mx.eval(want)
+    finally:
+        _REFERENCE_PASS.on = False
+    body.one_call_checked = bool(mx.array_equal(out, want).item())
+    if not body.one_call_checked:
+        logging.getLogger(__name__).warning(
+            "a decoding pass in one call differed from its operations one by one: this model keeps them"
+        )
+    return want
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,7 +122,10 @@ def block_in_one_call(
 ) -> np.ndarray | None:
     """One sequence's decoding pass through the block in one call of the pass operations
     (PassOps.block: the products and operations numpy_block makes, in its order: the same bits),
-    where every product is the quantized kernel's on tiles; None where not (numpy_block's way)."""
+    where every product is the quantized kernel's on tiles; None where not (numpy_block's way),
+    and while a body's first one-call pass is checked against that way."""
+    if getattr(_REFERENCE_PASS, "on", False):
+        return None
     plan = _block_plan(block)
     if plan is None:
         return None
