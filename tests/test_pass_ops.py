@@ -122,7 +122,7 @@ def test_a_model_s_decoding_passes_take_them_and_keep_mlx_logits(monkeypatch):
 
 @needs_ops
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q, k and v with biases
-def test_a_body_and_a_block_in_one_call_give_the_bits_of_the_operations_one_by_one(model_type, monkeypatch):
+def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_type, monkeypatch):
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
     from tinymodels import llama_config, make_model
 
@@ -140,29 +140,16 @@ def test_a_body_and_a_block_in_one_call_give_the_bits_of_the_operations_one_by_o
     mx.eval(model.parameters())
     use_fast_rows(model)
     assert all(block_calls._block_plan(layer) is not None for layer in model.layers)
-    calls = {"body": block_calls.body_in_one_call, "block": block_calls.block_in_one_call}
-    taken: dict[str, list[bool]] = {"body": [], "block": []}
+    taken: list[bool] = []
 
-    def counted(name):
-        def call(*args):
-            out = calls[name](*args)
-            taken[name].append(out is not None)
-            return out
-
-        return call
-
-    def refused(*args):
-        return None
+    def counted(*args):
+        out = block_calls.body_in_one_call(*args)
+        taken.append(out is not None)
+        return out
 
     outputs = {}
-    arms = {
-        "body": (counted("body"), refused),
-        "block": (refused, counted("block")),
-        "one by one": (refused, refused),
-    }
-    for arm, (body, block) in arms.items():
+    for arm, body in (("body", counted), ("one by one", lambda *args: None)):
         monkeypatch.setattr(cpu_blocks, "body_in_one_call", body)
-        monkeypatch.setattr(cpu_blocks, "block_in_one_call", block)
         cache = cpu_blocks.decoding_caches(model, make_prompt_cache(model))
         got = [np.array(model(mx.array([list(range(3, 40))]), cache=cache))]  # a prefill: NumPy's way
         for ids in ([8], [9, 4, 77], list(range(50, 63))):  # a step, a check, 13 rows
@@ -173,10 +160,9 @@ def test_a_body_and_a_block_in_one_call_give_the_bits_of_the_operations_one_by_o
         outputs[arm] = got
     # the body's call takes the 4 decoding passes (the prefill is 37 rows: NumPy's many-row way); the
     # first is checked against a reference pass made the operations' way (the second False, inside it)
-    assert taken["body"] == [False, False, True, True, True, True] and taken["block"] and all(taken["block"])
-    for arm in ("body", "block"):
-        for mine, theirs in zip(outputs[arm], outputs["one by one"], strict=True):
-            assert np.array_equal(mine, theirs), arm
+    assert taken == [False, False, True, True, True, True]
+    for mine, theirs in zip(outputs["body"], outputs["one by one"], strict=True):
+        assert np.array_equal(mine, theirs)
 
 
 @needs_ops

@@ -262,9 +262,9 @@ static int product_rows(const struct block_plan *p, const struct product *w, con
  * cos_t, sin_t: the rows' RoPE tables (rows × rope_dims/2); keys and values: the layer's cache (KV ×
  * cap × D), this pass's written at start..; query l sees keys seen_from[l] up to seen_to[l].
  * Returns 1, or -1 (no memory, a product refused: h is then as it was). */
-int block_rows(const struct block_plan *p, float *h, long rows, const float *cos_t, const float *sin_t,
-               float *keys, float *values, long cap, long start, const long *seen_from, const long *seen_to,
-               int threads) {
+static int block_rows(const struct block_plan *p, float *h, long rows, const float *cos_t, const float *sin_t,
+                      float *keys, float *values, long cap, long start, const long *seen_from,
+                      const long *seen_to, int threads) {
     long dims = p->dims, heads = p->heads, kv = p->kv_heads, d = p->head_dim, n_qkv = p->qkv.n_out;
     long sizes[] = {rows * dims, rows * n_qkv, heads * rows * d, kv * rows * d, heads * rows * d,
                     rows * heads * d, rows * dims, rows * 2 * p->inter, rows * p->inter, rows * dims};

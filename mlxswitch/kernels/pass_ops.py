@@ -77,6 +77,12 @@ class BlockPlan(ctypes.Structure):
     ]
 
 
+def _seen_bounds(seen: list[slice]) -> tuple[np.ndarray, np.ndarray]:
+    """The first and past-the-last key each row sees, as the C functions read them (int64)."""
+    starts = np.array([s.start for s in seen], dtype=np.int64)
+    return starts, np.array([s.stop for s in seen], dtype=np.int64)
+
+
 def _strides(array: np.ndarray) -> list[int]:
     """An fp32 array's strides in elements."""
     return [stride // 4 for stride in array.strides]
@@ -95,11 +101,9 @@ class PassOps:
         self._attend.argtypes = [_P, _L, _L, _L, _P, _P, *[_L] * 8, _P, _P, ctypes.c_float, _P]
         self._silu = library.silu_times_rows
         self._silu.argtypes = [_P, _P, _L, _L, _L, _P]
-        self._block = library.block_rows
-        self._block.argtypes = [_P, _P, _L, _P, _P, _P, _P, _L, _L, _P, _P, ctypes.c_int]
         self._blocks = library.blocks_rows
         self._blocks.argtypes = [_P, _L, _P, _L, _P, _P, _P, _P, _P, _L, _P, _P, ctypes.c_int]
-        for function in (self._norm, self._rope, self._attend, self._silu, self._block, self._blocks):
+        for function in (self._norm, self._rope, self._attend, self._silu, self._blocks):
             function.restype = ctypes.c_int
 
     def rms_norm(self, rows: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -138,8 +142,7 @@ class PassOps:
             q = np.ascontiguousarray(q)
         if k.strides != v.strides or k.strides[3] != 4:  # one layout for both, D contiguous
             k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
-        seen_from = np.array([s.start for s in seen], dtype=np.int64)
-        seen_to = np.array([s.stop for s in seen], dtype=np.int64)
+        seen_from, seen_to = _seen_bounds(seen)
         out = np.empty((batch, heads, length, dim), dtype=np.float32)
         done = self._attend(
             q.ctypes.data, *_strides(q)[:3], k.ctypes.data, v.ctypes.data, *_strides(k)[:3],
@@ -147,31 +150,6 @@ class PassOps:
             scale, out.ctypes.data,
         )  # fmt: skip
         return out if done >= 1 else None
-
-    def block(
-        self,
-        plan: BlockPlan,
-        h: np.ndarray,
-        tables: tuple[np.ndarray, np.ndarray],
-        cache: tuple[np.ndarray, np.ndarray, int],
-        seen: list[slice],
-        threads: int,
-    ) -> bool:
-        """One sequence's decoding pass through a decoder block, in place on h (rows × dims, fp32,
-        contiguous): the products `plan` names with this library's operations between them, as
-        cpu_blocks.numpy_block makes them (the same bits). tables: RoPE's cos and sin (rows ×
-        dims/2, contiguous); cache: the layer's keys and values (1 × KV × room × D, contiguous)
-        and where this pass's are written; seen: the keys each row sees. False where a product
-        refused or memory ran out (h unchanged)."""
-        keys, values, start = cache
-        seen_from = np.array([s.start for s in seen], dtype=np.int64)
-        seen_to = np.array([s.stop for s in seen], dtype=np.int64)
-        done = self._block(
-            ctypes.addressof(plan), h.ctypes.data, h.shape[0], tables[0].ctypes.data, tables[1].ctypes.data,
-            keys.ctypes.data, values.ctypes.data, keys.shape[2], start, seen_from.ctypes.data,
-            seen_to.ctypes.data, threads,
-        )  # fmt: skip
-        return done >= 1
 
     def blocks(
         self,
@@ -191,8 +169,7 @@ class PassOps:
         keys_at = (ctypes.c_void_p * count)(*(keys.ctypes.data for keys, _ in caches))
         values_at = (ctypes.c_void_p * count)(*(values.ctypes.data for _, values in caches))
         rooms = np.array([keys.shape[2] for keys, _ in caches], dtype=np.int64)
-        seen_from = np.array([s.start for s in seen], dtype=np.int64)
-        seen_to = np.array([s.stop for s in seen], dtype=np.int64)
+        seen_from, seen_to = _seen_bounds(seen)
         done = self._blocks(
             plan_at, count, h.ctypes.data, h.shape[0], tables[0].ctypes.data, tables[1].ctypes.data,
             keys_at, values_at, rooms.ctypes.data, start, seen_from.ctypes.data, seen_to.ctypes.data, threads,

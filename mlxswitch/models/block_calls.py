@@ -1,6 +1,6 @@
-"""A decoding pass of one sequence in one call of the compiled pass operations (kernels/pass_ops.c):
-a llama/qwen2 block's (block_in_one_call) or a model body's (body_in_one_call), where every
-product is the quantized kernel's on its tiles. The same products, operations and order as
+"""A decoding pass of one sequence through a llama/qwen2 model body in one call of the compiled
+pass operations (kernels/pass_ops.c, blocks_rows), where every product is the quantized kernel's
+on its tiles. The same products, operations and order as
 cpu_blocks.numpy_block with the pass operations, so the same bits; what it saves is Python's ~20
 calls a block (kernels.md). Callers hand over only blocks cpu_blocks made NumPy blocks (mlx-lm's
 llama/qwen2 structure: the plan below reads their layers by name).
@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.base import create_attention_mask
 
-from ..kernels.pass_ops import BlockPlan, PassOps, Product, pass_ops
+from ..kernels.pass_ops import BlockPlan, Product, pass_ops
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS, quant_kernel
 from ..kernels.quant_linear import bias_row
 from ..kernels.quant_packs import weight_pack
@@ -29,17 +29,17 @@ from .block_tables import rms_norm_weight, rope_tables
 from .numpy_attention import visible_ranges
 from .numpy_cache import NumpyKVCache
 
-# Set while a body's first one-call pass is checked against the operations one by one: the calls
-# below step aside for the reference pass (one flag a thread: serve's engine runs on its own).
+# Set while a body's first one-call pass is checked against the operations one by one: the call
+# below steps aside for the reference pass (one flag a thread: serve's engine runs on its own).
 _REFERENCE_PASS = threading.local()
 
 
 def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: Any) -> mx.array | None:
-    """One sequence's decoding pass through every block in one call (PassOps.blocks: each block as
-    block_in_one_call makes it, the same bits), then the body's norm; None where a block has no
-    plan, a cache is not a NumpyKVCache, the body is not mlx-lm's plain one (pipelined, sliding
-    windows, given embeddings), or its first such pass differed from the operations one by one
-    (_first_pass_checked)."""
+    """One sequence's decoding pass through every block in one call (PassOps.blocks: the products
+    and operations cpu_blocks.numpy_block makes, in its order: the same bits), then the body's
+    norm; None where a block has no plan, a cache is not a NumpyKVCache, the body is not mlx-lm's
+    plain one (pipelined, sliding windows, given embeddings), or its first such pass differed from
+    the operations one by one (_first_pass_checked)."""
     if getattr(_REFERENCE_PASS, "on", False) or getattr(body, "one_call_checked", None) is False:
         return None
     if input_embeddings is not None or cache is None or inputs.ndim != 2 or inputs.shape[0] != 1:
@@ -117,35 +117,8 @@ class _KeptPlan:
     arrays: tuple
 
 
-def block_in_one_call(
-    block: Any, ops: PassOps, h: np.ndarray, mask: Any, cache: NumpyKVCache
-) -> np.ndarray | None:
-    """One sequence's decoding pass through the block in one call of the pass operations
-    (PassOps.block: the products and operations numpy_block makes, in its order: the same bits),
-    where every product is the quantized kernel's on tiles; None where not (numpy_block's way),
-    and while a body's first one-call pass is checked against that way."""
-    if getattr(_REFERENCE_PASS, "on", False):
-        return None
-    plan = _block_plan(block)
-    if plan is None:
-        return None
-    attention, length = block.self_attn, h.shape[0]
-    shape = (1, plan.kv_heads, length, plan.head_dim)
-    keys, values, start = cache.reserve_rows(shape, shape)
-    seen = visible_ranges(mask, 1, length, start + length)
-    if seen is None:
-        return None
-    cos, sin = rope_tables(attention.rope, np.asarray(start, dtype=np.float64).reshape(-1), length)
-    out = np.array(h, dtype=np.float32)  # a copy: the block writes its rows in place
-    tables = (cos.reshape(length, -1), sin.reshape(length, -1))
-    if not ops.block(plan, out, tables, (keys, values, start), seen, current_route().blas_threads):
-        return None
-    cache.commit_rows(start + length)
-    return out
-
-
 def _block_plan(block: Any) -> BlockPlan | None:
-    """The block's plan for PassOps.block, kept on the block while its weights and norms are the
+    """The block's plan for PassOps.blocks, kept on the block while its weights and norms are the
     ones it was made from; None where a product is not the quantized kernel's on tiles on int8
     rows (int16 for the down projection), the RoPE is not plain, or a pack does not form."""
     route = current_route()

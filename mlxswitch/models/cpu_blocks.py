@@ -27,7 +27,7 @@ from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 from ..kernels.quant_linear import numpy_quant_rows_together
 from ..kernels.quant_packs import weight_pack
 from ..kernels.route import current_route
-from .block_calls import block_in_one_call, body_in_one_call
+from .block_calls import body_in_one_call
 from .block_tables import rms_norm_weight, rope_tables
 from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention
 from .numpy_cache import NumpyKVCache
@@ -156,10 +156,6 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     # A decoding pass's small operations in C where the route has them (kernels/pass_ops.py).
     ops = pass_ops() if decoding and current_route().pass_ops == "compiled" else None
     h = np.asarray(x).reshape(-1, dims)
-    if ops is not None and batch == 1 and isinstance(cache, NumpyKVCache):
-        fused = block_in_one_call(block, ops, h, mask, cache)
-        if fused is not None:
-            return mx.array(fused.reshape(batch, length, dims))
     normed = _rms_norm(h, norms[0], ops)
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
     queries_rows, keys_rows, values_rows = _rows_times_together(attention, projections, normed, decoding)
