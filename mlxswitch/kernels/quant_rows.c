@@ -1118,65 +1118,124 @@ static void i8_step(const void *args, int wide, long k, long r, long o) {
  * even inputs of their first block, of their second, then the odd ones of each (zeros where a row
  * ends mid-pair). */
 /* How quantize_rows lays a row's inputs out: as they come; as 4-bit codes' nibbles pair them
- * (nibble_pair_dot); per block, even inputs then odd ones (Q6_K's int16 halves, q6krows). */
-enum { SPLIT_NONE = 0, SPLIT_PAIRS = 1, SPLIT_BLOCKS = 2, SPLIT_QUADS = 3 };
+ * (nibble_pair_dot); per block, even inputs then odd ones (Q6_K's int16 halves, q6krows); as
+ * they come but per 4 inputs 0, 2, 1, 3 (int16 rows as the wide tiles read them). */
+enum { SPLIT_NONE = 0, SPLIT_PAIRS = 1, SPLIT_BLOCKS = 2, SPLIT_QUADS = 3, SPLIT_TILE_PAIRS = 4 };
 #if defined(NIBBLE_QUADS)
 #define NIBBLE_SPLIT SPLIT_QUADS /* 4-bit codes on int8: quad_tree's layout */
 #else
 #define NIBBLE_SPLIT SPLIT_PAIRS
 #endif
 
-static void quantize_rows(const float *x, int8_t *xq, int16_t *xw, float *dx, int32_t *xqsum, float *xsum,
-                          long rows, long n_in, long gs, long padded, long stride, int split) {
+/* Row r of quantize_rows' work: its group sums, then each block's step, Σ xq and codes. */
+static void quantize_row(const float *x, int8_t *xq, int16_t *xw, float *dx, int32_t *xqsum, float *xsum, long r,
+                         long n_in, long gs, long padded, long stride, int split) {
     long groups = n_in / gs, blocks = n_in / BLOCK;
     const float levels = xw ? 32767.f : 127.f;
-    for (long r = 0; r < rows; r++) {
-        if (stride > n_in) { /* a row ending mid-pair: its last pair's unused halves stay zero */
-            if (xw)
-                memset(xw + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK * sizeof(int16_t));
-            else
-                memset(xq + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK);
-        }
-        for (long g = 0; g < groups; g++) {
-            float sum = 0.f;
-            for (long i = 0; i < gs; i++) sum += x[r * n_in + g * gs + i];
-            xsum[r * groups + g] = sum;
-        }
-        for (long blk = 0; blk < padded; blk++) {
-            dx[r * padded + blk] = 0.f;
-            xqsum[r * padded + blk] = 0;
-        }
-        for (long blk = 0; blk < blocks; blk++) {
-            const float *v = x + r * n_in + blk * BLOCK;
-            float peak = 0.f;
-            for (int i = 0; i < BLOCK; i++) {
-                float a = v[i] < 0 ? -v[i] : v[i];
-                peak = a > peak ? a : peak;
-            }
+    if (stride > n_in) { /* a row ending mid-pair: its last pair's unused halves stay zero */
+        if (xw)
+            memset(xw + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK * sizeof(int16_t));
+        else
+            memset(xq + r * stride + stride - 2 * BLOCK, 0, 2 * BLOCK);
+    }
+    const float *row = x + r * n_in;
+    long g = 0;
+    for (; g + 8 <= groups; g += 8) { /* eight groups' sums side by side: each in its own order */
+        float sum[8] = {0.f};
+        for (long i = 0; i < gs; i++)
+            for (int j = 0; j < 8; j++) sum[j] += row[(g + j) * gs + i];
+        for (int j = 0; j < 8; j++) xsum[r * groups + g + j] = sum[j];
+    }
+    for (; g < groups; g++) {
+        float sum = 0.f;
+        for (long i = 0; i < gs; i++) sum += row[g * gs + i];
+        xsum[r * groups + g] = sum;
+    }
+    for (long blk = blocks; blk < padded; blk++) {
+        dx[r * padded + blk] = 0.f;
+        xqsum[r * padded + blk] = 0;
+    }
+    for (long blk = 0; blk < blocks; blk++) {
+        const float *v = row + blk * BLOCK;
+#if defined(__AVX512F__)
+        if (split == SPLIT_NONE || split == SPLIT_TILE_PAIRS) {
+            /* The scalar loop's operations lane by lane: |v|'s maximum (order-free), one multiply
+             * and a round to nearest even each (cvtps2dq, as lrintf), an exact integer sum. */
+            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+            float peak = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
             float inverse = peak > 0 ? levels / peak : 0.f;
             dx[r * padded + blk] = peak / levels;
-            int32_t total = 0;
-            for (int k = 0; k < BLOCK; k++) {
-                int32_t q = (int32_t)__builtin_lrintf(v[k] * inverse);
-                total += q;
-                /* SPLIT_PAIRS: pair (blk / 2) is [even of blk & ~1][even of blk | 1][odd ...][odd ...];
-                 * SPLIT_BLOCKS: block blk is [its even inputs][its odd ones] */
-                /* SPLIT_QUADS: as quad_tree reads a whole tree, per 4 blocks their even inputs then
-                 * their odd ones; the blocks of a last, partial tree as SPLIT_PAIRS lays them */
-                int quads = split == SPLIT_QUADS && blk < blocks / TREE * TREE;
-                long at = r * stride + (quads ? (blk / 4) * 4 * BLOCK + (k % 2) * 2 * BLOCK + (blk % 4) * 16 + k / 2
-                                        : split == SPLIT_PAIRS || split == SPLIT_QUADS
-                                            ? (blk / 2) * 2 * BLOCK + (k % 2) * BLOCK + (blk % 2) * 16 + k / 2
-                                        : split == SPLIT_BLOCKS ? blk * BLOCK + (k % 2) * 16 + k / 2
-                                                                : blk * BLOCK + k);
-                if (xw)
-                    xw[at] = (int16_t)q;
-                else
-                    xq[at] = (int8_t)q;
+            __m512 scale = _mm512_set1_ps(inverse);
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, scale));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, scale));
+            xqsum[r * padded + blk] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            if (split == SPLIT_TILE_PAIRS) { /* per 4 inputs 0, 2, 1, 3 */
+                const __m512i order = _mm512_set_epi32(15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
+                q0 = _mm512_permutexvar_epi32(order, q0), q1 = _mm512_permutexvar_epi32(order, q1);
             }
-            xqsum[r * padded + blk] = total;
+            if (xw) {
+                _mm256_storeu_si256((__m256i *)(xw + r * stride + blk * BLOCK), _mm512_cvtepi32_epi16(q0));
+                _mm256_storeu_si256((__m256i *)(xw + r * stride + blk * BLOCK + 16), _mm512_cvtepi32_epi16(q1));
+            } else {
+                _mm_storeu_si128((__m128i *)(xq + r * stride + blk * BLOCK), _mm512_cvtepi32_epi8(q0));
+                _mm_storeu_si128((__m128i *)(xq + r * stride + blk * BLOCK + 16), _mm512_cvtepi32_epi8(q1));
+            }
+            continue;
         }
+#endif
+        float peak = 0.f;
+        for (int i = 0; i < BLOCK; i++) {
+            float a = v[i] < 0 ? -v[i] : v[i];
+            peak = a > peak ? a : peak;
+        }
+        float inverse = peak > 0 ? levels / peak : 0.f;
+        dx[r * padded + blk] = peak / levels;
+        int32_t total = 0;
+        for (int k = 0; k < BLOCK; k++) {
+            int32_t q = (int32_t)__builtin_lrintf(v[k] * inverse);
+            total += q;
+            /* SPLIT_PAIRS: pair (blk / 2) is [even of blk & ~1][even of blk | 1][odd ...][odd ...];
+             * SPLIT_BLOCKS: block blk is [its even inputs][its odd ones] */
+            /* SPLIT_QUADS: as quad_tree reads a whole tree, per 4 blocks their even inputs then
+             * their odd ones; the blocks of a last, partial tree as SPLIT_PAIRS lays them */
+            int quads = split == SPLIT_QUADS && blk < blocks / TREE * TREE;
+            long at = r * stride + (quads ? (blk / 4) * 4 * BLOCK + (k % 2) * 2 * BLOCK + (blk % 4) * 16 + k / 2
+                                    : split == SPLIT_PAIRS || split == SPLIT_QUADS
+                                        ? (blk / 2) * 2 * BLOCK + (k % 2) * BLOCK + (blk % 2) * 16 + k / 2
+                                    : split == SPLIT_BLOCKS     ? blk * BLOCK + (k % 2) * 16 + k / 2
+                                    : split == SPLIT_TILE_PAIRS ? blk * BLOCK + (k & ~3) + (k % 2) * 2 + (k % 4) / 2
+                                                                : blk * BLOCK + k);
+            if (xw)
+                xw[at] = (int16_t)q;
+            else
+                xq[at] = (int8_t)q;
+        }
+        xqsum[r * padded + blk] = total;
     }
+}
+
+struct quantize_args {
+    const float *x;
+    int8_t *xq;
+    int16_t *xw;
+    float *dx, *xsum;
+    int32_t *xqsum;
+    long rows, n_in, gs, padded, stride;
+    int split;
+};
+
+static void quantize_part(const void *p, long part, long parts) {
+    const struct quantize_args *q = p;
+    long first, end;
+    part_range(q->rows, part, parts, &first, &end);
+    for (long r = first; r < end; r++)
+        quantize_row(q->x, q->xq, q->xw, q->dx, q->xqsum, q->xsum, r, q->n_in, q->gs, q->padded, q->stride, q->split);
+}
+
+/* Rows are independent: several (a check's, a prefill's) are shared among the threads. */
+static void quantize_rows(const struct quantize_args *q, int threads) {
+    long parts = q->rows * q->n_in >= 8 * 1024 && threads > 1 ? (q->rows < threads ? q->rows : threads) : 1;
+    run_parts(quantize_part, q, parts);
 }
 #endif
 
@@ -1196,10 +1255,12 @@ static void i8_release(struct i8_args *a) {
 }
 
 /* A weight's arguments with x's rows rounded for it (its layout and groups; to int16 where wide); 0,
- * or -1 without memory (nothing then held). */
+ * or -1 without memory (nothing then held). natural: 0 the layout the few-row paths read (by the
+ * codes' bits), 1 inputs as they come, 2 as they come but int16 rows as the wide tiles read them
+ * (SPLIT_TILE_PAIRS). Many rows are rounded on `threads`. */
 static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, const void *codes,
                       const void *scales, const void *biases, float *y, long y_stride, long n_out, long gs,
-                      int bits, int type, int centre, int wide, int natural) {
+                      int bits, int type, int centre, int wide, int natural, int threads) {
     long groups = n_in / gs, blocks = n_in / BLOCK, padded = (blocks + TREE - 1) / TREE * TREE;
     long stride = bits == 4 && !natural ? (n_in + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK) : n_in;
     int8_t *xq = wide ? NULL : malloc((size_t)rows * stride);
@@ -1212,11 +1273,13 @@ static int i8_prepare(struct i8_args *a, const float *x, long rows, long n_in, c
         i8_release(a);
         return -1;
     }
-    quantize_rows(x, xq, xw, dx, xqsum, xsum, rows, n_in, gs, padded, stride,
-                  natural        ? SPLIT_NONE
-                  : bits == 4    ? (wide ? SPLIT_PAIRS : NIBBLE_SPLIT)
-                  : bits == 6    ? SPLIT_BLOCKS
-                                 : SPLIT_NONE);
+    int split = natural == 2 && wide ? SPLIT_TILE_PAIRS
+                : natural        ? SPLIT_NONE
+                : bits == 4      ? (wide ? SPLIT_PAIRS : NIBBLE_SPLIT)
+                : bits == 6      ? SPLIT_BLOCKS
+                                 : SPLIT_NONE;
+    struct quantize_args q = {x, xq, xw, dx, xsum, xqsum, rows, n_in, gs, padded, stride, split};
+    quantize_rows(&q, threads);
     return 0;
 }
 #endif
@@ -1586,7 +1649,7 @@ int quant_rows_int8(const float *x, const void *codes, const void *scales, const
     if (i8_takes(bits, centre, biases, gs, type, n_in) && rows >= 1 && rows < many_from) {
         struct i8_args args;
         if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre,
-                       wide, 0))
+                       wide, 0, 1))
             return -1;
         threads = for_each_tile(I8_WIDTH, I8_GROUP, rows, n_out, threads < 1 ? 1 : threads, i8_step, &args);
         i8_release(&args);
@@ -1595,7 +1658,8 @@ int quant_rows_int8(const float *x, const void *codes, const void *scales, const
     if (i8_takes(bits, centre, biases, gs, type, n_in) && gemm_takes(bits, centre, wide) && rows >= many_from &&
         n_out >= 1) {
         struct i8_args args;
-        if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre, wide, 1))
+        if (i8_prepare(&args, x, rows, n_in, codes, scales, biases, y, n_out, n_out, gs, bits, type, centre, wide, 1,
+                       threads))
             return -1;
         struct gemm_args g = {&args, rows, 0};
         threads = (int)run_parts(gemm_part, &g, threads < 1 ? 1 : threads);
@@ -1669,7 +1733,7 @@ int quant_rows_int8_many(const float *x, float *y, long rows, long n_in, int thr
             a->y = y + m.first[i], a->n_out = w[i].n_out, a->type = w[i].type, a->centre = w[i].centre;
         } else if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases,
                               y + m.first[i], m.total, w[i].n_out, w[i].gs, w[i].bits, w[i].type,
-                              w[i].centre, 0, 0)) {
+                              w[i].centre, 0, 0, 1)) {
             while (i-- > 0)
                 if (rounds[i]) i8_release(&m.weights[i]);
             return -1;
@@ -1797,7 +1861,7 @@ int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_
         struct i8_args args;
         int many = rows >= many_from; /* the tiles take int16 rows */
         if (i8_prepare(&args, x, rows, n_in, blocks, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0,
-                       wide || many, many || !wide))
+                       wide || many, many || !wide, threads))
             return -1;
         struct gemm_args g = {&args, rows, 0};
         threads = many ? (int)run_parts(gemm_part, &g, threads)
@@ -1990,7 +2054,7 @@ static inline tf load_scales16(const void *p, long i, int type) {
  * gemm512_rows_'s operations (WIDE: gemm512_wide_'s): the integer sum, centred, converted, times
  * s·dx; then per group (b + c·s)·Σx (c·s exact: c is a power of two). WIDE: int16 rows, each run's
  * codes masked into 4 vectors of int16 pairs, inputs (0, 2), (1, 3), (4, 6), (5, 7) of the run,
- * against x laid out to match (tile_pair_order). BYTES: codes a byte each (any below 256: VNNI's
+ * against x laid out to match (SPLIT_TILE_PAIRS). BYTES: codes a byte each (any below 256: VNNI's
  * byte products sum exactly in int32), 8 runs of 4 inputs a block, int8 rows. */
 #define TILED_TIMES(K, WIDE, BYTES, NAME)                                                        \
     static void NAME(const struct i8_args *a, long tile, long r, float *out) {                  \
@@ -2006,8 +2070,8 @@ static inline tf load_scales16(const void *p, long i, int type) {
         for (long u = 0; u < a->blocks; u++) {                                                   \
             const uint8_t *block = w + u * block_bytes;                                          \
             for (int line = 0; line < (BYTES ? 8 : 4); line++) prefetch(block + PREFETCH_BYTES + 64 * line); \
-            ti sum[K];                                                                           \
-            for (int k = 0; k < K; k++) sum[k] = ti_zero();                                      \
+            ti sum[K]; /* each starts at the centre's part, -c·Σ xq: the same integers, one op less */ \
+            for (int k = 0; k < K; k++) sum[k] = ti_set1(-(a->xqsum[(r + k) * a->padded + u] << a->centre)); \
             for (int run = 0; BYTES && run < 8; run++) {                                         \
                 ti v = ti_load(block + run * TILE_RUN);                                          \
                 for (int k = 0; k < K; k++) {                                                    \
@@ -2041,11 +2105,8 @@ static inline tf load_scales16(const void *p, long i, int type) {
                 }                                                                                \
             }                                                                                    \
             tf scale = load_scales16(a->scales, first + (u / per) * GEMM_OUT, a->type);          \
-            for (int k = 0; k < K; k++) {                                                        \
-                long at = (r + k) * a->padded + u;                                               \
-                ti centred = ti_sub(sum[k], ti_set1(a->xqsum[at] << a->centre));                 \
-                acc[k] = tf_fmadd(tf_of(centred), tf_mul(scale, tf_set1(a->dx[at])), acc[k]);    \
-            }                                                                                    \
+            for (int k = 0; k < K; k++)                                                          \
+                acc[k] = tf_fmadd(tf_of(sum[k]), tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u])), acc[k]); \
         }                                                                                        \
         const tf centre = tf_set1((float)(1 << a->centre));                                     \
         for (long g = 0; g < a->groups; g++) {                                                   \
@@ -2076,14 +2137,6 @@ TILED_MODE(0, 0, tiled_rows_)
 TILED_MODE(1, 0, tiled_wide_)
 TILED_MODE(0, 1, tiled_bytes_)
 
-/* int16 rows (x natural, `stride` apart) as the wide tiles read them: per 4 inputs, 0, 2, 1, 3. */
-static void tile_pair_order(int16_t *xw, long rows, long stride) {
-    for (long r = 0; r < rows; r++)
-        for (long i = 0; i + 4 <= stride; i += 4) {
-            int16_t *x = xw + r * stride + i, second = x[1];
-            x[1] = x[2], x[2] = second;
-        }
-}
 typedef void (*tiled_fn)(const struct i8_args *, long, long, float *);
 static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), TILE_ROW_FNS(tiled_wide_),
                                                    TILE_ROW_FNS(tiled_bytes_)};
@@ -2151,12 +2204,10 @@ int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads
             a->y = y + done, a->n_out = w[i].n_out, a->type = w[i].type, a->centre = w[i].centre;
             a->bits = w[i].bits;
         } else if (i8_prepare(&m.weights[i], x, rows, n_in, w[i].codes, w[i].scales, w[i].biases, y + done, total,
-                              w[i].n_out, w[i].gs, w[i].bits, w[i].type, w[i].centre, wide, 1)) {
+                              w[i].n_out, w[i].gs, w[i].bits, w[i].type, w[i].centre, wide, 2, threads)) {
             while (i-- > 0)
                 if (rounds[i]) i8_release(&m.weights[i]);
             return -1;
-        } else if (wide) {
-            tile_pair_order((int16_t *)m.weights[i].xw, rows, m.weights[i].stride);
         }
     }
     threads = (int)run_parts(tiled_part, &m, threads < 1 ? 1 : threads);
@@ -2282,8 +2333,10 @@ static int32_t *sums_of_16(const struct i8_args *a, long rows) {
                 for (int line = 0; line < 6; line++) prefetch(codes + PREFETCH_BYTES + 64 * line); \
                 long u = sb * 8 + blk; /* the row's block of 32 */                               \
                 ti hl = ti_load(codes + 4 * TILE_RUN), hh = ti_load(codes + 5 * TILE_RUN);       \
-                ti sum[K][2];                                                                    \
-                for (int k = 0; k < K; k++) sum[k][0] = sum[k][1] = ti_zero();                   \
+                ti sum[K][2]; /* each half starts at -32·Σ of its 16 xq: centred as it sums */    \
+                for (int k = 0; k < K; k++)                                                      \
+                    sum[k][0] = ti_set1(-xq16[(r + k) * n16 + 2 * u] * 32),                       \
+                    sum[k][1] = ti_set1(-xq16[(r + k) * n16 + 2 * u + 1] * 32);                   \
                 for (int run = 0; run < 4; run++) {                                              \
                     ti v = ti_load(codes + run * TILE_RUN);                                      \
                     ti lo = ti_or(ti_and(v, mask), ti_and(ti_slli16(ti_srli16(hl, 2 * run), 4), top)); \
@@ -2310,10 +2363,8 @@ static int32_t *sums_of_16(const struct i8_args *a, long rows) {
                 for (int half = 0; half < 2; half++) {                                           \
                     tf scale = tf_mul(tf_of(ti_int8s(base + Q6K_TILE_CODES + (2 * blk + half) * GEMM_OUT)), d); \
                     for (int k = 0; k < K; k++) {                                                \
-                        int32_t centre = xq16[(r + k) * n16 + 2 * u + half] * 32;                \
-                        ti centred = ti_sub(sum[k][half], ti_set1(centre));                      \
                         tf step = tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u]));        \
-                        acc[k] = tf_fmadd(tf_of(centred), step, acc[k]);                         \
+                        acc[k] = tf_fmadd(tf_of(sum[k][half]), step, acc[k]);                    \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
@@ -2369,14 +2420,13 @@ int quant_tiled_q6k(const float *x, const uint8_t *tiles, float *y, long rows, l
 #if defined(TILES)
     if (rows < 1 || n_out < 1 || n_out % GEMM_OUT || n_in % Q6K_VALUES) return -1;
     struct i8_args args;
-    if (i8_prepare(&args, x, rows, n_in, tiles, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, wide, 1))
+    if (i8_prepare(&args, x, rows, n_in, tiles, NULL, NULL, y, n_out, n_out, BLOCK, 6, SCALE_F32, 0, wide, 2, threads))
         return -1;
     int32_t *xq16 = sums_of_16(&args, rows);
     if (!xq16) {
         i8_release(&args);
         return -1;
     }
-    if (wide) tile_pair_order((int16_t *)args.xw, rows, args.stride);
     struct tiled_q6k_args t = {&args, xq16, rows, 0};
     threads = (int)run_parts(tiled_q6k_part, &t, threads < 1 ? 1 : threads);
     free(xq16);

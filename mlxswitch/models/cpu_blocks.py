@@ -153,8 +153,9 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
         return None
     batch, length, dims = x.shape
     decoding = length <= INT8_MAX_POSITIONS
-    # A decoding pass's small operations in C where the route has them (kernels/pass_ops.py).
-    ops = pass_ops() if decoding and current_route().pass_ops == "compiled" else None
+    # The small operations in C where the route has them (kernels/pass_ops.py); a prefill chunk's
+    # attention stays BLAS's, a block of queries at a time.
+    ops = pass_ops() if current_route().pass_ops == "compiled" else None
     h = np.asarray(x).reshape(-1, dims)
     normed = _rms_norm(h, norms[0], ops)
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
@@ -173,7 +174,7 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
         q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache, ops)
     # One BLAS thread up to a prefill chunk's queries (numpy_attention.SMALL_QUERIES says why).
     with single_threaded_blas() if length <= SMALL_QUERIES else contextlib.nullcontext():
-        attended = attention_rows(q, k, v, attention.scale, mask, ops)
+        attended = attention_rows(q, k, v, attention.scale, mask, ops if decoding else None)
     attended_rows = attended.transpose(0, 2, 1, 3).reshape(batch * length, -1)
     h = h + _rows_times(attention.o_proj, attended_rows, decoding)
     normed = _rms_norm(h, norms[1], ops)
