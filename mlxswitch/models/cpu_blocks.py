@@ -130,9 +130,11 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     NumpyKVCache (else one, where mlx-lm's block made six: each evaluation of a small graph costs
     ~0.13 ms on MLX's CPU backend, and a prefill's rows went to NumPy and back at each linear).
     The norms, residuals, linears (their `numpy_rows`), RoPE (nn.RoPE's) and attention run in
-    NumPy; a scaled RoPE stays the model's, and a cache of mlx-lm's own its own. A decoding pass
+    NumPy (the norms, RoPE and silu·up by the compiled pass operations where the route has them);
+    a scaled RoPE stays the model's, and a cache of mlx-lm's own its own. A decoding pass
     (≤ INT8_MAX_POSITIONS a sequence) computes each row as a step would; a longer one (a
-    prefill chunk) by the kernel's many-row paths and attention a block of queries at a time. None where
+    prefill chunk) by the kernel's many-row paths and BLAS's attention a block of queries at a
+    time. None where
     the pass cannot (another dtype, a quantized cache, another layout, under mx.compile):
     mlx-lm's block runs."""
     attention, mlp = block.self_attn, block.mlp
