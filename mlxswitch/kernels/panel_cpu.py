@@ -1,7 +1,7 @@
 """Resident fp32 weights kept in panels, multiplied by a small C kernel (panel_rows.c).
 
 Why our own: OpenBLAS's sgemm packs the whole weight on every call, so on the Qwen pair's
-layers 2-8 rows cost 3-5x one row and a 47-row prefill 8.7x (bench/bench_threads.py --panels;
+layers 2-8 rows cost 3-5x one row and a 47-row prefill 8.7x (bench/bench_layers.py threads --panels;
 bench/results/panel-rows-qwen.txt). The kernel streams each 64-column panel of W once and
 multiplies up to 6 rows per read (more rows: 6 at a time while the panel is in cache), so a check
 of a few drafted tokens costs about one decoding step, as it does on Apple silicon. mlx-lm has no

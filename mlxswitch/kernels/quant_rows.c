@@ -97,7 +97,7 @@ static inline float hsum(vf v) {
  * an eighth of a half at a time from a counter they share (next_items), so a worker that woke late
  * or ran slower takes fewer. With halves the Qwen 1.5B's caller waited 4-8 ms of a ~60 ms step for
  * the worker (timed in an instrumented build); the step 61.2 -> 56.5 ms, a 4-row check 80.4 ->
- * 69.9, 8 rows 111.1 -> 104.1 (bench_pair_steps.py --sources, the two builds interleaved). Which
+ * 69.9, 8 rows 111.1 -> 104.1 (bench_layers.py steps --sources, the two builds interleaved). Which
  * thread computes a tile changes no bit. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
