@@ -819,14 +819,18 @@ def run_rows(args: argparse.Namespace) -> None:
 
     After a 96-token prefill, passes of k rows are fed on the KV cache and trimmed off again, the row
     counts interleaved round by round; the median of the rounds is printed, and each as a multiple of
-    the one-row pass (a decoding step). Run the settings one after another, alone.
+    the one-row pass (a decoding step). The caches are the engine's (decoding_caches: a decoding
+    pass's keys and values kept in NumPy, its body in one call where the route has it), so a pass
+    costs what the engine's step or check does. Run the settings one after another, alone.
     """
+    from mlxswitch.models.cpu_blocks import decoding_caches
+
     started = time.perf_counter()
     loaded = load_packaged(args.model)
     load_seconds = time.perf_counter() - started
     model = loaded.model
     ids = prompt(6)
-    cache, prefill_seconds = prefill(model, ids)
+    cache, prefill_seconds = prefill(model, ids, decoding_caches)
     samplers = {rows: partial(timed_pass, model, ids, cache, rows) for rows in PASS_ROWS}
     seconds = interleaved(samplers, args.rounds)
     route = current_route()
