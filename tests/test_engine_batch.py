@@ -1,5 +1,5 @@
 """Continuous batching of verified drafting (decoding/engine.py) and the packed pass it runs
-on (decoding/packed.py, CacheGroup.score_together): the same logits as each conversation's own pass,
+on (models/packed_cache.py, CacheGroup.score_together): the same logits as each conversation's own pass,
 the same answers as one at a time, requests joining mid-way and leaving early, and the planner
 not taught by seconds that were not one answer's."""
 

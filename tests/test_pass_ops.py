@@ -205,3 +205,62 @@ def test_a_body_whose_first_one_call_pass_differs_keeps_the_operations_one_by_on
             assert "differed from its operations one by one" in caplog.text
     for mine, theirs in zip(outputs["planted"], outputs["one by one"], strict=True):
         assert np.array_equal(mine, theirs)
+
+
+@needs_ops
+def test_a_packed_pass_in_one_call_gives_each_conversation_its_own_pass_s_bits(monkeypatch):
+    from mlx_lm.models.cache import make_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.quant_cpu import quant_kernel
+    from mlxswitch.models.packed_cache import packed_caches
+    from mlxswitch.models.row_routes import use_fast_rows
+
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model's rows on int8: tiled
+    resolve_route("auto", "cpu")
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled:
+        pytest.skip("no quantized kernel with tiles here")
+    model = make_model(dict(llama_config(vocab_size=300), model_type="qwen2"), seed=6)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    use_fast_rows(model)
+    taken: list[bool] = []
+
+    def counted(*args):
+        out = block_calls.body_in_one_call(*args)
+        taken.append(out is not None)
+        return out
+
+    prompts = [list(range(3, 40)), list(range(60, 101)), list(range(120, 155))]  # prefills: NumPy's way
+    rounds = [([8], [9, 4, 77], [5, 6]), ([11], [12], [13, 14, 15])]  # two packed passes
+
+    def conversations():
+        caches = [cpu_blocks.decoding_caches(model, make_prompt_cache(model)) for _ in prompts]
+        for cache, ids in zip(caches, prompts, strict=True):
+            model(mx.array([ids]), cache=cache)
+        return caches
+
+    outputs = {}
+    for arm in ("packed in one call", "packed one by one", "alone"):
+        one_call = counted if arm == "packed in one call" else (lambda *args: None)
+        monkeypatch.setattr(cpu_blocks, "body_in_one_call", one_call)
+        caches, got = conversations(), []
+        for passes in rounds:
+            if arm == "alone":  # each conversation's own pass (one sequence)
+                for cache, ids in zip(caches, passes, strict=True):
+                    got.append(np.array(model(mx.array([ids]), cache=cache)[0]))
+                continue
+            packed = packed_caches(caches, [len(ids) for ids in passes])
+            logits = np.array(model(mx.array([[i] for ids in passes for i in ids]), cache=packed)[:, 0])
+            ends = np.cumsum([len(ids) for ids in passes])  # R rows as R sequences of one
+            got += np.split(logits, ends[:-1])
+        got += [np.array(a) for cache in caches for a in cache[-1].state]
+        outputs[arm] = got
+    # the prefills (35-41 rows) go NumPy's many-row way; the first packed pass is checked against a
+    # reference made the operations' way (the False inside it), the second is the call's own
+    assert taken == [False, False, False, False, True, True]
+    for arm in ("packed one by one", "alone"):
+        for mine, theirs in zip(outputs["packed in one call"], outputs[arm], strict=True):
+            assert np.array_equal(mine, theirs), arm

@@ -20,11 +20,11 @@ from ..models.cpu_blocks import decoding_caches
 from ..models.heads import SplitModel, split_model
 from ..models.model_bytes import bytes_per_token
 from ..models.numpy_cache import arrays_to_evaluate
+from ..models.packed_cache import PLAIN_CACHES, can_pack, packed_caches
 from ..models.weights import LoadedModel
 from ..routing.probe import SCALARS, Probe
 from ..tier_names import local_tier_names
 from .draft_memory import DraftMemory
-from .packed import PLAIN_CACHES, can_pack, packed_caches
 
 _UNCHECKED = object()  # a CacheGroup's split before it is checked
 # A pass of more rows (a prompt, a long catch-up) runs alone: a packed pass hands every row its
@@ -97,7 +97,7 @@ class CacheGroup:
         takes it (the groups hold different conversations of the same model): their lazy logits,
         (rows, V) each, as each group's own `score` would give them. Each is first prefilled as
         its own pass would be (a long input in chunks; at the prefill gear, all but the rows it
-        reads); the rest of those that fit run as one packed pass (packed.py), every row through
+        reads); the rest of those that fit run as one packed pass (models/packed_cache.py), every row through
         each linear layer in one product, and a long rest (a prompt) runs alone."""
         out: list[mx.array | None] = [None] * len(passes)
         packed: list[tuple[int, CacheGroup, mx.array, int]] = []

@@ -258,13 +258,16 @@ static int product_rows(const struct block_plan *p, const struct product *w, con
     return 1;
 }
 
-/* h (rows × dims, one sequence's positions start..start + rows - 1) through the block, in place.
- * cos_t, sin_t: the rows' RoPE tables (rows × rope_dims/2); keys and values: the layer's cache (KV ×
- * cap × D), this pass's written at start..; query l sees keys seen_from[l] up to seen_to[l].
- * Returns 1, or -1 (no memory, a product refused: h is then as it was). */
+/* h (rows × dims) through the block, in place: the rows of `sequences` sequences one after another,
+ * sequence s's lengths[s] rows at its positions starts[s].. (a packed pass: several conversations'
+ * rows in one product). cos_t, sin_t: the rows' RoPE tables (rows × rope_dims/2); keys[s] and
+ * values[s]: sequence s's cache of this layer (KV × caps[s] × D), its rows written at starts[s]..;
+ * row r sees keys seen_from[r] up to seen_to[r] of its own sequence. Returns 1, or -1 (no memory,
+ * a product refused: h is then as it was). */
 static int block_rows(const struct block_plan *p, float *h, long rows, const float *cos_t, const float *sin_t,
-                      float *keys, float *values, long cap, long start, const long *seen_from,
-                      const long *seen_to, int threads) {
+                      float *const *keys, float *const *values, const long *caps, const long *starts,
+                      const long *lengths, long sequences, const long *seen_from, const long *seen_to,
+                      int threads) {
     long dims = p->dims, heads = p->heads, kv = p->kv_heads, d = p->head_dim, n_qkv = p->qkv.n_out;
     long sizes[] = {rows * dims, rows * n_qkv, heads * rows * d, kv * rows * d, heads * rows * d,
                     rows * heads * d, rows * dims, rows * 2 * p->inter, rows * p->inter, rows * dims};
@@ -281,19 +284,26 @@ static int block_rows(const struct block_plan *p, float *h, long rows, const flo
     if (ok) {
         rope_rows(qkv, 0, d, n_qkv, 1, heads, rows, d, p->rope_dims, p->traditional, cos_t, sin_t, 0, q);
         rope_rows(qkv + heads * d, 0, d, n_qkv, 1, kv, rows, d, p->rope_dims, p->traditional, cos_t, sin_t, 0, k);
-        for (long g = 0; g < kv; g++)
-            for (long l = 0; l < rows; l++) {
-                memcpy(keys + (g * cap + start + l) * d, k + (g * rows + l) * d, sizeof(float) * (size_t)d);
-                memcpy(values + (g * cap + start + l) * d, qkv + l * n_qkv + (heads + kv + g) * d,
-                       sizeof(float) * (size_t)d);
-            }
-        ok = attend_rows(q, 0, rows * d, d, keys, values, 0, cap * d, d, 1, heads, kv, rows, d, seen_from, seen_to,
-                         p->scale, attended) >= 1;
+        /* sequence s's keys and values into its cache; its queries over them, its heads' outputs
+         * (heads × lengths[s] × D) at attended + heads·first·D */
+        for (long s = 0, first = 0; ok && s < sequences; first += lengths[s], s++) {
+            for (long g = 0; g < kv; g++)
+                for (long l = 0; l < lengths[s]; l++) {
+                    long row = first + l, slot = (g * caps[s] + starts[s] + l) * d;
+                    memcpy(keys[s] + slot, k + (g * rows + row) * d, sizeof(float) * (size_t)d);
+                    memcpy(values[s] + slot, qkv + row * n_qkv + (heads + kv + g) * d, sizeof(float) * (size_t)d);
+                }
+            ok = attend_rows(q + first * d, 0, rows * d, d, keys[s], values[s], 0, caps[s] * d, d, 1, heads, kv,
+                             lengths[s], d, seen_from + first, seen_to + first, p->scale,
+                             attended + heads * first * d) >= 1;
+        }
     }
     if (ok) {
-        for (long l = 0; l < rows; l++)
-            for (long hh = 0; hh < heads; hh++)
-                memcpy(att_rows + (l * heads + hh) * d, attended + (hh * rows + l) * d, sizeof(float) * (size_t)d);
+        for (long s = 0, first = 0; s < sequences; first += lengths[s], s++)
+            for (long l = 0; l < lengths[s]; l++)
+                for (long hh = 0; hh < heads; hh++)
+                    memcpy(att_rows + ((first + l) * heads + hh) * d,
+                           attended + (heads * first + hh * lengths[s] + l) * d, sizeof(float) * (size_t)d);
         ok = product_rows(p, &p->o, att_rows, o, rows, threads) >= 1;
     }
     if (ok) {
@@ -311,15 +321,16 @@ static int block_rows(const struct block_plan *p, float *h, long rows, const flo
     return ok ? 1 : -1;
 }
 
-/* Every block of a model body in turn (block_rows), h in place: layer i's plan plans[i], cache
- * keys[i], values[i] of room caps[i]; the rows' RoPE tables and the keys each sees are the same in
- * every layer. Returns 1, or -1 where a block refused (h is then the block's input before it). */
+/* Every block of a model body in turn (block_rows), h in place: layer i's plan plans[i], sequence
+ * s's cache keys[i·sequences + s], values[…] of room caps[…]; the rows' RoPE tables, the sequences'
+ * starts and lengths and the keys each row sees are the same in every layer. Returns 1, or -1
+ * where a block refused (h is then the block's input before it). */
 int blocks_rows(const struct block_plan *const *plans, long layers, float *h, long rows, const float *cos_t,
-                const float *sin_t, float *const *keys, float *const *values, const long *caps, long start,
-                const long *seen_from, const long *seen_to, int threads) {
+                const float *sin_t, float *const *keys, float *const *values, const long *caps, const long *starts,
+                const long *lengths, long sequences, const long *seen_from, const long *seen_to, int threads) {
     for (long i = 0; i < layers; i++)
-        if (block_rows(plans[i], h, rows, cos_t, sin_t, keys[i], values[i], caps[i], start, seen_from, seen_to,
-                       threads) < 1)
+        if (block_rows(plans[i], h, rows, cos_t, sin_t, keys + i * sequences, values + i * sequences,
+                       caps + i * sequences, starts, lengths, sequences, seen_from, seen_to, threads) < 1)
             return -1;
     return 1;
 }

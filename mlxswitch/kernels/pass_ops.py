@@ -102,7 +102,7 @@ class PassOps:
         self._silu = library.silu_times_rows
         self._silu.argtypes = [_P, _P, _L, _L, _L, _P]
         self._blocks = library.blocks_rows
-        self._blocks.argtypes = [_P, _L, _P, _L, _P, _P, _P, _P, _P, _L, _P, _P, ctypes.c_int]
+        self._blocks.argtypes = [_P, _L, _P, _L, _P, _P, _P, _P, _P, _P, _P, _L, _P, _P, ctypes.c_int]
         for function in (self._norm, self._rope, self._attend, self._silu, self._blocks):
             function.restype = ctypes.c_int
 
@@ -156,23 +156,29 @@ class PassOps:
         plans: list[BlockPlan],
         h: np.ndarray,
         tables: tuple[np.ndarray, np.ndarray],
-        caches: list[tuple[np.ndarray, np.ndarray]],
-        start: int,
+        caches: list[list[tuple[np.ndarray, np.ndarray]]],
+        starts: list[int],
+        lengths: list[int],
         seen: list[slice],
         threads: int,
     ) -> bool:
-        """As `block`, through every block of a model body in turn (plans[i] with caches[i]: layer
-        i's keys and values, this pass's written at `start`): one call a pass. False where a block
-        refused (h is then unusable)."""
-        count = len(plans)
+        """h's rows through every block of a model body in turn, one call a pass: the rows of
+        len(starts) sequences one after another (sequence s's lengths[s] rows at its positions
+        starts[s]..; several where a pass is packed), caches[i][s] layer i's keys and values of
+        sequence s, this pass's written at starts[s]. False where a block refused (h is then
+        unusable)."""
+        count, sequences = len(plans), len(starts)
         plan_at = (ctypes.c_void_p * count)(*(ctypes.addressof(plan) for plan in plans))
-        keys_at = (ctypes.c_void_p * count)(*(keys.ctypes.data for keys, _ in caches))
-        values_at = (ctypes.c_void_p * count)(*(values.ctypes.data for _, values in caches))
-        rooms = np.array([keys.shape[2] for keys, _ in caches], dtype=np.int64)
+        rooms = [room for layer in caches for room in layer]  # layer-major, as blocks_rows reads them
+        keys_at = (ctypes.c_void_p * len(rooms))(*(keys.ctypes.data for keys, _ in rooms))
+        values_at = (ctypes.c_void_p * len(rooms))(*(values.ctypes.data for _, values in rooms))
+        caps = np.array([keys.shape[2] for keys, _ in rooms], dtype=np.int64)
+        starts_at, lengths_at = (np.array(a, dtype=np.int64) for a in (starts, lengths))
         seen_from, seen_to = _seen_bounds(seen)
         done = self._blocks(
             plan_at, count, h.ctypes.data, h.shape[0], tables[0].ctypes.data, tables[1].ctypes.data,
-            keys_at, values_at, rooms.ctypes.data, start, seen_from.ctypes.data, seen_to.ctypes.data, threads,
+            keys_at, values_at, caps.ctypes.data, starts_at.ctypes.data, lengths_at.ctypes.data, sequences,
+            seen_from.ctypes.data, seen_to.ctypes.data, threads,
         )  # fmt: skip
         return done >= 1
 

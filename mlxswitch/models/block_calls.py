@@ -1,9 +1,10 @@
-"""A decoding pass of one sequence through a llama/qwen2 model body in one call of the compiled
-pass operations (kernels/pass_ops.c, blocks_rows), where every product is the quantized kernel's
-on its tiles. The same products, operations and order as
-cpu_blocks.numpy_block with the pass operations, so the same bits; what it saves is Python's ~20
-calls a block (kernels.md). Callers hand over only blocks cpu_blocks made NumPy blocks (mlx-lm's
-llama/qwen2 structure: the plan below reads their layers by name).
+"""A decoding pass (one sequence's, or a packed pass's: several conversations' rows, each against its
+own cache) through a llama/qwen2 model body in one call of the compiled pass operations
+(kernels/pass_ops.c, blocks_rows), where every product is the quantized kernel's on its tiles. The
+same products, operations and order as cpu_blocks.numpy_block with the pass operations, so the
+same bits; what it saves is Python's ~20 calls a block (kernels.md). Callers hand over only blocks
+cpu_blocks made NumPy blocks (mlx-lm's llama/qwen2 structure: the plan below reads their layers by
+name).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..kernels.route import current_route
 from .block_tables import rms_norm_weight, rope_tables
 from .numpy_attention import visible_ranges
 from .numpy_cache import NumpyKVCache
+from .packed_cache import PackedLayerCache
 
 # Set while a body's first one-call pass is checked against the operations one by one: the call
 # below steps aside for the reference pass (one flag a thread: serve's engine runs on its own).
@@ -35,71 +37,116 @@ _REFERENCE_PASS = threading.local()
 
 
 def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: Any) -> mx.array | None:
-    """One sequence's decoding pass through every block in one call (PassOps.blocks: the products
-    and operations cpu_blocks.numpy_block makes, in its order: the same bits), then the body's
-    norm; None where a block has no plan, a cache is not a NumpyKVCache, the body is not mlx-lm's
-    plain one (pipelined, sliding windows, given embeddings), or its first such pass differed from
-    the operations one by one (_first_pass_checked)."""
-    if getattr(_REFERENCE_PASS, "on", False) or getattr(body, "one_call_checked", None) is False:
+    """A decoding pass through every block in one call (PassOps.blocks: the products and
+    operations cpu_blocks.numpy_block makes, in its order: the same bits), then the body's norm:
+    one sequence's, or a packed pass's (several conversations' rows, each against its own cache);
+    None where a block has no plan, a cache keeps no NumPy copy, the body is not mlx-lm's plain one
+    (pipelined, sliding windows, given embeddings), or its first such pass differed from the
+    operations one by one (_first_pass_checked)."""
+    packed = bool(cache) and isinstance(cache[0], PackedLayerCache)
+    checked = "packed_call_checked" if packed else "one_call_checked"
+    if getattr(_REFERENCE_PASS, "on", False) or getattr(body, checked, None) is False:
         return None
-    if input_embeddings is not None or cache is None or inputs.ndim != 2 or inputs.shape[0] != 1:
+    if input_embeddings is not None or cache is None or inputs.ndim != 2:
         return None
-    length, layers = inputs.shape[1], body.layers
-    if length > INT8_MAX_POSITIONS or current_route().pass_ops != "compiled" or len(cache) != len(layers):
+    layers = body.layers
+    if current_route().pass_ops != "compiled" or len(cache) != len(layers):
         return None
     if getattr(body, "pipeline_size", 1) != 1 or getattr(body, "swa_idx", None) is not None:
         return None
     ops = pass_ops()
-    if ops is None or not all(isinstance(c, NumpyKVCache) for c in cache):
+    pass_rows = _packed_rows(inputs, cache) if packed else _sequence_rows(inputs, cache)
+    if ops is None or pass_rows is None:
         return None
+    conversations, starts, lengths, seen = pass_rows
     found = [_block_plan(layer) for layer in layers]
     plans = [plan for plan in found if plan is not None]
     ropes = {(a.rope.dims, a.rope.base, a.rope.scale) for a in (layer.self_attn for layer in layers)}
-    start = cache[0].offset
-    if len(plans) != len(layers) or len(ropes) != 1 or any(c.offset != start for c in cache):
+    if len(plans) != len(layers) or len(ropes) != 1:
         return None
     h = body.embed_tokens(inputs)
     try:
         mx.eval(h)
     except ValueError:  # under mx.compile, vmap or export: no evaluation
         return None
-    mask = create_attention_mask(h, cache[0])
-    seen = visible_ranges(mask, 1, length, start + length)
-    if h.dtype != mx.float32 or seen is None:
+    if h.dtype != mx.float32:
         return None
-    rope = layers[0].self_attn.rope
-    cos, sin = rope_tables(rope, np.asarray(start, dtype=np.float64).reshape(-1), length)
-    rows = np.array(np.asarray(h).reshape(length, -1))  # a copy: the blocks write it in place
+    rows = np.array(np.asarray(h).reshape(sum(lengths), -1))  # a copy: the blocks write it in place
+    positions = np.concatenate(
+        [start + np.arange(n, dtype=np.float64) for start, n in zip(starts, lengths, strict=True)]
+    )
+    cos, sin = rope_tables(layers[0].self_attn.rope, positions, 1)  # a row's table at its position
     room = []
-    for plan, layer_cache in zip(plans, cache, strict=True):
-        shape = (1, plan.kv_heads, length, plan.head_dim)
-        keys, values, _ = layer_cache.reserve_rows(shape, shape)
-        room.append((keys, values))
-    tables = (cos.reshape(length, -1), sin.reshape(length, -1))
+    for plan, layer_conversations in zip(plans, conversations, strict=True):
+        layer_room = []
+        for conversation, n in zip(layer_conversations, lengths, strict=True):
+            shape = (1, plan.kv_heads, n, plan.head_dim)
+            keys, values, _ = conversation.reserve_rows(shape, shape)
+            layer_room.append((keys, values))
+        room.append(layer_room)
+    tables = (cos.reshape(len(positions), -1), sin.reshape(len(positions), -1))
     threads = current_route().blas_threads
-    if not ops.blocks(plans, rows, tables, room, start, seen, threads):
+    if not ops.blocks(plans, rows, tables, room, starts, lengths, seen, threads):
         return None  # nothing committed: mlx-lm's body computes the pass again
-    out = body.norm(mx.array(rows.reshape(1, length, -1)))
-    if getattr(body, "one_call_checked", None) is None:
-        return _first_pass_checked(body, inputs, cache, out)
-    for layer_cache in cache:
-        layer_cache.commit_rows(start + length)
+    out = body.norm(mx.array(rows.reshape(inputs.shape[0], inputs.shape[1], -1)))
+    if getattr(body, checked, None) is None:
+        return _first_pass_checked(body, inputs, cache, out, checked)
+    for layer_conversations in conversations:
+        for conversation, start, n in zip(layer_conversations, starts, lengths, strict=True):
+            conversation.commit_rows(start + n)
     return out
 
 
-def _first_pass_checked(body: Any, inputs: mx.array, cache: Any, out: mx.array) -> mx.array:
-    """A body's first one-call pass, checked: the same pass made again by the operations one by one
-    (which writes and commits the same keys and values), its hidden states compared bit for bit.
-    On a difference the body keeps the operations one by one from then on (a warning says so); the
-    reference's output is returned either way."""
+_PassRows = tuple[list[list[NumpyKVCache]], list[int], list[int], list[slice]]
+
+
+def _sequence_rows(inputs: mx.array, cache: list) -> _PassRows | None:
+    """One sequence's pass: (per layer its one cache, its start, its rows, the keys each row sees);
+    None where a cache keeps no NumPy copy, the layers' offsets differ or the mask is not plain."""
+    if inputs.shape[0] != 1 or not all(isinstance(c, NumpyKVCache) for c in cache):
+        return None
+    length, start = inputs.shape[1], cache[0].offset
+    if length > INT8_MAX_POSITIONS or any(c.offset != start for c in cache):
+        return None
+    seen = visible_ranges(create_attention_mask(inputs[..., None], cache[0]), 1, length, start + length)
+    return None if seen is None else ([[c] for c in cache], [start], [length], seen)
+
+
+def _packed_rows(inputs: mx.array, cache: list) -> _PassRows | None:
+    """A packed pass (R rows as R sequences of length one, models/packed_cache.py): per layer its
+    conversations' caches, each conversation's start and rows, and the keys each row sees (its own
+    conversation's up to its position); None where a conversation keeps no NumPy copy or the
+    layers disagree."""
+    sizes = cache[0].sizes
+    if inputs.shape[1] != 1 or inputs.shape[0] != sum(sizes):
+        return None
+    if not all(isinstance(c, PackedLayerCache) and c.sizes == sizes for c in cache):
+        return None
+    conversations = [c.caches for c in cache]
+    if not all(isinstance(c, NumpyKVCache) for layer in conversations for c in layer):
+        return None
+    starts = [c.offset for c in conversations[0]]
+    if any([c.offset for c in layer] != starts for layer in conversations):
+        return None
+    seen = [slice(0, start + j + 1) for start, n in zip(starts, sizes, strict=True) for j in range(n)]
+    return conversations, starts, list(sizes), seen
+
+
+def _first_pass_checked(body: Any, inputs: mx.array, cache: Any, out: mx.array, checked: str) -> mx.array:
+    """A body's first one-call pass of a kind (one sequence's; a packed pass's), checked: the same
+    pass made again by the operations one by one (which writes and commits the same keys and
+    values), its hidden states compared bit for bit. On a difference the body keeps the operations
+    one by one for that kind from then on (a warning says so); the reference's output is returned
+    either way."""
     _REFERENCE_PASS.on = True
     try:
         want = body(inputs, cache=cache)
         mx.eval(want)
     finally:
         _REFERENCE_PASS.on = False
-    body.one_call_checked = bool(mx.array_equal(out, want).item())
-    if not body.one_call_checked:
+    same = bool(mx.array_equal(out, want).item())
+    setattr(body, checked, same)
+    if not same:
         logging.getLogger(__name__).warning(
             "a decoding pass in one call differed from its operations one by one: this model keeps them"
         )

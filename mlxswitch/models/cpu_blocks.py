@@ -31,6 +31,7 @@ from .block_calls import body_in_one_call
 from .block_tables import rms_norm_weight, rope_tables
 from .numpy_attention import SMALL_QUERIES, attention_rows, evaluated, numpy_attention
 from .numpy_cache import NumpyKVCache
+from .packed_cache import PackedLayerCache
 
 # The block classes whose __call__ the subclasses below follow step for step.
 ATTENTION_CLASSES = (llama.Attention, qwen2.Attention)
@@ -168,15 +169,20 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     ]
     values_rows = values_rows.reshape(batch, length, attention.n_kv_heads, -1).transpose(0, 2, 1, 3)
     offset = 0 if cache is None else cache.offset
-    if type(attention.rope) is nn.RoPE and isinstance(cache, NumpyKVCache):
-        # MLX's rope of a step cost more than its linears; keys and values go to the NumPy copy
-        q, rotated_keys = (_rope(a, attention.rope, offset, ops) for a in shaped)
-        k, v = cache.append_rows(rotated_keys, values_rows)  # copied into the cache: any layout
-    else:
-        q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache, ops)
+    plain_rope = type(attention.rope) is nn.RoPE
     # One BLAS thread up to a prefill chunk's queries (numpy_attention.SMALL_QUERIES says why).
     with single_threaded_blas() if length <= SMALL_QUERIES else contextlib.nullcontext():
-        attended = attention_rows(q, k, v, attention.scale, mask, ops if decoding else None)
+        if plain_rope and isinstance(cache, NumpyKVCache):
+            # MLX's rope of a step cost more than its linears; keys and values go to the NumPy copy
+            q, rotated_keys = (_rope(a, attention.rope, offset, ops) for a in shaped)
+            k, v = cache.append_rows(rotated_keys, values_rows)  # copied into the cache: any layout
+            attended = attention_rows(q, k, v, attention.scale, mask, ops if decoding else None)
+        elif plain_rope and _numpy_packed(cache):
+            q, rotated_keys = (_rope(a, attention.rope, offset, ops) for a in shaped)
+            attended = _packed_attention(q, rotated_keys, values_rows, cache, attention.scale, ops)
+        else:
+            q, k, v = _mlx_cache_rows(attention, shaped, values_rows, offset, cache, ops)
+            attended = attention_rows(q, k, v, attention.scale, mask, ops if decoding else None)
     attended_rows = attended.transpose(0, 2, 1, 3).reshape(batch * length, -1)
     h = h + _rows_times(attention.o_proj, attended_rows, decoding)
     normed = _rms_norm(h, norms[1], ops)
@@ -184,6 +190,37 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     hidden = _silu_times(gate, up, ops)
     h += _rows_times(mlp.down_proj, hidden, decoding)
     return mx.array(h.reshape(batch, length, dims))
+
+
+def _numpy_packed(cache: Any) -> bool:
+    """Whether `cache` is a packed pass's view whose conversations all keep NumPy copies."""
+    return isinstance(cache, PackedLayerCache) and all(isinstance(c, NumpyKVCache) for c in cache.caches)
+
+
+def _packed_attention(
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    cache: PackedLayerCache,
+    scale: float,
+    ops: PassOps | None,
+) -> np.ndarray:
+    """A packed pass's attention (rows as a batch of R sequences of length one: R × heads × 1 × D)
+    conversation by conversation: each one's new keys and values appended to its own NumPy copy,
+    its rows attending as its own decoding pass would (the same keys, in order: the same bits), with
+    no trip through MLX's arrays, padding to the widest or gathering per row (what the view's
+    update_and_fetch does)."""
+    out = np.empty_like(q)
+    start = 0
+    for conversation, n in zip(cache.caches, cache.sizes, strict=True):
+        rows = slice(start, start + n)
+        start += n
+        # (n, heads, 1, D) → (1, heads, n, D): the conversation's n new positions, in order
+        k, v = conversation.append_rows(*(a[rows, :, 0, :].transpose(1, 0, 2)[None] for a in (keys, values)))
+        queries = q[rows, :, 0, :].transpose(1, 0, 2)[None]
+        attended = attention_rows(queries, k, v, scale, "causal" if n > 1 else None, ops)
+        out[rows, :, 0, :] = attended[0].transpose(1, 0, 2)
+    return out
 
 
 def _mlx_cache_rows(

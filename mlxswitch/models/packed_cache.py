@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from ..models.numpy_cache import NumpyKVCache
+from .numpy_cache import NumpyKVCache
 
 
 class PackedLayerCache:
