@@ -211,15 +211,10 @@ def _packed_attention(
     no trip through MLX's arrays, padding to the widest or gathering per row (what the view's
     update_and_fetch does)."""
     out = np.empty_like(q)
-    start = 0
-    for conversation, n in zip(cache.caches, cache.sizes, strict=True):
-        rows = slice(start, start + n)
-        start += n
-        # (n, heads, 1, D) → (1, heads, n, D): the conversation's n new positions, in order
-        k, v = conversation.append_rows(*(a[rows, :, 0, :].transpose(1, 0, 2)[None] for a in (keys, values)))
-        queries = q[rows, :, 0, :].transpose(1, 0, 2)[None]
-        attended = attention_rows(queries, k, v, scale, "causal" if n > 1 else None, ops)
-        out[rows, :, 0, :] = attended[0].transpose(1, 0, 2)
+    for conversation, rows, (queries, new_keys, new_values) in cache.by_conversation(q, keys, values):
+        k, v = conversation.append_rows(new_keys, new_values)
+        mask = "causal" if queries.shape[2] > 1 else None
+        out[rows, :, 0, :] = attention_rows(queries, k, v, scale, mask, ops)[0].transpose(1, 0, 2)
     return out
 
 

@@ -15,7 +15,8 @@ mask through `cache.make_mask` (llama, qwen2 and most of mlx-lm's decoder-only m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -46,12 +47,8 @@ class PackedLayerCache:
         its own cache; return, per row, its conversation's keys and values, zero-padded on the
         right to the widest (the mask hides the padding)."""
         width = self._mask.shape[-1]
-        all_keys, all_values, start = [], [], 0
-        for cache, n in zip(self.caches, self.sizes, strict=True):
-            # (n, H, 1, D) → (1, H, n, D): the conversation's n new positions, in order.
-            k = keys[start : start + n, :, 0, :].transpose(1, 0, 2)[None]
-            v = values[start : start + n, :, 0, :].transpose(1, 0, 2)[None]
-            start += n
+        all_keys, all_values = [], []
+        for cache, _, (k, v) in self.by_conversation(keys, values):
             k, v = cache.update_and_fetch(k, v)
             pad = width - k.shape[2]
             if pad:
@@ -60,6 +57,15 @@ class PackedLayerCache:
             all_keys.append(k)
             all_values.append(v)
         return mx.concatenate(all_keys)[self._owner], mx.concatenate(all_values)[self._owner]
+
+    def by_conversation(self, *arrays: Any) -> Iterator[tuple[Any, slice, list]]:
+        """Per conversation, in order: its cache, its rows of the pass, and each of `arrays` (R ×
+        heads × 1 × D, MLX's or NumPy's) as its new positions: (1, heads, n, D), in order."""
+        start = 0
+        for cache, n in zip(self.caches, self.sizes, strict=True):
+            rows = slice(start, start + n)
+            start += n
+            yield cache, rows, [a[rows, :, 0, :].transpose(1, 0, 2)[None] for a in arrays]
 
 
 def packed_caches(layer_caches: Sequence[Sequence], sizes: Sequence[int]) -> list[PackedLayerCache]:
