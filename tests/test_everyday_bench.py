@@ -189,3 +189,42 @@ def test_rounds_go_on_from_the_records_each_prompt_in_another_order_and_pool(eve
     )
     assert record["per_arm"]["fixed"]["same_as_top"] == 4
     assert "in 2 rounds" in result.stdout and "round by round: profile" in result.stdout
+
+
+def test_drafting_net_prices_a_checks_tokens_at_the_arms_own_step():
+    from mlxswitch.bench.seconds import drafting_net
+
+    # Answer 1: 10 tokens = the prompt's + 5 steps + 4 from two checks; the drafter's prompt pass
+    # and its steps are drafting's. Answer 2: steps only.
+    first = {
+        "large prefill": {"passes": 1, "rows": 30, "seconds": 0.5},
+        "large 1": {"passes": 5, "rows": 5, "seconds": 0.5},
+        "large 4-8": {"passes": 2, "rows": 10, "seconds": 0.3},
+        "small prefill": {"passes": 1, "rows": 30, "seconds": 0.1},
+        "small 1": {"passes": 3, "rows": 3, "seconds": 0.06},
+        "rest_s": 0.01,
+    }
+    second = {
+        "large prefill": {"passes": 1, "rows": 9, "seconds": 0.2},
+        "large 1": {"passes": 3, "rows": 3, "seconds": 0.3},
+    }
+    net = drafting_net([(first, 10), (second, 4)], "large")
+    assert net is not None
+    assert net["step_s"] == pytest.approx(0.1) and net["check_tokens"] == 4
+    assert net["check_s"] == pytest.approx(0.3) and net["draft_s"] == pytest.approx(0.16)
+    assert net["saved_s"] == pytest.approx(4 * 0.1 - 0.3 - 0.16)  # a loss: -0.06 s
+    assert drafting_net([(second, 4)], "large") is None  # no check: nothing to price
+
+
+def test_the_report_prices_the_profiles_drafting_by_its_own_passes(everyday):
+    result, out, _ = everyday
+    record = json.loads((out / "r.json").read_text())
+    assert record["per_arm"]["top"]["drafting"] is None  # the top tier alone never checks
+    drafting = record["per_arm"]["fixed"]["drafting"]  # fixed-length model drafts: checked each round
+    assert drafting is not None and drafting["check_tokens"] > 0
+    assert drafting["vs_one_a_step"] == pytest.approx(
+        drafting["wall_s"] / (drafting["wall_s"] + drafting["saved_s"])
+    )
+    words = " ".join(result.stdout.split())  # the caption wraps at the table's width
+    assert "Drafting's net by the arm's own passes (a projection, not a measurement):" in words
+    assert f"fixed: checks gave {drafting['check_tokens']} tokens" in words

@@ -39,7 +39,7 @@ from ..routing.router import RouterConfig
 from .humaneval.records import Records, profile_settings
 from .prompts import BenchPrompt
 from .runner import PLAIN, forced_config
-from .seconds import merged_passes
+from .seconds import drafting_net, group_of, merged_passes
 
 ARMS = ("top", "bottom", "profile", "fixed")
 DEFAULT_ARMS = ("top", "profile")
@@ -228,6 +228,7 @@ def report(everyday: EverydayRun) -> dict:
             ),
             "median_first_token_s": statistics.median(firsts) if firsts else None,
             "proposers": proposers,
+            "drafting": _drafting(records, everyday.profile.local_tiers()[-1]),
         }
     return {
         "suite": "everyday",
@@ -252,6 +253,21 @@ def _passes(records: list[dict]) -> dict:
     `rest_s`, what no pass claimed (sampling, detokenizing, Python); none where an answer kept none."""
     merged = merged_passes([r["stats"].get("passes") or {} for r in records])
     return {"rest_s": 0.0} if merged is None else {**merged[0], "rest_s": merged[1]}
+
+
+def _drafting(records: list[dict], top_tier: str) -> dict | None:
+    """What drafting saved these answers by their own ledgers (seconds.drafting_net), with their
+    wall seconds and those seconds against the same answers a step a token: a projection from the
+    arm's measured passes, not a measurement (the arms' wall ratio is that)."""
+    ledgers = [(r["stats"].get("passes") or {}, r["stats"].get("generated", len(r["ids"]))) for r in records]
+    if not ledgers or any(not ledger for ledger, _ in ledgers):
+        return None
+    models = {key.rpartition(" ")[0] for ledger, _ in ledgers for key in ledger if key != "rest_s"}
+    net = drafting_net(ledgers, group_of(top_tier, sorted(models)))
+    if net is None:
+        return None
+    wall = sum(r["wall_s"] for r in records)
+    return {**net, "wall_s": wall, "vs_one_a_step": wall / (wall + net["saved_s"])}
 
 
 def _pooled(by: dict, arms: list[str], pairs: list[tuple[BenchPrompt, int]]) -> dict:

@@ -82,6 +82,39 @@ def _seconds(passes: dict[str, dict], model: str | None = None, kind: str | None
     )
 
 
+def drafting_net(answers: Sequence[tuple[dict, int]], top: str) -> dict | None:
+    """What drafting saved an arm, from its own answers' pass ledgers alone (so the other arms'
+    drift does not enter it): each answer given as (its ledger, tokens generated), `top` the
+    checking model. Its first token comes from the prompt's pass and each other token from a step
+    of `top` (a pass of one row) or a check; had every token a check gave cost a step, at the
+    arm's own seconds a step, instead of the checks and every pass of the drafter (its prompt's
+    too), the answers would have taken `saved_s` longer. A
+    projection from measured passes, not a measurement; None where there was no check, or no
+    step to price one by."""
+    steps = check_tokens = 0
+    step_s = check_s = draft_s = 0.0
+    for ledger, generated in answers:
+        ones = ledger.get(f"{top} 1", {"passes": 0, "seconds": 0.0})
+        steps, step_s = steps + ones["passes"], step_s + ones["seconds"]
+        check_tokens += max(generated - 1 - ones["passes"], 0)
+        for key, entry in ledger.items():
+            model, kind = _split(key) if key != "rest_s" else (top, PREFILL)
+            if model != top:  # the drafter's passes, its prompt's included: drafting's alone
+                draft_s += entry["seconds"]
+            elif kind not in (PREFILL, "1"):
+                check_s += entry["seconds"]
+    if not check_tokens or not steps:
+        return None
+    per_step = step_s / steps
+    return {
+        "step_s": per_step,
+        "check_tokens": check_tokens,
+        "check_s": check_s,
+        "draft_s": draft_s,
+        "saved_s": check_tokens * per_step - check_s - draft_s,
+    }
+
+
 class Ladder:
     """The models of a ladder as its records name them: tiers, their bytes, the models' names."""
 

@@ -311,8 +311,20 @@ def _everyday_seconds(record: dict) -> Table:
             )
         rest = f"{100 * passes['rest_s'] / total:.0f}%" if total else "–"
         table.add_row(*map(literal, ["" if entries else a, "rest", "", "", cell(passes["rest_s"], 1), rest]))
+    nets = [
+        f"{a}: checks gave {d['check_tokens']} tokens for {d['check_s']:.1f} s of checks and "
+        f"{d['draft_s']:.1f} s of drafts, a step being {1e3 * d['step_s']:.0f} ms: {d['saved_s']:+.1f} s, "
+        f"{d['vs_one_a_step']:.2f}× its time a step a token"
+        for a in record["arms"]
+        if (d := record["per_arm"][a].get("drafting"))
+    ]
     table.caption = (
         "where the seconds went, summed over the answers: each model pass by its rows (decoding/ledger.py)"
+        + (
+            f". Drafting's net by the arm's own passes (a projection, not a measurement): {'; '.join(nets)}"
+            if nets
+            else ""
+        )
     )
     return table
 
