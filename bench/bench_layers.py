@@ -547,7 +547,7 @@ PANEL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 33, 47, 64, 128)
 SMALL_ROWS = (1, 2, 3, 4, 5, 6, 8, 16)
 SMALL_ROWS_CALLS = 10
 # The rule of the out × in layout the resident route kept before: one sgemv a row up to 3 rows,
-# where its sgemm was slow (--small-rows below, bench/results/small-rows-qwen1.5b.txt).
+# where its sgemm was slow (--small-rows below, git show 824b46b:bench/results/small-rows-qwen1.5b.txt).
 OUT_BY_IN_GEMV_MAX_ROWS = 3
 
 

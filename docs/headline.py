@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "benchmarks.md"  # where the section lives; its links are relative to it
 REPORT = "bench/results/humaneval-pair.json"
 # Runs of their own beside the main report: humaneval-pair-bar.json, the bar (mlx-lm
-# speculative on fp32 weights); humaneval-pair-sweep.json, `ead` and `peek` swept live;
+# speculative on fp32 weights); humaneval-pair-sweep.json, `ead` and `peek` swept live (read only while
+# the controls run is part-way; the sweep's own: git show 824b46b:bench/results/humaneval-pair-sweep.json);
 # humaneval-pair-stock.json, mlx-lm on each model alone (fp32 weights);
 # humaneval-pair-sweep-controls.json, the live sweep with its random controls and the oracle added.
 BAR_SUFFIX, SWEEP_SUFFIX, STOCK_SUFFIX = "-bar", "-sweep", "-stock"

@@ -139,7 +139,7 @@ def main() -> None:
     """Console-script entry point. Once the command has finished, its output flushed and its
     threads joined, the process ends without Python's teardown (os._exit): freeing a loaded pair's
     ~2 GB of arrays and the thousand modules mlx-lm and transformers import took ~0.2 s of a
-    one-prompt `chat -p` (bench/results/cold-start-pair.txt), after the answer was out."""
+    one-prompt `chat -p` (git show 824b46b:bench/results/cold-start-pair.txt), after the answer was out."""
     try:
         app()
         code: int | str | None = 0

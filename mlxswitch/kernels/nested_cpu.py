@@ -18,10 +18,11 @@ from ._common import as_numpy_rows, blas_threads, rows_as_mx
 from .panel_cpu import PanelWeight, panel_copy, panel_kernel
 from .route import current_route, route_for
 
-# CPU rule, measured on Linux x86_64 with bench/bench_layers.py nested (bench/results/kernels-rule.txt,
-# kernels-smollm2.txt): dequantizing a plane costs about as much as a few rows of MLX's scalar
-# quantized_matmul, and NumPy's BLAS makes the dense product nearly free, so dequantize + BLAS
-# wins from 4 rows at any plane count and layer size (break-even near 3 rows), more the more rows.
+# CPU rule, measured on Linux x86_64 with bench/bench_layers.py nested (bench/results/kernels-rule.txt;
+# earlier, git show 824b46b:bench/results/kernels-smollm2.txt): dequantizing a plane costs about
+# as much as a few rows of MLX's scalar quantized_matmul, and NumPy's BLAS makes the dense product
+# nearly free, so dequantize + BLAS wins from 4 rows at any plane count and layer size (break-even
+# near 3 rows), more the more rows.
 # MLX's dense matmul costs as much a row as one plane of quantized_matmul: without NumPy, dense
 # pays only with ≥ 2 planes (from 8 rows with 2, from 4 with 3).
 BLAS_MIN_ROWS = 4
@@ -33,7 +34,8 @@ RESIDENT_GEMV_MAX_ROWS = 2
 # OpenBLAS's sgemm takes the rows past a multiple of 8 through slow edge kernels. Zero rows up to
 # the next multiple made 4-7 rows 1.1-1.5x and 13 rows 1.3x faster over the Qwen pair's layer
 # shapes (2 threads), but 9, 10 and 17 rows (one or two past) 0.96-1.02x: only a remainder of 3
-# or more is padded (bench/bench_layers.py threads --padding; bench/results/threads-padding-qwen.txt).
+# or more is padded (bench/bench_layers.py threads --padding;
+# git show 824b46b:bench/results/threads-padding-qwen.txt).
 # On the transposed resident weight it held: 4-7 rows 1.14-1.87x, 13 rows 1.30-1.35x
 # (bench/results/threads-padding-transposed-qwen.txt).
 SGEMM_ROW_MULTIPLE = 8
@@ -102,7 +104,8 @@ def _numpy_dense_weight(planes, plane_bits, group_size) -> np.ndarray:
     columns), then its high nibbles (its odd ones), keeps every pass contiguous: no strided
     interleave. `split_columns` puts x in the same order. The planes' biases are summed first
     (one pass for any plane count). It measured faster than the interleaved order on SmolLM2's
-    layers, more so with two planes (bench/bench_layers.py nested; bench/results/kernels-smollm2.txt).
+    layers, more so with two planes (bench/bench_layers.py nested;
+    git show 824b46b:bench/results/kernels-smollm2.txt).
 
     The result is a scratch buffer: use it before the next call on this thread.
     """

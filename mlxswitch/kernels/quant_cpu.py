@@ -149,7 +149,7 @@ def int8_applies(weight: QuantWeight) -> bool:
 
 
 # 8-bit codes (the Qwen 1.5B's Q6_K tied head and v projections): one row of the head 20.6 ms on
-# fp32, 11.9 on int8; 4 rows 23.8 against 19.7 (bench/results/quant-kernel-8bit.txt).
+# fp32, 11.9 on int8; 4 rows 23.8 against 19.7 (git show 824b46b:bench/results/quant-kernel-8bit.txt).
 INT8_CODE_BITS = (2, 3, 4, 5, 6, 8)
 # SmolLM2-135M (576 inputs a row) stepped in 46.7 ms on int8 against 42.8 on fp32 (medians of 5
 # interleaved rounds: no gain); the Qwen 0.5B (896) ~20% faster, the 1.5B (1536) ~25%. On fp32 the

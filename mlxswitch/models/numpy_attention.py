@@ -21,7 +21,7 @@ from ..kernels.quant_cpu import INT8_MAX_POSITIONS
 # Up to this many query rows (steps, checks and the default prefill step's chunks) attention runs
 # on one BLAS thread (numpy_attention): OpenBLAS's workers spin after a product and took ~11% of a
 # 512-token prefill's samples on 2 cores, beside the kernel's own pool; on one thread the Qwen 1.5B's
-# prefill took 12.9-13.0 s against 13.5-14.6 (bench/results/prefill-int8-tiles.txt).
+# prefill took 12.9-13.0 s against 13.5-14.6 (git show 824b46b:bench/results/prefill-int8-tiles.txt).
 SMALL_QUERIES = 512
 
 
