@@ -88,9 +88,8 @@ def drafting_net(answers: Sequence[tuple[dict, int]], top: str) -> dict | None:
     checking model. Its first token comes from the prompt's pass and each other token from a step
     of `top` (a pass of one row) or a check; had every token a check gave cost a step, at the
     arm's own seconds a step, instead of the checks and every pass of the drafter (its prompt's
-    too), the answers would have taken `saved_s` longer. A
-    projection from measured passes, not a measurement; None where there was no check, or no
-    step to price one by."""
+    too), the answers would have taken `saved_s` longer. A projection from measured passes, not a
+    measurement; None where there was no check, or no step to price one by."""
     steps = check_tokens = 0
     step_s = check_s = draft_s = 0.0
     for ledger, generated in answers:
@@ -98,7 +97,9 @@ def drafting_net(answers: Sequence[tuple[dict, int]], top: str) -> dict | None:
         steps, step_s = steps + ones["passes"], step_s + ones["seconds"]
         check_tokens += max(generated - 1 - ones["passes"], 0)
         for key, entry in ledger.items():
-            model, kind = _split(key) if key != "rest_s" else (top, PREFILL)
+            if key == "rest_s":  # what no pass claimed: neither drafting's nor a check's
+                continue
+            model, kind = _split(key)
             if model != top:  # the drafter's passes, its prompt's included: drafting's alone
                 draft_s += entry["seconds"]
             elif kind not in (PREFILL, "1"):

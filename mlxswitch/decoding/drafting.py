@@ -63,8 +63,8 @@ START_MAX_ENTROPY = 0.5  # a model draft starts only after a top-tier token this
 # as if each were as likely as the last, but a copy's first tokens are where it fails, and a long
 # check costs several one-row passes on a CPU: a 25-token draft that kept 1 cost 1.3 s
 # (everyday-heldout2-pair-v12: git show 824b46b:bench/results/everyday-heldout2-pair-v12.jsonl).
-# 7 tokens: an 8-row check, which on NumPy's BLAS costs what a 4-row
-# one does (on the panel kernel 1.6 against 1.2 one-row passes: model-rows-qwen.txt).
+# 7 tokens: an 8-row check, which on NumPy's BLAS costs what a 4-row one does (on the panel kernel
+# 1.6 against 1.2 one-row passes: model-rows-qwen.txt).
 LOOKUP_FIRST = 7
 
 

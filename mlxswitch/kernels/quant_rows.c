@@ -35,7 +35,7 @@
  * run ahead of on its own: asked for, the Qwen 1.5B's 197 products of a step took 45.1 ms cold
  * instead of 51.5 (1 KB ahead 47.2, 4 KB 46.3), the 4-bit down projections 9.2 -> 7.6 ms. */
 #define PREFETCH_BYTES 2048
-/* The Q6_K tiles' codes, further: a block of them is 1.5x a 4-bit one's bytes and more work, and
+/* The Q6_K tiles' codes, further: a block's codes are 1.5x a 4-bit block's bytes and more work, and
  * on an AMD EPYC (Zen 4) the output head at one row took 7.9 -> 6.8 ms (medians of 21, 2 threads;
  * 8 KB ahead 7.3, 32 KB 8.8), its down projections 0.63 -> 0.56 ms; the 4-bit tiles gained
  * nothing from 8 KB. */
