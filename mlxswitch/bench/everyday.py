@@ -39,7 +39,7 @@ from ..routing.router import RouterConfig
 from .humaneval.records import Records, profile_settings
 from .prompts import BenchPrompt
 from .runner import PLAIN, forced_config
-from .seconds import drafting_net, group_of, merged_passes
+from .seconds import drafting_net, merged_passes
 
 ARMS = ("top", "bottom", "profile", "fixed")
 DEFAULT_ARMS = ("top", "profile")
@@ -262,8 +262,7 @@ def _drafting(records: list[dict], top_tier: str) -> dict | None:
     ledgers = [(r["stats"].get("passes") or {}, r["stats"].get("generated", len(r["ids"]))) for r in records]
     if not ledgers or any(not ledger for ledger, _ in ledgers):
         return None
-    models = {key.rpartition(" ")[0] for ledger, _ in ledgers for key in ledger if key != "rest_s"}
-    net = drafting_net(ledgers, group_of(top_tier, sorted(models)))
+    net = drafting_net(ledgers, top_tier)
     if net is None:
         return None
     wall = sum(r["wall_s"] for r in records)

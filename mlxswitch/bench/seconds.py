@@ -82,14 +82,17 @@ def _seconds(passes: dict[str, dict], model: str | None = None, kind: str | None
     )
 
 
-def drafting_net(answers: Sequence[tuple[dict, int]], top: str) -> dict | None:
+def drafting_net(answers: Sequence[tuple[dict, int]], top_tier: str) -> dict | None:
     """What drafting saved an arm, from its own answers' pass ledgers alone (so the other arms'
-    drift does not enter it): each answer given as (its ledger, tokens generated), `top` the
-    checking model. Its first token comes from the prompt's pass and each other token from a step
-    of `top` (a pass of one row) or a check; had every token a check gave cost a step, at the
-    arm's own seconds a step, instead of the checks and every pass of the drafter (its prompt's
-    too), the answers would have taken `saved_s` longer. A projection from measured passes, not a
-    measurement; None where there was no check, or no step to price one by."""
+    drift does not enter it): each answer given as (its ledger, tokens generated), `top_tier` the
+    checking tier (its model, `top`, as the ledgers name it: group_of). Its first token comes from
+    the prompt's pass and each other token from a step of `top` (a pass of one row) or a check; had
+    every token a check gave cost a step, at the arm's own seconds a step, instead of the checks
+    and every pass of the drafter (its prompt's too), the answers would have taken `saved_s`
+    longer. A projection from measured passes, not a measurement; None where there was no check,
+    or no step to price one by."""
+    named = sorted({_split(key)[0] for ledger, _ in answers for key in ledger if key != "rest_s"})
+    top = group_of(top_tier, named)
     steps = check_tokens = 0
     step_s = check_s = draft_s = 0.0
     for ledger, generated in answers:

@@ -122,9 +122,9 @@ def _packed_rows(inputs: mx.array, cache: list) -> _PassRows | None:
         return None
     if not all(isinstance(c, PackedLayerCache) and c.sizes == sizes for c in cache):
         return None
-    conversations = [c.caches for c in cache]
-    if not all(isinstance(c, NumpyKVCache) for layer in conversations for c in layer):
+    if not all(c.keeps_numpy_copies() for c in cache):
         return None
+    conversations = [c.caches for c in cache]
     starts = [c.offset for c in conversations[0]]
     if any([c.offset for c in layer] != starts for layer in conversations):
         return None

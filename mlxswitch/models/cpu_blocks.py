@@ -177,7 +177,7 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
             q, rotated_keys = (_rope(a, attention.rope, offset, ops) for a in shaped)
             k, v = cache.append_rows(rotated_keys, values_rows)  # copied into the cache: any layout
             attended = attention_rows(q, k, v, attention.scale, mask, ops if decoding else None)
-        elif plain_rope and _numpy_packed(cache):
+        elif plain_rope and isinstance(cache, PackedLayerCache) and cache.keeps_numpy_copies():
             q, rotated_keys = (_rope(a, attention.rope, offset, ops) for a in shaped)
             attended = _packed_attention(q, rotated_keys, values_rows, cache, attention.scale, ops)
         else:
@@ -190,11 +190,6 @@ def numpy_block(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | No
     hidden = _silu_times(gate, up, ops)
     h += _rows_times(mlp.down_proj, hidden, decoding)
     return mx.array(h.reshape(batch, length, dims))
-
-
-def _numpy_packed(cache: Any) -> bool:
-    """Whether `cache` is a packed pass's view whose conversations all keep NumPy copies."""
-    return isinstance(cache, PackedLayerCache) and all(isinstance(c, NumpyKVCache) for c in cache.caches)
 
 
 def _packed_attention(

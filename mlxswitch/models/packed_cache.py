@@ -38,6 +38,11 @@ class PackedLayerCache:
         self._mask = mask
         self._owner = owner  # (R,): each row's conversation
 
+    def keeps_numpy_copies(self) -> bool:
+        """Whether every conversation's cache of this layer keeps its rows in NumPy (the CPU's
+        compiled and NumPy passes read those, not MLX's arrays)."""
+        return all(isinstance(c, NumpyKVCache) for c in self.caches)
+
     def make_mask(self, *args, **kwargs) -> mx.array:
         """The (R, 1, 1, width) mask: a row sees its conversation's positions up to its own."""
         return self._mask
