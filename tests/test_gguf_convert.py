@@ -443,7 +443,7 @@ def test_a_converted_models_layout_is_kept_beside_it_and_read_back_with_the_same
     first = load_gguf_file("laid", path, "laid")
     folder = converted_dir(file_sha256(path))
     (kept,) = folder.glob(f"{layout_cache.PREFIX}*")
-    assert {"tiled", "q6_k-tiled"} <= set(_layouts(first.model).values())
+    assert {"q4_k-tiled", "q6_k-tiled"} <= set(_layouts(first.model).values())  # the Q4_K ones as stored
     ids = mx.array([[5, 17, 42, 7, 11]])
     want = np.array(first.model(ids))
 
@@ -453,6 +453,7 @@ def test_a_converted_models_layout_is_kept_beside_it_and_read_back_with_the_same
     with monkeypatch.context() as patch:  # the second load reads the layout: nothing packed
         patch.setattr(rows, "tiled_weight", refuse)
         patch.setattr(rows, "tiled_q6k_weight", refuse)
+        patch.setattr(rows, "tiled_q4k_weight", refuse)
         again = load_gguf_file("laid", path, "laid")
     assert _layouts(again.model) == _layouts(first.model)
     assert np.array_equal(np.array(again.model(ids)), want)

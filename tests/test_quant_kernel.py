@@ -18,19 +18,23 @@ import pytest
 from mlxswitch.kernels import cbuild, quant_cpu
 from mlxswitch.kernels.quant_cpu import build_quant_kernel, check_kernel
 from mlxswitch.kernels.quant_tiles import (
+    q4k_tiled_values_mx,
     q6k_tiled_values_mx,
     tiled_codes,
+    tiled_q4k_weight,
     tiled_q6k_weight,
     tiled_weight,
     tiles_q6k,
     tiles_weight,
 )
 from mlxswitch.kernels.quant_weights import (
+    Q4K_TILED,
     Q6K,
     Q6K_TILED,
     SUPPORTED_BITS,
     TILED,
     QuantWeight,
+    q4k_values,
     q6k_values,
     q6k_values_mx,
     quant_views,
@@ -316,6 +320,39 @@ def test_q6k_blocks_laid_out_as_tiles_hold_their_values_and_give_every_row_count
     for rows, wide in itertools.product((1, 3, 8, 9, 33), (False, True)):
         xs = rng.standard_normal((rows, 768)).astype(np.float32)
         want = quant_cpu.rounded_rows(xs, wide=wide) @ truth.T  # int8 rows (a head's), int16 (a down's)
+        got = KERNEL.times(xs, tiled, 2, int8=True, wide=wide)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, wide)
+        for row in (0, rows - 1):
+            assert np.array_equal(
+                got[row], KERNEL.times(xs[row : row + 1], tiled, 1, int8=True, wide=wide)[0]
+            )
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+def test_the_check_catches_a_wrong_product_of_q4k_blocks_laid_out_as_tiles():
+    off = KernelDouble(lambda xs, weight, *_: weight.layout == Q4K_TILED and xs.shape[0] == 5)
+    found = check_kernel(off)
+    assert found.startswith("Q4_K tiles: ") and "5 int8 rows" in found
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+def test_q4k_blocks_laid_out_as_tiles_hold_their_values_and_give_every_row_count_the_same_bits():
+    """Q4_K blocks as stored (4.5 bits a weight) equal ggml's dequantization laid out as tiles, and
+    multiply int8 rows (q, k, gate, up) and int16 ones (a down projection) as the rounded rows times
+    the codes' part plus the exact rows times the mins', each row's bits the same alone."""
+    rng = np.random.default_rng(5)
+    blocks = quant_cpu._random_q4k(rng, 48, 768)
+    codes, mins = q4k_values(blocks, 768)
+    assert tiled_q4k_weight(KERNEL, mx.array(quant_cpu._random_q4k(rng, 24, 256)), 256) is None  # 24 outputs
+    tiled = tiled_q4k_weight(KERNEL, mx.array(blocks), 768)
+    assert tiled.layout == Q4K_TILED and tiled.nbytes == blocks.nbytes == 48 * 768 * 4.5 / 8
+    values = np.asarray(q4k_tiled_values_mx(tiled.keep[0], 768))
+    assert np.abs(values - (codes - mins)).max() <= 1e-6 * np.abs(codes - mins).max()
+    for rows, wide in itertools.product((1, 3, 8, 9, 33), (False, True)):
+        xs = rng.standard_normal((rows, 768)).astype(np.float32)
+        want = quant_cpu.rounded_rows(xs, wide=wide) @ codes.T - xs.astype(np.float64) @ mins.T
         got = KERNEL.times(xs, tiled, 2, int8=True, wide=wide)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, wide)
         for row in (0, rows - 1):

@@ -31,8 +31,18 @@ import numpy as np
 from . import quant_library, quant_tiles, quant_weights
 from .cbuild import build_checked
 from .quant_library import QuantKernel
-from .quant_tiles import q6k_tiled_values_mx, tiled_q6k_weight, tiled_values_mx, tiled_weight
+from .quant_tiles import (
+    q4k_tiled_values_mx,
+    q6k_tiled_values_mx,
+    tiled_q4k_weight,
+    tiled_q6k_weight,
+    tiled_values_mx,
+    tiled_weight,
+)
 from .quant_weights import (
+    Q4K_BYTES,
+    Q4K_TILED,
+    Q4K_VALUES,
     Q6K,
     Q6K_BYTES,
     Q6K_TILED,
@@ -41,6 +51,8 @@ from .quant_weights import (
     SUPPORTED_BITS,
     TILED,
     QuantWeight,
+    WeightFields,
+    q4k_values,
     q6k_values,
     scale_floats,
     unpack_codes,
@@ -122,7 +134,7 @@ def integer_applies(weight: QuantWeight, narrow: bool) -> bool:
     """Whether a decoding pass's rows take integer activations on this weight: int8 where the layer
     allows them (`narrow`) and int8_applies, int16 where it refuses them and wide_applies; a Q6_K
     weight's always (int8 where narrow: an output head; int16 else: a down projection)."""
-    if weight.layout in (Q6K, TILED, Q6K_TILED):
+    if weight.layout in (Q6K, TILED, Q6K_TILED, Q4K_TILED):
         return True
     return int8_applies(weight) if narrow else wide_applies(weight)
 
@@ -238,7 +250,48 @@ def _check_q6k_tiles(kernel: QuantKernel, rng) -> str | None:
     mismatch = _check_tiled_rows(
         kernel, rng, tiled, lambda xs, wide: rounded_rows(xs, wide) @ truth.T, (False, True)
     )
-    return None if mismatch is None else f"Q6_K tiles: {mismatch}"
+    return f"Q6_K tiles: {mismatch}" if mismatch is not None else _check_q4k_tiles(kernel, rng)
+
+
+def _random_q4k(rng, out_dims: int, in_dims: int) -> np.ndarray:
+    """Random Q4_K blocks (every code, scale and min; d and dmin normal fp16), out × in/256·144."""
+    blocks = rng.integers(0, 256, size=(out_dims, in_dims // Q4K_VALUES, Q4K_BYTES), dtype=np.uint8)
+    for at in (0, 2):  # d, dmin
+        half = (np.abs(rng.standard_normal(blocks.shape[:2])) * 1e-2 + 1e-3).astype(np.float16)
+        blocks[..., at : at + 2] = half.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(out_dims, -1)
+
+
+def _check_q4k_tiles(kernel: QuantKernel, rng) -> str | None:
+    """check_tiles for Q4_K blocks laid out as tiles, against the float64 product of their values,
+    alone and in one call beside an affine tiled weight (a Q4_K_M layer's q, k and v)."""
+    blocks = _random_q4k(rng, 32, 512)
+    codes, mins = q4k_values(blocks, 512)
+
+    def reference(xs: np.ndarray, wide: bool) -> np.ndarray:  # the codes on rounded rows, mins on exact
+        return rounded_rows(xs, wide) @ codes.T - xs.astype(np.float64) @ mins.T
+
+    tiled = tiled_q4k_weight(kernel, mx.array(blocks), 512)
+    if tiled is None:
+        return "Q4_K tiles: 32 x 512 blocks did not tile"
+    if _differs(np.asarray(q4k_tiled_values_mx(tiled.keep[0], 512)), codes - mins):
+        return "Q4_K tiles: the layout's values differed from the blocks'"
+    mismatch = _check_tiled_rows(kernel, rng, tiled, reference, (False, True))
+    if mismatch is not None:
+        return f"Q4_K tiles: {mismatch}"
+    affine, affine_truth = _random_weight(rng, 16, 512, 4, 32, mx.float16)
+    beside = tiled_weight(kernel, affine)
+    xs = rng.standard_normal((3, 512)).astype(np.float32)
+    y = np.empty((3, 48), dtype=np.float32)
+    fields = (WeightFields * 2)(tiled.fields, beside.fields)
+    done = kernel.tiled_together(xs.ctypes.data, y.ctypes.data, 3, 512, 2, 2, fields, 0)
+    if (
+        done < 1
+        or _differs(y[:, :32], reference(xs, False))
+        or _differs(y[:, 32:], int8_reference(xs, affine, affine_truth))
+    ):
+        return "Q4_K tiles beside affine ones in one call differed"
+    return None
 
 
 def _check_tiled_rows(kernel: QuantKernel, rng, tiled: QuantWeight, reference, wides) -> str | None:

@@ -10,7 +10,7 @@ import ctypes
 import numpy as np
 
 from .quant_tiles import tiles_weight
-from .quant_weights import Q6K, Q6K_TILED, TILED, QuantWeight
+from .quant_weights import Q4K_TILED, Q6K, Q6K_TILED, TILED, QuantWeight
 
 # From this many rows a weight in MLX's layout (or Q6_K blocks as stored) goes through the many-row
 # paths (tiles laid out per call, or the fp32 panel); below, codes are unpacked in registers for up
@@ -43,9 +43,11 @@ class QuantKernel:
         self.tiled = bool(library.quant_tiled())
         # codes (or Q6_K blocks), out; outputs, inputs; (the codes' container bits;) threads
         self.tile_pack, self.q6k_tile_pack = library.quant_tile_pack, library.quant_q6k_tile_pack
+        self.q4k_tile_pack = library.quant_q4k_tile_pack  # Q4_K blocks: the tiles' call multiplies them
         self.tile_pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int] * 2
         self.q6k_tile_pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
-        for function in (self.tile_pack, self.q6k_tile_pack):
+        self.q4k_tile_pack.argtypes = self.q6k_tile_pack.argtypes
+        for function in (self.tile_pack, self.q6k_tile_pack, self.q4k_tile_pack):
             function.restype = ctypes.c_int
         self.tiled_q6k = library.quant_tiled_q6k  # x, tiles, y; rows, in, out; threads, int16
         self.tiled_q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
@@ -111,7 +113,7 @@ class QuantKernel:
             raise ValueError(f"x has {in_dims} columns, the weight {weight.in_dims}")
         y = np.empty((rows, weight.out_dims), dtype=np.float32)
         many = MANY_ROWS_FROM if many_from is None else many_from
-        if weight.layout in (TILED, Q6K_TILED):  # every row count through the tiles
+        if weight.layout in (TILED, Q6K_TILED, Q4K_TILED):  # every row count through the tiles
             if not int8:
                 raise ValueError("a weight laid out as tiles multiplies integer activations only")
             if weight.layout == Q6K_TILED:

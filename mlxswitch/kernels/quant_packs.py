@@ -19,7 +19,7 @@ import numpy as np
 
 from .quant_cpu import int8_applies
 from .quant_library import QuantKernel
-from .quant_weights import TILED, QuantWeight, WeightFields
+from .quant_weights import Q4K_TILED, TILED, QuantWeight, WeightFields
 
 # Most weights one call multiplies together (quant_rows.c's MANY_WEIGHTS).
 MANY_WEIGHTS = 8
@@ -40,11 +40,15 @@ def weight_pack(weights: Sequence[QuantWeight]) -> WeightPack | None:
     """The pack of 2..MANY_WEIGHTS weights of one input width that all take the int8 path, or None."""
     if not 1 < len(weights) <= MANY_WEIGHTS or len({w.in_dims for w in weights}) != 1:
         return None
-    if not all(int8_applies(w) for w in weights) or len({w.layout for w in weights}) != 1:
-        return None  # a tiled weight beside an affine one: each its own call
+    layouts = {w.layout for w in weights}
+    # The tiles' call takes affine tiles and Q4_K tiles together (a Q4_K_M layer's q and k beside a
+    # v re-rounded from Q6_K); a tiled weight beside an affine one: each its own call.
+    tiled = layouts <= {TILED, Q4K_TILED}
+    if not all(int8_applies(w) for w in weights) or not (tiled or len(layouts) == 1):
+        return None
     fields = (WeightFields * len(weights))(*(w.fields for w in weights))
     ends = tuple(np.cumsum([w.out_dims for w in weights]).tolist())
-    return WeightPack(tuple(weights), fields, ends, weights[0].layout == TILED)
+    return WeightPack(tuple(weights), fields, ends, tiled)
 
 
 def times_together(

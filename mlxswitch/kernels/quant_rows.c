@@ -223,6 +223,9 @@ static inline void part_range(long count, long part, long parts, long *first, lo
 
 /* How scales and biases are stored (quant_cpu.py's SCALE_TYPES). */
 enum { SCALE_F32 = 0, SCALE_F16 = 1, SCALE_BF16 = 2 };
+/* Not a scale type but a layout: a weight of GGUF Q4_K blocks laid out as tiles (quant_q4k_tile_pack),
+ * whose scales live in its tiles; taken by the tiles' call only (quant_tiled_rows). */
+enum { SCALE_Q4K = 3 };
 
 static inline float half_to_float(uint16_t h) {
 #if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
@@ -1989,6 +1992,7 @@ static inline ti ti_sub(ti a, ti b) { return _mm512_sub_epi32(a, b); }
 static inline ti ti_srli16(ti a, int n) { return _mm512_srli_epi16(a, n); }
 static inline ti ti_slli16(ti a, int n) { return _mm512_slli_epi16(a, n); }
 static inline ti ti_srli32(ti a, int n) { return _mm512_srli_epi32(a, n); }
+static inline ti ti_slli32(ti a, int n) { return _mm512_slli_epi32(a, n); }
 static inline ti ti_bytes(ti acc, ti u, ti s) { return _mm512_dpbusd_epi32(acc, u, s); }
 static inline ti ti_pairs(ti acc, ti w, ti x) { return _mm512_dpwssd_epi32(acc, w, x); }
 static inline ti ti_int8s(const void *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
@@ -1998,6 +2002,7 @@ static inline tf tf_of(ti a) { return _mm512_cvtepi32_ps(a); }
 static inline tf tf_add(tf a, tf b) { return _mm512_add_ps(a, b); }
 static inline tf tf_mul(tf a, tf b) { return _mm512_mul_ps(a, b); }
 static inline tf tf_fmadd(tf a, tf b, tf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline tf tf_fnmadd(tf a, tf b, tf c) { return _mm512_fnmadd_ps(a, b, c); }
 static inline void tf_store(float *p, tf a) { _mm512_storeu_ps(p, a); }
 static inline tf tf_halves(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 /* GEMM_OUT scales (or biases) of `type` from element i, as fp32. */
@@ -2024,6 +2029,7 @@ static inline ti ti_sub(ti a, ti b) { return TI2(_mm256_sub_epi32(a.lo, b.lo), _
 static inline ti ti_srli16(ti a, int n) { return TI2(_mm256_srli_epi16(a.lo, n), _mm256_srli_epi16(a.hi, n)); }
 static inline ti ti_slli16(ti a, int n) { return TI2(_mm256_slli_epi16(a.lo, n), _mm256_slli_epi16(a.hi, n)); }
 static inline ti ti_srli32(ti a, int n) { return TI2(_mm256_srli_epi32(a.lo, n), _mm256_srli_epi32(a.hi, n)); }
+static inline ti ti_slli32(ti a, int n) { return TI2(_mm256_slli_epi32(a.lo, n), _mm256_slli_epi32(a.hi, n)); }
 static inline ti ti_bytes(ti acc, ti u, ti s) { return TI2(dot_bytes(acc.lo, u.lo, s.lo), dot_bytes(acc.hi, u.hi, s.hi)); }
 static inline ti ti_pairs(ti acc, ti w, ti x) { return TI2(dot_pairs(acc.lo, w.lo, x.lo), dot_pairs(acc.hi, w.hi, x.hi)); }
 static inline ti ti_int8s(const void *p) {
@@ -2037,6 +2043,9 @@ static inline tf tf_add(tf a, tf b) { return TF2(_mm256_add_ps(a.lo, b.lo), _mm2
 static inline tf tf_mul(tf a, tf b) { return TF2(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
 static inline tf tf_fmadd(tf a, tf b, tf c) {
     return TF2(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
+}
+static inline tf tf_fnmadd(tf a, tf b, tf c) {
+    return TF2(_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi));
 }
 static inline void tf_store(float *p, tf a) { _mm256_storeu_ps(p, a.lo), _mm256_storeu_ps(p + 8, a.hi); }
 static inline tf tf_halves(const void *p) {
@@ -2055,6 +2064,39 @@ static inline tf load_scales16(const void *p, long i, int type) {
 }
 #endif
 
+/* sum[k] + a block's 4-bit tile codes (4 runs of TILE_RUN bytes) times row k's activations of
+ * block u: int8 (xrow[k] as stored), or where WIDE int16 laid out as pairs (SPLIT_TILE_PAIRS), each
+ * run's codes masked into 4 vectors of int16 pairs, inputs (0, 2), (1, 3), (4, 6), (5, 7) of the run.
+ * Exact integer sums, so any order gives the same. */
+static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_t *block, const char *const *xrow,
+                                                                    long u, int K, int wide, ti *sum) {
+    const ti mask = ti_set1_8(15), pairs = ti_set1(0x000F000F);
+    for (int run = 0; run < 4; run++) {
+        ti v = ti_load(block + run * TILE_RUN);
+        if (wide) {
+            ti c[4] = {ti_and(v, pairs), ti_and(ti_srli32(v, 8), pairs), ti_and(ti_srli32(v, 4), pairs),
+                       ti_and(ti_srli32(v, 12), pairs)};
+            for (int k = 0; k < K; k++) {
+                const char *x = xrow[k] + (u * BLOCK + 8 * run) * 2;
+                for (int h = 0; h < 4; h++) {
+                    int32_t lane;
+                    memcpy(&lane, x + 4 * h, 4);
+                    sum[k] = ti_pairs(sum[k], c[h], ti_set1(lane));
+                }
+            }
+        } else {
+            ti low = ti_and(v, mask), high = ti_and(ti_srli16(v, 4), mask);
+            for (int k = 0; k < K; k++) {
+                int32_t lo, hi;
+                memcpy(&lo, xrow[k] + u * BLOCK + 8 * run, 4);
+                memcpy(&hi, xrow[k] + u * BLOCK + 8 * run + 4, 4);
+                sum[k] = ti_bytes(sum[k], low, ti_set1(lo));
+                sum[k] = ti_bytes(sum[k], high, ti_set1(hi));
+            }
+        }
+    }
+}
+
 /* K rows from r times tile `tile` of a laid-out weight: out (K × GEMM_OUT). Per block, per lane,
  * gemm512_rows_'s operations (WIDE: gemm512_wide_'s): the integer sum, centred, converted, times
  * s·dx; then per group (b + c·s)·Σx (c·s exact: c is a power of two). WIDE: int16 rows, each run's
@@ -2071,7 +2113,6 @@ static inline tf load_scales16(const void *p, long i, int type) {
         for (int k = 0; k < K; k++)                                                              \
             acc[k] = tf_zero(),                                                                  \
             xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
-        const ti mask = ti_set1_8(15), pairs = ti_set1(0x000F000F);                              \
         for (long u = 0; u < a->blocks; u++) {                                                   \
             const uint8_t *block = w + u * block_bytes;                                          \
             for (int line = 0; line < (BYTES ? 8 : 4); line++) prefetch(block + PREFETCH_BYTES + 64 * line); \
@@ -2085,30 +2126,7 @@ static inline tf load_scales16(const void *p, long i, int type) {
                     sum[k] = ti_bytes(sum[k], v, ti_set1(lane));                                 \
                 }                                                                                \
             }                                                                                    \
-            for (int run = 0; !BYTES && run < 4; run++) {                                        \
-                ti v = ti_load(block + run * TILE_RUN);                                          \
-                if (WIDE) {                                                                      \
-                    ti c[4] = {ti_and(v, pairs), ti_and(ti_srli32(v, 8), pairs), ti_and(ti_srli32(v, 4), pairs), \
-                               ti_and(ti_srli32(v, 12), pairs)};                                 \
-                    for (int k = 0; k < K; k++) {                                                \
-                        const char *x = xrow[k] + (u * BLOCK + 8 * run) * 2;                     \
-                        for (int h = 0; h < 4; h++) {                                            \
-                            int32_t lane;                                                        \
-                            memcpy(&lane, x + 4 * h, 4);                                         \
-                            sum[k] = ti_pairs(sum[k], c[h], ti_set1(lane));                      \
-                        }                                                                        \
-                    }                                                                            \
-                } else {                                                                         \
-                    ti low = ti_and(v, mask), high = ti_and(ti_srli16(v, 4), mask);              \
-                    for (int k = 0; k < K; k++) {                                                \
-                        int32_t lo, hi;                                                          \
-                        memcpy(&lo, xrow[k] + u * BLOCK + 8 * run, 4);                           \
-                        memcpy(&hi, xrow[k] + u * BLOCK + 8 * run + 4, 4);                       \
-                        sum[k] = ti_bytes(sum[k], low, ti_set1(lo));                             \
-                        sum[k] = ti_bytes(sum[k], high, ti_set1(hi));                            \
-                    }                                                                            \
-                }                                                                                \
-            }                                                                                    \
+            if (!BYTES) nibble_block_sums(block, xrow, u, K, WIDE, sum);                          \
             tf scale = load_scales16(a->scales, first + (u / per) * GEMM_OUT, a->type);          \
             for (int k = 0; k < K; k++)                                                          \
                 acc[k] = tf_fmadd(tf_of(sum[k]), tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u])), acc[k]); \
@@ -2146,6 +2164,135 @@ typedef void (*tiled_fn)(const struct i8_args *, long, long, float *);
 static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), TILE_ROW_FNS(tiled_wide_),
                                                    TILE_ROW_FNS(tiled_bytes_)};
 
+/* ---- Q4_K blocks stored as the tiles read them (laid out once, at load) -----------------------
+ * A GGUF file's Q4_K weights (most of a Q4_K_M model's) read as stored, 4.5 bits a weight, where
+ * an MLX affine copy holds an fp16 scale and bias per 32 (5 bits): per tile of GEMM_OUT outputs and
+ * block of 256 inputs, Q4K_TILE bytes, as many as the outputs' blocks. Per 32 inputs, 4 runs of
+ * nibbles as the 4-bit tiles lay them; then the blocks' 12 bytes of 6-bit scales and mins as 3 runs
+ * (run k: output j's bytes 4k..4k+3), then GEMM_OUT fp16 d's and GEMM_OUT fp16 dmin's. Per 32 inputs
+ * W = (d·sc)·q - (dmin·m) (ggml's dequantize_row_q4_K): a row's codes times xq are summed exactly in
+ * int32, converted and scaled by (d·sc)·dx, less (dmin·m)·Σx. Weight fields: type SCALE_Q4K, group
+ * 32, the tiles as codes (scales and biases unread). */
+#define Q4K_VALUES 256
+#define Q4K_BYTES 144
+#define Q4K_TILE (GEMM_OUT * Q4K_BYTES)  /* 2304 */
+#define Q4K_TILE_CODES (8 * TILE_BLOCK)  /* 2048: 8 blocks of 32 */
+
+/* Sub-block blk's 6-bit scale and min of each lane, from its 12 bytes as three runs (ggml's
+ * get_scale_min_k4 on each lane's bytes: run 0 bytes 0-3, run 1 4-7, run 2 8-11). */
+static inline __attribute__((always_inline)) void q4k_scale_min(ti s0, ti s1, ti s2, int blk, ti *sc, ti *m) {
+    const ti six = ti_set1(63), four = ti_set1(15), two = ti_set1(3);
+    if (blk < 4) {
+        *sc = ti_and(ti_srli32(s0, 8 * blk), six);
+        *m = ti_and(ti_srli32(s1, 8 * blk), six);
+    } else {
+        int i = blk - 4;
+        *sc = ti_or(ti_and(ti_srli32(s2, 8 * i), four), ti_slli32(ti_and(ti_srli32(s0, 8 * i + 6), two), 4));
+        *m = ti_or(ti_and(ti_srli32(s2, 8 * i + 4), four), ti_slli32(ti_and(ti_srli32(s1, 8 * i + 6), two), 4));
+    }
+}
+
+/* K rows from r times Q4_K tile `tile`: out (K × GEMM_OUT); WIDE: int16 rows as the 4-bit wide
+ * tiles take them. Each superblock asks for the same bytes of the next one (codes and scales). */
+#define TILED_Q4K(K, WIDE, NAME)                                                                 \
+    static void NAME(const struct i8_args *a, long tile, long r, float *out) {                  \
+        long superblocks = a->n_in / Q4K_VALUES;                                                 \
+        tf acc[K];                                                                               \
+        const char *xrow[K];                                                                     \
+        for (int k = 0; k < K; k++)                                                              \
+            acc[k] = tf_zero(),                                                                  \
+            xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
+        for (long sb = 0; sb < superblocks; sb++) {                                              \
+            const uint8_t *base = a->w + (tile * superblocks + sb) * Q4K_TILE, *meta = base + Q4K_TILE_CODES; \
+            for (int line = 0; line < 4; line++) prefetch(meta + Q4K_TILE + 64 * line);           \
+            tf d = tf_halves(meta + 3 * TILE_RUN), dmin = tf_halves(meta + 3 * TILE_RUN + 2 * GEMM_OUT); \
+            ti s0 = ti_load(meta), s1 = ti_load(meta + TILE_RUN), s2 = ti_load(meta + 2 * TILE_RUN); \
+            for (int blk = 0; blk < 8; blk++) {                                                  \
+                const uint8_t *block = base + blk * TILE_BLOCK;                                  \
+                for (int line = 0; line < 4; line++) prefetch(block + Q4K_TILE + 64 * line);      \
+                long u = sb * 8 + blk; /* the row's block of 32 */                               \
+                ti sum[K];                                                                       \
+                for (int k = 0; k < K; k++) sum[k] = ti_zero();                                  \
+                nibble_block_sums(block, xrow, u, K, WIDE, sum);                                 \
+                ti sc, m;                                                                        \
+                q4k_scale_min(s0, s1, s2, blk, &sc, &m);                                         \
+                tf scale = tf_mul(tf_of(sc), d), low = tf_mul(tf_of(m), dmin);                   \
+                for (int k = 0; k < K; k++) {                                                    \
+                    acc[k] = tf_fmadd(tf_of(sum[k]), tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u])), acc[k]); \
+                    acc[k] = tf_fnmadd(low, tf_set1(a->xsum[(r + k) * a->groups + u]), acc[k]);  \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < K; k++) tf_store(out + k * GEMM_OUT, acc[k]);                        \
+    }
+#define TILED_Q4K_MODE(WIDE, PREFIX) TILED_Q4K(1, WIDE, PREFIX##1) TILED_Q4K(2, WIDE, PREFIX##2) TILED_Q4K_MORE(WIDE, PREFIX)
+#if TILE_ROWS == 8
+#define TILED_Q4K_MORE(WIDE, PREFIX)                                                             \
+    TILED_Q4K(3, WIDE, PREFIX##3) TILED_Q4K(4, WIDE, PREFIX##4) TILED_Q4K(5, WIDE, PREFIX##5)   \
+    TILED_Q4K(6, WIDE, PREFIX##6) TILED_Q4K(7, WIDE, PREFIX##7) TILED_Q4K(8, WIDE, PREFIX##8)
+#elif TILE_ROWS == 4
+#define TILED_Q4K_MORE(WIDE, PREFIX) TILED_Q4K(3, WIDE, PREFIX##3) TILED_Q4K(4, WIDE, PREFIX##4)
+#else
+#define TILED_Q4K_MORE(WIDE, PREFIX)
+#endif
+TILED_Q4K_MODE(0, tiled_q4k_)
+TILED_Q4K_MODE(1, tiled_q4k_wide_)
+static const tiled_fn TILED_Q4K_FN[2][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_q4k_), TILE_ROW_FNS(tiled_q4k_wide_)};
+
+struct q4k_pack_args {
+    const uint8_t *blocks;
+    uint8_t *out;
+    long superblocks, tiles;
+    uint8_t *scratch; /* a tile's rows of blocks as stored, per part */
+};
+
+/* As q6k_pack_part: a tile's rows are copied aside first (`out` may be `blocks`). A Q4_K block:
+ * fp16 d, fp16 dmin, 12 bytes of scales and mins, 128 of codes (byte l of 32p.. holds value l of
+ * sub-block 2p in its low nibble, of 2p + 1 in its high one). */
+static void q4k_pack_part(const void *p, long part, long parts) {
+    const struct q4k_pack_args *t = p;
+    long first, end, tile_bytes = GEMM_OUT * t->superblocks * Q4K_BYTES;
+    uint8_t *rows = t->scratch + part * tile_bytes;
+    part_range(t->tiles, part, parts, &first, &end);
+    for (long tile = first; tile < end; tile++) {
+        memcpy(rows, t->blocks + tile * tile_bytes, tile_bytes);
+        for (long sb = 0; sb < t->superblocks; sb++) {
+            uint8_t *out = t->out + (tile * t->superblocks + sb) * Q4K_TILE, *meta = out + Q4K_TILE_CODES;
+            for (long j = 0; j < GEMM_OUT; j++) {
+                const uint8_t *block = rows + (j * t->superblocks + sb) * Q4K_BYTES, *qs = block + 16;
+                uint8_t code[Q4K_VALUES]; /* the block's codes in the values' natural order */
+                for (int pair = 0; pair < 4; pair++)
+                    for (int l = 0; l < 32; l++) {
+                        code[64 * pair + l] = qs[32 * pair + l] & 15;
+                        code[64 * pair + 32 + l] = qs[32 * pair + l] >> 4;
+                    }
+                for (int blk = 0; blk < 8; blk++)
+                    for (int run = 0; run < 4; run++)
+                        for (int i = 0; i < 4; i++)
+                            out[blk * TILE_BLOCK + run * TILE_RUN + 4 * j + i] =
+                                (uint8_t)(code[32 * blk + 8 * run + i] | code[32 * blk + 8 * run + 4 + i] << 4);
+                for (int k = 0; k < 3; k++) memcpy(meta + k * TILE_RUN + 4 * j, block + 4 + 4 * k, 4);
+                memcpy(meta + 3 * TILE_RUN + 2 * j, block, 2);                /* d */
+                memcpy(meta + 3 * TILE_RUN + 2 * GEMM_OUT + 2 * j, block + 2, 2); /* dmin */
+            }
+        }
+    }
+}
+
+/* A Q4_K weight's blocks (n_out × n_in/256 of Q4K_BYTES) laid out as tiles into `out` (as many
+ * bytes; `blocks` itself for a layout in place): 0, -1 where the shape does not tile (outputs a
+ * multiple of GEMM_OUT), -2 without memory for the copies. */
+int quant_q4k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
+    if (n_out % GEMM_OUT || n_in % Q4K_VALUES || n_out < 1) return -1;
+    long parts = threads < 1 ? 1 : threads > MAX_PARTS ? MAX_PARTS : threads;
+    uint8_t *scratch = malloc(parts * GEMM_OUT * (n_in / Q4K_VALUES) * Q4K_BYTES);
+    if (!scratch) return -2;
+    struct q4k_pack_args t = {blocks, out, n_in / Q4K_VALUES, n_out / GEMM_OUT, scratch};
+    run_parts(q4k_pack_part, &t, parts);
+    free(scratch);
+    return 0;
+}
+
 struct tiled_many_args {
     long count, rows;
     long first[MANY_WEIGHTS + 1]; /* weight i's tiles are first[i]..first[i + 1] - 1 of the call's */
@@ -2162,7 +2309,7 @@ static void tiled_tiles(const struct tiled_many_args *m, long lo, long hi) {
         for (long tile = from - m->first[i]; tile < to - m->first[i]; tile++)
             for (long r = 0; r < m->rows; r += TILE_ROWS) {
                 long k = m->rows - r < TILE_ROWS ? m->rows - r : TILE_ROWS;
-                TILED_FN[a->bits == 8 ? 2 : a->wide][k](a, tile, r, out);
+                (a->type == SCALE_Q4K ? TILED_Q4K_FN[a->wide] : TILED_FN[a->bits == 8 ? 2 : a->wide])[k](a, tile, r, out);
                 for (long rr = 0; rr < k; rr++)
                     memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT,
                            sizeof(float) * GEMM_OUT);
@@ -2190,9 +2337,11 @@ int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads
     struct tiled_many_args m = {count, rows, {0}, {{0}}, 0};
     long total = 0;
     for (long i = 0; i < count; i++) {
-        if (!(w[i].bits == 4 || (w[i].bits == 8 && !wide)) || !gemm_takes(w[i].bits, w[i].centre, wide) ||
-            !i8_takes(w[i].bits, w[i].centre, w[i].biases, w[i].gs, w[i].type, n_in) || w[i].n_out < 1 ||
-            w[i].n_out % GEMM_OUT)
+        int q4k = w[i].type == SCALE_Q4K, takes = q4k ? w[i].bits == 4 && w[i].gs == BLOCK && n_in % Q4K_VALUES == 0
+                                                      : i8_takes(w[i].bits, w[i].centre, w[i].biases, w[i].gs,
+                                                                 w[i].type, n_in);
+        if (!(w[i].bits == 4 || (w[i].bits == 8 && !wide)) || !gemm_takes(w[i].bits, w[i].centre, wide) || !takes ||
+            w[i].n_out < 1 || w[i].n_out % GEMM_OUT)
             return -1;
         m.first[i + 1] = m.first[i] + w[i].n_out / GEMM_OUT;
         total += w[i].n_out;
@@ -2442,3 +2591,10 @@ int quant_tiled_q6k(const float *x, const uint8_t *tiles, float *y, long rows, l
     return -1;
 #endif
 }
+
+#if !defined(TILES)
+int quant_q4k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
+    (void)blocks, (void)out, (void)n_out, (void)n_in, (void)threads;
+    return -1;
+}
+#endif

@@ -19,7 +19,17 @@ import dataclasses
 import mlx.core as mx
 import numpy as np
 
-from .quant_weights import Q6K, Q6K_BYTES, Q6K_TILED, Q6K_VALUES, SCALE_TYPES, TILED, QuantWeight
+from .quant_weights import (
+    Q4K_BYTES,
+    Q4K_VALUES,
+    Q6K,
+    Q6K_BYTES,
+    Q6K_TILED,
+    Q6K_VALUES,
+    SCALE_TYPES,
+    TILED,
+    QuantWeight,
+)
 
 TILE_OUTPUTS = 16  # outputs a tile holds (quant_rows.c's GEMM_OUT)
 TILE_INPUTS = 32  # inputs a block of a tile holds (quant_rows.c's BLOCK)
@@ -157,3 +167,59 @@ def q6k_tiled_values_mx(tiles: mx.array, in_dims: int) -> mx.array:
     d = mx.view(d_bytes, mx.float16).astype(mx.float32)  # count, superblocks, 16
     step = (d[:, :, None, :] * scales).transpose(0, 3, 1, 2).reshape(out_dims, in_dims // 16)
     return mx.repeat(step, 16, axis=1) * (q - 32).astype(mx.float32)
+
+
+# A Q4_K weight's tile of 16 outputs and 256 inputs (quant_rows.c's Q4K_TILE): per 32 inputs 4 runs
+# of nibbles as the 4-bit tiles lay them, then 3 runs of the blocks' scale bytes, 16 fp16 d's and
+# 16 fp16 dmin's.
+Q4K_TILE_CODES = 8 * 4 * 64
+Q4K_TILE_BYTES = TILE_OUTPUTS * Q4K_BYTES
+
+
+def tiled_q4k_weight(kernel, blocks: mx.array, in_dims: int, threads: int = 2) -> QuantWeight | None:
+    """Q4_K blocks (uint8, out × in/256·144, as the file holds them) laid out as tiles in their own
+    array (the same bytes in another order), and the kernel's view of them; None where they do not
+    tile (outputs a multiple of 16)."""
+    out_dims = blocks.shape[0]
+    row_bytes = in_dims // Q4K_VALUES * Q4K_BYTES
+    if out_dims % TILE_OUTPUTS or in_dims % Q4K_VALUES or blocks.shape[1] != row_bytes:
+        return None
+    mx.eval(blocks)
+    codes = np.asarray(blocks)  # MLX's buffer: written in place
+    if not (codes.flags.writeable and codes.flags.c_contiguous):
+        blocks = mx.array(np.ascontiguousarray(codes))
+        mx.eval(blocks)
+        codes = np.asarray(blocks)
+    if kernel.q4k_tile_pack(codes.ctypes.data, codes.ctypes.data, out_dims, in_dims, threads):
+        return None
+    return QuantWeight.from_q4k_tiles(blocks, in_dims)
+
+
+def q4k_tiled_values_mx(tiles: mx.array, in_dims: int) -> mx.array:
+    """A tiled Q4_K weight's values (d·sc)·q - dmin·m in plain mx ops, fp32, out × in (its product
+    where the kernel's is refused: in mx.compile, or off the kernel's route)."""
+    out_dims = tiles.shape[0]
+    count, superblocks = out_dims // TILE_OUTPUTS, in_dims // Q4K_VALUES
+    raw = tiles.reshape(count, superblocks, Q4K_TILE_BYTES)
+    codes = raw[..., :Q4K_TILE_CODES].astype(mx.int32).reshape(count, superblocks, 8, 4, TILE_OUTPUTS, 4)
+    q = mx.stack([codes & 15, codes >> 4], axis=4)  # tile, 256, 32, run, half, output, input
+    q = q.transpose(0, 5, 1, 2, 3, 4, 6).reshape(out_dims, in_dims)
+    meta = raw[..., Q4K_TILE_CODES:]
+    scale_bytes = meta[..., : 3 * 64].reshape(count, superblocks, 3, TILE_OUTPUTS, 4)
+    scale_bytes = scale_bytes.transpose(0, 3, 1, 2, 4).reshape(out_dims, superblocks, 12).astype(mx.int32)
+    low_sc, low_m = scale_bytes[..., 0:4] & 63, scale_bytes[..., 4:8] & 63
+    high_sc = (scale_bytes[..., 8:12] & 15) | ((scale_bytes[..., 0:4] >> 6) << 4)
+    high_m = (scale_bytes[..., 8:12] >> 4) | ((scale_bytes[..., 4:8] >> 6) << 4)
+    sc = mx.concatenate([low_sc, high_sc], axis=-1).astype(mx.float32)  # out, 256s, 8
+    m = mx.concatenate([low_m, high_m], axis=-1).astype(mx.float32)
+
+    def halves(at: int) -> mx.array:  # count, superblocks, 16 → out, superblocks, 1
+        values = mx.view(meta[..., at : at + 2 * TILE_OUTPUTS], mx.float16).astype(mx.float32)
+        return values.transpose(0, 2, 1).reshape(out_dims, superblocks, 1)
+
+    step, low = halves(3 * 64) * sc, halves(3 * 64 + 2 * TILE_OUTPUTS) * m
+
+    def per_input(values: mx.array) -> mx.array:  # out, 256s, 8 → one a weight
+        return mx.repeat(values.reshape(out_dims, superblocks * 8), 32, axis=1)
+
+    return per_input(step) * q.astype(mx.float32) - per_input(low)

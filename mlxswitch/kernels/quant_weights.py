@@ -29,10 +29,15 @@ AFFINE, Q6K = "affine", "q6_k"
 TILED = "tiled"
 Q6K_TILED = "q6_k-tiled"  # Q6_K blocks laid out so too (the same bytes: quant_tiles.py)
 Q6K_VALUES, Q6K_BYTES = 256, 210  # weights a block holds, its bytes
+# GGUF's Q4_K blocks laid out as tiles (quant_tiles.py): read as stored, 4.5 bits a weight where an
+# MLX affine copy holds 5 (an fp16 scale and bias per 32). Multiplied only through the tiles.
+Q4K_TILED = "q4_k-tiled"
+Q4K_VALUES, Q4K_BYTES = 256, 144
 
 
 # How the kernel reads scales and biases (quant_rows.c's SCALE_F32, SCALE_F16, SCALE_BF16).
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
+SCALE_Q4K = 3  # quant_rows.c's: a Q4_K tiled weight's scales live in its tiles
 
 
 def _scale_view(values: mx.array) -> tuple[np.ndarray, int]:
@@ -176,6 +181,17 @@ class QuantWeight:
         none = np.zeros(1, dtype=np.float32)  # a valid address the kernel never reads
         return cls(np.asarray(blocks), none, none, 6, 16, blocks.shape[0], in_dims, (blocks,), 6, 0, Q6K)
 
+    @classmethod
+    def from_q4k_tiles(cls, tiles: mx.array, in_dims: int) -> QuantWeight:
+        """The kernel's view of Q4_K blocks laid out as tiles (uint8, out × in/256·144), in place."""
+        row_bytes = in_dims // Q4K_VALUES * Q4K_BYTES
+        if in_dims % Q4K_VALUES or tiles.dtype != mx.uint8 or tiles.shape[1] != row_bytes:
+            raise ValueError(f"not Q4_K tiles of {in_dims} weights a row: {tiles.shape} {tiles.dtype}")
+        mx.eval(tiles)
+        none = np.zeros(1, dtype=np.float32)  # a valid address the kernel never reads
+        out_dims = tiles.shape[0]
+        return cls(np.asarray(tiles), none, none, 4, 32, out_dims, in_dims, (tiles,), 4, SCALE_Q4K, Q4K_TILED)
+
     @cached_property
     def addresses(self) -> tuple[int, int, int]:
         """Where codes, scales and biases start: fixed for the view's life, so read once, not once
@@ -192,7 +208,7 @@ class QuantWeight:
     @property
     def nbytes(self) -> int:
         """Bytes a product reads: codes, scales and biases (a Q6_K weight's blocks hold all three)."""
-        if self.layout in (Q6K, Q6K_TILED):
+        if self.layout in (Q6K, Q6K_TILED, Q4K_TILED):
             return self.codes.nbytes
         return self.codes.nbytes + self.scales.nbytes + self.biases.nbytes
 
@@ -217,6 +233,31 @@ def q6k_values(blocks: np.ndarray, in_dims: int) -> np.ndarray:
             q[..., out + 32 * j : out + 32 * j + 32] = nibble | ((qh >> (2 * j)) & 3) << 4
     step = d * np.repeat(scales, 16, axis=-1)
     return (step * (q - 32)).reshape(blocks.shape[0], in_dims)
+
+
+def q4k_scales_mins(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 sub-blocks' 6-bit scales and mins of Q4_K blocks' 12 bytes (..., 12) as int64 (..., 8)
+    (ggml's get_scale_min_k4)."""
+    q = raw.astype(np.int64)
+    low_sc, low_m = q[..., 0:4] & 63, q[..., 4:8] & 63
+    high_sc = (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)
+    high_m = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    return np.concatenate([low_sc, high_sc], axis=-1), np.concatenate([low_m, high_m], axis=-1)
+
+
+def q4k_values(blocks: np.ndarray, in_dims: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K blocks (out × in/256·144 bytes) as the weights they hold, float64, in two parts: the
+    codes' (d·sc)·q and the mins' dmin·m a weight (W is their difference, exactly ggml's
+    dequantize_row_q4_K; the kernel multiplies the first by rounded rows, the second by exact ones)."""
+    raw = np.ascontiguousarray(blocks).reshape(blocks.shape[0], in_dims // Q4K_VALUES, Q4K_BYTES)
+    d = raw[..., 0:2].copy().view(np.float16).astype(np.float64)  # (out, blocks, 1)
+    dmin = raw[..., 2:4].copy().view(np.float16).astype(np.float64)
+    sc, m = q4k_scales_mins(raw[..., 4:16])
+    qs = raw[..., 16:].reshape(*raw.shape[:2], 4, 32).astype(np.int64)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(*raw.shape[:2], 8, 32)  # sub-block 2p, 2p + 1
+    codes = ((d * sc)[..., None] * q).reshape(blocks.shape[0], in_dims)
+    mins = np.repeat((dmin * m).reshape(blocks.shape[0], -1), 32, axis=1)
+    return codes, mins
 
 
 @dataclass(frozen=True, eq=False)

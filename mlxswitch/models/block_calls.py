@@ -24,7 +24,7 @@ from ..kernels.pass_ops import BlockPlan, Product, pass_ops
 from ..kernels.quant_cpu import INT8_MAX_POSITIONS, quant_kernel
 from ..kernels.quant_linear import bias_row
 from ..kernels.quant_packs import weight_pack
-from ..kernels.quant_weights import Q6K_TILED, TILED
+from ..kernels.quant_weights import Q4K_TILED, Q6K_TILED, TILED
 from ..kernels.route import current_route
 from .block_tables import rms_norm_weight, rope_tables
 from .numpy_attention import visible_ranges
@@ -252,7 +252,7 @@ def _product(linears: tuple, narrow: bool, arrays: list) -> Product | None:
         return Product(fields, bias_at, len(found), found[0].in_dims, pack.ends[-1], 0, 0)
     weight = found[0]
     wide = int(not narrow)
-    if weight.layout == TILED:
+    if weight.layout in (TILED, Q4K_TILED):  # the tiles' call takes either
         return Product(ctypes.addressof(weight.fields), bias_at, 1, weight.in_dims, weight.out_dims, 0, wide)
     if weight.layout == Q6K_TILED:
         return Product(weight.addresses[0], bias_at, 1, weight.in_dims, weight.out_dims, 1, wide)

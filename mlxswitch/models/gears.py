@@ -21,7 +21,7 @@ from ..kernels.quant_linear import numpy_quant_rows, quant_matmul
 from ..kernels.quant_weights import QuantViews, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
-from .rows import Q6KLinear, TiledLinear
+from .rows import Q4KLinear, Q6KLinear, TiledLinear
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
 DEFAULT_GROUP_SIZE = 64
@@ -147,7 +147,7 @@ class NestedLinear(nn.Module):
                 f"a linear layer has {weight.shape[-1]} inputs, not a multiple of "
                 f"the group size {group_size}; choose another group size"
             )
-        if isinstance(layer, Q6KLinear):  # its scales live in its blocks; it computes in fp32
+        if isinstance(layer, (Q6KLinear, Q4KLinear)):  # its scales live in its blocks; it computes in fp32
             source_dtype = mx.float32
         else:
             source_dtype = layer.scales.dtype if isinstance(layer, nn.QuantizedLinear) else layer.weight.dtype

@@ -18,11 +18,13 @@ import mlx.nn as nn
 
 from ..errors import ModelFormatError
 from .gguf_convert import (
+    Q4K_BLOCKS_FILE,
+    Q6K_BLOCKS_FILE,
     Progress,
     convert_tensors,
     find_converted,
+    k_blocks,
     known_sha256,
-    q6k_blocks,
     reader_metadata,
     refuse_unknown_types,
     write_converted,
@@ -138,9 +140,10 @@ def convert_gguf(path: Path, progress: Progress | None = None, sha256: str | Non
     tensors = convert_tensors(path, reader, progress)
     model, tokenizer, config = _assemble(path, meta, tensors, None)
     del tensors
-    blocks = {
-        name.removesuffix(".weight"): value for name, value in _rename(q6k_blocks(reader), path).items()
-    }
+    blocks = {}
+    for file, kind in ((Q6K_BLOCKS_FILE, "Q6_K"), (Q4K_BLOCKS_FILE, "Q4_K")):
+        named = _rename(k_blocks(reader, kind), path)
+        blocks[file] = {name.removesuffix(".weight"): value for name, value in named.items()}
     return write_converted(path, sha256, model, config, tokenizer, types, blocks)
 
 

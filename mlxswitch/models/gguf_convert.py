@@ -42,12 +42,15 @@ REQUANT_BITS = {
     "Q5_K": 5,
     "Q6_K": 8,
 }
-CONVERTED_FORMAT = 2  # bump when a converted directory's layout or REQUANT_BITS changes
+CONVERTED_FORMAT = 3  # bump when a converted directory's layout or REQUANT_BITS changes
 # Beside the mlx-lm files: every Q6_K matrix's blocks as the file holds them, by module path. MLX has
 # no group of 16, so the affine copy re-rounds them (8-bit codes, 9-10 bits a weight); the CPU's
 # quantized kernel reads these instead (models/row_routes.py's use_q6k_blocks). mlx-lm reads only
 # model*.safetensors.
 Q6K_BLOCKS_FILE = "q6_k_blocks.safetensors"
+# The same for every Q4_K matrix but the token embedding (a lookup: its affine copy serves), read
+# as stored where the CPU's kernel tiles them (4.5 bits a weight where the affine copy holds 5).
+Q4K_BLOCKS_FILE = "q4_k_blocks.safetensors"
 
 
 def converted_dir(sha256: str) -> Path:
@@ -235,13 +238,14 @@ def convert_tensors(
     return out
 
 
-def q6k_blocks(reader) -> dict[str, mx.array]:
-    """Every Q6_K matrix of the file (whole 256-weight blocks a row) as its stored bytes, rows ×
-    bytes, under its GGUF name."""
+def k_blocks(reader, kind: str = "Q6_K") -> dict[str, mx.array]:
+    """Every `kind` (Q6_K or Q4_K) matrix of the file (whole 256-weight blocks a row) as its stored
+    bytes, rows × bytes, under its GGUF name; Q4_K's token embedding left out."""
     found = {}
     for tensor in reader.tensors:
         shape = tuple(int(d) for d in reversed(tensor.shape))
-        if tensor.tensor_type.name == "Q6_K" and len(shape) == 2 and shape[-1] % Q6K_VALUES == 0:
+        lookup = kind == "Q4_K" and tensor.name == "token_embd.weight"
+        if tensor.tensor_type.name == kind and len(shape) == 2 and shape[-1] % Q6K_VALUES == 0 and not lookup:
             found[tensor.name] = mx.array(np.ascontiguousarray(np.asarray(tensor.data).reshape(shape[0], -1)))
     return found
 
@@ -266,17 +270,18 @@ def write_converted(
     config: dict,
     tokenizer,
     types: dict[str, str],
-    blocks: dict[str, mx.array],
+    blocks: dict[str, dict[str, mx.array]],
 ) -> Path:
     """Save a converted model as an mlx-lm directory at its cache place, whole or not at all, with
-    its Q6_K blocks by module path (`blocks`, Q6K_BLOCKS_FILE) where it has any."""
+    its Q6_K and Q4_K blocks by module path (`blocks`: by file name) where it has any."""
     from mlx_lm.utils import save_config, save_model
 
     target = converted_dir(sha256)
     with atomic_dir(target) as staging:
         save_model(staging, model)
-        if blocks:
-            mx.save_safetensors(str(staging / Q6K_BLOCKS_FILE), blocks)
+        for file, found in blocks.items():
+            if found:
+                mx.save_safetensors(str(staging / file), found)
         tokenizer.save_pretrained(str(staging))  # the wrapper forwards to the HF tokenizer
         config = dict(config)
         config["mlxswitch_gguf"] = {

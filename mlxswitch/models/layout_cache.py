@@ -25,10 +25,10 @@ import mlx.nn as nn
 
 from ..kernels import quant_cpu, quant_tiles, quant_weights
 from ..kernels.quant_cpu import quant_kernel
-from ..kernels.quant_weights import Q6K, Q6K_TILED, TILED, QuantViews, QuantWeight
+from ..kernels.quant_weights import Q4K_TILED, Q6K, Q6K_TILED, TILED, QuantViews, QuantWeight
 from ..kernels.route import current_route
 from . import row_routes, rows
-from .rows import Q6KLinear, TiledLinear
+from .rows import Q4KLinear, Q6KLinear, TiledLinear
 
 PREFIX = "laid-out-"
 SUFFIX = ".safetensors"
@@ -37,7 +37,8 @@ SUFFIX = ".safetensors"
 KEEP = 2
 # Attributes a laid-out layer carries beside its arrays (rows.py's keep_quantized, take_blocks).
 _FIELDS = ("bits", "code_bits", "group_size", "scales_narrowed", "in_dims")
-RowsLaidOut = (TiledLinear, Q6KLinear)
+RowsLaidOut = (TiledLinear, Q6KLinear)  # Q4KLinear is a TiledLinear
+_CLASSES = {TILED: TiledLinear, Q4K_TILED: Q4KLinear, Q6K_TILED: Q6KLinear, Q6K: Q6KLinear}
 
 
 def layout_file(path: Path, config: dict) -> Path | None:
@@ -94,7 +95,7 @@ def restore_layout(model: nn.Module, file: Path) -> bool:
         return False
     for name, fields in layers.items():
         module = modules[name]
-        module.__class__ = TiledLinear if fields["layout"] == TILED else Q6KLinear
+        module.__class__ = _CLASSES[fields["layout"]]
         for key in _FIELDS:
             setattr(module, key, fields[key])
         if fields["layout"] == TILED:
@@ -108,7 +109,9 @@ def restore_layout(model: nn.Module, file: Path) -> bool:
             module.weight = arrays[f"{name}.weight"]
             for key in ("scales", "biases"):
                 module.pop(key, None)
-            view = QuantWeight.from_q6k(module.weight, module.in_dims)
+            q4k = fields["layout"] == Q4K_TILED
+            blocks_view = QuantWeight.from_q4k_tiles if q4k else QuantWeight.from_q6k
+            view = blocks_view(module.weight, module.in_dims)
         module.quant = QuantViews((dataclasses.replace(view, layout=fields["layout"]),))
     return True
 
@@ -120,7 +123,7 @@ def save_layout(model: nn.Module, file: Path) -> bool:
     layers: dict[str, dict] = {}
     for name, module in model.named_modules():
         view = module.quant.weights[0] if isinstance(module, RowsLaidOut) and module.quant else None
-        if view is None or view.layout not in (TILED, Q6K_TILED, Q6K):
+        if view is None or view.layout not in _CLASSES:
             continue
         names = ("weight", "scales", "biases") if view.layout == TILED else ("weight",)
         arrays.update({f"{name}.{p}": module[p] for p in names})

@@ -16,9 +16,9 @@ from ..errors import ModelFormatError
 from ..kernels.route import current_route
 from .gear_files import load_geared_dir
 from .gguf import convert_gguf, load_gguf, needs_conversion, use_rope_factors
-from .gguf_convert import Q6K_BLOCKS_FILE
+from .gguf_convert import Q4K_BLOCKS_FILE, Q6K_BLOCKS_FILE
 from .layout_cache import layout_file, restore_layout, save_layout
-from .row_routes import use_fast_rows, use_q6k_blocks
+from .row_routes import use_fast_rows, use_k_blocks
 from .tokenizer_cache import kept_tokenizer
 from .weights import LoadedModel, cast_floats, compute_dtype, read_json
 
@@ -60,13 +60,13 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
     with ThreadPoolExecutor(1, thread_name_prefix="mlxswitch-tokenizer") as pool:
         tokenizer_loaded = pool.submit(_tokenizer, path, load_config(path))  # eos ids as mlx-lm's
         with _format_errors(source):
-            # Lazily where a converted GGUF's Q6_K blocks, or its layers as laid out here before
+            # Lazily where a converted GGUF's Q6_K or Q4_K blocks, or its layers as laid out here before
             # (layout_cache.py), replace some layers' affine weights: those are then never read;
             # every other parameter is evaluated below.
             laid_out = layout_file(path, config)
             kept = laid_out is not None and laid_out.exists()
-            blocks = path / Q6K_BLOCKS_FILE
-            has_blocks = blocks.exists() and current_route().plain_linears == "quant-kernel"
+            block_files = [path / f for f in (Q6K_BLOCKS_FILE, Q4K_BLOCKS_FILE) if (path / f).exists()]
+            has_blocks = bool(block_files) and current_route().plain_linears == "quant-kernel"
             lazy = has_blocks or kept
             model, config = mlx_lm_load_model(path, lazy=lazy)
             # Cast before the laid-out layers come in (they hold their scales as laid out), and
@@ -74,7 +74,8 @@ def load_mlx_dir(source: str, path: Path, name: str) -> LoadedModel:
             cast_floats(model, compute_dtype(), evaluate=not lazy)
             restored = kept and laid_out is not None and restore_layout(model, laid_out)
             if has_blocks and not restored:
-                use_q6k_blocks(model, mx.load(str(blocks)))  # type: ignore[arg-type]  # safetensors: a dict
+                for blocks in block_files:
+                    use_k_blocks(model, mx.load(str(blocks)))  # type: ignore[arg-type]  # safetensors: a dict
             mx.eval(model.parameters())
         if config.get("rope_freqs"):  # a converted llama 3.x GGUF: mlx-lm does not know the factors
             use_rope_factors(model, config, mx.array(config["rope_freqs"]), path)

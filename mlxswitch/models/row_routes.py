@@ -8,11 +8,13 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..kernels import quant_cpu
 from ..kernels.quant_cpu import int8_applies, int8_inputs, quant_kernel, wide_applies
+from ..kernels.quant_weights import Q4K_BYTES, Q4K_VALUES
 from ..kernels.route import current_route
 from .cpu_blocks import use_numpy_blocks
 from .machine import available_memory_bytes
-from .rows import Q6KLinear, RowsQuantizedEmbedding, RowsQuantizedLinear, TiledLinear
+from .rows import Q4KLinear, Q6KLinear, RowsQuantizedEmbedding, RowsQuantizedLinear, TiledLinear
 
 
 def tiles_layer(module: nn.Module) -> bool:
@@ -33,26 +35,41 @@ def tiles_layer(module: nn.Module) -> bool:
 PACKED_LINEARS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
 
-def use_q6k_blocks(model: nn.Module, blocks: dict[str, mx.array]) -> int:
-    """Give every plain quantized linear named in `blocks` (a converted GGUF's Q6_K tensors, by
-    module path) its blocks as stored, where the quantized kernel is the route and the linear is
-    not one that shares a kernel call; how many took them. Before the model's parameters are
+def use_k_blocks(model: nn.Module, blocks: dict[str, mx.array]) -> int:
+    """Give every plain quantized linear named in `blocks` (a converted GGUF's Q6_K and Q4_K
+    tensors, by module path) its blocks as stored, where the quantized kernel is the route: Q6_K
+    where the linear does not share a kernel call, Q4_K where the kernel tiles and the layer's rows
+    take integer activations (q4k_applies); how many took them. Before the model's parameters are
     evaluated: the affine weights they replace are then never read."""
     if current_route().plain_linears != "quant-kernel":
         return 0
     taken = 0
     for name, module in model.named_modules():
         found = blocks.pop(name, None)  # not held past its layer: tiles replace it
-        if (
-            found is None
-            or type(module) is not nn.QuantizedLinear
-            or name.rsplit(".", 1)[-1] in PACKED_LINEARS
-        ):
+        if found is None or type(module) is not nn.QuantizedLinear:
             continue
-        module.__class__ = Q6KLinear
-        module.take_blocks(found)
-        taken += 1
+        in_dims = module["weight"].shape[1] * 32 // module.bits
+        if found.shape[1] == in_dims // Q4K_VALUES * Q4K_BYTES:
+            if q4k_applies(in_dims):
+                module.__class__ = Q4KLinear
+                if module.take_q4k_blocks(found):
+                    taken += 1
+                else:
+                    module.__class__ = nn.QuantizedLinear
+        elif name.rsplit(".", 1)[-1] not in PACKED_LINEARS:
+            module.__class__ = Q6KLinear
+            module.take_blocks(found)
+            taken += 1
     return taken
+
+
+def q4k_applies(in_dims: int) -> bool:
+    """Whether a Q4_K linear of `in_dims` inputs is read as stored: its rows take integer
+    activations (quant_cpu.int8_applies: int8, or int16 where a down projection's) and this build
+    multiplies tiles; elsewhere it keeps the converter's affine copy."""
+    route = current_route()
+    kernel = quant_kernel() if route.quant_activations == "int8" else None
+    return kernel is not None and kernel.tiled and in_dims >= quant_cpu.INT8_MIN_INPUTS
 
 
 def _tied_head(model: nn.Module) -> nn.QuantizedEmbedding | None:
@@ -91,8 +108,9 @@ def use_fast_rows(model: nn.Module) -> str:
             module.int8_inputs = False  # a plain attribute: never a parameter
     plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
     head = _tied_head(model)
-    if not plain:
-        return "none"
+    if not plain:  # none, or every one read as stored (use_k_blocks)
+        laid = any(isinstance(m, (Q6KLinear, TiledLinear)) for _, m in model.named_modules())
+        return "quant-kernel" if laid else "none"
     if route == "quant-kernel":
         # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
         # Changing the class leaves the parameters, and so loading and saving, untouched.

@@ -22,7 +22,9 @@ from ..kernels.panel_cpu import PanelWeight
 from ..kernels.quant_cpu import quant_kernel, widened_codes
 from ..kernels.quant_linear import int8_decoding_weight, numpy_quant_rows, quant_matmul
 from ..kernels.quant_tiles import (
+    q4k_tiled_values_mx,
     q6k_tiled_values_mx,
+    tiled_q4k_weight,
     tiled_q6k_weight,
     tiled_values_mx,
     tiled_weight,
@@ -294,3 +296,32 @@ class TiledLinear(RowsQuantizedLinear):
         view = tiled_weight(kernel, self.quant.weights[0], current_route().blas_threads, in_place=True)
         self.weight, self.scales, self.biases = view.keep
         self.quant = QuantViews((view,))
+
+
+class Q4KLinear(TiledLinear):
+    """A linear whose weight is a GGUF file's Q4_K blocks as stored (4.5 bits a weight, where the
+    converter's affine copy holds 5), laid out as the quantized kernel's tiles; its parameters:
+    `weight` (the tiles, uint8) and the linear's own bias. Taken only where the kernel tiles and
+    the layer's rows take integer activations (row_routes.use_k_blocks)."""
+
+    in_dims: int = 0
+
+    def stored_values(self) -> mx.array:
+        """W as fp32 from its tiles, in plain mx ops."""
+        return q4k_tiled_values_mx(self["weight"], self.in_dims)
+
+    def take_q4k_blocks(self, blocks: mx.array) -> bool:
+        """Hold the blocks, laid out as tiles in their own array, in place of the layer's affine
+        weight (dropped unread where the model was loaded lazily); False where they do not tile."""
+        kernel = quant_kernel()
+        assert kernel is not None, "Q4_K blocks are taken only where the kernel is"
+        in_dims = self["weight"].shape[1] * 32 // self.bits
+        view = tiled_q4k_weight(kernel, blocks, in_dims, current_route().blas_threads)
+        if view is None:
+            return False
+        self.in_dims, self.code_bits = in_dims, 4
+        self.quant = QuantViews((view,))
+        self.weight = view.keep[0]
+        for name in ("scales", "biases"):
+            self.pop(name, None)
+        return True
