@@ -108,9 +108,8 @@ def use_fast_rows(model: nn.Module) -> str:
             module.int8_inputs = False  # a plain attribute: never a parameter
     plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
     head = _tied_head(model)
-    if not plain:  # none, or every one read as stored (use_k_blocks)
-        laid = any(isinstance(m, (Q6KLinear, TiledLinear)) for _, m in model.named_modules())
-        return "quant-kernel" if laid else "none"
+    if not plain and not any(isinstance(m, (Q6KLinear, TiledLinear)) for _, m in model.named_modules()):
+        return "none"  # (every one read as stored, use_k_blocks: the head below still takes the kernel)
     if route == "quant-kernel":
         # Only the exact class: a subclass (or another library's layer) keeps its own __call__.
         # Changing the class leaves the parameters, and so loading and saving, untouched.
