@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, TypeVar
 import mlx.core as mx
 import numpy as np
 
-from mlxswitch.kernels import nested, nested_cpu, quant_cpu, quant_linear
+from mlxswitch.kernels import nested, nested_cpu, quant_check, quant_cpu, quant_linear
 from mlxswitch.kernels._common import _openblas_threads, available_cores, single_threaded_blas
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.nested_cpu import resident_rows_times, sgemm_rows
@@ -187,7 +187,7 @@ def built_quant_kernel(source: Path, check: bool) -> QuantKernel:
     assert not isinstance(built, str), built
     kernel = QuantKernel(built.library, built.flags)
     if check:
-        assert quant_cpu.check_kernel(kernel) is None, source
+        assert quant_check.check_kernel(kernel) is None, source
     return kernel
 
 

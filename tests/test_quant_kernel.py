@@ -15,8 +15,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlxswitch.kernels import cbuild, quant_cpu
-from mlxswitch.kernels.quant_cpu import build_quant_kernel, check_kernel
+from mlxswitch.kernels import cbuild, quant_check, quant_cpu
+from mlxswitch.kernels.quant_check import check_kernel
+from mlxswitch.kernels.quant_cpu import build_quant_kernel
 from mlxswitch.kernels.quant_tiles import (
     q4k_tiled_values_mx,
     q6k_tiled_values_mx,
@@ -136,7 +137,7 @@ def test_products_from_other_threads_and_a_forked_child_give_the_same_bits():
 @pytest.mark.parametrize("scale_dtype", [mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8, 5])
 def test_half_precision_scales_are_read_in_place_and_give_the_float64_products(scale_dtype, bits):
-    from mlxswitch.kernels.quant_cpu import int8_reference
+    from mlxswitch.kernels.quant_check import int8_reference
 
     weight, truth = _weight(19, 320, bits, 32, seed=bits, scale_dtype=scale_dtype)
     assert weight.scales.itemsize == weight.biases.itemsize == 2  # no fp32 copy of them
@@ -261,7 +262,7 @@ def test_q6k_blocks_are_read_as_stored_and_equal_float64_products_on_every_path(
     for rows in (1, 2, 3, 4, 5, 8, 13):
         xs = rng.standard_normal((rows, 512)).astype(np.float32)
         exact = xs.astype(np.float64) @ truth.T
-        int16, int8 = (quant_cpu.rounded_rows(xs, wide=wide) @ truth.T for wide in (True, False))
+        int16, int8 = (quant_check.rounded_rows(xs, wide=wide) @ truth.T for wide in (True, False))
         assert KERNEL.gemm_takes(weight, wide=True) and not KERNEL.gemm_takes(weight)
         for many_from in (1 << 30, 1):
             for threads in (1, 2):
@@ -316,10 +317,16 @@ def test_q6k_blocks_laid_out_as_tiles_hold_their_values_and_give_every_row_count
     assert tiled.layout == Q6K_TILED and tiled.nbytes == weight.nbytes  # 6.5625 bits a weight still
     truth = q6k_values(blocks, 768)
     assert np.array_equal(np.asarray(q6k_tiled_values_mx(tiled.keep[0], 768)), truth.astype(np.float32))
-    rng = np.random.default_rng(4)
+    rng = np.random.default_rng(4)  # int8 rows (a head's), int16 (a down's)
+    _assert_tiled_rows(tiled, rng, lambda xs, wide: quant_check.rounded_rows(xs, wide) @ truth.T)
+
+
+def _assert_tiled_rows(tiled: QuantWeight, rng, reference) -> None:
+    """A laid-out weight times 1-33 random rows, int8 and int16, within fp32 rounding of
+    `reference(xs, wide)` on 2 threads, and a row's bits the same alone on one."""
     for rows, wide in itertools.product((1, 3, 8, 9, 33), (False, True)):
-        xs = rng.standard_normal((rows, 768)).astype(np.float32)
-        want = quant_cpu.rounded_rows(xs, wide=wide) @ truth.T  # int8 rows (a head's), int16 (a down's)
+        xs = rng.standard_normal((rows, tiled.in_dims)).astype(np.float32)
+        want = reference(xs, wide)
         got = KERNEL.times(xs, tiled, 2, int8=True, wide=wide)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, wide)
         for row in (0, rows - 1):
@@ -343,22 +350,19 @@ def test_q4k_blocks_laid_out_as_tiles_hold_their_values_and_give_every_row_count
     multiply int8 rows (q, k, gate, up) and int16 ones (a down projection) as the rounded rows times
     the codes' part plus the exact rows times the mins', each row's bits the same alone."""
     rng = np.random.default_rng(5)
-    blocks = quant_cpu._random_q4k(rng, 48, 768)
+    blocks = quant_check._random_q4k(rng, 48, 768)
     codes, mins = q4k_values(blocks, 768)
-    assert tiled_q4k_weight(KERNEL, mx.array(quant_cpu._random_q4k(rng, 24, 256)), 256) is None  # 24 outputs
+    # 24 outputs do not tile
+    assert tiled_q4k_weight(KERNEL, mx.array(quant_check._random_q4k(rng, 24, 256)), 256) is None
     tiled = tiled_q4k_weight(KERNEL, mx.array(blocks), 768)
     assert tiled.layout == Q4K_TILED and tiled.nbytes == blocks.nbytes == 48 * 768 * 4.5 / 8
     values = np.asarray(q4k_tiled_values_mx(tiled.keep[0], 768))
     assert np.abs(values - (codes - mins)).max() <= 1e-6 * np.abs(codes - mins).max()
-    for rows, wide in itertools.product((1, 3, 8, 9, 33), (False, True)):
-        xs = rng.standard_normal((rows, 768)).astype(np.float32)
-        want = quant_cpu.rounded_rows(xs, wide=wide) @ codes.T - xs.astype(np.float64) @ mins.T
-        got = KERNEL.times(xs, tiled, 2, int8=True, wide=wide)
-        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (rows, wide)
-        for row in (0, rows - 1):
-            assert np.array_equal(
-                got[row], KERNEL.times(xs[row : row + 1], tiled, 1, int8=True, wide=wide)[0]
-            )
+
+    def reference(xs: np.ndarray, wide: bool) -> np.ndarray:
+        return quant_check.rounded_rows(xs, wide) @ codes.T - xs.astype(np.float64) @ mins.T
+
+    _assert_tiled_rows(tiled, rng, reference)
 
 
 @needs_kernel
@@ -366,10 +370,10 @@ def test_q4k_blocks_laid_out_as_tiles_hold_their_values_and_give_every_row_count
 @pytest.mark.parametrize("bits, group_size", [(4, 32), (4, 64), (5, 32), (8, 64)])
 def test_a_weight_laid_out_as_tiles_gives_every_row_count_the_filled_tiles_bits(bits, group_size):
     rng = np.random.default_rng(group_size + bits)
-    weight, truth = quant_cpu._random_weight(
+    weight, truth = quant_check._random_weight(
         rng, 48, 320 if group_size == 32 else 384, bits, group_size, mx.float16
     )
-    assert tiles_weight(weight) and not tiles_weight(quant_cpu._random_weight(rng, 40, 64, 4, 32)[0])
+    assert tiles_weight(weight) and not tiles_weight(quant_check._random_weight(rng, 40, 64, 4, 32)[0])
     assert tiles_weight(weight, wide=True) == (bits == 4)  # int16 rows: 4-bit codes only
     tiled = tiled_weight(KERNEL, weight)
     assert tiled.layout == TILED and tiled.nbytes == weight.nbytes  # the same bytes, in another order
@@ -377,7 +381,7 @@ def test_a_weight_laid_out_as_tiles_gives_every_row_count_the_filled_tiles_bits(
     assert np.array_equal(tiled_codes(tiled.codes, 48, weight.in_dims), codes)
     for rows, wide in itertools.product((1, 2, 4, 7, 8, 9, 16, 33), (False, True) if bits == 4 else (False,)):
         xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
-        want = quant_cpu.int8_reference(xs, weight, truth, wide)  # int16 rows where wide
+        want = quant_check.int8_reference(xs, weight, truth, wide)  # int16 rows where wide
         got = KERNEL.times(xs, tiled, 2, int8=True, wide=wide)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
         # the bits of MLX's layout multiplied through tiles filled per call (a prefill's)
@@ -579,7 +583,7 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
 @pytest.mark.parametrize("bits", [4, 8, 5])  # 5: codes unpacked a byte each, centred at 16
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 def test_int8_activations_equal_their_reference_and_stay_close_to_the_exact_product(group_size, bits, wide):
-    from mlxswitch.kernels.quant_cpu import int8_reference
+    from mlxswitch.kernels.quant_check import int8_reference
 
     # a whole tree of 8 blocks of 32 and a part of one (and for 4-bit codes, a half pair of blocks)
     weight, truth = _weight(37, 256 + group_size, bits, group_size, seed=group_size)
@@ -730,7 +734,8 @@ def test_a_down_projection_takes_no_int8_activations_and_the_others_do():
 @needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_down_projection_takes_int16_activations_on_4_bit_codes_and_fp32_on_wider_ones(bits):
-    from mlxswitch.kernels.quant_cpu import INT8_MIN_INPUTS, int8_reference
+    from mlxswitch.kernels.quant_check import int8_reference
+    from mlxswitch.kernels.quant_cpu import INT8_MIN_INPUTS
     from mlxswitch.kernels.quant_linear import quant_matmul
 
     weight, truth = _weight(24, INT8_MIN_INPUTS + 32, bits, 32, seed=13)
@@ -863,11 +868,11 @@ def test_an_avx2_build_tiles_what_it_sums_exactly_and_gives_rows_the_avx512_buil
     avx2 = quant_cpu.QuantKernel(built.library, built.flags)
     assert avx2.tiled and check_kernel(avx2) is None
     rng = np.random.default_rng(9)
-    narrow = quant_cpu._random_weight(rng, 48, 320, 5, 32)[0]
-    full = quant_cpu._random_weight(rng, 48, 320, 8, 32)[0]
+    narrow = quant_check._random_weight(rng, 48, 320, 5, 32)[0]
+    full = quant_check._random_weight(rng, 48, 320, 8, 32)[0]
     assert avx2.tiles(narrow) and not avx2.tiles(full)
     assert avx2.layout_traits == (True, True, False)  # a layout cache's key tells the two builds apart
-    four = quant_cpu._random_weight(rng, 48, 320, 4, 32, mx.float16)[0]
+    four = quant_check._random_weight(rng, 48, 320, 4, 32, mx.float16)[0]
     cases = [(w, tiled_weight(avx2, w), wide) for w, wide in ((four, False), (four, True), (narrow, False))]
     blocks = QuantWeight.from_q6k(mx.array(_q6k_blocks(32, 512)), 512)
     cases += [(blocks, tiled_q6k_weight(avx2, blocks), wide) for wide in (False, True)]

@@ -2140,25 +2140,25 @@ static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_
         }                                                                                        \
         for (int k = 0; k < K; k++) tf_store(out + k * GEMM_OUT, acc[k]);                        \
     }
-/* A kernel of each row count up to TILE_ROWS, and the table of them. */
-#define TILED_MODE(WIDE, BYTES, PREFIX)                                                          \
-    TILED_TIMES(1, WIDE, BYTES, PREFIX##1) TILED_TIMES(2, WIDE, BYTES, PREFIX##2) TILED_MORE(WIDE, BYTES, PREFIX)
+/* A tile kernel of each row count up to TILE_ROWS: MAKE(K, WIDE, PREFIX##K) for K = 1.., and the
+ * table of them (TILE_ROW_FNS), for every kind of tile (4-bit and byte codes, Q4_K, Q6_K). */
 #if TILE_ROWS == 8
-#define TILED_MORE(WIDE, BYTES, PREFIX)                                                          \
-    TILED_TIMES(3, WIDE, BYTES, PREFIX##3) TILED_TIMES(4, WIDE, BYTES, PREFIX##4)                 \
-    TILED_TIMES(5, WIDE, BYTES, PREFIX##5) TILED_TIMES(6, WIDE, BYTES, PREFIX##6)                 \
-    TILED_TIMES(7, WIDE, BYTES, PREFIX##7) TILED_TIMES(8, WIDE, BYTES, PREFIX##8)
+#define TILE_ROW_KERNELS(MAKE, WIDE, P)                                                          \
+    MAKE(1, WIDE, P##1) MAKE(2, WIDE, P##2) MAKE(3, WIDE, P##3) MAKE(4, WIDE, P##4)               \
+    MAKE(5, WIDE, P##5) MAKE(6, WIDE, P##6) MAKE(7, WIDE, P##7) MAKE(8, WIDE, P##8)
 #define TILE_ROW_FNS(P) {0, P##1, P##2, P##3, P##4, P##5, P##6, P##7, P##8}
 #elif TILE_ROWS == 4
-#define TILED_MORE(WIDE, BYTES, PREFIX) TILED_TIMES(3, WIDE, BYTES, PREFIX##3) TILED_TIMES(4, WIDE, BYTES, PREFIX##4)
+#define TILE_ROW_KERNELS(MAKE, WIDE, P) MAKE(1, WIDE, P##1) MAKE(2, WIDE, P##2) MAKE(3, WIDE, P##3) MAKE(4, WIDE, P##4)
 #define TILE_ROW_FNS(P) {0, P##1, P##2, P##3, P##4}
 #else
-#define TILED_MORE(WIDE, BYTES, PREFIX)
+#define TILE_ROW_KERNELS(MAKE, WIDE, P) MAKE(1, WIDE, P##1) MAKE(2, WIDE, P##2)
 #define TILE_ROW_FNS(P) {0, P##1, P##2}
 #endif
-TILED_MODE(0, 0, tiled_rows_)
-TILED_MODE(1, 0, tiled_wide_)
-TILED_MODE(0, 1, tiled_bytes_)
+#define TILED_CODES(K, WIDE, NAME) TILED_TIMES(K, WIDE, 0, NAME) /* 4-bit codes */
+#define TILED_BYTES(K, WIDE, NAME) TILED_TIMES(K, WIDE, 1, NAME) /* codes a byte each */
+TILE_ROW_KERNELS(TILED_CODES, 0, tiled_rows_)
+TILE_ROW_KERNELS(TILED_CODES, 1, tiled_wide_)
+TILE_ROW_KERNELS(TILED_BYTES, 0, tiled_bytes_)
 
 typedef void (*tiled_fn)(const struct i8_args *, long, long, float *);
 static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), TILE_ROW_FNS(tiled_wide_),
@@ -2225,73 +2225,9 @@ static inline __attribute__((always_inline)) void q4k_scale_min(ti s0, ti s1, ti
         }                                                                                        \
         for (int k = 0; k < K; k++) tf_store(out + k * GEMM_OUT, acc[k]);                        \
     }
-#define TILED_Q4K_MODE(WIDE, PREFIX) TILED_Q4K(1, WIDE, PREFIX##1) TILED_Q4K(2, WIDE, PREFIX##2) TILED_Q4K_MORE(WIDE, PREFIX)
-#if TILE_ROWS == 8
-#define TILED_Q4K_MORE(WIDE, PREFIX)                                                             \
-    TILED_Q4K(3, WIDE, PREFIX##3) TILED_Q4K(4, WIDE, PREFIX##4) TILED_Q4K(5, WIDE, PREFIX##5)   \
-    TILED_Q4K(6, WIDE, PREFIX##6) TILED_Q4K(7, WIDE, PREFIX##7) TILED_Q4K(8, WIDE, PREFIX##8)
-#elif TILE_ROWS == 4
-#define TILED_Q4K_MORE(WIDE, PREFIX) TILED_Q4K(3, WIDE, PREFIX##3) TILED_Q4K(4, WIDE, PREFIX##4)
-#else
-#define TILED_Q4K_MORE(WIDE, PREFIX)
-#endif
-TILED_Q4K_MODE(0, tiled_q4k_)
-TILED_Q4K_MODE(1, tiled_q4k_wide_)
+TILE_ROW_KERNELS(TILED_Q4K, 0, tiled_q4k_)
+TILE_ROW_KERNELS(TILED_Q4K, 1, tiled_q4k_wide_)
 static const tiled_fn TILED_Q4K_FN[2][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_q4k_), TILE_ROW_FNS(tiled_q4k_wide_)};
-
-struct q4k_pack_args {
-    const uint8_t *blocks;
-    uint8_t *out;
-    long superblocks, tiles;
-    uint8_t *scratch; /* a tile's rows of blocks as stored, per part */
-};
-
-/* As q6k_pack_part: a tile's rows are copied aside first (`out` may be `blocks`). A Q4_K block:
- * fp16 d, fp16 dmin, 12 bytes of scales and mins, 128 of codes (byte l of 32p.. holds value l of
- * sub-block 2p in its low nibble, of 2p + 1 in its high one). */
-static void q4k_pack_part(const void *p, long part, long parts) {
-    const struct q4k_pack_args *t = p;
-    long first, end, tile_bytes = GEMM_OUT * t->superblocks * Q4K_BYTES;
-    uint8_t *rows = t->scratch + part * tile_bytes;
-    part_range(t->tiles, part, parts, &first, &end);
-    for (long tile = first; tile < end; tile++) {
-        memcpy(rows, t->blocks + tile * tile_bytes, tile_bytes);
-        for (long sb = 0; sb < t->superblocks; sb++) {
-            uint8_t *out = t->out + (tile * t->superblocks + sb) * Q4K_TILE, *meta = out + Q4K_TILE_CODES;
-            for (long j = 0; j < GEMM_OUT; j++) {
-                const uint8_t *block = rows + (j * t->superblocks + sb) * Q4K_BYTES, *qs = block + 16;
-                uint8_t code[Q4K_VALUES]; /* the block's codes in the values' natural order */
-                for (int pair = 0; pair < 4; pair++)
-                    for (int l = 0; l < 32; l++) {
-                        code[64 * pair + l] = qs[32 * pair + l] & 15;
-                        code[64 * pair + 32 + l] = qs[32 * pair + l] >> 4;
-                    }
-                for (int blk = 0; blk < 8; blk++)
-                    for (int run = 0; run < 4; run++)
-                        for (int i = 0; i < 4; i++)
-                            out[blk * TILE_BLOCK + run * TILE_RUN + 4 * j + i] =
-                                (uint8_t)(code[32 * blk + 8 * run + i] | code[32 * blk + 8 * run + 4 + i] << 4);
-                for (int k = 0; k < 3; k++) memcpy(meta + k * TILE_RUN + 4 * j, block + 4 + 4 * k, 4);
-                memcpy(meta + 3 * TILE_RUN + 2 * j, block, 2);                /* d */
-                memcpy(meta + 3 * TILE_RUN + 2 * GEMM_OUT + 2 * j, block + 2, 2); /* dmin */
-            }
-        }
-    }
-}
-
-/* A Q4_K weight's blocks (n_out × n_in/256 of Q4K_BYTES) laid out as tiles into `out` (as many
- * bytes; `blocks` itself for a layout in place): 0, -1 where the shape does not tile (outputs a
- * multiple of GEMM_OUT), -2 without memory for the copies. */
-int quant_q4k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
-    if (n_out % GEMM_OUT || n_in % Q4K_VALUES || n_out < 1) return -1;
-    long parts = threads < 1 ? 1 : threads > MAX_PARTS ? MAX_PARTS : threads;
-    uint8_t *scratch = malloc(parts * GEMM_OUT * (n_in / Q4K_VALUES) * Q4K_BYTES);
-    if (!scratch) return -2;
-    struct q4k_pack_args t = {blocks, out, n_in / Q4K_VALUES, n_out / GEMM_OUT, scratch};
-    run_parts(q4k_pack_part, &t, parts);
-    free(scratch);
-    return 0;
-}
 
 struct tiled_many_args {
     long count, rows;
@@ -2387,64 +2323,106 @@ int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads
 #define Q6K_TILE_CODES (8 * 6 * TILE_RUN) /* 3072: 8 blocks of 32, 6 runs of 64 bytes each */
 
 #if defined(__AVX2__) && defined(__FMA__)
-struct q6k_pack_args {
+/* Lays row j's block (as stored) of a tile's GEMM_OUT rows into the tile's 256 inputs at `out`. */
+typedef void (*lay_block_fn)(const uint8_t *block, uint8_t *out, long j);
+
+struct blocks_pack_args {
     const uint8_t *blocks;
     uint8_t *out;
-    long superblocks, tiles;
+    long superblocks, tiles, block_bytes;
     uint8_t *scratch; /* a tile's rows of blocks as stored, per part */
+    lay_block_fn lay;
 };
 
-/* As tile_pack_part: a tile's rows are copied aside first (`out` may be `blocks`). */
-static void q6k_pack_part(const void *p, long part, long parts) {
-    const struct q6k_pack_args *t = p;
-    long first, end, tile_bytes = GEMM_OUT * t->superblocks * Q6K_BYTES;
+/* As tile_pack_part: a tile's rows are copied aside first (`out` may be `blocks`); each tile's 256
+ * inputs are zeroed, then every row's block laid in. */
+static void blocks_pack_part(const void *p, long part, long parts) {
+    const struct blocks_pack_args *t = p;
+    long first, end, sb_bytes = GEMM_OUT * t->block_bytes, tile_bytes = sb_bytes * t->superblocks;
     uint8_t *rows = t->scratch + part * tile_bytes;
     part_range(t->tiles, part, parts, &first, &end);
     for (long tile = first; tile < end; tile++) {
         memcpy(rows, t->blocks + tile * tile_bytes, tile_bytes);
         for (long sb = 0; sb < t->superblocks; sb++) {
-            uint8_t *out = t->out + (tile * t->superblocks + sb) * Q6K_TILE;
-            memset(out, 0, Q6K_TILE);
-            for (long j = 0; j < GEMM_OUT; j++) {
-                const uint8_t *block = rows + (j * t->superblocks + sb) * Q6K_BYTES;
-                uint8_t code[Q6K_VALUES]; /* the block's codes in the values' natural order */
-                for (int n = 0; n < 2; n++) /* as q6k_dequantize_tile reads a half */
-                    for (int l = 0; l < 32; l++) {
-                        const uint8_t *ql = block + 64 * n, h = block[128 + 32 * n + l];
-                        code[128 * n + l] = (uint8_t)((ql[l] & 15) | (h & 3) << 4);
-                        code[128 * n + l + 32] = (uint8_t)((ql[l + 32] & 15) | ((h >> 2) & 3) << 4);
-                        code[128 * n + l + 64] = (uint8_t)((ql[l] >> 4) | ((h >> 4) & 3) << 4);
-                        code[128 * n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((h >> 6) & 3) << 4);
-                    }
-                for (int blk = 0; blk < 8; blk++)
-                    for (int run = 0; run < 4; run++)
-                        for (int i = 0; i < 4; i++) {
-                            int low = code[32 * blk + 8 * run + i], high = code[32 * blk + 8 * run + 4 + i];
-                            uint8_t *codes = out + blk * 6 * TILE_RUN;
-                            codes[run * TILE_RUN + 4 * j + i] = (uint8_t)((low & 15) | (high & 15) << 4);
-                            codes[4 * TILE_RUN + 4 * j + i] |= (uint8_t)((low >> 4) << (2 * run));
-                            codes[5 * TILE_RUN + 4 * j + i] |= (uint8_t)((high >> 4) << (2 * run));
-                        }
-                for (int s = 0; s < 16; s++) out[Q6K_TILE_CODES + s * GEMM_OUT + j] = block[192 + s];
-                memcpy(out + Q6K_TILE_CODES + 16 * GEMM_OUT + 2 * j, block + 208, 2);
-            }
+            uint8_t *out = t->out + (tile * t->superblocks + sb) * sb_bytes;
+            memset(out, 0, sb_bytes);
+            for (long j = 0; j < GEMM_OUT; j++) t->lay(rows + (j * t->superblocks + sb) * t->block_bytes, out, j);
         }
     }
 }
 
-/* A Q6_K weight's blocks (n_out × n_in/256 of Q6K_BYTES) laid out as tiles into `out` (as many
- * bytes; `blocks` itself for a layout in place): 0, -1 where the shape does not tile (outputs a
- * multiple of GEMM_OUT), -2 without memory for the copies. */
-int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
+/* A weight's GGUF blocks of 256 inputs (n_out × n_in/256 of block_bytes) laid out as tiles into
+ * `out` (as many bytes; `blocks` itself for a layout in place), `lay` a block at a time: 0, -1 where
+ * the shape does not tile (outputs a multiple of GEMM_OUT), -2 without memory for the copies. */
+static int blocks_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, long block_bytes,
+                            lay_block_fn lay, int threads) {
     if (n_out % GEMM_OUT || n_in % Q6K_VALUES || n_out < 1) return -1;
     long parts = threads < 1 ? 1 : threads > MAX_PARTS ? MAX_PARTS : threads;
-    uint8_t *scratch = malloc(parts * GEMM_OUT * (n_in / Q6K_VALUES) * Q6K_BYTES);
+    uint8_t *scratch = malloc(parts * GEMM_OUT * (n_in / Q6K_VALUES) * block_bytes);
     if (!scratch) return -2;
-    struct q6k_pack_args t = {blocks, out, n_in / Q6K_VALUES, n_out / GEMM_OUT, scratch};
-    run_parts(q6k_pack_part, &t, parts);
+    struct blocks_pack_args t = {blocks, out, n_in / Q6K_VALUES, n_out / GEMM_OUT, block_bytes, scratch, lay};
+    run_parts(blocks_pack_part, &t, parts);
     free(scratch);
     return 0;
 }
+
+/* A Q6_K block as its tile's lane j (the layout above). */
+static void q6k_lay_block(const uint8_t *block, uint8_t *out, long j) {
+    uint8_t code[Q6K_VALUES]; /* the block's codes in the values' natural order */
+    for (int n = 0; n < 2; n++) /* as q6k_dequantize_tile reads a half */
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *ql = block + 64 * n, h = block[128 + 32 * n + l];
+            code[128 * n + l] = (uint8_t)((ql[l] & 15) | (h & 3) << 4);
+            code[128 * n + l + 32] = (uint8_t)((ql[l + 32] & 15) | ((h >> 2) & 3) << 4);
+            code[128 * n + l + 64] = (uint8_t)((ql[l] >> 4) | ((h >> 4) & 3) << 4);
+            code[128 * n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((h >> 6) & 3) << 4);
+        }
+    for (int blk = 0; blk < 8; blk++)
+        for (int run = 0; run < 4; run++)
+            for (int i = 0; i < 4; i++) {
+                int low = code[32 * blk + 8 * run + i], high = code[32 * blk + 8 * run + 4 + i];
+                uint8_t *codes = out + blk * 6 * TILE_RUN;
+                codes[run * TILE_RUN + 4 * j + i] = (uint8_t)((low & 15) | (high & 15) << 4);
+                codes[4 * TILE_RUN + 4 * j + i] |= (uint8_t)((low >> 4) << (2 * run));
+                codes[5 * TILE_RUN + 4 * j + i] |= (uint8_t)((high >> 4) << (2 * run));
+            }
+    for (int s = 0; s < 16; s++) out[Q6K_TILE_CODES + s * GEMM_OUT + j] = block[192 + s];
+    memcpy(out + Q6K_TILE_CODES + 16 * GEMM_OUT + 2 * j, block + 208, 2);
+}
+
+/* A Q6_K weight's blocks (n_out × n_in/256 of Q6K_BYTES) laid out as tiles (blocks_tile_pack). */
+int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
+    return blocks_tile_pack(blocks, out, n_out, n_in, Q6K_BYTES, q6k_lay_block, threads);
+}
+
+#if defined(TILES)
+/* A Q4_K block as its tile's lane j (the layout at TILED_Q4K). A Q4_K block: fp16 d, fp16 dmin, 12
+ * bytes of scales and mins, 128 of codes (byte l of 32p.. holds value l of sub-block 2p in its low
+ * nibble, of 2p + 1 in its high one). */
+static void q4k_lay_block(const uint8_t *block, uint8_t *out, long j) {
+    const uint8_t *qs = block + 16;
+    uint8_t *meta = out + Q4K_TILE_CODES;
+    uint8_t code[Q4K_VALUES]; /* the block's codes in the values' natural order */
+    for (int pair = 0; pair < 4; pair++)
+        for (int l = 0; l < 32; l++) {
+            code[64 * pair + l] = qs[32 * pair + l] & 15;
+            code[64 * pair + 32 + l] = qs[32 * pair + l] >> 4;
+        }
+    for (int blk = 0; blk < 8; blk++)
+        for (int run = 0; run < 4; run++)
+            for (int i = 0; i < 4; i++)
+                out[blk * TILE_BLOCK + run * TILE_RUN + 4 * j + i] =
+                    (uint8_t)(code[32 * blk + 8 * run + i] | code[32 * blk + 8 * run + 4 + i] << 4);
+    for (int k = 0; k < 3; k++) memcpy(meta + k * TILE_RUN + 4 * j, block + 4 + 4 * k, 4);
+    memcpy(meta + 3 * TILE_RUN + 2 * j, block, 2);                    /* d */
+    memcpy(meta + 3 * TILE_RUN + 2 * GEMM_OUT + 2 * j, block + 2, 2); /* dmin */
+}
+
+/* A Q4_K weight's blocks (n_out × n_in/256 of Q4K_BYTES) laid out as tiles (blocks_tile_pack). */
+int quant_q4k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
+    return blocks_tile_pack(blocks, out, n_out, n_in, Q4K_BYTES, q4k_lay_block, threads);
+}
+#endif
 #else
 int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_in, int threads) {
     (void)blocks, (void)out, (void)n_out, (void)n_in, (void)threads;
@@ -2525,18 +2503,8 @@ static int32_t *sums_of_16(const struct i8_args *a, long rows) {
         }                                                                                        \
         for (int k = 0; k < K; k++) tf_store(out + k * GEMM_OUT, acc[k]);                        \
     }
-#define TILED_Q6K_MODE(WIDE, PREFIX) TILED_Q6K(1, WIDE, PREFIX##1) TILED_Q6K(2, WIDE, PREFIX##2) TILED_Q6K_MORE(WIDE, PREFIX)
-#if TILE_ROWS == 8
-#define TILED_Q6K_MORE(WIDE, PREFIX)                                                             \
-    TILED_Q6K(3, WIDE, PREFIX##3) TILED_Q6K(4, WIDE, PREFIX##4) TILED_Q6K(5, WIDE, PREFIX##5)   \
-    TILED_Q6K(6, WIDE, PREFIX##6) TILED_Q6K(7, WIDE, PREFIX##7) TILED_Q6K(8, WIDE, PREFIX##8)
-#elif TILE_ROWS == 4
-#define TILED_Q6K_MORE(WIDE, PREFIX) TILED_Q6K(3, WIDE, PREFIX##3) TILED_Q6K(4, WIDE, PREFIX##4)
-#else
-#define TILED_Q6K_MORE(WIDE, PREFIX)
-#endif
-TILED_Q6K_MODE(0, tiled_q6k_)
-TILED_Q6K_MODE(1, tiled_q6k_wide_)
+TILE_ROW_KERNELS(TILED_Q6K, 0, tiled_q6k_)
+TILE_ROW_KERNELS(TILED_Q6K, 1, tiled_q6k_wide_)
 typedef void (*tiled_q6k_fn)(const struct i8_args *, const int32_t *, long, long, float *);
 static const tiled_q6k_fn TILED_Q6K_FN[2][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_q6k_), TILE_ROW_FNS(tiled_q6k_wide_)};
 
