@@ -121,8 +121,9 @@ def test_a_model_s_decoding_passes_take_them_and_keep_mlx_logits(monkeypatch):
 
 
 @needs_ops
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q, k and v with biases
-def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_type, monkeypatch):
+# qwen2: q, k and v with biases; threads: attention split among 1, 2 or 3 (its rows × key heads)
+@pytest.mark.parametrize(("model_type", "threads"), [("llama", 2), ("qwen2", 2), ("qwen2", 1), ("qwen2", 3)])
+def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_type, threads, monkeypatch):
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
     from tinymodels import llama_config, make_model
 
@@ -131,7 +132,7 @@ def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_ty
     from mlxswitch.models.row_routes import use_fast_rows
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model's rows on int8: tiled
-    resolve_route("auto", "cpu")
+    resolve_route("auto", "cpu", blas_threads=threads)
     kernel = quant_kernel()
     if kernel is None or not kernel.tiled:
         pytest.skip("no quantized kernel with tiles here")
@@ -139,7 +140,7 @@ def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_ty
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     use_fast_rows(model)
-    assert all(block_calls._block_plan(layer) is not None for layer in model.layers)
+    assert block_calls._block_plans(model.layers) is not None
     taken: list[bool] = []
 
     def counted(*args):

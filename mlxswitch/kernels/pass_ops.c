@@ -155,49 +155,61 @@ static inline float dot(const float *restrict a, const float *restrict b, long n
 
 #define MOST_GROUP 16 /* query heads a key head serves (attend_rows refuses more) */
 
+/* One query position's heads that read key head `keys`/`values` (`count` keys, kt floats apart; D
+ * = dim): softmax(q·kᵀ·scale)·v for each of the `group` queries (qh floats apart), written `to_h`
+ * floats apart from `to`. scores: group × count floats of scratch. The heads read each key and
+ * value once together; each query's sums run over the keys in order, whatever the heads beside it
+ * or the thread: a row's bits are its own. */
+static void attend_group(const float *query, long qh, const float *keys, const float *values, long kt, long count,
+                         long group, long dim, float scale, float *scores, float *to, long to_h) {
+    for (long j = 0; j < count; j++)
+        for (long h = 0; h < group; h++) scores[h * count + j] = dot(query + h * qh, keys + j * kt, dim) * scale;
+    for (long h = 0; h < group; h++) {
+        float *row = scores + h * count, top = -INFINITY;
+        for (long j = 0; j < count; j++) top = row[j] > top ? row[j] : top;
+        for (long j = 0; j < count; j++) row[j] -= top;
+        exp_in_place(row, count);
+        float total = pairwise_sum(row, count);
+        for (long j = 0; j < count; j++) row[j] /= total;
+    }
+    for (long c = 0; c < dim; c += 16) {
+        floats16 sum[MOST_GROUP] = {{0}};
+        for (long j = 0; j < count; j++) {
+            floats16 value;
+            memcpy(&value, values + j * kt + c, sizeof value);
+            for (long h = 0; h < group; h++) sum[h] += value * scores[h * count + j];
+        }
+        for (long h = 0; h < group; h++) memcpy(to + h * to_h + c, &sum[h], sizeof sum[h]);
+    }
+}
+
+/* The most keys any query of `rows` sees. */
+static long most_seen(const long *seen_from, const long *seen_to, long rows) {
+    long most = 1;
+    for (long r = 0; r < rows; r++)
+        if (seen_to[r] - seen_from[r] > most) most = seen_to[r] - seen_from[r];
+    return most;
+}
+
 /* softmax(q·kᵀ·scale)·v for each query of a pass over the keys it sees: q (B × H × L × D, strides
  * qb, qh, ql), k and v (B × KV × T × D, strides kb, kh, kt; D contiguous and a multiple of 16), KV
  * dividing H, at most MOST_GROUP query heads a key head (query head h reads key head h / (H / KV));
  * query (b, l) sees keys seen_from[b·L + l] up to seen_to[b·L + l]. out: B × H × L × D, contiguous.
- * A key head's query heads read each key and value once together; each query's sums run over the
- * keys in order, whatever the rows and heads beside it. */
+ * One thread (a pass's blocks in one call split it: block_attention). */
 int attend_rows(const float *q, long qb, long qh, long ql, const float *k, const float *v, long kb, long kh,
                 long kt, long batch, long heads, long kv_heads, long length, long dim, const long *seen_from,
                 const long *seen_to, float scale, float *out) {
     if (dim % 16 || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MOST_GROUP) return -1;
-    long most = 0;
-    for (long r = 0; r < batch * length; r++)
-        if (seen_to[r] - seen_from[r] > most) most = seen_to[r] - seen_from[r];
     long group = heads / kv_heads;
-    float *scores = malloc(sizeof(float) * (size_t)(group * (most > 0 ? most : 1)));
+    float *scores = malloc(sizeof(float) * (size_t)(group * most_seen(seen_from, seen_to, batch * length)));
     if (!scores) return -1;
     for (long b = 0; b < batch; b++)
         for (long l = 0; l < length; l++) {
             long from = seen_from[b * length + l], count = seen_to[b * length + l] - from;
-            for (long g = 0; g < kv_heads; g++) {
-                const float *keys = k + b * kb + g * kh + from * kt, *values = v + b * kb + g * kh + from * kt;
-                const float *query = q + b * qb + g * group * qh + l * ql;
-                float *to = out + ((b * heads + g * group) * length + l) * dim;
-                for (long j = 0; j < count; j++)
-                    for (long h = 0; h < group; h++) scores[h * count + j] = dot(query + h * qh, keys + j * kt, dim) * scale;
-                for (long h = 0; h < group; h++) {
-                    float *row = scores + h * count, top = -INFINITY;
-                    for (long j = 0; j < count; j++) top = row[j] > top ? row[j] : top;
-                    for (long j = 0; j < count; j++) row[j] -= top;
-                    exp_in_place(row, count);
-                    float total = pairwise_sum(row, count);
-                    for (long j = 0; j < count; j++) row[j] /= total;
-                }
-                for (long c = 0; c < dim; c += 16) {
-                    floats16 sum[MOST_GROUP] = {{0}};
-                    for (long j = 0; j < count; j++) {
-                        floats16 value;
-                        memcpy(&value, values + j * kt + c, sizeof value);
-                        for (long h = 0; h < group; h++) sum[h] += value * scores[h * count + j];
-                    }
-                    for (long h = 0; h < group; h++) memcpy(to + h * length * dim + c, &sum[h], sizeof sum[h]);
-                }
-            }
+            for (long g = 0; g < kv_heads; g++)
+                attend_group(q + b * qb + g * group * qh + l * ql, qh, k + b * kb + g * kh + from * kt,
+                             v + b * kb + g * kh + from * kt, kt, count, group, dim, scale, scores,
+                             out + ((b * heads + g * group) * length + l) * dim, length * dim);
         }
     free(scores);
     return 1;
@@ -231,6 +243,9 @@ typedef int (*tiled_fn)(const float *x, float *y, long rows, long n_in, int thre
 typedef int (*q6k_fn)(const float *x, const void *tiles, float *y, long rows, long n_in, long n_out, int threads,
                       int wide);
 
+/* quant_rows.c's quant_run_parts: fn(args, part, parts) on the products' threads, part 0 here. */
+typedef long (*run_parts_fn)(void (*fn)(const void *, long, long), const void *args, long parts);
+
 struct product {
     const void *weights; /* the tiled weights' fields (count of them), or Q6_K tiles */
     const float *bias;   /* n_out floats added to every row, or NULL */
@@ -245,6 +260,7 @@ struct block_plan {
     long dims, inter, heads, kv_heads, head_dim, rope_dims;
     int traditional;
     const void *tiled, *q6k; /* tiled_fn, q6k_fn */
+    const void *run_parts;   /* run_parts_fn, or NULL: attention on the calling thread alone */
 };
 
 static int product_rows(const struct block_plan *p, const struct product *w, const float *x, float *y, long rows,
@@ -255,6 +271,56 @@ static int product_rows(const struct block_plan *p, const struct product *w, con
     if (w->bias)
         for (long r = 0; r < rows; r++)
             for (long j = 0; j < w->n_out; j++) y[r * w->n_out + j] += w->bias[j];
+    return 1;
+}
+
+#define MOST_PARTS 64 /* quant_rows.c's MAX_PARTS */
+
+/* A block's attention for every row of its pass, split by (row, key head) among the threads:
+ * q: heads × rows × D (as rope_rows lays it out), out: rows × heads × D (the o projection's rows);
+ * keys[s], values[s]: sequence s's cache (KV × caps[s] × D) with this pass's rows written. */
+struct attention_job {
+    const struct block_plan *p;
+    const float *q;
+    float *out;
+    float *const *keys, *const *values;
+    const long *caps, *lengths, *seen_from, *seen_to;
+    long rows, most;
+    int failed[MOST_PARTS];
+};
+
+static void attention_part(const void *args, long part, long parts) {
+    struct attention_job *job = (struct attention_job *)args;
+    const struct block_plan *p = job->p;
+    long kv = p->kv_heads, d = p->head_dim, group = p->heads / kv, rows = job->rows, items = rows * kv;
+    float *scores = malloc(sizeof(float) * (size_t)(group * job->most));
+    if (!scores) {
+        job->failed[part] = 1;
+        return;
+    }
+    for (long item = items * part / parts, s = 0, first = 0; item < items * (part + 1) / parts; item++) {
+        long r = item / kv, g = item % kv;
+        while (r >= first + job->lengths[s]) first += job->lengths[s++];
+        long from = job->seen_from[r], slot = (g * job->caps[s] + from) * d;
+        attend_group(job->q + (g * group * rows + r) * d, rows * d, job->keys[s] + slot, job->values[s] + slot, d,
+                     job->seen_to[r] - from, group, d, p->scale, scores, job->out + (r * p->heads + g * group) * d,
+                     d);
+    }
+    free(scores);
+}
+
+static int block_attention(struct attention_job *job, int threads) {
+    const struct block_plan *p = job->p;
+    long kv = p->kv_heads, items = job->rows * kv, parts = threads < items ? threads : items;
+    if (p->head_dim % 16 || kv < 1 || p->heads % kv || p->heads / kv > MOST_GROUP) return -1;
+    memset(job->failed, 0, sizeof job->failed);
+    if (parts > MOST_PARTS) parts = MOST_PARTS;
+    if (parts > 1 && p->run_parts)
+        parts = ((run_parts_fn)p->run_parts)(attention_part, job, parts);
+    else
+        attention_part(job, 0, parts = 1);
+    for (long i = 0; i < parts; i++)
+        if (job->failed[i]) return -1;
     return 1;
 }
 
@@ -269,42 +335,32 @@ static int block_rows(const struct block_plan *p, float *h, long rows, const flo
                       const long *lengths, long sequences, const long *seen_from, const long *seen_to,
                       int threads) {
     long dims = p->dims, heads = p->heads, kv = p->kv_heads, d = p->head_dim, n_qkv = p->qkv.n_out;
-    long sizes[] = {rows * dims, rows * n_qkv, heads * rows * d, kv * rows * d, heads * rows * d,
-                    rows * heads * d, rows * dims, rows * 2 * p->inter, rows * p->inter, rows * dims};
+    long sizes[] = {rows * dims, rows * n_qkv,        heads * rows * d, kv * rows * d, rows * heads * d,
+                    rows * dims, rows * 2 * p->inter, rows * p->inter,  rows * dims};
     size_t total = 0;
-    for (int i = 0; i < 10; i++) total += (size_t)sizes[i];
-    float *scratch = malloc(sizeof(float) * total), *at[10];
+    for (int i = 0; i < 9; i++) total += (size_t)sizes[i];
+    float *scratch = malloc(sizeof(float) * total), *at[9];
     if (!scratch) return -1;
     at[0] = scratch;
-    for (int i = 1; i < 10; i++) at[i] = at[i - 1] + sizes[i - 1];
-    float *normed = at[0], *qkv = at[1], *q = at[2], *k = at[3], *attended = at[4], *att_rows = at[5];
-    float *o = at[6], *gate_up = at[7], *hidden = at[8], *down = at[9];
+    for (int i = 1; i < 9; i++) at[i] = at[i - 1] + sizes[i - 1];
+    float *normed = at[0], *qkv = at[1], *q = at[2], *k = at[3], *att_rows = at[4];
+    float *o = at[5], *gate_up = at[6], *hidden = at[7], *down = at[8];
     int ok = rms_norm_rows(h, p->norm1, p->eps1, normed, rows, dims) >= 1 &&
              product_rows(p, &p->qkv, normed, qkv, rows, threads) >= 1;
     if (ok) {
         rope_rows(qkv, 0, d, n_qkv, 1, heads, rows, d, p->rope_dims, p->traditional, cos_t, sin_t, 0, q);
         rope_rows(qkv + heads * d, 0, d, n_qkv, 1, kv, rows, d, p->rope_dims, p->traditional, cos_t, sin_t, 0, k);
-        /* sequence s's keys and values into its cache; its queries over them, its heads' outputs
-         * (heads × lengths[s] × D) at attended + heads·first·D */
-        for (long s = 0, first = 0; ok && s < sequences; first += lengths[s], s++) {
+        /* sequence s's keys and values into its cache, then every row's queries over them */
+        for (long s = 0, first = 0; s < sequences; first += lengths[s], s++)
             for (long g = 0; g < kv; g++)
                 for (long l = 0; l < lengths[s]; l++) {
                     long row = first + l, slot = (g * caps[s] + starts[s] + l) * d;
                     memcpy(keys[s] + slot, k + (g * rows + row) * d, sizeof(float) * (size_t)d);
                     memcpy(values[s] + slot, qkv + row * n_qkv + (heads + kv + g) * d, sizeof(float) * (size_t)d);
                 }
-            ok = attend_rows(q + first * d, 0, rows * d, d, keys[s], values[s], 0, caps[s] * d, d, 1, heads, kv,
-                             lengths[s], d, seen_from + first, seen_to + first, p->scale,
-                             attended + heads * first * d) >= 1;
-        }
-    }
-    if (ok) {
-        for (long s = 0, first = 0; s < sequences; first += lengths[s], s++)
-            for (long l = 0; l < lengths[s]; l++)
-                for (long hh = 0; hh < heads; hh++)
-                    memcpy(att_rows + ((first + l) * heads + hh) * d,
-                           attended + (heads * first + hh * lengths[s] + l) * d, sizeof(float) * (size_t)d);
-        ok = product_rows(p, &p->o, att_rows, o, rows, threads) >= 1;
+        struct attention_job job = {p, q, att_rows, keys, values, caps, lengths, seen_from, seen_to, rows,
+                                    most_seen(seen_from, seen_to, rows), {0}};
+        ok = block_attention(&job, threads) >= 1 && product_rows(p, &p->o, att_rows, o, rows, threads) >= 1;
     }
     if (ok) {
         for (long i = 0; i < rows * dims; i++) o[i] = h[i] + o[i]; /* the residual, kept apart until the end */

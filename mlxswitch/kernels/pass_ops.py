@@ -52,8 +52,9 @@ class Product(ctypes.Structure):
 
 class BlockPlan(ctypes.Structure):
     """A decoder block as block_rows reads it (pass_ops.c's struct block_plan): its four products,
-    norms, attention's shape and the quantized kernel's two entry points. Whoever makes one keeps
-    the arrays it points to alive (cpu_blocks.block_plan)."""
+    norms, attention's shape and the quantized kernel's entry points (its products; its threads,
+    which attention shares). Whoever makes one keeps the arrays it points to alive
+    (cpu_blocks.block_plan)."""
 
     _fields_ = [
         ("qkv", Product),
@@ -74,6 +75,7 @@ class BlockPlan(ctypes.Structure):
         ("traditional", ctypes.c_int),
         ("tiled", ctypes.c_void_p),
         ("q6k", ctypes.c_void_p),
+        ("run_parts", ctypes.c_void_p),  # quant_run_parts (attention on the products' threads), or None
     ]
 
 

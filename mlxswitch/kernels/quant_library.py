@@ -52,6 +52,7 @@ class QuantKernel:
         self.tiled_q6k = library.quant_tiled_q6k  # x, tiles, y; rows, in, out; threads, int16
         self.tiled_q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
         self.tiled_q6k.restype = ctypes.c_int
+        self.run_parts = library.quant_run_parts  # its threads, for pass_ops.c's attention (by address)
         # x, blocks, y; rows, in, out; threads; many_from; integer activations, int16 (else int8)
         self._q6k = library.q6k_rows
         self._q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3

@@ -691,6 +691,11 @@ int quant_unpack(const uint8_t *packed, uint8_t *out, long rows, long n_in, int 
 /* Whether this build runs products on more than one thread. */
 int quant_threaded(void) { return 1; }
 
+/* fn(args, part, parts) on the products' threads (part 0 on the caller), for another library's work
+ * between products: pass_ops.c's attention, given this as a function pointer (it does not link this
+ * library), so a pass keeps one pool of threads. Returns the parts run. */
+long quant_run_parts(part_fn fn, const void *args, long parts) { return run_parts(fn, args, parts); }
+
 /* ---- int8 activations (not exact: x is rounded) ---------------------------------------------
  * As llama.cpp multiplies its 4-bit blocks: each row of x is rounded to int8 per block of 32
  * inputs with one fp32 step dx (x ≈ dx·xq), the codes are centred at 8 and a block's

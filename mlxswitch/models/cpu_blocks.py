@@ -119,10 +119,11 @@ class NumpyBody(nn.Module):
 
 def _numpy_layer(layer: Any) -> bool:
     """Whether a body's layer is mlx-lm's llama/qwen2 block on the NumPy route (use_numpy_blocks)."""
+    # Its children read as the Module's dict entries (Module.__getattr__ is slow, and this is every pass).
     return (
         isinstance(layer, NumpyBlock)
-        and isinstance(layer.self_attn, NumpyAttention)
-        and isinstance(layer.mlp, NumpyMLP)
+        and isinstance(layer.get("self_attn"), NumpyAttention)
+        and isinstance(layer.get("mlp"), NumpyMLP)
     )
 
 
