@@ -11,7 +11,6 @@ from collections import deque
 from collections.abc import Callable, Generator
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import common_prefix_len
 
 from ..errors import PromptTooLongError, UsageError
@@ -26,6 +25,7 @@ from .loop import CloudSpan, TokenLoop
 from .mode import DecodingMode
 from .prompt_caches import PromptCaches
 from .requests import Arm, Conversation, GenerationSettings, PolicyFactory, PreparedAnswer
+from .samplers import sampler_for
 from .tiers import Ladder
 from .verify import VerifyLoop
 
@@ -91,7 +91,7 @@ class ChatSession:
         for group in ladder.groups:
             group.limit_cache(self.settings.max_kv_size)
         s = self.settings
-        self._sampler = make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
+        self._sampler = sampler_for(s)
         if s.seed is not None:
             mx.random.seed(s.seed)
 
@@ -200,12 +200,9 @@ class ChatSession:
         return self._prepare(text, list(self.ladder.tokenizer.encode(text)), None, settings or self.settings)
 
     def sampler_for(self, settings: GenerationSettings) -> Callable[[mx.array], mx.array]:
-        """mlx-lm's sampler for these settings (the session's own when they are its settings)."""
-        if settings is self.settings:
-            return self._sampler
-        return make_sampler(
-            temp=settings.temperature, top_p=settings.top_p, min_p=settings.min_p, top_k=settings.top_k
-        )
+        """The sampler for these settings (samplers.sampler_for; the session's own when they are its
+        settings)."""
+        return self._sampler if settings is self.settings else sampler_for(settings)
 
     def _prepare(
         self,
