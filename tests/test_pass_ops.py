@@ -85,8 +85,57 @@ def test_a_wrong_operation_is_caught_by_the_check(monkeypatch):
     assert pass_ops.check_ops(OPS) == "silu(gate)·up differed from float64"
 
 
+@needs_ops
+@pytest.mark.parametrize("width", [1, 17, 4133, 151936])
+def test_token_signals_equal_float64_numpy_s_on_every_kind_of_row(width):
+    from mlxswitch.kernels.signals_numpy import numpy_token_signals
+
+    rng = np.random.default_rng(width)
+    logits = (rng.standard_normal((6, width)) * 4).astype(np.float32)
+    logits[1, ::2] = -np.inf  # masked tokens (the one left of width 1 too)
+    logits[2, -1] = logits[2].max() + 30.0  # near certain: the others' e^d below fp32's least
+    logits[3, 0] = np.nan  # broken
+    logits[4] = -np.inf  # fully masked
+    if width > 1:
+        logits[5, [0, width - 1]] = logits[5].max() + 1.0  # a tie for the largest: margin 0
+    got, want = OPS.token_signals(logits), numpy_token_signals(logits, np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+    if width > 1:
+        assert got[5, 2] == 0.0
+
+
+@needs_ops
+def test_wrong_token_signals_are_caught_by_the_check(monkeypatch):
+    real = pass_ops.PassOps.token_signals
+    monkeypatch.setattr(pass_ops.PassOps, "token_signals", lambda self, rows: real(self, rows) * 1.001)
+    assert pass_ops.check_ops(OPS) == "the token signals differed from float64 NumPy's"
+
+
+@needs_ops
+def test_the_cpu_route_reads_token_signals_through_them_where_they_built(monkeypatch):
+    from mlxswitch.routing import signals
+
+    calls = []
+    real = pass_ops.PassOps.token_signals
+    monkeypatch.setattr(
+        pass_ops.PassOps, "token_signals", lambda self, rows: calls.append(1) or real(self, rows)
+    )
+    logits = mx.array(np.random.default_rng(1).standard_normal(300).astype(np.float32))
+    resolve_route("auto", "cpu")
+    assert current_route().signals == "compiled"
+    compiled = signals.read_time_signals(logits).values()
+    resolve_route("blas", "cpu")  # the NumPy routes without the compiled operations
+    assert current_route().signals == "numpy"
+    numpy = signals.read_time_signals(logits).values()
+    assert len(calls) == 1 and np.allclose(compiled, numpy, rtol=1e-5, atol=1e-6)
+
+
 def test_the_route_takes_them_on_auto_only_and_says_why_not():
     assert route_for("cpu", "auto", pass_ops=True).pass_ops == "compiled"
+    assert route_for("cpu", "auto", pass_ops=True).signals == "compiled"
+    assert route_for("cpu", "exact", pass_ops=True).signals == "numpy"
     assert route_for("cpu", "auto").pass_ops == "numpy"  # did not build
     assert route_for("cpu", "exact", pass_ops=True).pass_ops == "numpy"  # the reference arithmetic
     assert route_for("metal", "auto", pass_ops=True).pass_ops == "none"

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .cbuild import build_checked
+from .signals_numpy import numpy_token_signals
 
 SOURCE = Path(__file__).with_name("pass_ops.c")
 # -ffp-contract=off: no multiply-add fused where NumPy rounds twice (RMSNorm and RoPE keep its bits).
@@ -105,7 +106,9 @@ class PassOps:
         self._silu.argtypes = [_P, _P, _L, _L, _L, _P]
         self._blocks = library.blocks_rows
         self._blocks.argtypes = [_P, _L, _P, _L, _P, _P, _P, _P, _P, _P, _P, _L, _P, _P, ctypes.c_int]
-        for function in (self._norm, self._rope, self._attend, self._silu, self._blocks):
+        self._signals = library.token_signals_rows
+        self._signals.argtypes = [_P, _L, _L, _P]
+        for function in (self._norm, self._rope, self._attend, self._silu, self._blocks, self._signals):
             function.restype = ctypes.c_int
 
     def rms_norm(self, rows: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -184,6 +187,14 @@ class PassOps:
         )  # fmt: skip
         return done >= 1
 
+    def token_signals(self, rows: np.ndarray) -> np.ndarray:
+        """[entropy bits, varentropy bits², p1 − p2] of each fp32 logits row (N × V), as N × 3 fp32:
+        signals_numpy.numpy_token_signals's values (NaN where it gives NaN), in two passes a row."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        out = np.empty((rows.shape[0], 3), dtype=np.float32)
+        self._signals(rows.ctypes.data, rows.shape[0], rows.shape[1], out.ctypes.data)
+        return out
+
     def silu_times(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """silu(gate)·up for fp32 rows (N × n) whose rows lie one stride apart in both (gate and up
         may be column views of one product), as a new contiguous array."""
@@ -249,6 +260,25 @@ def check_ops(ops: PassOps) -> str | None:
     gate, up = gate_up[:, :37].astype(np.float64), gate_up[:, 37:].astype(np.float64)
     if _differs(ops.silu_times(gate_up[:, :37], gate_up[:, 37:]), gate / (1 + np.exp(-gate)) * up):
         return "silu(gate)·up differed from float64"
+    return _signals_differ(ops, rng)
+
+
+def _signals_differ(ops: PassOps, rng: np.random.Generator) -> str | None:
+    """None where the token signals equal float64 NumPy's (signals_numpy.numpy_token_signals) within
+    fp32 rounding on odd widths, masked, tied, flat and broken rows; else what differed."""
+    logits = (rng.standard_normal((7, 4133)) * 3).astype(np.float32)
+    logits[1, ::3] = -np.inf  # masked tokens
+    logits[2, [5, 900]] = 40.0  # a tie for the largest: margin 0
+    logits[3] = 0.5  # flat: the most uncertain
+    logits[4, 17] = np.nan  # broken: NaN
+    logits[5] = -np.inf  # fully masked: NaN
+    logits[6, 4000] = 200.0  # near certain: every other e^d is 0
+    got, want = ops.token_signals(logits), numpy_token_signals(logits, np.float64)
+    if got.shape != want.shape or not np.array_equal(np.isnan(got), np.isnan(want)):
+        return "the token signals' NaNs differed from NumPy's"
+    finite = ~np.isnan(want)
+    if not np.allclose(got[finite], want[finite], rtol=1e-5, atol=1e-6):
+        return "the token signals differed from float64 NumPy's"
     return None
 
 

@@ -77,6 +77,7 @@ _WORDS = {
     "backend": {"metal": "metal (Apple GPU)", "cuda": "cuda (MLX's CUDA backend)", "cpu": "cpu"},
     "signals": {
         "metal-kernel": "fused Metal kernel (checked on first use; mx ops on a mismatch)",
+        "compiled": "compiled pass operations (pass_ops.c), read from the logits",
         "numpy": "NumPy, read from the logits",
         "mx-ops": "mx ops (the reference)",
     },
@@ -130,7 +131,8 @@ class Route:
     metal: whether Metal is present (its kernels can run on a GPU stream, whatever the default).
     kernels: the MLXSWITCH_KERNELS setting (one of SETTINGS).
     signals: per-token entropy/varentropy/margin — "metal-kernel" (checked on first use, the mx
-        reference on a mismatch), "numpy" (eager, from the logits) or "mx-ops" (the reference).
+        reference on a mismatch), "compiled" (eager, from the logits, by the pass operations where
+        they built: pass_ops.c), "numpy" (eager, from the logits) or "mx-ops" (the reference).
     plain_linears: a plain quantized linear — "mlx-module" (MLX's own nn.QuantizedLinear),
         "quant-kernel" (the compiled quant_rows.c on the stored codes, where it built and passed
         its check), "resident-fp32" (a resident fp32 NumPy copy where it fits in memory, multiplied as
@@ -242,8 +244,9 @@ def route_for(
     reference = kernels == "reference"
     numpy = backend == "cpu" and kernels in ("auto", "exact", "fp32", "blas")
     quantized = backend == "cpu" and kernels in ("auto", "exact") and quant_kernel
+    compiled_ops = numpy and pass_ops and kernels == "auto"
     if backend == "cpu":
-        signals = "numpy" if numpy else "mx-ops"
+        signals = "compiled" if compiled_ops else "numpy" if numpy else "mx-ops"
         # Our module on every plain linear (the same arrays): the quantized kernel reads them as
         # stored; without it, resident fp32 copies (where NumPy may run) or the multi-row route.
         plain = "quant-kernel" if quantized else "resident-fp32" if numpy else "rows"
@@ -270,7 +273,7 @@ def route_for(
         quant_scales=("stored" if kernels == "exact" else "fp16") if quantized else "none",
         resident_product=resident,
         nested=nested,
-        pass_ops=("compiled" if pass_ops and kernels == "auto" else "numpy") if numpy else "none",
+        pass_ops=("compiled" if compiled_ops else "numpy") if numpy else "none",
         multi_row=multi_row,
         blas_threads=blas_threads,
         # On MLX's CPU backend bf16 is slower with wrong reductions, and fp16 quantization scales

@@ -188,18 +188,17 @@ def _block_plan(kernel: Any, block: Any) -> _KeptPlan:
     # pass for the Qwen 1.5B's 28 blocks, every pass).
     attention, mlp = block["self_attn"], block["mlp"]
     norms = (block["input_layernorm"], block["post_attention_layernorm"])
-    linears = tuple(attention[name] for name in _ATTENTION_LINEARS) + tuple(
-        mlp[name] for name in _MLP_LINEARS
-    )
+    linears = (*(attention[name] for name in _ATTENTION_LINEARS), *(mlp[name] for name in _MLP_LINEARS))
     weights = [getattr(linear, "quant", None) for linear in linears]
     sources = (*(w.weights if w is not None else None for w in weights), *(n.get("weight") for n in norms))
     kept = getattr(block, "pass_plan", None)
     if kept is None or not all(a is b for a, b in zip(kept.sources, sources, strict=True)):
-        plain = all(type(norm) is nn.RMSNorm for norm in norms) and type(attention.rope) is nn.RoPE
+        rope = attention.rope
+        plain = all(type(norm) is nn.RMSNorm for norm in norms) and type(rope) is nn.RoPE
         made = _make_block_plan(kernel, attention, mlp, linears, norms) if plain else None
         plan, arrays = made if made is not None else (None, ())
-        rope = attention.rope
-        kept = block.pass_plan = _KeptPlan(plan, sources, arrays, (rope.dims, rope.base, rope.scale))
+        settings = (rope.dims, rope.base, rope.scale) if plain else ()
+        kept = block.pass_plan = _KeptPlan(plan, sources, arrays, settings)
     return kept
 
 
