@@ -105,7 +105,7 @@ def trace_answer(ladder, prompt_ids: list[int], answer: list[int]) -> dict:
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxswitch.kernels.entropy import numpy_token_signals
+    from mlxswitch.kernels.signals_numpy import numpy_token_signals
 
     out = {}
     for name, group in (("small", ladder.tiers[0].group), ("large", ladder.tiers[-1].group)):

@@ -12,7 +12,7 @@ from mlx_lm.models.cache import (
 
 from ..decoding.tiers import Ladder
 from ..errors import UsageError
-from ..kernels.entropy import numpy_token_signals
+from ..kernels.signals_numpy import numpy_token_signals
 from ..routing.registry import MEASURED
 from .simulate import Positions
 

@@ -3,8 +3,8 @@ the route (route.py) decides once which of them runs here."""
 
 from ._common import KernelCheck, preloaded_mlx_blas
 from .checks import kernel_self_check
-from .entropy import float64_token_signals
 from .route import Route, current_route, kernels_override, resolve_route
+from .signals_numpy import float64_token_signals
 
 __all__ = [
     "KernelCheck",

@@ -12,9 +12,7 @@ import numpy as np
 from ..resources import metal_source
 from ._common import KernelCheck
 from .route import current_route
-from .signals_numpy import D_FLOOR, LN2, float64_token_signals, numpy_token_signals
-
-__all__ = ["float64_token_signals", "numpy_token_signals"]  # the NumPy reduction, kept importable here
+from .signals_numpy import D_FLOOR, LN2, float64_token_signals
 
 # Bump the suffix whenever metal/entropy.metal changes: MLX caches compiled libraries by name.
 KERNEL_NAME = "mlxswitch_token_signals_onegroup_v2"

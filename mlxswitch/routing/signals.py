@@ -16,9 +16,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..kernels.entropy import fused_token_signals, numpy_token_signals
+from ..kernels.entropy import fused_token_signals
 from ..kernels.pass_ops import pass_ops
 from ..kernels.route import current_route
+from ..kernels.signals_numpy import numpy_token_signals
 
 
 def read_time_signals(logits: mx.array) -> LazySignals:
