@@ -18,8 +18,9 @@ not a measurement: no timing noise, no Python between passes; compare its decisi
 run's (`mlxswitch bench --suite everyday`'s report) before trusting a rule it prefers.
 
 Answers: by default the large arm's in bench/results/everyday-pair.jsonl (35 everyday prompts,
-64 tokens) and the 1.5B alone's in bench/results/humaneval-pair-v6.jsonl (20 held-out HumanEval
-problems); --everyday PROMPTS RECORDS traces another set's large arm (its suite is the prompt
+64 tokens) and the 1.5B alone's in bench/results/humaneval-pair-replay-answers.jsonl (20 held-out
+HumanEval problems, 21-59: apart from the 61-99 the headline reports, so no rule tuned here sees
+those); --everyday PROMPTS RECORDS traces another set's large arm (its suite is the prompt
 file's name), and several --traces files replay together, priced by the first one's costs.
 After a drafted token the check cuts, the drafter's later tokens are off the answer: their
 signals are taken from the teacher-forced pass at the same position (they only decide how long
@@ -40,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 EVERYDAY_PROMPTS = ROOT / "prompts" / "everyday.jsonl"
 EVERYDAY_RECORDS = ROOT / "results" / "everyday-pair.jsonl"
-HUMANEVAL_RECORDS = ROOT / "results" / "humaneval-pair-v6.jsonl"
+HUMANEVAL_RECORDS = ROOT / "results" / "humaneval-pair-replay-answers.jsonl"
 PROFILE = "qwen2.5-coder-0.5b-1.5b"
 TIMED_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24, 28, 33, 48, 64, 96, 128, 192, 256)
 

@@ -44,6 +44,11 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _seconds(value: float | None) -> str:
+    """Seconds as a sentence gives them: a decimal under 20 s, where whole seconds hide a ratio."""
+    return _f(value, 1 if value is not None and value < 20 else 0)
+
+
 def _count(n: int, word: str) -> str:
     """ "1 problem", "2 problems"."""
     return f"{n} {word}{'' if n == 1 else 's'}"
@@ -127,7 +132,10 @@ class Headline:
         )
 
     def profile_router(self) -> dict:
-        return self.record["settings"]["router"]
+        """The profile's router settings with its decoding mode (verify, draft, lookup): one table
+        in records from before the mode was a setting of its own, two since."""
+        settings = self.record["settings"]
+        return {**settings["router"], **settings.get("decoding", {})}
 
     @staticmethod
     def tau(router: dict) -> str:
@@ -505,9 +513,9 @@ class Headline:
                 "it drafts 2 tokens every round, kept or not, and checks them in a 3-row pass "
                 f"(what a pass of k rows of the {self.large} costs on this CPU: "
                 "`bench/results/model-rows-qwen.txt`).",
-                f"  - Per problem: verified drafting {_f(self.seconds(p), 0)} s, mlx-lm's speculative "
-                f"decoding {_f(self.seconds(spec), 0)} s, the {self.large} alone {_f(self.seconds(top), 0)}"
-                " s.",
+                f"  - Per problem: verified drafting {_seconds(self.seconds(p))} s, mlx-lm's speculative "
+                f"decoding {_seconds(self.seconds(spec))} s, the {self.large} alone "
+                f"{_seconds(self.seconds(top))} s.",
             ]
             out += self.bar_bullet()
         out += self.stock_bullet()
@@ -546,7 +554,7 @@ class Headline:
             total = len(self.record["problems"])
             run_s = per_problem * total
             hours = f"{run_s / 3600:.0f} hours" if run_s >= 7200 else f"{run_s / 60:.0f} minutes"
-            minutes = f"{per_problem / 60:.0f} minutes"
+            minutes = f"{per_problem:.0f} seconds" if per_problem < 120 else f"{per_problem / 60:.0f} minutes"
             measured = (
                 f"{hours} of decoding for the run's {total} problems, {minutes} a problem (the sum "
                 "over its records)"
