@@ -2172,9 +2172,11 @@ static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), T
 /* ---- Q4_K blocks stored as the tiles read them (laid out once, at load) -----------------------
  * A GGUF file's Q4_K weights (most of a Q4_K_M model's) read as stored, 4.5 bits a weight, where
  * an MLX affine copy holds an fp16 scale and bias per 32 (5 bits): per tile of GEMM_OUT outputs and
- * block of 256 inputs, Q4K_TILE bytes, as many as the outputs' blocks. Per 32 inputs, 4 runs of
- * nibbles as the 4-bit tiles lay them; then the blocks' 12 bytes of 6-bit scales and mins as 3 runs
- * (run k: output j's bytes 4k..4k+3), then GEMM_OUT fp16 d's and GEMM_OUT fp16 dmin's. Per 32 inputs
+ * block of 256 inputs, Q4K_TILE bytes, as many as the outputs' blocks. First the blocks' 12 bytes of
+ * 6-bit scales and mins as 3 runs (run k: output j's bytes 4k..4k+3), then GEMM_OUT fp16 d's and
+ * GEMM_OUT fp16 dmin's (Q4K_TILE_META); then per 32 inputs, 4 runs of nibbles as the 4-bit tiles
+ * lay them. The scales ahead of the codes they scale, a tile is read front to back: checks of 3-6
+ * rows 10-20% faster than with them behind (the kernel alone, in one process). Per 32 inputs
  * W = (d·sc)·q - (dmin·m) (ggml's dequantize_row_q4_K): a row's codes times xq are summed exactly in
  * int32, converted and scaled by (d·sc)·dx, less (dmin·m)·Σx. Weight fields: type SCALE_Q4K, group
  * 32, the tiles as codes (scales and biases unread). */
@@ -2182,6 +2184,7 @@ static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), T
 #define Q4K_BYTES 144
 #define Q4K_TILE (GEMM_OUT * Q4K_BYTES)  /* 2304 */
 #define Q4K_TILE_CODES (8 * TILE_BLOCK)  /* 2048: 8 blocks of 32 */
+#define Q4K_TILE_META (Q4K_TILE - Q4K_TILE_CODES) /* 256: scales and mins, d's, dmin's */
 
 /* Sub-block blk's 6-bit scale and min of each lane, from its 12 bytes as three runs (ggml's
  * get_scale_min_k4 on each lane's bytes: run 0 bytes 0-3, run 1 4-7, run 2 8-11). */
@@ -2208,7 +2211,7 @@ static inline __attribute__((always_inline)) void q4k_scale_min(ti s0, ti s1, ti
             acc[k] = tf_zero(),                                                                  \
             xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
         for (long sb = 0; sb < superblocks; sb++) {                                              \
-            const uint8_t *base = a->w + (tile * superblocks + sb) * Q4K_TILE, *meta = base + Q4K_TILE_CODES; \
+            const uint8_t *meta = a->w + (tile * superblocks + sb) * Q4K_TILE, *base = meta + Q4K_TILE_META; \
             for (int line = 0; line < 4; line++) prefetch(meta + Q4K_TILE + 64 * line);           \
             tf d = tf_halves(meta + 3 * TILE_RUN), dmin = tf_halves(meta + 3 * TILE_RUN + 2 * GEMM_OUT); \
             ti s0 = ti_load(meta), s1 = ti_load(meta + TILE_RUN), s2 = ti_load(meta + 2 * TILE_RUN); \
@@ -2318,14 +2321,16 @@ int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads
 /* ---- Q6_K blocks stored as the tiles read them (laid out once, at load) -----------------------
  * As the 4-bit tiles, for a GGUF file's Q6_K weights (an output head, down projections): per tile
  * of GEMM_OUT outputs and block of 256 inputs, Q6K_TILE bytes, as many as the outputs' Q6_K blocks
- * hold (6.5625 bits a weight). Per 32 inputs, 4 runs of 64 bytes of low nibbles as the 4-bit tiles
- * lay them, then two of high bits (a byte of output j and input i of a run holds the 4 runs' top
- * 2 bits of the code in that byte's low nibble, then of the high one: run p's at bits 2p, 2p + 1);
- * then 16 int8 scales a lane (one per 16 inputs: [sub-block][output]) and GEMM_OUT fp16 d's. A
+ * hold (6.5625 bits a weight). First 16 int8 scales a lane (one per 16 inputs: [sub-block][output])
+ * and GEMM_OUT fp16 d's (Q6K_TILE_META: ahead of the codes, so that a tile is read front to back);
+ * then per 32 inputs, 4 runs of 64 bytes of low nibbles as the 4-bit tiles lay them, then two of
+ * high bits (a byte of output j and input i of a run holds the 4 runs' top 2 bits of the code in
+ * that byte's low nibble, then of the high one: run p's at bits 2p, 2p + 1). A
  * row's codes times x per 16 inputs are summed exactly in int32, less 32·Σ x, converted and
  * scaled by (d·scale)·dx. */
 #define Q6K_TILE (GEMM_OUT * Q6K_BYTES)   /* 3360 */
 #define Q6K_TILE_CODES (8 * 6 * TILE_RUN) /* 3072: 8 blocks of 32, 6 runs of 64 bytes each */
+#define Q6K_TILE_META (Q6K_TILE - Q6K_TILE_CODES) /* 288: the scales, then the d's */
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* Lays row j's block (as stored) of a tile's GEMM_OUT rows into the tile's 256 inputs at `out`. */
@@ -2373,6 +2378,8 @@ static int blocks_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, lon
 
 /* A Q6_K block as its tile's lane j (the layout above). */
 static void q6k_lay_block(const uint8_t *block, uint8_t *out, long j) {
+    uint8_t *meta = out;
+    out += Q6K_TILE_META;
     uint8_t code[Q6K_VALUES]; /* the block's codes in the values' natural order */
     for (int n = 0; n < 2; n++) /* as q6k_dequantize_tile reads a half */
         for (int l = 0; l < 32; l++) {
@@ -2391,8 +2398,8 @@ static void q6k_lay_block(const uint8_t *block, uint8_t *out, long j) {
                 codes[4 * TILE_RUN + 4 * j + i] |= (uint8_t)((low >> 4) << (2 * run));
                 codes[5 * TILE_RUN + 4 * j + i] |= (uint8_t)((high >> 4) << (2 * run));
             }
-    for (int s = 0; s < 16; s++) out[Q6K_TILE_CODES + s * GEMM_OUT + j] = block[192 + s];
-    memcpy(out + Q6K_TILE_CODES + 16 * GEMM_OUT + 2 * j, block + 208, 2);
+    for (int s = 0; s < 16; s++) meta[s * GEMM_OUT + j] = block[192 + s];
+    memcpy(meta + 16 * GEMM_OUT + 2 * j, block + 208, 2);
 }
 
 /* A Q6_K weight's blocks (n_out × n_in/256 of Q6K_BYTES) laid out as tiles (blocks_tile_pack). */
@@ -2406,7 +2413,8 @@ int quant_q6k_tile_pack(const uint8_t *blocks, uint8_t *out, long n_out, long n_
  * nibble, of 2p + 1 in its high one). */
 static void q4k_lay_block(const uint8_t *block, uint8_t *out, long j) {
     const uint8_t *qs = block + 16;
-    uint8_t *meta = out + Q4K_TILE_CODES;
+    uint8_t *meta = out;
+    out += Q4K_TILE_META;
     uint8_t code[Q4K_VALUES]; /* the block's codes in the values' natural order */
     for (int pair = 0; pair < 4; pair++)
         for (int l = 0; l < 32; l++) {
@@ -2463,8 +2471,8 @@ static int32_t *sums_of_16(const struct i8_args *a, long rows) {
             xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
         const ti mask = ti_set1_8(15), top = ti_set1_8(0x30), pairs = ti_set1(0x00FF00FF);      \
         for (long sb = 0; sb < superblocks; sb++) {                                              \
-            const uint8_t *base = a->w + (tile * superblocks + sb) * Q6K_TILE;                   \
-            tf d = tf_halves(base + Q6K_TILE_CODES + 16 * GEMM_OUT);                             \
+            const uint8_t *meta = a->w + (tile * superblocks + sb) * Q6K_TILE, *base = meta + Q6K_TILE_META; \
+            tf d = tf_halves(meta + 16 * GEMM_OUT);                                              \
             for (int blk = 0; blk < 8; blk++) {                                                  \
                 const uint8_t *codes = base + blk * 6 * TILE_RUN;                                \
                 for (int line = 0; line < 6; line++) prefetch(codes + Q6K_PREFETCH_BYTES + 64 * line); \
@@ -2498,7 +2506,7 @@ static int32_t *sums_of_16(const struct i8_args *a, long rows) {
                     }                                                                            \
                 }                                                                                \
                 for (int half = 0; half < 2; half++) {                                           \
-                    tf scale = tf_mul(tf_of(ti_int8s(base + Q6K_TILE_CODES + (2 * blk + half) * GEMM_OUT)), d); \
+                    tf scale = tf_mul(tf_of(ti_int8s(meta + (2 * blk + half) * GEMM_OUT)), d); \
                     for (int k = 0; k < K; k++) {                                                \
                         tf step = tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u]));        \
                         acc[k] = tf_fmadd(tf_of(sum[k][half]), step, acc[k]);                    \

@@ -122,10 +122,11 @@ def tiled_values_mx(codes: mx.array, scales: mx.array, biases: mx.array, group_s
     return natural(scales) * q.astype(mx.float32) + natural(biases)
 
 
-# A Q6_K weight's tile of 16 outputs and 256 inputs (quant_rows.c's Q6K_TILE): per 32 inputs 4 runs
-# of low nibbles and 2 of high bits (64 bytes each), then 16 int8 scales an output and 16 fp16 d's.
+# A Q6_K weight's tile of 16 outputs and 256 inputs (quant_rows.c's Q6K_TILE): 16 int8 scales an
+# output and 16 fp16 d's, then per 32 inputs 4 runs of low nibbles and 2 of high bits (64 bytes each).
 Q6K_TILE_CODES = 8 * 6 * 64
 Q6K_TILE_BYTES = TILE_OUTPUTS * Q6K_BYTES
+Q6K_TILE_META = Q6K_TILE_BYTES - Q6K_TILE_CODES  # the scales (256 bytes), then the d's
 
 
 def tiles_q6k(weight: QuantWeight) -> bool:
@@ -150,7 +151,7 @@ def q6k_tiled_values_mx(tiles: mx.array, in_dims: int) -> mx.array:
     out_dims = tiles.shape[0]
     count, superblocks = out_dims // TILE_OUTPUTS, in_dims // Q6K_VALUES
     raw = tiles.reshape(count, superblocks, Q6K_TILE_BYTES).astype(mx.int32)
-    codes = raw[..., :Q6K_TILE_CODES].reshape(count, superblocks, 8, 6, TILE_OUTPUTS, 4)
+    codes = raw[..., Q6K_TILE_META:].reshape(count, superblocks, 8, 6, TILE_OUTPUTS, 4)
     low, high = [], []  # per run: inputs 0-3 of the run, then 4-7
     for run in range(4):
         nibbles = codes[:, :, :, run]
@@ -159,21 +160,20 @@ def q6k_tiled_values_mx(tiles: mx.array, in_dims: int) -> mx.array:
     # tile, block of 256, block of 32, run, half, output, input
     q = mx.stack([mx.stack([lo, hi], axis=3) for lo, hi in zip(low, high, strict=True)], axis=3)
     q = q.transpose(0, 5, 1, 2, 3, 4, 6).reshape(out_dims, in_dims)
-    scale_bytes = tiles.reshape(count, superblocks, Q6K_TILE_BYTES)[
-        ..., Q6K_TILE_CODES : Q6K_TILE_CODES + 256
-    ]
+    scale_bytes = tiles.reshape(count, superblocks, Q6K_TILE_BYTES)[..., :256]
     scales = mx.view(scale_bytes, mx.int8).reshape(count, superblocks, 16, TILE_OUTPUTS).astype(mx.float32)
-    d_bytes = tiles.reshape(count, superblocks, Q6K_TILE_BYTES)[..., Q6K_TILE_CODES + 256 :]
+    d_bytes = tiles.reshape(count, superblocks, Q6K_TILE_BYTES)[..., 256:Q6K_TILE_META]
     d = mx.view(d_bytes, mx.float16).astype(mx.float32)  # count, superblocks, 16
     step = (d[:, :, None, :] * scales).transpose(0, 3, 1, 2).reshape(out_dims, in_dims // 16)
     return mx.repeat(step, 16, axis=1) * (q - 32).astype(mx.float32)
 
 
-# A Q4_K weight's tile of 16 outputs and 256 inputs (quant_rows.c's Q4K_TILE): per 32 inputs 4 runs
-# of nibbles as the 4-bit tiles lay them, then 3 runs of the blocks' scale bytes, 16 fp16 d's and
-# 16 fp16 dmin's.
+# A Q4_K weight's tile of 16 outputs and 256 inputs (quant_rows.c's Q4K_TILE): 3 runs of the blocks'
+# scale bytes, 16 fp16 d's and 16 fp16 dmin's, then per 32 inputs 4 runs of nibbles as the 4-bit
+# tiles lay them.
 Q4K_TILE_CODES = 8 * 4 * 64
 Q4K_TILE_BYTES = TILE_OUTPUTS * Q4K_BYTES
+Q4K_TILE_META = Q4K_TILE_BYTES - Q4K_TILE_CODES
 
 
 def tiled_q4k_weight(kernel, blocks: mx.array, in_dims: int, threads: int = 2) -> QuantWeight | None:
@@ -201,10 +201,10 @@ def q4k_tiled_values_mx(tiles: mx.array, in_dims: int) -> mx.array:
     out_dims = tiles.shape[0]
     count, superblocks = out_dims // TILE_OUTPUTS, in_dims // Q4K_VALUES
     raw = tiles.reshape(count, superblocks, Q4K_TILE_BYTES)
-    codes = raw[..., :Q4K_TILE_CODES].astype(mx.int32).reshape(count, superblocks, 8, 4, TILE_OUTPUTS, 4)
+    codes = raw[..., Q4K_TILE_META:].astype(mx.int32).reshape(count, superblocks, 8, 4, TILE_OUTPUTS, 4)
     q = mx.stack([codes & 15, codes >> 4], axis=4)  # tile, 256, 32, run, half, output, input
     q = q.transpose(0, 5, 1, 2, 3, 4, 6).reshape(out_dims, in_dims)
-    meta = raw[..., Q4K_TILE_CODES:]
+    meta = raw[..., :Q4K_TILE_META]
     scale_bytes = meta[..., : 3 * 64].reshape(count, superblocks, 3, TILE_OUTPUTS, 4)
     scale_bytes = scale_bytes.transpose(0, 3, 1, 2, 4).reshape(out_dims, superblocks, 12).astype(mx.int32)
     low_sc, low_m = scale_bytes[..., 0:4] & 63, scale_bytes[..., 4:8] & 63
