@@ -161,7 +161,7 @@ class Headline:
             rows.append(
                 f"| {self.label(arm)} | {figures['passed']}/{figures['problems']} | {_f(low)}–{_f(high)} "
                 f"| {_f(figures['retained'])} | {_f(figures['top_share'])} | {self.same(arm)} "
-                f"| {_f(figures.get('decode_tok_per_s'))} | {_f(figures.get('seconds_per_problem'), 0)} "
+                f"| {_f(figures.get('decode_tok_per_s'))} | {_seconds(figures.get('seconds_per_problem'))} "
                 f"| {_f(figures.get('median_first_token_s'), 1)} |"
             )
         return "\n".join(rows)
@@ -256,11 +256,11 @@ class Headline:
             f"{_count(len(b.complete), b.half() + 'problem')} ({_ids(b.complete)}), every arm "
             "interleaved as above and no other run beside it, so its times are lower than the first "
             "run's, whose process shared the two cores with another run.",
-            f"  - Per problem: verified drafting {_f(b.seconds(mine), 0)} s, the {b.large} alone "
-            f"{_f(b.seconds(top), 0)} s, mlx-lm's speculative decoding on fp32 weights "
-            f"{_f(b.seconds(fp32), 0)} s ({_f(b.ratio(fp32, mine))}× verified drafting's time)"
+            f"  - Per problem: verified drafting {_seconds(b.seconds(mine))} s, the {b.large} alone "
+            f"{_seconds(b.seconds(top))} s, mlx-lm's speculative decoding on fp32 weights "
+            f"{_seconds(b.seconds(fp32))} s ({_f(b.ratio(fp32, mine))}× verified drafting's time)"
             + (
-                f" and on our kernels {_f(b.seconds(b.speculative), 0)} s"
+                f" and on our kernels {_seconds(b.seconds(b.speculative))} s"
                 if b.speculative is not None
                 else ""
             )
@@ -301,10 +301,10 @@ class Headline:
             f"`stream_generate` with the model dequantized to fp32 on MLX's kernels, with {s.blas()}. "
             f"A third run (`{self.stock_path}`) on {_count(len(s.complete), s.half() + 'problem')} "
             f"({_ids(s.complete)}), every arm interleaved and no other run beside it.",
-            f"  - Per problem: the {s.small} {_f(s.seconds(small), 0)} s by mlx-lm against "
-            f"{_f(s.seconds(ours_small), 0)} s by our engine on the same weights, the {s.large} "
-            f"{_f(s.seconds(large), 0)} s against {_f(s.seconds(ours_large), 0)} s; verified drafting "
-            f"{_f(s.seconds(s.profile), 0)} s ({_f(s.ratio(large, s.profile))}× as fast as mlx-lm's "
+            f"  - Per problem: the {s.small} {_seconds(s.seconds(small))} s by mlx-lm against "
+            f"{_seconds(s.seconds(ours_small))} s by our engine on the same weights, the {s.large} "
+            f"{_seconds(s.seconds(large))} s against {_seconds(s.seconds(ours_large))} s; verified drafting "
+            f"{_seconds(s.seconds(s.profile))} s ({_f(s.ratio(large, s.profile))}× as fast as mlx-lm's "
             f"{s.large}). Decode tok/s: mlx-lm {rate(small)} and {rate(large)}, ours {rate(ours_small)} "
             f"and {rate(ours_large)}.",
             f"  - mlx-lm's answers were token for token our engine's on the same model on {own(small)} "

@@ -485,7 +485,7 @@ def test_the_stock_runs_figures_give_mlx_lm_on_each_model_beside_ours():
         "problems (1, 3), every arm interleaved and no other run beside it." in section
     )
     assert (
-        "  - Per problem: the 0.5B 20 s by mlx-lm against 15 s by our engine on the same weights, the "
+        "  - Per problem: the 0.5B 20 s by mlx-lm against 15.0 s by our engine on the same weights, the "
         "1.5B 80 s against 40 s; verified drafting 32 s (2.50× as fast as mlx-lm's 1.5B). Decode tok/s: "
         "mlx-lm 10.00 and 4.00, ours" in section
     )
