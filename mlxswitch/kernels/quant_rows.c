@@ -2176,7 +2176,7 @@ static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), T
  * 6-bit scales and mins as 3 runs (run k: output j's bytes 4k..4k+3), then GEMM_OUT fp16 d's and
  * GEMM_OUT fp16 dmin's (Q4K_TILE_META); then per 32 inputs, 4 runs of nibbles as the 4-bit tiles
  * lay them. The scales ahead of the codes they scale, a tile is read front to back: checks of 3-6
- * rows 10-20% faster than with them behind (the kernel alone, in one process). Per 32 inputs
+ * rows 9-20% faster than with them behind (the kernel alone, in one process). Per 32 inputs
  * W = (d·sc)·q - (dmin·m) (ggml's dequantize_row_q4_K): a row's codes times xq are summed exactly in
  * int32, converted and scaled by (d·sc)·dx, less (dmin·m)·Σx. Weight fields: type SCALE_Q4K, group
  * 32, the tiles as codes (scales and biases unread). */
