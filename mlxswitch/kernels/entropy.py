@@ -1,5 +1,6 @@
 """Next-token signals (entropy, varentropy, top-1/top-2 margin): the Metal kernel, its plain-mx
-reference, a dispatcher, and the same reduction in NumPy (the CPU route, teacher forcing, the truth)."""
+reference and a dispatcher. The same reduction in NumPy (the CPU route, teacher forcing, the truth)
+is signals_numpy.py's, in C pass_ops.c's."""
 
 from __future__ import annotations
 

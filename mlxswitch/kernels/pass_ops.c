@@ -233,7 +233,7 @@ int silu_times_rows(const float *gate, const float *up, long stride, long rows, 
 }
 
 /* [entropy bits, varentropy bits², p1 − p2] of each row of x (rows × n logits) into out (rows × 3), as
- * entropy.py's numpy_token_signals defines them: d = x − max floored at −1000, e = e^d, s = Σe,
+ * signals_numpy.py's numpy_token_signals defines them: d = x − max floored at −1000, e = e^d, s = Σe,
  * s1 = Σe·d, s2 = Σe·d², H = log s − s1/s, varentropy = s2/s − (s1/s)², p1 − p2 = (1 − e^(t2 − max))/s
  * with t2 the second largest (the largest where it is tied). One pass for the largest, one for the
  * sums and the second largest, 16 lanes summed a block at a time into doubles (NumPy's ~10 passes:
