@@ -285,7 +285,9 @@ class ChatRunner:
         # Piped, a hand-off holds the local answer back: stdout gets only the answer shown.
         hold = cloud is not None and not cloud.spans_on and not self._interactive
         self.session.on_cloud_text = self._cloud_text_shower(painter, hold)
-        stream = self.session.stream(prompt)  # a hand-off, if any, runs before its summary comes
+        # Prepared first: a refused prompt raises here, before any output. A hand-off, if any,
+        # runs before the summary comes.
+        stream = self.session.stream_prepared(self.session.prepare(prompt))
         summary: AnswerSummary | None = None
         written = 0  # events whose telemetry line is out
         try:

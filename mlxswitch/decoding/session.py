@@ -90,10 +90,9 @@ class ChatSession:
         self._stream = mx.new_stream(mx.default_device())
         for group in ladder.groups:
             group.limit_cache(self.settings.max_kv_size)
-        s = self.settings
-        self._sampler = sampler_for(s)
-        if s.seed is not None:
-            mx.random.seed(s.seed)
+        self._sampler = sampler_for(self.settings)
+        if self.settings.seed is not None:
+            mx.random.seed(self.settings.seed)
 
     @property
     def tier_names(self) -> list[str]:
@@ -132,7 +131,6 @@ class ChatSession:
 
     def decode_with(self, config: RouterConfig, decoding: DecodingMode) -> None:
         """The routing settings and decoding mode of the next answer, checked together (an arm)."""
-        decoding.validate(config, len(self.tier_names))
         self._arm = Arm(self._checked(config, decoding), decoding)
 
     def reset(self) -> None:
@@ -166,11 +164,18 @@ class ChatSession:
 
         max_tokens: this answer's limit, when it differs from the settings' (the bench uses it).
         """
+        return self.stream_prepared(self.prepare(prompt, max_tokens, control))
+
+    def prepare(
+        self, prompt: str, max_tokens: int | None = None, control: PolicyFactory | None = None
+    ) -> PreparedAnswer:
+        """The conversation's next user turn rendered and checked (PromptTooLongError), not yet
+        answered (`stream`'s first half)."""
         messages = self.conversation.messages + [{"role": "user", "content": prompt}]
         settings = (
             self.settings if max_tokens is None else dataclasses.replace(self.settings, max_tokens=max_tokens)
         )
-        return self.stream_prepared(self._prepare(prompt, self.render(messages), messages, settings, control))
+        return self._prepare(prompt, self.render(messages), messages, settings, control)
 
     def stream_conversation(
         self, messages: list[dict], settings: GenerationSettings | None = None

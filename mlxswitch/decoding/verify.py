@@ -132,7 +132,7 @@ class VerifyLoop:
         self.ledger.restart()
         # The top tier's one-row pass over the token a round with no draft takes, queued before
         # that token is read (as mlx-lm pipelines its steps): the first row of the next check,
-        # whatever that round drafts, so it is never thrown away (`_check`).
+        # whatever that round drafts, so it is never thrown away (`_round`).
         ahead: _Queued | None = None
         while n < budget:
             done, ahead = yield from self._round(budget - n, n == 0, ahead)
@@ -170,11 +170,19 @@ class VerifyLoop:
         # A check whose first row was queued ahead ran partly while the last token was read:
         # its seconds are not one pass's, so the planner does not learn from them.
         teach = ahead is None
-        check, ahead = (yield from self._check(draft, catch_up, ahead)), None
+        top = self.ladder.tiers[-1]
+        if ahead is not None and not draft:  # the row queued ahead is the whole check
+            check = ahead
+            self.clock.check_rows, self.clock.check_prefill = 1, False
+        else:  # the top tier's check: a row at every drafted position and the one after
+            inputs, wanted = self._check_inputs(draft, catch_up, after_ahead=ahead is not None)
+            logits = yield from score(top.group, mx.array(inputs), wanted, top.gear)
+            check = self._checked(logits, draft, ahead)
+        ahead = None
         if not draft and room > 1 and self.pass_mode.pipelined:
             ahead = yield from self._queue_one(check.samples)  # this round's token is its first sample
         samples: list[int] = check.samples.tolist()  # type: ignore[assignment]  # mlx: any nesting
-        top_group = self.ladder.tiers[-1].group
+        top_group = top.group
         self.clock.book_check(top_group.name, teach)
         kept = self._kept(draft, samples)
         seconds = self.clock.round_seconds(started)
@@ -261,28 +269,19 @@ class VerifyLoop:
             top_logprobs=top,
         )
 
-    def _check(
-        self, draft: list[int], catch_up: dict[str, int], ahead: _Queued | None
-    ) -> Generator[Score, mx.array, _Queued]:
-        """The top tier's check of `draft`: its rows at every drafted position and the one after,
-        their samples and the first row's signals, queued. After a one-row pass queued `ahead`,
-        that pass is the check's first row and only the draft is fed (none where there is none)."""
-        top = self.ladder.tiers[-1]
-        if ahead is not None and not draft:
-            queued = ahead
-            self.clock.check_rows, self.clock.check_prefill = 1, False  # the row queued ahead
-        else:
-            inputs, wanted = self._check_inputs(draft, catch_up, after_ahead=ahead is not None)
-            logits = yield from score(top.group, mx.array(inputs), wanted, top.gear)
-            rows = self._normalized(logits.astype(mx.float32))
-            samples = self.sampling.sampler(rows)
-            if ahead is None:
-                first = None if draft or not self.sampling.measures else read_time_signals(rows[0])
-                queued = _Queued(rows, samples, first)
-            else:  # the row queued ahead, read at the same sync, then the draft's
-                self.clock.check_rows += 1
-                rows, samples = mx.concatenate([ahead.rows, rows]), mx.concatenate([ahead.samples, samples])
-                queued = _Queued(rows, samples, ahead.top_signals)
+    def _checked(self, logits: mx.array, draft: list[int], ahead: _Queued | None) -> _Queued:
+        """The top tier's check of `draft` from its logits: its rows at every drafted position and
+        the one after, their samples and the first row's signals, queued. After a one-row pass
+        queued `ahead`, that pass is the check's first row (these logits the draft's)."""
+        rows = self._normalized(logits.astype(mx.float32))
+        samples = self.sampling.sampler(rows)
+        if ahead is None:
+            first = None if draft or not self.sampling.measures else read_time_signals(rows[0])
+            queued = _Queued(rows, samples, first)
+        else:  # the row queued ahead, read at the same sync, then the draft's
+            self.clock.check_rows += 1
+            rows, samples = mx.concatenate([ahead.rows, rows]), mx.concatenate([ahead.samples, samples])
+            queued = _Queued(rows, samples, ahead.top_signals)
         first_row = queued.top_signals
         mx.async_eval(queued.samples, *([first_row.array] if first_row is not None else []))
         return queued
