@@ -2478,38 +2478,42 @@ static int32_t *sums_of_16(const struct i8_args *a, long rows) {
                 for (int line = 0; line < 6; line++) prefetch(codes + Q6K_PREFETCH_BYTES + 64 * line); \
                 long u = sb * 8 + blk; /* the row's block of 32 */                               \
                 ti hl = ti_load(codes + 4 * TILE_RUN), hh = ti_load(codes + 5 * TILE_RUN);       \
-                ti sum[K][2]; /* each half starts at -32·Σ of its 16 xq: centred as it sums */    \
-                for (int k = 0; k < K; k++)                                                      \
-                    sum[k][0] = ti_set1(-xq16[(r + k) * n16 + 2 * u] * 32),                       \
-                    sum[k][1] = ti_set1(-xq16[(r + k) * n16 + 2 * u + 1] * 32);                   \
-                for (int run = 0; run < 4; run++) {                                              \
-                    ti v = ti_load(codes + run * TILE_RUN);                                      \
-                    ti lo = ti_or(ti_and(v, mask), ti_and(ti_slli16(ti_srli16(hl, 2 * run), 4), top)); \
-                    ti hi = ti_or(ti_and(ti_srli16(v, 4), mask), ti_and(ti_slli16(ti_srli16(hh, 2 * run), 4), top)); \
-                    int half = run / 2; /* inputs 0-15 of the block, or 16-31 */                \
-                    for (int h = 0; WIDE && h < 4; h++) { /* a pair vector at a time: AVX2's 16 registers */ \
-                        ti c = ti_and(h < 2 ? (h ? ti_srli32(lo, 8) : lo) : (h == 3 ? ti_srli32(hi, 8) : hi), pairs); \
-                        for (int k = 0; k < K; k++) {                                            \
-                            int32_t lane;                                                        \
-                            memcpy(&lane, xrow[k] + (u * BLOCK + 8 * run) * 2 + 4 * h, 4);       \
-                            sum[k][half] = ti_pairs(sum[k][half], c, ti_set1(lane));             \
-                        }                                                                        \
-                    }                                                                            \
-                    if (!WIDE) {                                                                 \
-                        for (int k = 0; k < K; k++) {                                            \
-                            int32_t l4, h4;                                                      \
-                            memcpy(&l4, xrow[k] + u * BLOCK + 8 * run, 4);                       \
-                            memcpy(&h4, xrow[k] + u * BLOCK + 8 * run + 4, 4);                   \
-                            sum[k][half] = ti_bytes(sum[k][half], lo, ti_set1(l4));              \
-                            sum[k][half] = ti_bytes(sum[k][half], hi, ti_set1(h4));              \
-                        }                                                                        \
-                    }                                                                            \
-                }                                                                                \
+                /* A half (16 inputs, runs 2·half and 2·half + 1) at a time, summed and scaled    \
+                 * before the next: K sums live, not 2K (with K = 8 and AVX-512's 32 registers,   \
+                 * 2K spilled). The same integers and float operations in the same order. */      \
                 for (int half = 0; half < 2; half++) {                                           \
-                    tf scale = tf_mul(tf_of(ti_int8s(meta + (2 * blk + half) * GEMM_OUT)), d); \
+                    ti sum[K]; /* starts at -32·Σ of the half's 16 xq: centred as it sums */      \
+                    for (int k = 0; k < K; k++) sum[k] = ti_set1(-xq16[(r + k) * n16 + 2 * u + half] * 32); \
+                    for (int run = 2 * half; run < 2 * half + 2; run++) {                        \
+                        ti v = ti_load(codes + run * TILE_RUN);                                  \
+                        /* The run's top 2 bits of each code to bits 4-5: one shift (left by 4 - 2·run, \
+                         * or right by 2 for run 3), the mask keeping each byte's own bits. */    \
+                        ti hl4 = run == 3 ? ti_srli16(hl, 2) : ti_slli16(hl, 4 - 2 * run);       \
+                        ti hh4 = run == 3 ? ti_srli16(hh, 2) : ti_slli16(hh, 4 - 2 * run);       \
+                        ti lo = ti_or(ti_and(v, mask), ti_and(hl4, top));                        \
+                        ti hi = ti_or(ti_and(ti_srli16(v, 4), mask), ti_and(hh4, top));          \
+                        for (int h = 0; WIDE && h < 4; h++) { /* a pair vector at a time: AVX2's 16 registers */ \
+                            ti c = ti_and(h < 2 ? (h ? ti_srli32(lo, 8) : lo) : (h == 3 ? ti_srli32(hi, 8) : hi), pairs); \
+                            for (int k = 0; k < K; k++) {                                        \
+                                int32_t lane;                                                    \
+                                memcpy(&lane, xrow[k] + (u * BLOCK + 8 * run) * 2 + 4 * h, 4);   \
+                                sum[k] = ti_pairs(sum[k], c, ti_set1(lane));                     \
+                            }                                                                    \
+                        }                                                                        \
+                        if (!WIDE) {                                                             \
+                            for (int k = 0; k < K; k++) {                                        \
+                                int32_t l4, h4;                                                  \
+                                memcpy(&l4, xrow[k] + u * BLOCK + 8 * run, 4);                   \
+                                memcpy(&h4, xrow[k] + u * BLOCK + 8 * run + 4, 4);               \
+                                sum[k] = ti_bytes(sum[k], lo, ti_set1(l4));                      \
+                                sum[k] = ti_bytes(sum[k], hi, ti_set1(h4));                      \
+                            }                                                                    \
+                        }                                                                        \
+                    }                                                                            \
+                    tf scale = tf_mul(tf_of(ti_int8s(meta + (2 * blk + half) * GEMM_OUT)), d);   \
                     for (int k = 0; k < K; k++) {                                                \
                         tf step = tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u]));        \
-                        acc[k] = tf_fmadd(tf_of(sum[k][half]), step, acc[k]);                    \
+                        acc[k] = tf_fmadd(tf_of(sum[k]), step, acc[k]);                          \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
