@@ -882,3 +882,39 @@ def test_an_avx2_build_tiles_what_it_sums_exactly_and_gives_rows_the_avx512_buil
             xs = rng.standard_normal((rows, weight.in_dims)).astype(np.float32)
             got = avx2.times(xs, weight, 2, int8=True, wide=wide)
             assert np.array_equal(got, KERNEL.times(xs, weight, 1, int8=True, wide=wide)), (rows, wide)
+
+
+@needs_kernel
+def test_an_answers_catch_up_gets_the_bits_of_the_steps_it_replaces():
+    """A tier catching up on more of the answer's ids than a decoding pass takes (a routed answer's
+    strong tier after a run of the weak one's tokens) computes them as steps would: its next row is
+    the steps' bit for bit, however the answer's passes were planned. A prefill chunk's path (what
+    a catch-up took before, and a prompt still takes) gives other bits."""
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.decoding.tiers import CacheGroup
+    from mlxswitch.kernels.quant_cpu import INT8_MAX_POSITIONS
+    from mlxswitch.models import row_routes
+    from mlxswitch.models.weights import LoadedModel
+
+    resolve_route("auto", "cpu")
+    model = make_model(llama_config(vocab_size=300), seed=8)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    row_routes.use_fast_rows(model)
+    loaded = LoadedModel("tiny", "tiny", model, None, {"vocab_size": 300})
+    prompt = [5, 17, 42, 7, 99, 3]
+    answer = [(7 * i + 11) % 300 for i in range(INT8_MAX_POSITIONS + 12)]
+
+    def last_row(answer_from: int | None, at_once: bool) -> np.ndarray:
+        group = CacheGroup(loaded, "tiny", answer_from=answer_from)
+        group.score(mx.array(prompt), 1, None, 512)
+        pieces = [answer] if at_once else [[token] for token in answer]
+        for piece in pieces:
+            row = group.score(mx.array(piece), 1, None, 512)
+        assert group.seen == len(prompt) + len(answer)
+        return np.array(row)
+
+    stepped = last_row(len(prompt), at_once=False)
+    assert np.array_equal(last_row(len(prompt), at_once=True), stepped)
+    assert not np.array_equal(last_row(None, at_once=True), stepped)  # no answer known: a prefill chunk

@@ -335,9 +335,9 @@ class ChatSession:
         control: PolicyFactory | None = None,
     ) -> TokenLoop | VerifyLoop:
         """The loop that decodes an answer onto `ids` on `ladder` (this session's, or a fork of it
-        that a server's batch decodes beside others), by the decoding mode: verified
-        drafting, or the token loop with the policy (and the cloud's spans, if given); with a
-        control policy (PreparedAnswer.control), the token loop with that policy."""
+        that a server's batch decodes beside others), by the decoding mode: verified drafting, or
+        the token loop with the policy (and the cloud's spans, if given), or a control policy's."""
+        ladder.begin_answer(len(ids))
         config, mode = self.router_config, self.decoding
         if mode.verify and control is None:
             return VerifyLoop(

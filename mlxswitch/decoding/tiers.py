@@ -49,6 +49,9 @@ class CacheGroup:
     max_kv_size: int | None = None
     cache: list = field(default_factory=list)
     seen: int = 0
+    # Where the answer being decoded begins (its prompt's length), set as its loop is built: ids
+    # from there on are the answer's own, which `_prefill` computes as steps do (None: none known).
+    answer_from: int | None = None
     _split: object = field(default=_UNCHECKED, repr=False)  # checked_split's answer, once known
 
     def __post_init__(self) -> None:
@@ -176,7 +179,13 @@ class CacheGroup:
         # A NumPy-routed head is computed when called, not when read: the body alone, where it splits.
         fill = split.body if split is not None else self.model.model
         while inputs.size > leave:
-            part = inputs[: min(chunk, inputs.size - leave)]
+            # The answer's own ids in pieces one decoding pass takes, each computed as a step
+            # computes it however long the catch-up: their bits (a routed answer's next tier, its
+            # tokens) then do not hang on how its passes were planned. The prompt's in `chunk`
+            # pieces, none running into the answer.
+            answer_from = self.answer_from if self.answer_from is not None else self.seen + inputs.size
+            piece = INT8_MAX_POSITIONS if self.seen >= answer_from else min(chunk, answer_from - self.seen)
+            part = inputs[: min(piece, inputs.size - leave)]
             fill(part[None], cache=self.cache)
             mx.eval([arrays_to_evaluate(c) for c in self.cache])
             mx.clear_cache()  # mlx-lm's habit after each prefill chunk: give back the temporaries
@@ -333,6 +342,11 @@ class Ladder:
         """Empty every cache."""
         for group in self.groups:
             group.reset()
+
+    def begin_answer(self, prompt_tokens: int) -> None:
+        """An answer begins after the conversation's first `prompt_tokens` ids (CacheGroup.answer_from)."""
+        for group in self.groups:
+            group.answer_from = prompt_tokens
 
     def fork(self) -> Ladder:
         """The same tiers on the same models, with caches of their own: another conversation
