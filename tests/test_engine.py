@@ -143,6 +143,16 @@ def test_multi_turn_reuses_the_conversation_cache(ladder):
     assert [e.id for e in replay.tokens] == [e.id for e in second.tokens]
 
 
+def test_each_answer_marks_where_its_own_ids_begin_on_every_cache_group(ladder):
+    """Every tier's cache group knows where the answer being decoded begins (each turn's prompt
+    length), so that its catch-ups on the answer's ids are computed as steps (tiers._prefill)."""
+    config = RouterConfig(up=(1.5,), window=1, min_run=1)
+    session = ChatSession(ladder, config, GenerationSettings(max_tokens=6))
+    for prompt in ("Hello, how are you?", "And the capital of Italy?"):
+        summary = session.ask(prompt)
+        assert [group.answer_from for group in ladder.groups] == [summary.prompt_tokens] * len(ladder.groups)
+
+
 def test_interrupted_answer_is_kept_in_history(ladder):
     config = RouterConfig(up=(INF,))
     session = ChatSession(ladder, config, GenerationSettings(max_tokens=20))
