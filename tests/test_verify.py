@@ -14,6 +14,7 @@ from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
 from mlxswitch.errors import ConfigError, SettingError
+from mlxswitch.models import heads
 from mlxswitch.models.sources import load_model
 from mlxswitch.profile_load import load_profiles
 from mlxswitch.routing.router import RouterConfig
@@ -84,6 +85,28 @@ def test_greedy_verified_answer_is_the_top_tiers_answer(request, ladder_name, ta
     for alone, ours in zip(top, checked, strict=True):
         assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
         assert ours.text == alone.text and ours.finish_reason == alone.finish_reason
+
+
+def test_a_drafter_proposes_only_its_heads_leading_ids_and_the_answer_stays_the_top_tiers(
+    tiny_pair, monkeypatch
+):
+    """The drafter's passes read its draft head (the first DRAFT_IDS ids' logits, SplitModel):
+    the large model drafting for itself proposes no id past them, the check makes those, and the
+    answer is the top tier's own; routed and top-alone passes keep the whole head."""
+    monkeypatch.setattr(heads, "DRAFT_IDS", 96)
+    large = load_model(str(tiny_pair[1]))
+    ladder = pair_ladder(large, large)  # its split, and so its draft head, checked under the patch
+    split = ladder.tiers[0].group.checked_split()
+    assert split is not None and split.draft_head is not None
+    top = _answers(ladder, RouterConfig(up=(-INF,)), 60)
+    checked = _answers(ladder, _verify(INF), 60)
+    rare = 0
+    for alone, ours in zip(top, checked, strict=True):
+        assert [e.id for e in ours.tokens] == [e.id for e in alone.tokens]
+        assert all(e.id < 96 for e in ours.tokens if e.tier == "small")
+        rare += sum(e.id >= 96 for e in alone.tokens)
+    assert rare > 0  # the answers hold ids the drafter cannot propose: the check made each
+    assert sum(a.tier_counts["small"] for a in checked) > 0
 
 
 def test_a_confident_drafter_makes_the_tokens_and_the_top_tier_checks_them_in_few_passes(twin):

@@ -193,20 +193,20 @@ class Engine:
         """One step: every answer's pending pass (packed per model where they share passes), then
         each answer moves on. Run it inside `running()`."""
         self._admit()
-        together: dict[tuple[int, int | None] | int, list[tuple[int, Score]]] = {}
+        together: dict[tuple[int, int | None, bool] | int, list[tuple[int, Score]]] = {}
         for uid, answer in self._answers.items():
             if (pending := answer.pending) is not None:
-                key = (id(pending.group.model), pending.gear) if answer.shares else uid
+                key = (id(pending.group.model), pending.gear, pending.draft) if answer.shares else uid
                 together.setdefault(key, []).append((uid, pending))
         for group in together.values():
             uids = [uid for uid, _ in group]
             chunk = self._answers[uids[0]].request.settings.prefill_step
             first = group[0][1]
             if len(group) == 1:  # an answer's pass alone
-                results = [first.group.score(first.inputs, first.rows, first.gear, chunk)]
+                results = [first.group.score(first.inputs, first.rows, first.gear, chunk, first.draft)]
             else:
                 passes = [(p.group, p.inputs, p.rows) for _, p in group]
-                results = CacheGroup.score_together(passes, first.gear, chunk)
+                results = CacheGroup.score_together(passes, first.gear, chunk, first.draft)
             for uid, logits in zip(uids, results, strict=True):
                 answer = self._answers[uid]
                 assert answer.loop is not None

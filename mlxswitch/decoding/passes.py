@@ -24,19 +24,21 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Score:
     """A pass a loop needs: `group` over `inputs` (ids after those it holds), the lazy logits of
-    the last `rows` positions, (rows, V), sent back."""
+    the last `rows` positions, (rows, V), sent back. `draft`: a drafter's pass, whose logits may
+    cover only the ids a draft proposes (SplitModel.draft_head: (rows, ≤ V))."""
 
     group: CacheGroup
     inputs: mx.array
     rows: int
     gear: int | None
+    draft: bool = False
 
 
 def score(
-    group: CacheGroup, inputs: mx.array, rows: int, gear: int | None
+    group: CacheGroup, inputs: mx.array, rows: int, gear: int | None, draft: bool = False
 ) -> Generator[Score, mx.array, mx.array]:
     """One pass, run by the loop's driver: its lazy logits, (rows, V) (`yield from` it)."""
-    return (yield Score(group, inputs, rows, gear))
+    return (yield Score(group, inputs, rows, gear, draft))
 
 
 def run_alone(rounds: Generator[T | Score, mx.array, None], chunk: int) -> Iterator[T]:
@@ -46,7 +48,7 @@ def run_alone(rounds: Generator[T | Score, mx.array, None], chunk: int) -> Itera
         item = next(rounds)
         while True:
             if isinstance(item, Score):
-                item = rounds.send(item.group.score(item.inputs, item.rows, item.gear, chunk))
+                item = rounds.send(item.group.score(item.inputs, item.rows, item.gear, chunk, item.draft))
             else:
                 yield item
                 item = next(rounds)

@@ -81,20 +81,23 @@ class CacheGroup:
         hidden = split.body(inputs[None], cache=self.cache)[:, -1:, :]
         return split.head(hidden)[:, -1, :], hidden[0, -1]
 
-    def score(self, inputs: mx.array, rows: int, gear: int | None, chunk: int) -> mx.array:
+    def score(
+        self, inputs: mx.array, rows: int, gear: int | None, chunk: int, draft: bool = False
+    ) -> mx.array:
         """Run the model over `inputs` (ids after `seen`); lazy logits (rows, V) of the last `rows`
-        positions, in one batched pass (verify.py checks a draft with them)."""
+        positions, in one batched pass (verify.py checks a draft with them). `draft`: a drafter's
+        pass, on its draft head where it has one (only the ids a draft proposes: Score.draft)."""
         inputs = self._prefill(inputs, rows, chunk, gear)
         self.seen += inputs.size
         self._activate(gear)
         split = self.checked_split()
         if split is None:
             return self.model.model(inputs[None], cache=self.cache)[0, -rows:]
-        return split.head(split.body(inputs[None], cache=self.cache)[:, -rows:, :])[0]
+        return split.head_for(draft)(split.body(inputs[None], cache=self.cache)[:, -rows:, :])[0]
 
     @staticmethod
     def score_together(
-        passes: list[tuple[CacheGroup, mx.array, int]], gear: int | None, chunk: int
+        passes: list[tuple[CacheGroup, mx.array, int]], gear: int | None, chunk: int, draft: bool = False
     ) -> list[mx.array]:
         """Several conversations' passes on one model, each `(group, inputs, rows)` as `score`
         takes it (the groups hold different conversations of the same model): their lazy logits,
@@ -111,10 +114,10 @@ class CacheGroup:
                 if inputs.size <= PACKED_MAX_ROWS:
                     packed.append((i, group, inputs, rows))
                     continue
-            out[i] = group.score(inputs, rows, gear, chunk)
+            out[i] = group.score(inputs, rows, gear, chunk, draft)
         if len(packed) == 1:  # nothing to pack it with
             i, group, inputs, rows = packed[0]
-            out[i] = group.score(inputs, rows, gear, chunk)
+            out[i] = group.score(inputs, rows, gear, chunk, draft)
         elif packed:
             sizes = [int(inputs.size) for _, _, inputs, _ in packed]
             caches = packed_caches([group.cache for _, group, _, _ in packed], sizes)
@@ -130,7 +133,7 @@ class CacheGroup:
             split = first.checked_split()
             assert split is not None
             hidden = split.body(ids, cache=caches)[:, 0, :]  # (R, D): row r is sequence r
-            logits = split.head(hidden[mx.array(wanted)])
+            logits = split.head_for(draft)(hidden[mx.array(wanted)])
             start = 0
             for i, _, _, rows in packed:
                 out[i] = logits[start : start + rows]

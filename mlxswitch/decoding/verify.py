@@ -324,7 +324,7 @@ class VerifyLoop:
         if group.seen >= length:  # it holds every id: the last one is fed again to predict the next
             group.rewind(length - 1)
         fed, prefill = length - group.seen, group.seen < prompt_tokens
-        logits = yield from score(group, mx.array(ids[group.seen :]), 1, bottom.gear)
+        logits = yield from score(group, mx.array(ids[group.seen :]), 1, bottom.gear, draft=True)
         current = self._lazy(logits)
         rows = fed
         # The fixed rule drafts to `room`: the next position is queued before this one is read
@@ -334,7 +334,7 @@ class VerifyLoop:
         while True:
             token, lazy = current
             if queue_ahead and len(made.tokens) + 1 < room:
-                current = self._lazy((yield from score(group, token, 1, bottom.gear)))
+                current = self._lazy((yield from score(group, token, 1, bottom.gear, draft=True)))
                 mx.async_eval(current[0], current[1].array)
             values = lazy.values()
             self.clock.book(group.name, rows, prefill)
@@ -342,7 +342,7 @@ class VerifyLoop:
             if not made.take(int(token.item()), values[0], uncertainty(self.signal, values), self.planner):
                 return
             if not queue_ahead:
-                current = self._lazy((yield from score(group, token, 1, bottom.gear)))
+                current = self._lazy((yield from score(group, token, 1, bottom.gear, draft=True)))
 
     def _lazy(self, logits: mx.array):
         return self.sampling.sampler(self._normalized(logits)), read_time_signals(logits)

@@ -1907,6 +1907,10 @@ int q6k_rows(const float *x, const uint8_t *blocks, float *y, long rows, long n_
 #define TILE_RUN 64                     /* bytes of a run: GEMM_OUT outputs × 4 bytes */
 #define TILE_BLOCK (4 * TILE_RUN)       /* bytes of a block of 32 inputs for GEMM_OUT outputs */
 #define TILE_BYTE_BLOCK (8 * TILE_RUN)  /* the same for codes held a byte each: 8 runs of 4 inputs */
+/* 5-bit codes (a GGUF file's Q5_0, MLX's 5-bit layers): their low 4 bits as the 4-bit tiles lay
+ * them, then a run of their top bits: output j's 4 bytes, byte i's bit p the top bit of input
+ * 8p + i, its bit 4 + p that of input 8p + 4 + i. 5 bits a code where a byte each held 8. */
+#define TILE_FIVE_BLOCK (5 * TILE_RUN)
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* Whether this build multiplies weights laid out as tiles (quant_tile_pack). */
@@ -1931,7 +1935,7 @@ struct tile_pack_args {
  * copy of the weight). */
 static void tile_pack_part(const void *p, long part, long parts) {
     const struct tile_pack_args *t = p;
-    long first, end, blocks = t->n_in / BLOCK, row_bytes = t->bits == 8 ? t->n_in : t->n_in / 2;
+    long first, end, blocks = t->n_in / BLOCK, row_bytes = t->bits == 4 ? t->n_in / 2 : t->n_in;
     uint8_t *rows = t->scratch + part * GEMM_OUT * row_bytes;
     part_range(t->tiles, part, parts, &first, &end);
     for (long tile = first; tile < end; tile++) {
@@ -1943,6 +1947,21 @@ static void tile_pack_part(const void *p, long part, long parts) {
                 for (long blk = 0; blk < blocks; blk++)
                     for (int run = 0; run < 8; run++)
                         memcpy(out + blk * TILE_BYTE_BLOCK + run * TILE_RUN, row + blk * BLOCK + 4 * run, 4);
+                continue;
+            }
+            if (t->bits == 5) { /* a code a byte, below 32: low nibbles as 4-bit codes, then top bits */
+                uint8_t *out = t->out + tile * blocks * TILE_FIVE_BLOCK + 4 * j;
+                for (long blk = 0; blk < blocks; blk++) {
+                    const uint8_t *code = row + blk * BLOCK;
+                    uint8_t *o = out + blk * TILE_FIVE_BLOCK, top[4] = {0};
+                    for (int run = 0; run < 4; run++)
+                        for (int i = 0; i < 4; i++) {
+                            int low = code[8 * run + i], high = code[8 * run + 4 + i];
+                            o[run * TILE_RUN + i] = (uint8_t)((low & 15) | (high & 15) << 4);
+                            top[i] |= (uint8_t)((low >> 4 & 1) << run | (high >> 4 & 1) << (4 + run));
+                        }
+                    memcpy(o + 4 * TILE_RUN, top, 4);
+                }
                 continue;
             }
             uint8_t *out = t->out + tile * blocks * TILE_BLOCK + 4 * j;
@@ -1959,12 +1978,14 @@ static void tile_pack_part(const void *p, long part, long parts) {
 }
 
 /* MLX's 4-bit codes (n_out × n_in/2 bytes), or codes a byte each (bits 8: n_out × n_in), laid out as
- * tiles into `out` (as many bytes; `codes` itself for a layout in place): 0, -1 where the shape does
- * not tile (outputs a multiple of GEMM_OUT, inputs of 32), -2 without memory for the copies. */
+ * tiles into `out` (as many bytes; `codes` itself for a layout in place); bits 5: codes a byte each,
+ * each below 32, laid out as 5-bit tiles (n_out × n_in·5/8 bytes, never in place). 0, -1 where the
+ * shape does not tile (outputs a multiple of GEMM_OUT, inputs of 32), -2 without memory for the
+ * copies. */
 int quant_tile_pack(const uint8_t *codes, uint8_t *out, long n_out, long n_in, int bits, int threads) {
-    if (n_out % GEMM_OUT || n_in % BLOCK || n_out < 1 || (bits != 4 && bits != 8)) return -1;
+    if (n_out % GEMM_OUT || n_in % BLOCK || n_out < 1 || (bits != 4 && bits != 5 && bits != 8)) return -1;
     long parts = threads < 1 ? 1 : threads > MAX_PARTS ? MAX_PARTS : threads;
-    uint8_t *scratch = malloc(parts * GEMM_OUT * (bits == 8 ? n_in : n_in / 2));
+    uint8_t *scratch = malloc(parts * GEMM_OUT * (bits == 4 ? n_in / 2 : n_in));
     if (!scratch) return -2;
     struct tile_pack_args t = {codes, out, n_in, n_out / GEMM_OUT, bits, scratch};
     run_parts(tile_pack_part, &t, parts);
@@ -2074,8 +2095,9 @@ static inline tf load_scales16(const void *p, long i, int type) {
  * run's codes masked into 4 vectors of int16 pairs, inputs (0, 2), (1, 3), (4, 6), (5, 7) of the run.
  * Exact integer sums, so any order gives the same. */
 static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_t *block, const char *const *xrow,
-                                                                    long u, int K, int wide, ti *sum) {
-    const ti mask = ti_set1_8(15), pairs = ti_set1(0x000F000F);
+                                                                    long u, int K, int wide, int five, ti *sum) {
+    const ti mask = ti_set1_8(15), pairs = ti_set1(0x000F000F), bit4 = ti_set1_8(16);
+    const ti top = five ? ti_load(block + 4 * TILE_RUN) : ti_zero(); /* 5-bit codes: their top bits */
     for (int run = 0; run < 4; run++) {
         ti v = ti_load(block + run * TILE_RUN);
         if (wide) {
@@ -2091,6 +2113,10 @@ static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_
             }
         } else {
             ti low = ti_and(v, mask), high = ti_and(ti_srli16(v, 4), mask);
+            if (five) { /* each byte's top bit to bit 4 (TILE_FIVE_BLOCK): a code below 32 */
+                low = ti_or(low, ti_and(ti_slli32(top, 4 - run), bit4));
+                high = ti_or(high, ti_and(ti_srli32(top, run), bit4));
+            }
             for (int k = 0; k < K; k++) {
                 int32_t lo, hi;
                 memcpy(&lo, xrow[k] + u * BLOCK + 8 * run, 4);
@@ -2110,7 +2136,7 @@ static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_
  * byte products sum exactly in int32), 8 runs of 4 inputs a block, int8 rows. */
 #define TILED_TIMES(K, WIDE, BYTES, NAME)                                                        \
     static void NAME(const struct i8_args *a, long tile, long r, float *out) {                  \
-        const long block_bytes = BYTES ? TILE_BYTE_BLOCK : TILE_BLOCK;                           \
+        const long block_bytes = BYTES == 1 ? TILE_BYTE_BLOCK : BYTES ? TILE_FIVE_BLOCK : TILE_BLOCK; \
         const uint8_t *w = a->w + tile * a->blocks * block_bytes;                                \
         long first = tile * a->groups * GEMM_OUT, per = a->gs / BLOCK;                           \
         tf acc[K];                                                                               \
@@ -2120,10 +2146,10 @@ static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_
             xrow[k] = WIDE ? (const char *)(a->xw + (r + k) * a->stride) : (const char *)(a->xq + (r + k) * a->stride); \
         for (long u = 0; u < a->blocks; u++) {                                                   \
             const uint8_t *block = w + u * block_bytes;                                          \
-            for (int line = 0; line < (BYTES ? 8 : 4); line++) prefetch(block + PREFETCH_BYTES + 64 * line); \
+            for (int line = 0; line < (BYTES == 1 ? 8 : BYTES ? 5 : 4); line++) prefetch(block + PREFETCH_BYTES + 64 * line); \
             ti sum[K]; /* each starts at the centre's part, -c·Σ xq: the same integers, one op less */ \
             for (int k = 0; k < K; k++) sum[k] = ti_set1(-(a->xqsum[(r + k) * a->padded + u] << a->centre)); \
-            for (int run = 0; BYTES && run < 8; run++) {                                         \
+            for (int run = 0; BYTES == 1 && run < 8; run++) {                                         \
                 ti v = ti_load(block + run * TILE_RUN);                                          \
                 for (int k = 0; k < K; k++) {                                                    \
                     int32_t lane;                                                                \
@@ -2131,7 +2157,7 @@ static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_
                     sum[k] = ti_bytes(sum[k], v, ti_set1(lane));                                 \
                 }                                                                                \
             }                                                                                    \
-            if (!BYTES) nibble_block_sums(block, xrow, u, K, WIDE, sum);                          \
+            if (BYTES != 1) nibble_block_sums(block, xrow, u, K, WIDE, BYTES == 2, sum);          \
             tf scale = load_scales16(a->scales, first + (u / per) * GEMM_OUT, a->type);          \
             for (int k = 0; k < K; k++)                                                          \
                 acc[k] = tf_fmadd(tf_of(sum[k]), tf_mul(scale, tf_set1(a->dx[(r + k) * a->padded + u])), acc[k]); \
@@ -2161,13 +2187,15 @@ static inline __attribute__((always_inline)) void nibble_block_sums(const uint8_
 #endif
 #define TILED_CODES(K, WIDE, NAME) TILED_TIMES(K, WIDE, 0, NAME) /* 4-bit codes */
 #define TILED_BYTES(K, WIDE, NAME) TILED_TIMES(K, WIDE, 1, NAME) /* codes a byte each */
+#define TILED_FIVE(K, WIDE, NAME) TILED_TIMES(K, WIDE, 2, NAME)  /* 5-bit codes (TILE_FIVE_BLOCK) */
 TILE_ROW_KERNELS(TILED_CODES, 0, tiled_rows_)
 TILE_ROW_KERNELS(TILED_CODES, 1, tiled_wide_)
 TILE_ROW_KERNELS(TILED_BYTES, 0, tiled_bytes_)
+TILE_ROW_KERNELS(TILED_FIVE, 0, tiled_five_)
 
 typedef void (*tiled_fn)(const struct i8_args *, long, long, float *);
-static const tiled_fn TILED_FN[3][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), TILE_ROW_FNS(tiled_wide_),
-                                                   TILE_ROW_FNS(tiled_bytes_)};
+static const tiled_fn TILED_FN[4][TILE_ROWS + 1] = {TILE_ROW_FNS(tiled_rows_), TILE_ROW_FNS(tiled_wide_),
+                                                   TILE_ROW_FNS(tiled_bytes_), TILE_ROW_FNS(tiled_five_)};
 
 /* ---- Q4_K blocks stored as the tiles read them (laid out once, at load) -----------------------
  * A GGUF file's Q4_K weights (most of a Q4_K_M model's) read as stored, 4.5 bits a weight, where
@@ -2221,7 +2249,7 @@ static inline __attribute__((always_inline)) void q4k_scale_min(ti s0, ti s1, ti
                 long u = sb * 8 + blk; /* the row's block of 32 */                               \
                 ti sum[K];                                                                       \
                 for (int k = 0; k < K; k++) sum[k] = ti_zero();                                  \
-                nibble_block_sums(block, xrow, u, K, WIDE, sum);                                 \
+                nibble_block_sums(block, xrow, u, K, WIDE, 0, sum);                              \
                 ti sc, m;                                                                        \
                 q4k_scale_min(s0, s1, s2, blk, &sc, &m);                                         \
                 tf scale = tf_mul(tf_of(sc), d), low = tf_mul(tf_of(m), dmin);                   \
@@ -2253,7 +2281,7 @@ static void tiled_tiles(const struct tiled_many_args *m, long lo, long hi) {
         for (long tile = from - m->first[i]; tile < to - m->first[i]; tile++)
             for (long r = 0; r < m->rows; r += TILE_ROWS) {
                 long k = m->rows - r < TILE_ROWS ? m->rows - r : TILE_ROWS;
-                (a->type == SCALE_Q4K ? TILED_Q4K_FN[a->wide] : TILED_FN[a->bits == 8 ? 2 : a->wide])[k](a, tile, r, out);
+                (a->type == SCALE_Q4K ? TILED_Q4K_FN[a->wide] : TILED_FN[a->bits == 8 ? 2 : a->bits == 5 ? 3 : a->wide])[k](a, tile, r, out);
                 for (long rr = 0; rr < k; rr++)
                     memcpy(a->y + (r + rr) * a->y_stride + tile * GEMM_OUT, out + rr * GEMM_OUT,
                            sizeof(float) * GEMM_OUT);
@@ -2281,10 +2309,11 @@ int quant_tiled_rows(const float *x, float *y, long rows, long n_in, int threads
     struct tiled_many_args m = {count, rows, {0}, {{0}}, 0};
     long total = 0;
     for (long i = 0; i < count; i++) {
+        int bytes = w[i].bits == 5 ? 8 : w[i].bits; /* 5-bit tiles sum as codes a byte each do */
         int q4k = w[i].type == SCALE_Q4K, takes = q4k ? w[i].bits == 4 && w[i].gs == BLOCK && n_in % Q4K_VALUES == 0
-                                                      : i8_takes(w[i].bits, w[i].centre, w[i].biases, w[i].gs,
+                                                      : i8_takes(bytes, w[i].centre, w[i].biases, w[i].gs,
                                                                  w[i].type, n_in);
-        if (!(w[i].bits == 4 || (w[i].bits == 8 && !wide)) || !gemm_takes(w[i].bits, w[i].centre, wide) || !takes ||
+        if (!(w[i].bits == 4 || (bytes == 8 && !wide)) || !gemm_takes(bytes, w[i].centre, wide) || !takes ||
             w[i].n_out < 1 || w[i].n_out % GEMM_OUT)
             return -1;
         m.first[i + 1] = m.first[i] + w[i].n_out / GEMM_OUT;

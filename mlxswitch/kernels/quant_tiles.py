@@ -21,6 +21,7 @@ import numpy as np
 
 from .quant_weights import (
     Q4K_BYTES,
+    Q4K_TILED,
     Q4K_VALUES,
     Q6K,
     Q6K_BYTES,
@@ -32,7 +33,30 @@ from .quant_weights import (
 )
 
 TILE_OUTPUTS = 16  # outputs a tile holds (quant_rows.c's GEMM_OUT)
+# 5-bit codes held a byte each are laid out as 5-bit tiles (False: as codes a byte each, the layout
+# before; bench/bench_layers.py's `steps --byte-tiles` arm).
+FIVE_BIT_TILES = True
 TILE_INPUTS = 32  # inputs a block of a tile holds (quant_rows.c's BLOCK)
+
+
+def leading_rows(weight: QuantWeight, rows: int) -> QuantWeight | None:
+    """The view of W's first `rows` outputs: a prefix of each array, the same bytes (every layout
+    holds an output's codes and scales before the next's, tiles whole tiles of 16 before the
+    next). None where `rows` would cut a tile."""
+    tiled = weight.layout in (TILED, Q6K_TILED, Q4K_TILED)
+    if not 0 < rows <= weight.out_dims or (tiled and rows % TILE_OUTPUTS):
+        return None
+
+    def prefix(values: np.ndarray) -> np.ndarray:  # a K-quant's scales are a placeholder of one
+        return values[:rows] if values.shape[0] == weight.out_dims else values
+
+    return dataclasses.replace(
+        weight,
+        codes=prefix(weight.codes),
+        scales=prefix(weight.scales),
+        biases=prefix(weight.biases),
+        out_dims=rows,
+    )
 
 
 def tiles_weight(weight: QuantWeight, wide: bool = False) -> bool:
@@ -73,29 +97,35 @@ def _pack_target(weight: QuantWeight, in_place: bool) -> np.ndarray:
 
 def tiled_weight(kernel, weight: QuantWeight, threads: int = 2, in_place: bool = False) -> QuantWeight:
     """The weight laid out as tiles (tiles_weight must hold), and the kernel's view of them: its
-    `keep` the codes, scales and biases, shaped and typed as MLX's triple. The codes in a new array,
-    or `in_place` in the weight's own (the loader's: the same bytes in another order, no second
-    copy of the weight at its peak; every other view of that array then reads tiles)."""
-    into = _pack_target(weight, in_place)
-    at = (weight.codes.ctypes.data, into.ctypes.data, weight.out_dims, weight.in_dims, weight.bits)
+    `keep` the codes, scales and biases, shaped and typed as MLX's triple of the tiles' width. The
+    codes in a new array, or `in_place` in the weight's own (the loader's: the same bytes in another
+    order, no second copy of the weight at its peak; every other view of that array then reads
+    tiles). 5-bit codes held a byte each are laid out as 5-bit tiles, always in a new array: 5 bits
+    a code read where the bytes held 8 (the Qwen 0.5B's Q5_0 layers)."""
+    bits = 5 if FIVE_BIT_TILES and weight.bits == 8 and weight.code_bits == 5 else weight.bits
+    if bits == 5:
+        into = np.empty((weight.out_dims, weight.in_dims * 5 // 8), dtype=np.uint8)
+    else:
+        into = _pack_target(weight, in_place)
+    at = (weight.codes.ctypes.data, into.ctypes.data, weight.out_dims, weight.in_dims, bits)
     if kernel.tile_pack(*at, threads):
         raise ValueError(f"a {weight.out_dims} x {weight.in_dims} weight does not tile")
-    arrays = [weight.keep[0] if in_place else mx.array(into.view(np.uint32))]
+    arrays = [weight.keep[0] if in_place and bits != 5 else mx.array(into.view(np.uint32))]
     for values in (weight.scales, weight.biases):  # bf16 is held as its uint16 bits (_scale_view)
         array = mx.array(tile_order(values))
         arrays.append(mx.view(array, mx.bfloat16) if weight.scale_type == SCALE_TYPES[mx.bfloat16] else array)
     mx.eval(*arrays)
-    view = QuantWeight.from_arrays(
-        arrays[0], arrays[1], arrays[2], weight.group_size, weight.bits, weight.code_bits
-    )
-    return dataclasses.replace(view, layout=TILED)
+    return QuantWeight.from_tiles(arrays[0], arrays[1], arrays[2], weight.group_size, bits, weight.code_bits)
 
 
 def tiled_codes(codes: np.ndarray | mx.array, out_dims: int, in_dims: int):
-    """A tiled weight's codes (bytes: out × in/2 for 4-bit codes, out × in for a byte each) as one
-    code a weight, out × in in natural order (NumPy or mx, as given): per tile, block and run of 8
-    inputs, output j's 4 bytes hold inputs 0-3 of the run in their low nibbles and 4-7 in their
-    high ones; a byte each, per run of 4 inputs output j's 4 bytes."""
+    """A tiled weight's codes (bytes: out × in/2 for 4-bit codes, out × in·5/8 for 5-bit ones, out ×
+    in for a byte each) as one code a weight, out × in in natural order (NumPy or mx, as given): per
+    tile, block and run of 8 inputs, output j's 4 bytes hold inputs 0-3 of the run in their low
+    nibbles and 4-7 in their high ones (5-bit codes: then a run of their top bits, quant_rows.c's
+    TILE_FIVE_BLOCK); a byte each, per run of 4 inputs output j's 4 bytes."""
+    if codes.size * 8 == out_dims * in_dims * 5:
+        return _five_bit_codes(codes, out_dims, in_dims)
     if codes.size == out_dims * in_dims:  # a byte each
         runs = codes.reshape(out_dims // TILE_OUTPUTS, in_dims // TILE_INPUTS, 8, TILE_OUTPUTS, 4)
         return runs.transpose(0, 3, 1, 2, 4).reshape(out_dims, in_dims)
@@ -106,6 +136,22 @@ def tiled_codes(codes: np.ndarray | mx.array, out_dims: int, in_dims: int):
         return both.transpose(0, 3, 1, 2, 4, 5).reshape(out_dims, in_dims)
     pair = np.stack([raw & 15, raw >> 4], axis=-2)
     return pair.transpose(0, 3, 1, 2, 4, 5).reshape(out_dims, in_dims)
+
+
+def _five_bit_codes(codes: np.ndarray | mx.array, out_dims: int, in_dims: int):
+    """tiled_codes of 5-bit tiles: the low 4 bits as 4-bit tiles hold them, plus 16 where the top
+    bit is set (the block's fifth run: lane byte i, bit 4·h + p for input 8p + 4h + i)."""
+    tiles, blocks = out_dims // TILE_OUTPUTS, in_dims // TILE_INPUTS
+    raw = codes.reshape(tiles, blocks, 5, TILE_OUTPUTS * 4)
+    low = tiled_codes(raw[:, :, :4].reshape(out_dims, in_dims // 2), out_dims, in_dims)
+    top = raw[:, :, 4].reshape(tiles, blocks, TILE_OUTPUTS, 4, 1, 1)  # tile, block, output, i
+    shifts = (4 * np.arange(2).reshape(2, 1) + np.arange(4)).astype(np.uint8)  # h, p
+    if isinstance(top, mx.array):
+        set_mx = (top >> mx.array(shifts)) & 1  # tile, block, output, i, h, p
+        order = set_mx.transpose(0, 2, 1, 5, 4, 3).reshape(out_dims, in_dims)  # p, h, i: input 8p + 4h + i
+        return low + (order << 4)
+    set_np = (top >> shifts) & 1
+    return low + (set_np.transpose(0, 2, 1, 5, 4, 3).reshape(out_dims, in_dims) << 4)
 
 
 def tiled_values_mx(codes: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> mx.array:

@@ -169,6 +169,28 @@ class QuantWeight:
         return cls(codes, s, b, kernel_bits, group_size, out_dims, in_dims, keep, own_bits, scale_type)
 
     @classmethod
+    def from_tiles(
+        cls,
+        weight: mx.array,
+        scales: mx.array,
+        biases: mx.array,
+        group_size: int,
+        bits: int,
+        code_bits: int = 0,
+    ) -> QuantWeight:
+        """The kernel's view of an affine weight laid out as tiles (quant_tiles.py), read in place:
+        `weight` holds `bits`-bit tiles (4, 5, or 8: codes a byte each) shaped as MLX's packed
+        codes of that width (out × in·bits/32 words), the scales and biases in the tiles' order."""
+        mx.eval(weight)
+        out_dims, in_dims = weight.shape[0], weight.shape[1] * 32 // bits
+        (s, scale_type), (b, _) = _scale_view(scales), _scale_view(biases)
+        codes = np.asarray(weight).view(np.uint8)
+        keep = (weight, scales, biases)
+        return cls(
+            codes, s, b, bits, group_size, out_dims, in_dims, keep, code_bits or bits, scale_type, TILED
+        )
+
+    @classmethod
     def from_q6k(cls, blocks: mx.array, in_dims: int) -> QuantWeight:
         """The kernel's view of a Q6_K weight's blocks (uint8, out × in/256·210), read in place."""
         if (

@@ -102,7 +102,7 @@ def restore_layout(model: nn.Module, file: Path) -> bool:
             module.weight, module.scales, module.biases = (
                 arrays[f"{name}.{p}"] for p in ("weight", "scales", "biases")
             )
-            view = QuantWeight.from_arrays(
+            view = QuantWeight.from_tiles(
                 module.weight, module.scales, module.biases, module.group_size, module.bits, module.code_bits
             )
         else:

@@ -295,6 +295,7 @@ class TiledLinear(RowsQuantizedLinear):
         assert kernel is not None, "a layer is tiled only where the kernel is"
         view = tiled_weight(kernel, self.quant.weights[0], current_route().blas_threads, in_place=True)
         self.weight, self.scales, self.biases = view.keep
+        self.bits = view.bits  # 5 where 5-bit codes held a byte each became 5-bit tiles
         self.quant = QuantViews((view,))
 
 
