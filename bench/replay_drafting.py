@@ -230,7 +230,9 @@ def replay(
         seq.extend(answer[len(seq) - p0 : n])
         if n:
             offered = index.draft(seq, min(budget - n, planner.max_draft)) if lookup else []
-            plan = planner.plan(budget - n, len(offered), length - bottom_seen, index.found_at >= p0)
+            plan = planner.plan(
+                budget - n, len(offered), length - bottom_seen, index.found_at >= p0, max(0, p0 - bottom_seen)
+            )
         else:
             offered, plan = [], Plan(0, "none", math.nan)
         seconds, prompt_read = 0.0, 0.0

@@ -173,9 +173,10 @@ def test_the_top_tiers_entropy_is_measured_only_when_a_plan_needs_it_and_once():
     assert planner.plan(room=100).source == "model" and len(calls) == 2
 
 
-def test_beside_lookup_a_model_draft_pays_its_whole_reading_in_the_round_it_starts():
-    # On this CPU a 64-id read costs 3.6 one-row passes of the top tier: no round of the
-    # drafter's surest tokens repays that, however long the answer; in step it drafts.
+def test_beside_lookup_a_model_draft_pays_the_answers_reading_in_the_round_it_starts():
+    # On this CPU a 64-id read of the answer (lookup drafts, the top tier's tokens) costs 3.6
+    # one-row passes of the top tier: no round of the drafter's surest tokens repays that,
+    # however long the answer; in step it drafts.
     planner = _planner({1: 1.0, 16: 3.4}, draft_s=CPU_DRAFT, with_lookup=True)
     planner.draft.record(64, 4.0)
     assert planner.plan(room=1000, behind=64).length == 0
@@ -184,6 +185,16 @@ def test_beside_lookup_a_model_draft_pays_its_whole_reading_in_the_round_it_star
     mac = _planner({1: 1.0, 33: 1.3}, draft_s=0.4, with_lookup=True)
     mac.draft.record(64, 0.9)
     assert mac.plan(room=1000, behind=64).source == "model"
+
+
+def test_beside_lookup_the_prompts_read_is_repaid_over_the_answer_as_without_lookup():
+    # The prompt is read once an answer: a long answer repays it (a short one does not), where the
+    # same 64 ids of the answer itself would have to be repaid by the round.
+    planner = _planner({1: 1.0, 16: 3.4}, draft_s=CPU_DRAFT, with_lookup=True)
+    planner.draft.record(64, 4.0)
+    assert planner.plan(room=1000, behind=64, unread_prompt=64).source == "model"
+    assert planner.plan(room=20, behind=64, unread_prompt=64).length == 0
+    assert planner.plan(room=1000, behind=64, unread_prompt=4).length == 0
 
 
 def test_beside_lookup_the_reading_must_be_repaid_by_a_round_as_recent_rounds_went():

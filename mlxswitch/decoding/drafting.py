@@ -17,10 +17,10 @@ docstring it can finish and unsure at the name it must invent, and the check agr
 A round goes (DraftPlanner):
 - plan: a model draft is started only where the top tier was sure of its latest own token, a
   draft made entirely of the drafter's surest tokens would beat the top tier alone by MIN_GAIN
-  (with prompt lookup on, in this round, the drafter's reading of what it has not seen included:
-  the prompt, the first time, and the tokens lookup drafts and the top tier made since), and the
-  rest of the answer, at the gain drafting has measured, can repay what the drafter must read
-  first and one round that comes to nothing;
+  (with prompt lookup on, in this round, the drafter's reading of the answer it has not seen
+  included: the tokens lookup drafts and the top tier made since it last drafted), and the rest
+  of the answer, at the gain drafting has measured, can repay what the drafter must read first
+  (the prompt too, the first time) and one round that comes to nothing;
   else the top tier decodes alone (or checks a free prompt-lookup draft, lookup.py: n-gram tokens that
   followed an earlier occurrence of the answer's tail, with their own kept share; a new copy is
   drafted only from the prompt, and short until a draft of it is kept whole: LOOKUP_FIRST);
@@ -116,11 +116,16 @@ class DraftPlanner:
         self.lookup_bound = LOOKUP_FIRST
 
     def plan(
-        self, room: int, lookup_available: int = 0, behind: int = 0, lookup_in_answer: bool = False
+        self,
+        room: int,
+        lookup_available: int = 0,
+        behind: int = 0,
+        lookup_in_answer: bool = False,
+        unread_prompt: int = 0,
     ) -> Plan:
         """The draft for a round with `room` tokens left (lookup_available: n-gram tokens on offer;
-        behind: ids the drafter must read before it drafts; lookup_in_answer: the offer copies
-        the answer itself, not the prompt)."""
+        behind: ids the drafter must read before it drafts, unread_prompt of them the prompt's;
+        lookup_in_answer: the offer copies the answer itself, not the prompt)."""
         answer_room = room
         room = min(room, self.max_draft)
         if room <= 0:
@@ -147,10 +152,11 @@ class DraftPlanner:
                 best = Plan(k, "lookup", rate)
         if best.source == "none" and self.model_drafts and self.memory.rounds.gain > 1.0:
             # A draft of the drafter's surest tokens only: the best any model draft can do. Beside
-            # lookup, what the drafter must read first (the ids it has not seen) is in this round's
-            # price; without it, the prompt's read is repaid from the rest of the answer (below).
+            # lookup, what the drafter must read of the answer first (the tokens lookup drafts and
+            # the top tier made since it last drafted) is in this round's price; the prompt's read,
+            # once an answer, is repaid from the rest of the answer (below), lookup or not.
             surest, step_s, reading = self.binned.surest, self._step_s(), self._catch_up(behind)
-            catch_up = reading if self.with_lookup else 0.0
+            catch_up = self._catch_up(behind - unread_prompt) if self.with_lookup else 0.0
             # Beside lookup the reading must also be repaid by one round as recent rounds went:
             # the projection's best case prices long checks from a few timed counts, and drafts
             # stop at the drafter's first doubt, well short of it.

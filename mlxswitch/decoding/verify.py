@@ -302,9 +302,10 @@ class VerifyLoop:
         """This round's draft plan, and the prompt lookup's offer it was chosen against."""
         ids, index = self.sequence.ids, self._lookup_index
         offered = [] if index is None else index.draft(ids, min(room, self.planner.max_draft))
-        behind = len(ids) - self.ladder.tiers[0].group.seen
-        in_answer = index is not None and index.found_at >= self.sequence.prompt_tokens
-        return self.planner.plan(room, len(offered), behind, in_answer), offered
+        seen, prompt_tokens = self.ladder.tiers[0].group.seen, self.sequence.prompt_tokens
+        in_answer = index is not None and index.found_at >= prompt_tokens
+        plan = self.planner.plan(room, len(offered), len(ids) - seen, in_answer, max(0, prompt_tokens - seen))
+        return plan, offered
 
     def _draft(self, made: ModelDraft, catch_up: dict[str, int]) -> Generator[Score, mx.array, None]:
         """The bottom tier's draft from the end of `ids`, into `made` (ModelDraft.take decides
