@@ -197,6 +197,37 @@ def test_beside_lookup_the_prompts_read_is_repaid_over_the_answer_as_without_loo
     assert planner.plan(room=1000, behind=64, unread_prompt=4).length == 0
 
 
+def test_a_prompt_read_is_repaid_at_what_reads_earned_per_position_since():
+    # Where lookup copies most of an answer, the drafter that read the prompt drafts few of its
+    # positions: a read is judged by what reads earned per position, and tried again later.
+    def answer(memory=None) -> DraftPlanner:
+        planner = DraftPlanner(32, memory=memory, with_lookup=True)
+        if memory is None:
+            planner.check.record(1, 1.0)
+            planner.check.record(16, 3.4)
+            planner.draft.record(1, CPU_DRAFT)
+            planner.draft.record(64, 4.0)
+        planner.observe_top(SURE)
+        return planner
+
+    first = answer()
+    assert first.plan(room=200, behind=64, unread_prompt=64).source == "model"  # the prior: read
+    assert first.read_prompt
+    first.record_round("model", 4, 4, [SURE] * 4, seconds=3.0)  # 5 tokens, 3 passes' worth
+    for _ in range(40):  # then lookup's copies and the top tier's tokens: nothing saved
+        first.record_round("lookup", 7, 7, seconds=2.0, tokens=8)
+        first.record_round("none", 0, 0, seconds=1.0)
+    memory = first.memory
+    assert 0 < memory.reads.per_position < 0.02
+    later = answer(memory)
+    assert later.plan(room=200, behind=64, unread_prompt=64).length == 0
+    assert not later.read_prompt
+    assert later.plan(room=200, behind=0).source == "model"  # in step: no read to repay
+    for _ in range(40):  # answers without a read: the prior returns, and a read is tried again
+        later = answer(memory)
+    assert later.plan(room=200, behind=64, unread_prompt=64).source == "model"
+
+
 def test_beside_lookup_the_reading_must_be_repaid_by_a_round_as_recent_rounds_went():
     # Long checks priced from a few timed counts (flat from 8 rows on) make the best case look
     # good; rounds that barely paid do not repay a 32-id read, rounds that paid well do.

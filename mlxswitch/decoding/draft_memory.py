@@ -39,6 +39,11 @@ PRIOR_ROUND_TOKENS, PRIOR_ROUND_GAIN, ROUND_DECAY = 4.0, 1.2, 0.9
 # since trying again is what a loss costs (a CPU's multi-row check for a token or two): from a
 # gain of 0.75 about 85 rounds pass before the next try, from 0.95 about 20.
 ROUND_IDLE_DECAY = 0.99
+# What a read of the prompt earned: one-row passes saved per answer position decoded after it
+# (ReadYield). Its prior is PRIOR_ROUND_GAIN's saving at every position, worth
+# PRIOR_READ_POSITIONS; about the last two hundred positions decide, and each answer begun fades
+# them toward the prior, so a read is tried again a few answers after one that did not pay.
+PRIOR_READ_POSITIONS, READ_POSITION_DECAY, READ_ANSWER_DECAY = 16.0, 0.995, 0.9
 
 
 @dataclass
@@ -207,6 +212,35 @@ class RoundYield:
 
 
 @dataclass
+class ReadYield:
+    """Decayed totals over the answer positions decoded after the drafter read a prompt: how many,
+    and the one-row passes of the top tier the drafter's rounds saved there. Where prompt lookup
+    copies most of an answer, the drafter, once it has read the prompt, drafts few of its tokens
+    (HumanEval: 7% in bench/replay_drafting.py), so what a read earns is measured per position,
+    lookup's and the top tier's included, not per drafted round."""
+
+    positions: float = 0.0
+    saved: float = 0.0
+
+    @property
+    def per_position(self) -> float:
+        """One-row passes saved per position after a read (prior included; negative: reads lost)."""
+        prior = (1.0 - 1.0 / PRIOR_ROUND_GAIN) * PRIOR_READ_POSITIONS
+        return (self.saved + prior) / (self.positions + PRIOR_READ_POSITIONS)
+
+    def record(self, positions: int, saved: float) -> None:
+        """A round after a read: `positions` made, `saved` one-row passes (0 but the drafter's)."""
+        fade = READ_POSITION_DECAY**positions
+        self.positions = fade * self.positions + positions
+        self.saved = fade * self.saved + saved
+
+    def new_answer(self) -> None:
+        """An answer begins: what was measured fades toward the prior."""
+        self.positions *= READ_ANSWER_DECAY
+        self.saved *= READ_ANSWER_DECAY
+
+
+@dataclass
 class DraftMemory:
     """What verified drafting learned on one ladder, kept across its answers: what the passes cost
     here (the machine's) and how much of each kind of draft the check kept (the text's, decayed)."""
@@ -217,3 +251,4 @@ class DraftMemory:
     rounds: RoundYield = field(default_factory=RoundYield)  # what the drafter's rounds made
     lookup_rounds: RoundYield = field(default_factory=RoundYield)  # what the lookup's rounds made
     lookup_kept: Acceptance = field(default_factory=Acceptance)
+    reads: ReadYield = field(default_factory=ReadYield)  # what the drafter's prompt reads earned
