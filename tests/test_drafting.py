@@ -197,35 +197,41 @@ def test_beside_lookup_the_prompts_read_is_repaid_over_the_answer_as_without_loo
     assert planner.plan(room=1000, behind=64, unread_prompt=4).length == 0
 
 
-def test_a_prompt_read_is_repaid_at_what_reads_earned_per_position_since():
-    # Where lookup copies most of an answer, the drafter that read the prompt drafts few of its
-    # positions: a read is judged by what reads earned per position, and tried again later.
+def test_a_prompt_read_is_repaid_at_most_by_what_reads_earned_since():
+    # Where lookup copies most of an answer and it ends long before its room, the drafter that
+    # read the prompt drafts a few of its tokens: once measured, what a read earned prices the
+    # next one, and a read is tried again some answers later.
     def answer(memory=None) -> DraftPlanner:
         planner = DraftPlanner(32, memory=memory, with_lookup=True)
         if memory is None:
             planner.check.record(1, 1.0)
             planner.check.record(16, 3.4)
             planner.draft.record(1, CPU_DRAFT)
-            planner.draft.record(64, 4.0)
+            planner.draft.record(64, 4.0)  # a 64-id read: 3.6 passes beyond a step
         planner.observe_top(SURE)
         return planner
 
     first = answer()
-    assert first.plan(room=200, behind=64, unread_prompt=64).source == "model"  # the prior: read
-    assert first.read_prompt
-    first.record_round("model", 4, 4, [SURE] * 4, seconds=3.0)  # 5 tokens, 3 passes' worth
-    for _ in range(40):  # then lookup's copies and the top tier's tokens: nothing saved
+    assert first.plan(room=300, behind=64, unread_prompt=64).source == "model"  # none measured: read
+    assert first.read_prompt and first.memory.reads.reads == 1
+    first.record_round("model", 4, 4, [SURE] * 4, seconds=3.0)  # 5 tokens, 3 passes' worth: saved 2
+    for _ in range(40):  # then lookup's copies and the top tier's own tokens: not the read's
         first.record_round("lookup", 7, 7, seconds=2.0, tokens=8)
         first.record_round("none", 0, 0, seconds=1.0)
     memory = first.memory
-    assert 0 < memory.reads.per_position < 0.02
+    assert memory.reads.per_read == pytest.approx(2.0)
     later = answer(memory)
-    assert later.plan(room=200, behind=64, unread_prompt=64).length == 0
+    assert later.plan(room=300, behind=64, unread_prompt=64).length == 0  # 2 passes < 4.6
     assert not later.read_prompt
-    assert later.plan(room=200, behind=0).source == "model"  # in step: no read to repay
-    for _ in range(40):  # answers without a read: the prior returns, and a read is tried again
+    assert later.plan(room=300, behind=0).source == "model"  # in step: no read to repay
+    for _ in range(8):  # answers without a read: the measure fades, and a read is tried again
         later = answer(memory)
-    assert later.plan(room=200, behind=64, unread_prompt=64).source == "model"
+    assert later.plan(room=300, behind=64, unread_prompt=64).source == "model"
+    rich = answer()  # reads that earned more than they cost go on
+    for _ in range(3):
+        rich = answer(rich.memory)
+        assert rich.plan(room=300, behind=64, unread_prompt=64).source == "model"
+        rich.record_round("model", 16, 16, [SURE] * 16, seconds=9.0)  # saved 8
 
 
 def test_beside_lookup_the_reading_must_be_repaid_by_a_round_as_recent_rounds_went():

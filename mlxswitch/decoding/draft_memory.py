@@ -39,11 +39,10 @@ PRIOR_ROUND_TOKENS, PRIOR_ROUND_GAIN, ROUND_DECAY = 4.0, 1.2, 0.9
 # since trying again is what a loss costs (a CPU's multi-row check for a token or two): from a
 # gain of 0.75 about 85 rounds pass before the next try, from 0.95 about 20.
 ROUND_IDLE_DECAY = 0.99
-# What a read of the prompt earned: one-row passes saved per answer position decoded after it
-# (ReadYield). Its prior is PRIOR_ROUND_GAIN's saving at every position, worth
-# PRIOR_READ_POSITIONS; about the last two hundred positions decide, and each answer begun fades
-# them toward the prior, so a read is tried again a few answers after one that did not pay.
-PRIOR_READ_POSITIONS, READ_POSITION_DECAY, READ_ANSWER_DECAY = 16.0, 0.995, 0.9
+# What the drafter's reads of a prompt earned (ReadYield): each answer begun fades the totals,
+# and below READ_EVIDENCE reads' worth a read is priced as if none had been measured, so one is
+# tried again about seven answers after a read that did not pay.
+READ_ANSWER_DECAY, READ_EVIDENCE = 0.9, 0.5
 
 
 @dataclass
@@ -213,30 +212,31 @@ class RoundYield:
 
 @dataclass
 class ReadYield:
-    """Decayed totals over the answer positions decoded after the drafter read a prompt: how many,
-    and the one-row passes of the top tier the drafter's rounds saved there. Where prompt lookup
-    copies most of an answer, the drafter, once it has read the prompt, drafts few of its tokens
-    (HumanEval: 7% in bench/replay_drafting.py), so what a read earns is measured per position,
-    lookup's and the top tier's included, not per drafted round."""
+    """Decayed totals over the drafter's reads of a prompt: how many, and the one-row passes of the
+    top tier its rounds saved in the rest of those answers. Beside prompt lookup, a drafter that
+    has read a HumanEval prompt drafts a few of the answer's tokens (lookup copies most, and the
+    answer ends long before its room), and a read earned 1-3 passes against the 6-12 it cost: an
+    answer's room, at the gain of the drafter's rounds, promises far more than a read earns."""
 
-    positions: float = 0.0
+    reads: float = 0.0
     saved: float = 0.0
 
     @property
-    def per_position(self) -> float:
-        """One-row passes saved per position after a read (prior included; negative: reads lost)."""
-        prior = (1.0 - 1.0 / PRIOR_ROUND_GAIN) * PRIOR_READ_POSITIONS
-        return (self.saved + prior) / (self.positions + PRIOR_READ_POSITIONS)
+    def per_read(self) -> float | None:
+        """One-row passes a read saved, on average (None: too few reads measured)."""
+        return self.saved / self.reads if self.reads >= READ_EVIDENCE else None
 
-    def record(self, positions: int, saved: float) -> None:
-        """A round after a read: `positions` made, `saved` one-row passes (0 but the drafter's)."""
-        fade = READ_POSITION_DECAY**positions
-        self.positions = fade * self.positions + positions
-        self.saved = fade * self.saved + saved
+    def read(self) -> None:
+        """The drafter reads an answer's prompt."""
+        self.reads += 1.0
+
+    def record(self, saved: float) -> None:
+        """A drafter's round after a read: `saved` one-row passes (negative: it cost more)."""
+        self.saved += saved
 
     def new_answer(self) -> None:
-        """An answer begins: what was measured fades toward the prior."""
-        self.positions *= READ_ANSWER_DECAY
+        """An answer begins: what was measured fades."""
+        self.reads *= READ_ANSWER_DECAY
         self.saved *= READ_ANSWER_DECAY
 
 

@@ -20,9 +20,8 @@ A round goes (DraftPlanner):
   (with prompt lookup on, in this round, the drafter's reading of the answer it has not seen
   included: the tokens lookup drafts and the top tier made since it last drafted), and the rest
   of the answer, at the gain drafting has measured, can repay what the drafter must read first
-  (the prompt too, the first time: that at most at what earlier reads earned per position of the
-  answers after them, lookup's copies included, draft_memory.ReadYield) and one round that comes
-  to nothing;
+  (the prompt too, the first time: that at most by what earlier reads earned in the rest of their
+  answers, draft_memory.ReadYield) and one round that comes to nothing;
   else the top tier decodes alone (or checks a free prompt-lookup draft, lookup.py: n-gram tokens that
   followed an earlier occurrence of the answer's tail, with their own kept share; a new copy is
   drafted only from the prompt, and short until a draft of it is kept whole: LOOKUP_FIRST);
@@ -116,8 +115,8 @@ class DraftPlanner:
         # The longest lookup draft this answer may check next (LOOKUP_FIRST, doubled by each kept
         # whole): the answer's own, as its copy runs are.
         self.lookup_bound = LOOKUP_FIRST
-        # Whether this answer's drafter has read its prompt: the rounds after it teach what a
-        # read earns (memory.reads), which each answer begun lets fade.
+        # Whether this answer's drafter has read its prompt: its rounds after it teach what a read
+        # earns (memory.reads), which each answer begun lets fade.
         self.read_prompt = False
         if model_drafts:
             self.memory.reads.new_answer()
@@ -177,7 +176,9 @@ class DraftPlanner:
                     reading, answer_room, projected / alone.tokens_per_s, unread_prompt > 0
                 ):
                     best = Plan(room, "model", projected)
-                    self.read_prompt = self.read_prompt or unread_prompt > 0
+                    if unread_prompt > 0 and not self.read_prompt:
+                        self.read_prompt = True
+                        self.memory.reads.read()
         return best if best.length else alone
 
     def _top_was_sure(self) -> bool:
@@ -195,14 +196,15 @@ class DraftPlanner:
         # alone since) and one round that may come to nothing are paid once; drafting can repay
         # them only from the rest of the answer, at the gain its rounds have measured (or the
         # plan's, if lower). So a short answer on a machine where drafting barely pays is left to
-        # the top tier alone, and a long one is drafted. A prompt's read is repaid at most at
-        # what reads have earned per position since: lookup's copies leave the drafter few.
+        # the top tier alone, and a long one is drafted. A prompt's read is repaid at most by what
+        # reads have earned since, where that has been measured (draft_memory.ReadYield).
         top_s = self.check.estimate(1)
         gain = min(self.memory.rounds.gain, projected_gain)
-        per_position = 1.0 - 1.0 / gain
-        if reads_prompt:
-            per_position = min(per_position, self.memory.reads.per_position)
-        return answer_room * top_s * per_position > reading_s + top_s
+        saving_s = answer_room * top_s * (1.0 - 1.0 / gain)
+        per_read = self.memory.reads.per_read if reads_prompt else None
+        if per_read is not None:
+            saving_s = min(saving_s, per_read * top_s)
+        return saving_s > reading_s + top_s
 
     def keep_drafting(self, entropies: Sequence[float], room: int) -> bool:
         """After each drafted token (the drafter's entropies so far): draft another? Yes while a
@@ -282,11 +284,8 @@ class DraftPlanner:
         memory = self.memory
         top_s = self.check.estimate(1)
         made = kept + 1 if tokens is None else tokens
-        if self.read_prompt and top_s > 0:
-            if source != "model":
-                memory.reads.record(made, 0.0)
-            elif math.isfinite(seconds):
-                memory.reads.record(made, made - seconds / top_s)
+        if self.read_prompt and source == "model" and math.isfinite(seconds) and top_s > 0:
+            memory.reads.record(made - seconds / top_s)
         if drafted == 0:
             self.check.idle()
         for kind, rounds in (("model", memory.rounds), ("lookup", memory.lookup_rounds)):
