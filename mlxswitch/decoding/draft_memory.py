@@ -215,7 +215,7 @@ class ReadYield:
     """Decayed totals over the drafter's reads of a prompt: how many, and the one-row passes of the
     top tier its rounds saved in the rest of those answers. Beside prompt lookup, a drafter that
     has read a HumanEval prompt drafts a few of the answer's tokens (lookup copies most, and the
-    answer ends long before its room), and a read earned 1-3 passes against the 6-12 it cost: an
+    answer ends long before its room): live, a read saved 0.5-3 passes where it cost 6-12. An
     answer's room, at the gain of the drafter's rounds, promises far more than a read earns."""
 
     reads: float = 0.0
