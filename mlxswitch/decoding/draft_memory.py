@@ -1,11 +1,12 @@
 """What verified drafting learns as the answers go, kept on the ladder (DraftMemory): each model's
 pass seconds by row count (PassCosts), how much of each kind of draft the check kept (per entropy
-bin for the drafter's: BinnedAcceptance; one share for lookup's: Acceptance), and what each kind's
-rounds made over their seconds (RoundYield). Pure Python; drafting.py's planner reads it.
+bin for the drafter's: BinnedAcceptance; one share for lookup's: Acceptance), what each kind's
+rounds made over their seconds (RoundYield), and what the drafter's reads of a prompt saved in the
+rest of their answers (ReadYield). Pure Python; drafting.py's planner reads it.
 
 A bin's evidence, a kind's measured gain and a dear multi-row pass cost fade toward their priors
-while nothing is drafted (IDLE_DECAY, ROUND_IDLE_DECAY), so drafting is tried again after a
-stretch where it did not pay.
+while nothing is drafted (IDLE_DECAY, ROUND_IDLE_DECAY), and what reads saved fades with each
+answer (READ_ANSWER_DECAY), so drafting is tried again after a stretch where it did not pay.
 """
 
 from __future__ import annotations
