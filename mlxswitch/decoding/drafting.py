@@ -102,7 +102,8 @@ class DraftPlanner:
         self.model_drafts = model_drafts
         self.adaptive = adaptive  # False: always draft up to max_draft (the fixed rule, for comparison)
         # Prompt lookup on: model drafts compete with free ones and fall behind while those are
-        # kept, so a model draft pays its whole reading in the round it starts (see plan).
+        # kept, so a model draft pays its reading of the answer in the round it starts; the
+        # prompt's read is repaid over the answer either way (see plan).
         self.with_lookup = with_lookup
         self.memory = memory if memory is not None else DraftMemory()
         self.check, self.draft = self.memory.check, self.memory.draft
