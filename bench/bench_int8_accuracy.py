@@ -2,6 +2,7 @@
 greedy tokens agree?
 
     uv run --extra qwen-coder python bench/bench_int8_accuracy.py [--models A,B] [--limit 10] [--reference]
+    uv run python bench/bench_int8_accuracy.py --models embedded:smollm2-135m   # the embedded model
 
 Each model is loaded twice: on the CPU default (`auto`: fp32 scales and biases narrowed to fp16
 where in range) and on `exact` (as loaded: fp32). Per prompt (bench/prompts/everyday-heldout7.jsonl):
@@ -131,6 +132,12 @@ def down_projections(spec: tuple[float, int] | None):
         quant_linear.quant_rows_times = real
 
 
+def source_of(name: str) -> str:
+    """A model source as `load_model` takes it: a packaged model's name, or a source with its
+    scheme (`embedded:smollm2-135m`, the embedded default)."""
+    return name if ":" in name else f"package:{name}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct")
@@ -145,9 +152,9 @@ def main() -> None:
     arms = ("default", "int8 on fp32 scales", "exact")
     for name in args.models.split(","):
         with kernels_override("auto"):
-            loaded = load_model(f"package:{name}")
+            loaded = load_model(source_of(name))
         with kernels_override("exact"):
-            stored = load_model(f"package:{name}").model  # scales as loaded
+            stored = load_model(source_of(name)).model  # scales as loaded
         model, tokenizer = loaded.model, loaded.tokenizer
         agree = dict.fromkeys(arms, 0)
         worst: dict[str, list[float]] = {arm: [] for arm in arms}

@@ -181,6 +181,7 @@ def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_ty
     from mlxswitch.models.row_routes import use_fast_rows
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model's rows on int8: tiled
+    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)  # and its down projections' on int16
     resolve_route("auto", "cpu", blas_threads=threads)
     kernel = quant_kernel()
     if kernel is None or not kernel.tiled:
@@ -225,6 +226,7 @@ def test_a_body_whose_first_one_call_pass_differs_keeps_the_operations_one_by_on
     from mlxswitch.models.row_routes import use_fast_rows
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)
+    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)
     resolve_route("auto", "cpu")
     kernel = quant_kernel()
     if kernel is None or not kernel.tiled:
@@ -268,6 +270,7 @@ def test_a_packed_pass_in_one_call_gives_each_conversation_its_own_pass_s_bits(m
     from mlxswitch.models.row_routes import use_fast_rows
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model's rows on int8: tiled
+    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)  # and its down projections' on int16
     resolve_route("auto", "cpu")
     kernel = quant_kernel()
     if kernel is None or not kernel.tiled:

@@ -69,10 +69,11 @@ class KernelDouble:
 
 @pytest.fixture(autouse=True)
 def int8_on_tiny_rows(monkeypatch):
-    """The tiny models here stand for real ones: int8 activations on rows of any length."""
+    """The tiny models here stand for real ones: int8 (or int16) activations on rows of any length."""
     from mlxswitch.kernels import quant_cpu
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)
+    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)
 
 
 def _weight(out_dims, in_dims, bits, group_size, seed=0, scale_dtype=mx.float32):
@@ -766,6 +767,53 @@ def test_a_down_projection_takes_no_int8_activations_and_the_others_do():
     resolve_route("exact", "cpu")
     assert not np.array_equal(down, np.array(mlp.down_proj(x)))  # fp32 activations on exact
     assert not np.array_equal(gate, np.array(mlp.gate_proj(x_in)))  # int8 on the default
+
+
+@needs_kernel
+def test_rows_too_narrow_for_int8_take_int16_and_a_model_nested_into_gears_keeps_every_mark(monkeypatch):
+    # SmolLM2's 576-wide rows moved its argmax on int8 and kept fp32's on int16 (quant_cpu.py):
+    # a layer narrower than INT8_MIN_INPUTS is marked as a down projection is, on its own load and
+    # again once gears replace its linears (they were not: a geared down projection took int8).
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.models import row_routes, rows
+    from mlxswitch.models.gear_files import prepare_geared
+    from mlxswitch.models.weights import LoadedModel
+
+    resolve_route("auto", "cpu")
+    assert not quant_cpu.int8_inputs("model.layers.0.self_attn.q_proj", quant_cpu.INT8_MIN_INPUTS - 1)
+    assert quant_cpu.int8_inputs("model.layers.0.self_attn.q_proj", quant_cpu.INT8_MIN_INPUTS)
+    assert not quant_cpu.int8_inputs("model.layers.0.mlp.down_proj", quant_cpu.INT8_MIN_INPUTS)
+
+    def loaded() -> LoadedModel:
+        model = make_model(llama_config(vocab_size=300), seed=7)  # rows of 64 (q..up) and 128 (down)
+        nn.quantize(model, group_size=32, bits=4)
+        mx.eval(model.parameters())
+        row_routes.use_fast_rows(model)
+        return LoadedModel("tiny", "tiny", model, None, {})
+
+    def marks(model: nn.Module) -> dict[str, bool]:
+        return {
+            name.rsplit(".", 1)[-1]: module.int8_inputs
+            for name, module in model.named_modules()
+            if name.startswith("model.layers.0.") and hasattr(module, "int8_inputs")
+        }
+
+    wide_rows = {"q_proj": False, "k_proj": False, "v_proj": False, "o_proj": False, "gate_proj": False,
+                 "up_proj": False, "down_proj": False}  # fmt: skip
+    int8_rows = {**{name: True for name in wide_rows}, "down_proj": False}
+    assert marks(prepare_geared(loaded(), (4, 8)).model) == int8_rows  # the fixture: int8 from 32
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 96)  # 64-wide rows are too narrow now
+    plain = loaded()
+    assert marks(plain.model) == wide_rows
+    q_proj = plain.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, rows.TiledLinear)  # int16 rows on tiles, not fp32 on the panel
+    x = mx.random.normal((1, 3, 64), key=mx.random.key(3))
+    weight = q_proj.quant.weights[0]
+    int16 = KERNEL.times(np.array(x)[0], weight, 2, int8=True, wide=True)
+    assert np.array_equal(np.array(q_proj(x))[0], int16)
+    assert marks(prepare_geared(loaded(), (4, 8)).model) == wide_rows
 
 
 @needs_kernel

@@ -84,9 +84,12 @@ class QuantBuild:
 FP32_INPUT_LAYERS = ("down_proj",)
 
 
-def int8_inputs(layer_name: str) -> bool:
-    """Whether a layer of this name (its path in the model) may take int8 activations."""
-    return layer_name.rsplit(".", 1)[-1] not in FP32_INPUT_LAYERS
+def int8_inputs(layer_name: str, in_dims: int | None = None) -> bool:
+    """Whether a layer of this name (its path in the model) and input width may take int8
+    activations: not a down projection, and rows at least INT8_MIN_INPUTS wide (narrower ones take
+    int16 where their codes are 4-bit, wide_applies, else fp32)."""
+    narrow_rows = in_dims is not None and in_dims < INT8_MIN_INPUTS
+    return layer_name.rsplit(".", 1)[-1] not in FP32_INPUT_LAYERS and not narrow_rows
 
 
 # Codes whose products take int16 activations where int8 is refused (a down projection): the Qwen
@@ -106,9 +109,14 @@ def integer_applies(weight: QuantWeight, narrow: bool) -> bool:
 
 
 def wide_applies(weight: QuantWeight) -> bool:
-    """Whether a layer refused int8 activations takes int16 ones on this weight (else fp32): int8's
-    conditions (int8_applies) and 4-bit codes (WIDE_CODE_BITS)."""
-    return weight.bits in WIDE_CODE_BITS and int8_applies(weight)
+    """Whether a layer refused int8 activations takes int16 ones on this weight (else fp32): 4-bit
+    codes (WIDE_CODE_BITS), groups a multiple of 32, rows at least WIDE_MIN_INPUTS wide."""
+    return (
+        weight.bits in WIDE_CODE_BITS
+        and (weight.code_bits or weight.bits) in INT8_CODE_BITS
+        and weight.group_size % INT8_BLOCK == 0
+        and weight.in_dims >= WIDE_MIN_INPUTS
+    )
 
 
 def int8_applies(weight: QuantWeight) -> bool:
@@ -134,6 +142,12 @@ INT8_CODE_BITS = (2, 3, 4, 5, 6, 8)
 # 135M model also keeps its reference answer where its first token is a near-tie ("The" 0.08
 # logits above "L" for "What is the capital of France?", which int8 flips).
 INT8_MIN_INPUTS = 768
+# Rows narrower than that take int16 instead where their codes are 4-bit (int8_inputs): SmolLM2's
+# (576) on int8 moved its argmax at 12-13 of 480 positions, one 0.85 logits apart, and on int16 at
+# none (largest logit difference 0.009, with its head on fp32 as before), where on fp32 every
+# product went through the dequantized panel: its steps ~2x and first token ~1.4x the time
+# (bench/results/int8-accuracy-embedded.txt).
+WIDE_MIN_INPUTS = 512
 
 
 @cache

@@ -206,10 +206,10 @@ def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norm
     """(BlockPlan, the arrays it points into), or None (_block_plan says where)."""
     arrays: list = []
     products = []
-    # q, k and v; o; gate and up; down (whose rows take int16, not int8: FP32_INPUT_LAYERS)
-    groups = ((linears[:3], True), (linears[3:4], True), (linears[4:6], True), (linears[6:], False))
-    for group, narrow in groups:
-        product = _product(group, narrow, arrays)
+    # q, k and v; o; gate and up; down. Each group's rows take int8, or int16 where its linears
+    # refuse int8 (quant_cpu.int8_inputs: a down projection's, rows too narrow).
+    for group in (linears[:3], linears[3:4], linears[4:6], linears[6:]):
+        product = _product(group, arrays)
         if product is None:
             return None
         products.append(product)
@@ -237,10 +237,12 @@ def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norm
     return plan, tuple(arrays)
 
 
-def _product(linears: tuple, narrow: bool, arrays: list) -> Product | None:
+def _product(linears: tuple, arrays: list) -> Product | None:
     """The Product of linears that read the same rows (one call, as _rows_times_together makes it;
-    one linear as numpy_rows makes it), or None where they do not take the tiles' path."""
+    one linear as numpy_rows makes it), or None where they do not take the tiles' path or their
+    rows would be rounded differently."""
     found = []
+    narrow = linears[0].int8_inputs
     for linear in linears:
         quant = getattr(linear, "quant", None)
         if quant is None or len(quant.weights) != 1 or linear.int8_inputs != narrow:
@@ -253,15 +255,15 @@ def _product(linears: tuple, narrow: bool, arrays: list) -> Product | None:
     if bias is not None:
         arrays.append(bias)
     bias_at = None if bias is None else bias.ctypes.data
+    wide = int(not narrow)
     if len(found) > 1:
-        pack = weight_pack(found)
+        pack = weight_pack(found, bool(wide))
         if pack is None or not pack.tiled:
             return None
         arrays.append(pack)
         fields = ctypes.addressof(pack.fields)
-        return Product(fields, bias_at, len(found), found[0].in_dims, pack.ends[-1], 0, 0)
+        return Product(fields, bias_at, len(found), found[0].in_dims, pack.ends[-1], 0, wide)
     weight = found[0]
-    wide = int(not narrow)
     if weight.layout in (TILED, Q4K_TILED):  # the tiles' call takes either
         return Product(ctypes.addressof(weight.fields), bias_at, 1, weight.in_dims, weight.out_dims, 0, wide)
     if weight.layout == Q6K_TILED:

@@ -68,7 +68,7 @@ def _round_to(values: mx.array, dtype: mx.Dtype, memory: mx.Dtype) -> mx.array:
 class NestedLinear(nn.Module):
     """A linear layer whose weight is a sum of quantized residual planes; the GearState picks how many."""
 
-    # Whether its input may be rounded to int8 (quant_cpu.int8_inputs; set by row_routes.use_fast_rows).
+    # Whether its input may be rounded to int8 (quant_cpu.int8_inputs; set by row_routes.mark_int8_inputs).
     int8_inputs: bool = True
 
     def __init__(

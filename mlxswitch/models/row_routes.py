@@ -93,6 +93,27 @@ def keeps_dense_weights(params: int) -> bool:
     )
 
 
+def mark_int8_inputs(model: nn.Module) -> None:
+    """Mark the linears whose rows may not be rounded to int8 (quant_cpu.int8_inputs: a down
+    projection's, or rows too narrow), read by our linears and nested gears once they take over:
+    at load, and again once a model is nested into gears (its linears replaced)."""
+    for name, module in model.named_modules():
+        if not int8_inputs(name, _input_dims(module)):
+            module.int8_inputs = False  # a plain attribute: never a parameter
+
+
+def _input_dims(module: nn.Module) -> int | None:
+    """A linear's input width (a quantized one's, a nested gear's first plane's), else None."""
+    if isinstance(module, nn.QuantizedLinear):
+        return module["weight"].shape[1] * 32 // module.bits
+    if isinstance(module, nn.Linear):
+        return module["weight"].shape[1]
+    planes = getattr(module, "planes", None)  # a NestedLinear (models/gears.py)
+    if planes:
+        return planes[0]["weight"].shape[1] * 32 // module.plane_bits[0]
+    return None
+
+
 def use_fast_rows(model: nn.Module) -> str:
     """Give every plain nn.QuantizedLinear the CPU routes; which route its linears took:
     "mlx-module" (the route keeps MLX's own: a GPU), "quant-kernel" (multiplied on the stored
@@ -103,9 +124,7 @@ def use_fast_rows(model: nn.Module) -> str:
         return "mlx-module"
     if current_route().numpy_allowed:
         use_numpy_blocks(model)  # attention and the MLP's activation in NumPy (cpu_blocks.py)
-    for name, module in model.named_modules():
-        if not int8_inputs(name):  # read by our linears and nested gears once they take over
-            module.int8_inputs = False  # a plain attribute: never a parameter
+    mark_int8_inputs(model)
     plain: list[nn.Module] = [m for _, m in model.named_modules() if type(m) is nn.QuantizedLinear]
     head = _tied_head(model)
     if not plain and not any(isinstance(m, (Q6KLinear, TiledLinear)) for _, m in model.named_modules()):
