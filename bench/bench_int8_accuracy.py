@@ -3,6 +3,7 @@ greedy tokens agree?
 
     uv run --extra qwen-coder python bench/bench_int8_accuracy.py [--models A,B] [--limit 10] [--reference]
     uv run python bench/bench_int8_accuracy.py --models embedded:smollm2-135m   # the embedded model
+    uv run python bench/bench_int8_accuracy.py --models embedded:smollm2-135m --int8-min-inputs 512
 
 Each model is loaded twice: on the CPU default (`auto`: fp32 scales and biases narrowed to fp16
 where in range) and on `exact` (as loaded: fp32). Per prompt (bench/prompts/everyday-heldout7.jsonl):
@@ -146,7 +147,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--reference", action="store_true", help="also MLX's reference route (slow)")
     parser.add_argument("--down", type=down_spec, help="int8 or split:T:K: down projections on int8")
+    parser.add_argument(
+        "--int8-min-inputs",
+        type=int,
+        help="rows at least this wide take int8 (default: quant_cpu.INT8_MIN_INPUTS; narrower take int16)",
+    )
     args = parser.parse_args()
+    if args.int8_min_inputs is not None:  # before any load: the layers are marked at load
+        quant_cpu.INT8_MIN_INPUTS = args.int8_min_inputs
     lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][: args.limit]
     arms = ("default", "int8 on fp32 scales", "exact")
