@@ -142,6 +142,48 @@ def test_forward_at_each_gear_is_the_planes_sum(nested, weight):
         assert mx.allclose(nested(x), x @ nested.dequantized(planes).T, atol=1e-4).item()
 
 
+def test_planes_on_the_kernel_are_laid_out_as_tiles_once_and_every_route_reads_their_values(
+    monkeypatch, tmp_path
+):
+    # The first pass on integer rows lays each plane out as the kernel's tiles (the same values,
+    # held once); each gear is then one integer product a plane, and a route without integer rows
+    # (exact) multiplies the planes' values in mx. Saving refuses tiles, which it would misread.
+    import numpy as np
+
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.quant_weights import TILED
+
+    kernel = quant_cpu.quant_kernel()
+    if kernel is None or not kernel.tiled:
+        pytest.skip("no quantized kernel with tiles here")
+    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)  # these 128-wide rows stand for SmolLM2's
+    mx.random.seed(5)
+    layer = NestedLinear.from_weight(mx.random.normal((64, 128)), (4, 4), 64, GearState((4, 4)))
+    layer.int8_inputs = False  # int16 rows, as row_routes marks a layer too narrow for int8
+    values = {count: np.array(layer.dequantized(count)) for count in (1, 2)}
+    x = mx.random.normal((1, 40, 128))  # a prefill's rows
+    rows = np.array(x)[0]
+    resolve_route("auto", "cpu")
+    for gear, count in ((4, 1), (8, 2)):
+        layer.gear_state.set(gear)
+        got = np.array(layer(x))[0]
+        tiles = layer.tiled_planes.weights[:count]
+        assert layer.planes_tiled and all(view.layout == TILED for view in tiles)
+        products = [kernel.times(rows, view, 2, int8=True, wide=True) for view in tiles]
+        assert np.array_equal(got, products[0] if count == 1 else products[0] + products[1])
+        assert np.array_equal(np.array(layer.dequantized(count)), values[count])  # tiles, same values
+        truth = rows.astype(np.float64) @ values[count].T.astype(np.float64)
+        assert np.abs(got - truth).max() < 1e-3 * np.abs(truth).max()
+    resolve_route("exact", "cpu")  # fp32 rows: the planes' values in mx
+    exact = np.array(layer(x))[0].astype(np.float64)
+    assert np.abs(exact - truth).max() < 1e-5 * np.abs(truth).max()
+    model = nn.Sequential(layer)
+    model.gear_state = layer.gear_state
+    with pytest.raises(UsageError, match="tiles"):
+        save_geared(model, {}, tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
 def test_switching_gear_is_one_attribute_write(nested):
     arrays = [(k, id(v)) for k, v in tree_flatten(nested.parameters())]
     state = nested.gear_state

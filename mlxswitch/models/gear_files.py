@@ -44,6 +44,11 @@ def save_geared(model: nn.Module, config: dict, out_dir: Path, scale_dtype: mx.D
     scale_dtype to get half-size scales. Tokenizer files are the caller's.
     """
     state: GearState = model.gear_state
+    if any(isinstance(m, NestedLinear) and m.planes_tiled for _, m in model.named_modules()):
+        raise UsageError(
+            "this geared model has decoded on the CPU, which laid its planes out as tiles; "
+            "save a model before it decodes (mlxswitch gears build)"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = {}
