@@ -217,6 +217,57 @@ def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_ty
 
 
 @needs_ops
+def test_a_geared_body_in_one_call_gives_each_gear_the_bits_of_its_planes_one_by_one(monkeypatch):
+    # A nested gear's active planes are one product a plane in the same call, each plane's outputs
+    # summed as the NumPy block sums them; each count of active planes has its own plans.
+    from mlx_lm.models.cache import make_prompt_cache
+    from tinymodels import llama_config, make_model
+
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.quant_cpu import quant_kernel
+    from mlxswitch.models.gears import nest_model
+    from mlxswitch.models.row_routes import mark_int8_inputs, use_fast_rows
+
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 96)  # 64-wide rows take int16, as SmolLM2's
+    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)
+    resolve_route("auto", "cpu", blas_threads=2)
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled:
+        pytest.skip("no quantized kernel with tiles here")
+    model = make_model(dict(llama_config(vocab_size=300), model_type="qwen2"), seed=6)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    use_fast_rows(model)
+    state = nest_model(model, (4, 4), 32)
+    mark_int8_inputs(model)
+    taken: list[bool] = []
+
+    def counted(*args):
+        out = block_calls.body_in_one_call(*args)
+        taken.append(out is not None)
+        return out
+
+    outputs = {}
+    for arm, body in (("body", counted), ("one by one", lambda *args: None)):
+        monkeypatch.setattr(cpu_blocks, "body_in_one_call", body)
+        cache = cpu_blocks.decoding_caches(model, make_prompt_cache(model))
+        state.set(8)
+        got = [np.array(model(mx.array([list(range(3, 40))]), cache=cache))]  # a prefill at gear 8
+        for gear, ids in ((4, [8]), (8, [9, 4, 77]), (4, [5, 6]), (8, [7])):  # steps and checks by gear
+            state.set(gear)
+            got.append(np.array(model(mx.array([ids]), cache=cache)))
+        outputs[arm] = got + [np.array(a) for a in cache[-1].state]
+    # the first decoding pass of each plane count is checked inside (a reference pass: False)
+    assert taken == [False, False, True, False, True, True, True]
+    assert model.model.one_call_checked and model.model.one_call_checked_2
+    assert set(model.layers[0].pass_plans) == {1, 2} and all(
+        kept.plan is not None for kept in model.layers[0].pass_plans.values()
+    )
+    for mine, theirs in zip(outputs["body"], outputs["one by one"], strict=True):
+        assert np.array_equal(mine, theirs)
+
+
+@needs_ops
 def test_a_body_whose_first_one_call_pass_differs_keeps_the_operations_one_by_one(monkeypatch, caplog):
     from mlx_lm.models.cache import make_prompt_cache
     from tinymodels import llama_config, make_model

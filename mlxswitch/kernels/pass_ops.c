@@ -326,6 +326,10 @@ struct product {
     const float *bias;   /* n_out floats added to every row, or NULL */
     long count, n_in, n_out;
     int q6k, wide;
+    /* A nested gear's active planes (1: a plain linear): the weights are each plane's in turn
+     * (every linear's plane 0, then every linear's plane 1, ...), each plane's n_out outputs summed
+     * in that order, as the NumPy block sums a gear's plane products (quant_weights_times). */
+    long planes;
 };
 
 struct block_plan {
@@ -340,8 +344,19 @@ struct block_plan {
 
 static int product_rows(const struct block_plan *p, const struct product *w, const float *x, float *y, long rows,
                         int threads) {
-    int done = w->q6k ? ((q6k_fn)p->q6k)(x, w->weights, y, rows, w->n_in, w->n_out, threads, w->wide)
-                      : ((tiled_fn)p->tiled)(x, y, rows, w->n_in, threads, w->count, w->weights, w->wide);
+    long n = w->n_out, all = w->planes * n;
+    float *planes_y = w->planes > 1 ? malloc(sizeof(float) * (size_t)(rows * all)) : y;
+    if (!planes_y) return -1;
+    int done = w->q6k ? ((q6k_fn)p->q6k)(x, w->weights, y, rows, w->n_in, n, threads, w->wide)
+                      : ((tiled_fn)p->tiled)(x, planes_y, rows, w->n_in, threads, w->count, w->weights, w->wide);
+    if (done >= 1 && w->planes > 1)
+        for (long r = 0; r < rows; r++)
+            for (long j = 0; j < n; j++) {
+                float sum = planes_y[r * all + j];
+                for (long k = 1; k < w->planes; k++) sum += planes_y[r * all + k * n + j];
+                y[r * n + j] = sum;
+            }
+    if (w->planes > 1) free(planes_y);
     if (done < 1) return -1;
     if (w->bias)
         for (long r = 0; r < rows; r++)

@@ -38,7 +38,8 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 class Product(ctypes.Structure):
     """One product of a block (pass_ops.c's struct product): tiled weights' fields (`count` of
-    them, quant_rows.c's quant_tiled_rows) or Q6_K tiles (quant_tiled_q6k), and a bias or NULL."""
+    them, quant_rows.c's quant_tiled_rows; a nested gear's planes one plane after another) or Q6_K
+    tiles (quant_tiled_q6k), and a bias or NULL."""
 
     _fields_ = [
         ("weights", ctypes.c_void_p),
@@ -48,6 +49,7 @@ class Product(ctypes.Structure):
         ("n_out", ctypes.c_long),
         ("q6k", ctypes.c_int),
         ("wide", ctypes.c_int),
+        ("planes", ctypes.c_long),  # a nested gear's active planes, summed (1: a plain linear)
     ]
 
 

@@ -44,12 +44,15 @@ def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: 
     (pipelined, sliding windows, given embeddings), or its first such pass differed from the
     operations one by one (_first_pass_checked)."""
     packed = bool(cache) and isinstance(cache[0], PackedLayerCache)
-    checked = "packed_call_checked" if packed else "one_call_checked"
+    layers = body.layers
+    # Each kind of pass, and each count of a nested gear's active planes (other plans), is checked.
+    planes = _active_planes(layers)
+    kind = "packed_call_checked" if packed else "one_call_checked"
+    checked = kind if planes == 1 else f"{kind}_{planes}"
     if getattr(_REFERENCE_PASS, "on", False) or getattr(body, checked, None) is False:
         return None
     if input_embeddings is not None or cache is None or inputs.ndim != 2:
         return None
-    layers = body.layers
     if current_route().pass_ops != "compiled" or len(cache) != len(layers):
         return None
     if getattr(body, "pipeline_size", 1) != 1 or getattr(body, "swa_idx", None) is not None:
@@ -96,6 +99,13 @@ def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: 
 
 
 _PassRows = tuple[list[list[NumpyKVCache]], list[int], list[int], list[slice]]
+
+
+def _active_planes(layers: Any) -> int:
+    """How many planes a nested gear's body multiplies now (its linears share one GearState), else 1."""
+    attention = layers[0].get("self_attn") if len(layers) else None
+    state = getattr(attention.get("q_proj"), "gear_state", None) if isinstance(attention, nn.Module) else None
+    return 1 if state is None else state.active_planes
 
 
 def _sequence_rows(inputs: mx.array, cache: list) -> _PassRows | None:
@@ -189,17 +199,38 @@ def _block_plan(kernel: Any, block: Any) -> _KeptPlan:
     attention, mlp = block["self_attn"], block["mlp"]
     norms = (block["input_layernorm"], block["post_attention_layernorm"])
     linears = (*(attention[name] for name in _ATTENTION_LINEARS), *(mlp[name] for name in _MLP_LINEARS))
-    weights = [getattr(linear, "quant", None) for linear in linears]
-    sources = (*(w.weights if w is not None else None for w in weights), *(n.get("weight") for n in norms))
-    kept = getattr(block, "pass_plan", None)
+    sources = (*(_weights_of(linear) for linear in linears), *(n.get("weight") for n in norms))
+    # A nested gear's blocks keep a plan for each count of active planes (they switch per token).
+    planes = _active_planes([block])
+    plans = getattr(block, "pass_plans", None)
+    if plans is None:
+        plans = block.pass_plans = {}  # a plain attribute: a dict of plans, never parameters
+    kept = plans.get(planes)
     if kept is None or not all(a is b for a, b in zip(kept.sources, sources, strict=True)):
         rope = attention.rope
         plain = all(type(norm) is nn.RMSNorm for norm in norms) and type(rope) is nn.RoPE
         made = _make_block_plan(kernel, attention, mlp, linears, norms) if plain else None
         plan, arrays = made if made is not None else (None, ())
         settings = (rope.dims, rope.base, rope.scale) if plain else ()
-        kept = block.pass_plan = _KeptPlan(plan, sources, arrays, settings)
+        kept = plans[planes] = _KeptPlan(plan, sources, arrays, settings)
     return kept
+
+
+def _weights_of(linear: Any) -> Any:
+    """What a linear's products are made from, for a kept plan to know it still holds: a plain
+    linear's weight views, a nested gear's planes on tiles (None before its first integer pass)."""
+    quant = getattr(linear, "quant", None)
+    return quant.weights if quant is not None else getattr(linear, "tiled_planes", None)
+
+
+def _linear_weights(linear: Any) -> tuple | None:
+    """The weights a linear's rows are multiplied by on the tiles' path: a plain linear's one, a
+    nested gear's active planes (NestedLinear.integer_planes); None where it takes another path."""
+    quant = getattr(linear, "quant", None)
+    if quant is not None:
+        return tuple(quant.weights) if len(quant.weights) == 1 else None
+    planes = getattr(linear, "integer_planes", None)
+    return planes() if planes is not None else None
 
 
 def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norms: tuple) -> tuple | None:
@@ -215,7 +246,9 @@ def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norm
         products.append(product)
     views = [rms_norm_weight(norm) for norm in norms]
     arrays += views
-    head_dim = attention.q_proj.quant.weights[0].out_dims // attention.n_heads
+    q_proj, gate = _linear_weights(linears[0]), _linear_weights(linears[4])
+    assert q_proj is not None and gate is not None  # their products were made above
+    head_dim = q_proj[0].out_dims // attention.n_heads
     plan = BlockPlan(
         *products,
         norm1=views[0].ctypes.data,
@@ -223,8 +256,8 @@ def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norm
         eps1=norms[0].eps,
         eps2=norms[1].eps,
         scale=attention.scale,
-        dims=linears[0].quant.weights[0].in_dims,
-        inter=linears[4].quant.weights[0].out_dims,
+        dims=q_proj[0].in_dims,
+        inter=gate[0].out_dims,
         heads=attention.n_heads,
         kv_heads=attention.n_kv_heads,
         head_dim=head_dim,
@@ -239,15 +272,19 @@ def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norm
 
 def _product(linears: tuple, arrays: list) -> Product | None:
     """The Product of linears that read the same rows (one call, as _rows_times_together makes it;
-    one linear as numpy_rows makes it), or None where they do not take the tiles' path or their
-    rows would be rounded differently."""
+    one linear as numpy_rows makes it; a nested gear's active planes, each plane's outputs summed
+    as numpy_rows sums them), or None where they do not take the tiles' path or their rows would be
+    rounded differently."""
     found = []
     narrow = linears[0].int8_inputs
     for linear in linears:
-        quant = getattr(linear, "quant", None)
-        if quant is None or len(quant.weights) != 1 or linear.int8_inputs != narrow:
+        weights = _linear_weights(linear)
+        if weights is None or linear.int8_inputs != narrow:
             return None
-        found.append(quant.weights[0])
+        found.append(weights)
+    planes = len(found[0])
+    if any(len(weights) != planes for weights in found):
+        return None
     biases = [linear.get("bias") for linear in linears]
     if any(b is None for b in biases) != all(b is None for b in biases):
         return None  # a bias on some only: added one by one in NumPy
@@ -256,16 +293,18 @@ def _product(linears: tuple, arrays: list) -> Product | None:
         arrays.append(bias)
     bias_at = None if bias is None else bias.ctypes.data
     wide = int(not narrow)
-    if len(found) > 1:
-        pack = weight_pack(found, bool(wide))
+    outputs = sum(weights[0].out_dims for weights in found)  # one plane's, summed over the planes
+    if len(found) > 1 or planes > 1:
+        pack = weight_pack([weights[plane] for plane in range(planes) for weights in found], bool(wide))
         if pack is None or not pack.tiled:
             return None
         arrays.append(pack)
         fields = ctypes.addressof(pack.fields)
-        return Product(fields, bias_at, len(found), found[0].in_dims, pack.ends[-1], 0, wide)
-    weight = found[0]
+        return Product(fields, bias_at, len(pack.weights), found[0][0].in_dims, outputs, 0, wide, planes)
+    weight = found[0][0]
     if weight.layout in (TILED, Q4K_TILED):  # the tiles' call takes either
-        return Product(ctypes.addressof(weight.fields), bias_at, 1, weight.in_dims, weight.out_dims, 0, wide)
+        fields = ctypes.addressof(weight.fields)
+        return Product(fields, bias_at, 1, weight.in_dims, weight.out_dims, 0, wide, 1)
     if weight.layout == Q6K_TILED:
-        return Product(weight.addresses[0], bias_at, 1, weight.in_dims, weight.out_dims, 1, wide)
+        return Product(weight.addresses[0], bias_at, 1, weight.in_dims, weight.out_dims, 1, wide, 1)
     return None

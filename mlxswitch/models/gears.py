@@ -20,7 +20,7 @@ from ..kernels.nested import nested_matmul
 from ..kernels.quant_cpu import quant_kernel
 from ..kernels.quant_linear import numpy_quant_rows, quant_matmul
 from ..kernels.quant_tiles import tiled_values_mx, tiled_weight
-from ..kernels.quant_weights import QuantViews, quant_views
+from ..kernels.quant_weights import QuantViews, QuantWeight, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
 from .rows import Q4KLinear, Q6KLinear, TiledLinear
@@ -256,6 +256,15 @@ class NestedLinear(nn.Module):
         bias = self.bias if "bias" in self else None
         active = views.weights[: self.gear_state.active_planes]
         return numpy_quant_rows(xs, active, bias, self.int8_inputs, decoding)
+
+    def integer_planes(self) -> tuple[QuantWeight, ...] | None:
+        """The active planes on the kernel's tiles, where the route multiplies this layer's rows so
+        (integer rows, every row count: the one-call decoding pass reads them, models/block_calls.py);
+        else None."""
+        views = self._kernel_views()
+        if views is None or not self.planes_tiled:
+            return None
+        return views.weights[: self.gear_state.active_planes]
 
     def __call__(self, x: mx.array) -> mx.array:
         """x · (Σ active planes)ᵀ (+ bias), by the fastest checked route (kernels/nested.py)."""
