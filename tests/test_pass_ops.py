@@ -226,7 +226,7 @@ def test_a_geared_body_in_one_call_gives_each_gear_the_bits_of_its_planes_one_by
     from mlxswitch.kernels import quant_cpu
     from mlxswitch.kernels.quant_cpu import quant_kernel
     from mlxswitch.models.gears import nest_model
-    from mlxswitch.models.row_routes import mark_int8_inputs, use_fast_rows
+    from mlxswitch.models.row_routes import use_fast_rows
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 96)  # 64-wide rows take int16, as SmolLM2's
     monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)
@@ -238,8 +238,8 @@ def test_a_geared_body_in_one_call_gives_each_gear_the_bits_of_its_planes_one_by
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     use_fast_rows(model)
-    state = nest_model(model, (4, 4), 32)
-    mark_int8_inputs(model)
+    state = nest_model(model, (4, 4), 32)  # its linears marked again: int16 rows
+    assert not model.layers[0].self_attn.q_proj.int8_inputs
     taken: list[bool] = []
 
     def counted(*args):

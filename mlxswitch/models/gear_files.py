@@ -32,7 +32,7 @@ from .gears import (
 )
 from .gguf import use_rope_factors
 from .model_bytes import bytes_per_token, resident_bytes
-from .row_routes import mark_int8_inputs, use_fast_rows
+from .row_routes import use_fast_rows
 from .weights import LoadedModel, compute_dtype, load_checked_weights, model_classes
 
 
@@ -240,7 +240,6 @@ def prepare_geared(loaded, gears: tuple[int, ...], progress: Callable[[str], Non
             DEFAULT_GROUP_SIZE,
             progress=lambda done, total: say(f"building gears {done}/{total} layers"),
         )
-        mark_int8_inputs(model)  # the nested linears replaced the ones load marked
         loaded.config["mlxswitch_gears"] = {
             "plane_bits": list(planes),
             "group_size": DEFAULT_GROUP_SIZE,

@@ -17,12 +17,13 @@ import numpy as np
 
 from ..errors import ModelFormatError, UsageError
 from ..kernels.nested import nested_matmul
-from ..kernels.quant_cpu import quant_kernel
+from ..kernels.quant_cpu import integer_applies, quant_kernel
 from ..kernels.quant_linear import numpy_quant_rows, quant_matmul
 from ..kernels.quant_tiles import tiled_values_mx, tiled_weight
 from ..kernels.quant_weights import QuantViews, QuantWeight, quant_views
 from ..kernels.route import current_route
 from .arrays import flat_parameters
+from .row_routes import mark_int8_inputs
 from .rows import Q4KLinear, Q6KLinear, TiledLinear
 
 DEFAULT_PLANE_BITS = (4, 4, 8)
@@ -239,8 +240,11 @@ class NestedLinear(nn.Module):
         prefilled at gear 8 on MLX's layout in ~1.5x the time), or None where one does not tile.
         Copied, then swapped: the arrays they replace are freed, so a layer is held once."""
         kernel = quant_kernel()
-        if kernel is None or not all(kernel.tiles(weight, not self.int8_inputs) for weight in views.weights):
+        if kernel is None:
             return None
+        for weight in views.weights:  # tiles multiply integer rows only: where this layer's rows are
+            if not (integer_applies(weight, self.int8_inputs) and kernel.tiles(weight, not self.int8_inputs)):
+                return None
         tiled = tuple(tiled_weight(kernel, weight, threads) for weight in views.weights)
         for plane, view in zip(self.planes, tiled, strict=True):
             plane["weight"], plane["scales"], plane["biases"] = view.keep
@@ -385,6 +389,7 @@ def nest_model(
             progress(done, total)
     if scale_dtype in HALF_DTYPES:
         _round_other_floats(model)
+    mark_int8_inputs(model)  # the nested linears replaced the ones a load marked
     model.gear_state = state  # a plain attribute of the model: not a parameter
     return state
 
