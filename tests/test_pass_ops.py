@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -169,28 +171,22 @@ def test_a_model_s_decoding_passes_take_them_and_keep_mlx_logits(monkeypatch):
     assert taken and all(taken)
 
 
-@needs_ops
-# qwen2: q, k and v with biases; threads: attention split among 1, 2 or 3 (its rows × key heads)
-@pytest.mark.parametrize(("model_type", "threads"), [("llama", 2), ("qwen2", 2), ("qwen2", 1), ("qwen2", 3)])
-def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_type, threads, monkeypatch):
-    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+def _tiny_on_tiles(model_type: str) -> nn.Module:
+    """The tiny model these tests decode, 4-bit, on the CPU's routes (row_routes.use_fast_rows)."""
     from tinymodels import llama_config, make_model
 
-    from mlxswitch.kernels import quant_cpu
-    from mlxswitch.kernels.quant_cpu import quant_kernel
     from mlxswitch.models.row_routes import use_fast_rows
 
-    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model's rows on int8: tiled
-    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)  # and its down projections' on int16
-    resolve_route("auto", "cpu", blas_threads=threads)
-    kernel = quant_kernel()
-    if kernel is None or not kernel.tiled:
-        pytest.skip("no quantized kernel with tiles here")
     model = make_model(dict(llama_config(vocab_size=300), model_type=model_type), seed=6)
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     use_fast_rows(model)
-    assert block_calls._block_plans(model.layers) is not None
+    return model
+
+
+def _one_calls_counted() -> tuple[list[bool], Callable]:
+    """body_in_one_call, and a list of whether each of its calls took the pass (a first pass's
+    reference, made inside its check, did not: False)."""
     taken: list[bool] = []
 
     def counted(*args):
@@ -198,6 +194,27 @@ def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_ty
         taken.append(out is not None)
         return out
 
+    return taken, counted
+
+
+@needs_ops
+# qwen2: q, k and v with biases; threads: attention split among 1, 2 or 3 (its rows × key heads)
+@pytest.mark.parametrize(("model_type", "threads"), [("llama", 2), ("qwen2", 2), ("qwen2", 1), ("qwen2", 3)])
+def test_a_body_in_one_call_gives_the_bits_of_the_operations_one_by_one(model_type, threads, monkeypatch):
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    from mlxswitch.kernels import quant_cpu
+    from mlxswitch.kernels.quant_cpu import quant_kernel
+
+    monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 32)  # this tiny model's rows on int8: tiled
+    monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)  # and its down projections' on int16
+    resolve_route("auto", "cpu", blas_threads=threads)
+    kernel = quant_kernel()
+    if kernel is None or not kernel.tiled:
+        pytest.skip("no quantized kernel with tiles here")
+    model = _tiny_on_tiles(model_type)
+    assert block_calls._block_plans(model.layers) is not None
+    taken, counted = _one_calls_counted()
     outputs = {}
     for arm, body in (("body", counted), ("one by one", lambda *args: None)):
         monkeypatch.setattr(cpu_blocks, "body_in_one_call", body)
@@ -221,12 +238,10 @@ def test_a_geared_body_in_one_call_gives_each_gear_the_bits_of_its_planes_one_by
     # A nested gear's active planes are one product a plane in the same call, each plane's outputs
     # summed as the NumPy block sums them; each count of active planes has its own plans.
     from mlx_lm.models.cache import make_prompt_cache
-    from tinymodels import llama_config, make_model
 
     from mlxswitch.kernels import quant_cpu
     from mlxswitch.kernels.quant_cpu import quant_kernel
     from mlxswitch.models.gears import nest_model
-    from mlxswitch.models.row_routes import use_fast_rows
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 96)  # 64-wide rows take int16, as SmolLM2's
     monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)
@@ -234,19 +249,10 @@ def test_a_geared_body_in_one_call_gives_each_gear_the_bits_of_its_planes_one_by
     kernel = quant_kernel()
     if kernel is None or not kernel.tiled:
         pytest.skip("no quantized kernel with tiles here")
-    model = make_model(dict(llama_config(vocab_size=300), model_type="qwen2"), seed=6)
-    nn.quantize(model, group_size=32, bits=4)
-    mx.eval(model.parameters())
-    use_fast_rows(model)
+    model = _tiny_on_tiles("qwen2")
     state = nest_model(model, (4, 4), 32)  # its linears marked again: int16 rows
     assert not model.layers[0].self_attn.q_proj.int8_inputs
-    taken: list[bool] = []
-
-    def counted(*args):
-        out = block_calls.body_in_one_call(*args)
-        taken.append(out is not None)
-        return out
-
+    taken, counted = _one_calls_counted()
     outputs = {}
     for arm, body in (("body", counted), ("one by one", lambda *args: None)):
         monkeypatch.setattr(cpu_blocks, "body_in_one_call", body)
