@@ -345,6 +345,7 @@ struct block_plan {
 static int product_rows(const struct block_plan *p, const struct product *w, const float *x, float *y, long rows,
                         int threads) {
     long n = w->n_out, all = w->planes * n;
+    if (w->planes > 1 && w->q6k) return -1; /* planes are tiles: a Q6_K weight is one plane */
     float *planes_y = w->planes > 1 ? malloc(sizeof(float) * (size_t)(rows * all)) : y;
     if (!planes_y) return -1;
     int done = w->q6k ? ((q6k_fn)p->q6k)(x, w->weights, y, rows, w->n_in, n, threads, w->wide)

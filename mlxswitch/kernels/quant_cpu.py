@@ -125,8 +125,8 @@ def int8_applies(weight: QuantWeight) -> bool:
     byte (centred in registers, one product of its size and x with its sign), groups a multiple
     of 32. The Qwen 0.5B's layers on it: argmax equal to fp32's at 477/480 (each difference a
     near-tie), logit difference at most 0.56; the 1.5B's 480/480 (bench/bench_int8_accuracy.py).
-    Rows of fewer than INT8_MIN_INPUTS inputs keep fp32: there the rounding and the tree cost what
-    they save."""
+    Rows of fewer than INT8_MIN_INPUTS inputs are not rounded to int8 (they take int16 where
+    wide_applies, int8_inputs)."""
     return (
         (weight.code_bits or weight.bits) in INT8_CODE_BITS
         and weight.group_size % INT8_BLOCK == 0
@@ -137,16 +137,13 @@ def int8_applies(weight: QuantWeight) -> bool:
 # 8-bit codes (the Qwen 1.5B's Q6_K tied head and v projections): one row of the head 20.6 ms on
 # fp32, 11.9 on int8; 4 rows 23.8 against 19.7 (git show 824b46b:bench/results/quant-kernel-8bit.txt).
 INT8_CODE_BITS = (2, 3, 4, 5, 6, 8)
-# SmolLM2-135M (576 inputs a row) stepped in 46.7 ms on int8 against 42.8 on fp32 (medians of 5
-# interleaved rounds: no gain); the Qwen 0.5B (896) ~20% faster, the 1.5B (1536) ~25%. On fp32 the
-# 135M model also keeps its reference answer where its first token is a near-tie ("The" 0.08
-# logits above "L" for "What is the capital of France?", which int8 flips).
+# Rows at least this wide take int8: the Qwen 0.5B's (896) and 1.5B's (1536). SmolLM2-135M's (576)
+# on int8 moved its argmax at 13 of 480 teacher-forced positions, one 0.85 logits apart, and on
+# int16 at none (largest logit difference 0.009; bench/results/int8-accuracy-embedded.txt). So
+# narrower rows take int16 where their codes are 4-bit (int8_inputs, wide_applies), from
+# WIDE_MIN_INPUTS: on the fp32 panel, as before 6d5115f, its decoding took ~2x the time
+# (bench/results/single-tier-embedded.txt).
 INT8_MIN_INPUTS = 768
-# Rows narrower than that take int16 instead where their codes are 4-bit (int8_inputs): SmolLM2's
-# (576) on int8 moved its argmax at 12-13 of 480 positions, one 0.85 logits apart, and on int16 at
-# none (largest logit difference 0.009, with its head on fp32 as before), where on fp32 every
-# product went through the dequantized panel: its steps ~2x and first token ~1.4x the time
-# (bench/results/int8-accuracy-embedded.txt).
 WIDE_MIN_INPUTS = 512
 
 

@@ -104,6 +104,8 @@ def mark_int8_inputs(model: nn.Module) -> None:
 
 def _input_dims(module: nn.Module) -> int | None:
     """A linear's input width (a quantized one's, a nested gear's first plane's), else None."""
+    if getattr(module, "in_dims", 0):  # a layer holding K-quant blocks, whose weight is not MLX's
+        return module.in_dims
     if isinstance(module, nn.QuantizedLinear):
         return module["weight"].shape[1] * 32 // module.bits
     if isinstance(module, nn.Linear):
