@@ -62,7 +62,7 @@ def body_in_one_call(body: Any, inputs: mx.array, cache: Any, input_embeddings: 
     if ops is None or pass_rows is None:
         return None
     conversations, starts, lengths, seen = pass_rows
-    plans = _block_plans(layers)
+    plans = _block_plans(layers, planes)
     if plans is None:
         return None
     h = body.embed_tokens(inputs)
@@ -177,20 +177,21 @@ _ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 
 
-def _block_plans(layers: Any) -> list[BlockPlan] | None:
-    """Every block's plan for PassOps.blocks (_block_plan), or None where one has none, the route
-    has no quantized kernel on int8 rows, or the blocks' RoPEs differ."""
+def _block_plans(layers: Any, planes: int = 1) -> list[BlockPlan] | None:
+    """Every block's plan for PassOps.blocks (_block_plan) at `planes` active planes (a nested
+    gear's; 1 for plain linears), or None where one has none, the route has no quantized kernel on
+    int8 rows, or the blocks' RoPEs differ."""
     route = current_route()
     kernel = quant_kernel()
     if route.plain_linears != "quant-kernel" or route.quant_activations != "int8" or kernel is None:
         return None
-    kept = [_block_plan(kernel, layer) for layer in layers]
+    kept = [_block_plan(kernel, layer, planes) for layer in layers]
     if any(k.plan is None for k in kept) or len({k.rope for k in kept}) != 1:
         return None
     return [k.plan for k in kept if k.plan is not None]
 
 
-def _block_plan(kernel: Any, block: Any) -> _KeptPlan:
+def _block_plan(kernel: Any, block: Any, planes: int) -> _KeptPlan:
     """The block's plan, kept on the block while its weights and norms are the ones it was made
     from; its plan None where a product is not the quantized kernel's on tiles on int8 rows (int16
     for the down projection), the RoPE is not plain, or a pack does not form."""
@@ -200,8 +201,8 @@ def _block_plan(kernel: Any, block: Any) -> _KeptPlan:
     norms = (block["input_layernorm"], block["post_attention_layernorm"])
     linears = (*(attention[name] for name in _ATTENTION_LINEARS), *(mlp[name] for name in _MLP_LINEARS))
     sources = (*(_weights_of(linear) for linear in linears), *(n.get("weight") for n in norms))
-    # A nested gear's blocks keep a plan for each count of active planes (they switch per token).
-    planes = _active_planes([block])
+    # A nested gear's blocks keep a plan for each count of active planes (they switch per token;
+    # the pass reads the count once, _active_planes).
     plans = getattr(block, "pass_plans", None)
     if plans is None:
         plans = block.pass_plans = {}  # a plain attribute: a dict of plans, never parameters

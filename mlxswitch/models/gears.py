@@ -73,8 +73,10 @@ class NestedLinear(nn.Module):
 
     # Whether its input may be rounded to int8 (quant_cpu.int8_inputs; set by row_routes.mark_int8_inputs).
     int8_inputs: bool = True
-    # The kernel's views of the planes once they hold its tiles (_take_tiles); a plain attribute.
+    # The kernel's views of the planes once they hold its tiles (_take_tiles), and whether that
+    # was tried; plain attributes.
     tiled_planes: QuantViews | None = None
+    tiles_tried: bool = False
 
     def __init__(
         self,
@@ -227,7 +229,8 @@ class NestedLinear(nn.Module):
             return self.tiled_planes if integer_rows else None
         if not hasattr(self, "quant_planes"):
             self.quant_planes = quant_views(self.planes, self.plane_bits, self.group_size)
-        if self.quant_planes is not None and integer_rows:
+        if self.quant_planes is not None and integer_rows and not self.tiles_tried:
+            self.tiles_tried = True  # a refusal holds: the kernel and the layer's mark do not change
             self.tiled_planes = self._take_tiles(self.quant_planes, route.blas_threads)
             if self.planes_tiled:
                 self.quant_planes = None  # views of the arrays the tiles replaced
