@@ -763,3 +763,20 @@ def test_where_the_seconds_went_sums_the_ledgers_and_puts_the_floor():
     # Projection: 13 small passes of 100 bytes, 4 large ones of 400, at M3 Max's 400 GB/s.
     assert verify["projection"]["seconds"]["M3 Max"] == pytest.approx((13 * 100 + 4 * 400) / 400e9)
     assert verify["projection"]["floor_seconds"]["M3 Max"] == pytest.approx((20 * 100 + 100 + 400) / 400e9)
+
+
+def test_the_default_records_folder_is_made_on_a_fresh_machine(tmp_path, monkeypatch):
+    # A fresh user directory has no bench folder: the default records path makes it (a --records
+    # folder the user names must still exist: one error line, above).
+    from mlxswitch.api import resolve_profile
+    from mlxswitch.bench.humaneval.records import default_records_path
+    from mlxswitch.errors import OutputError
+
+    monkeypatch.setenv("MLXSWITCH_HOME", str(tmp_path / "fresh"))
+    path = default_records_path("everyday", resolve_profile("embedded-plain"))
+    assert path.parent == tmp_path / "fresh" / "bench" and path.parent.is_dir() and not path.exists()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("MLXSWITCH_HOME", str(blocked))  # a file where the folder would go
+    with pytest.raises(OutputError, match="cannot make the records folder"):
+        default_records_path("everyday", resolve_profile("embedded-plain"))

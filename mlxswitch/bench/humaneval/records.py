@@ -91,11 +91,17 @@ def profile_settings(profile: Profile) -> dict:
 
 
 def default_records_path(suite: str, profile: Profile) -> Path:
-    """Where a suite's records for a profile go unless --records says: the user directory, one
+    """Where a suite's records for a profile go unless --records says: the user directory's bench
+    folder (made here: a fresh machine has none, and a folder the user names must exist), one
     file per suite and ladder."""
     key = hashlib.sha256("\n".join(profile.models + tuple(map(str, profile.gears))).encode()).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", profile.name).strip("-") or "profile"
-    return user_dir() / "bench" / f"{suite}-{slug}-{key}.jsonl"
+    folder = user_dir() / "bench"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{folder}: cannot make the records folder ({exc.strerror or exc})") from None
+    return folder / f"{suite}-{slug}-{key}.jsonl"
 
 
 def _without_install_paths(settings: dict) -> dict:
