@@ -9,6 +9,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
 from mlxswitch.bench import simulate
@@ -346,3 +347,51 @@ def test_a_gear_ladder_is_one_model_in_where_the_seconds_went():
     # The prompt pass reads the top gear's bytes; the others the arm's mean bytes per token.
     assert g4["projection"]["seconds"]["M1"] == pytest.approx((20 + 4 * 10) / 68e9)
     assert g4["projection"]["floor_seconds"]["M1"] == pytest.approx((20 + 5 * 10) / 68e9)
+
+
+def test_the_mlx_lm_arms_run_the_models_as_mlx_lm_holds_them(tmp_path):
+    """Our ladder's 4-bit layers hold the kernel's tiles; the mlx-lm arms decode a copy loaded on
+    the reference route instead: MLX's layout (the arrays mlx-lm's own load reads) on its quantized
+    matmul, so the same tokens as mlx-lm's generator on mlx-lm's own load of the directory."""
+    import mlx.nn as nn
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.utils import load_model as mlx_lm_load_model
+    from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
+
+    from mlxswitch.api import build_ladder, resolve_profile
+    from mlxswitch.bench.runner import Arm, StockLadder, _stock_kernels, mlx_lm_run
+    from mlxswitch.kernels.quant_cpu import INT8_MIN_INPUTS, build_quant_kernel
+    from mlxswitch.models.rows import TiledLinear
+
+    kernel = build_quant_kernel().kernel
+    if kernel is None or not kernel.tiled:
+        pytest.skip("this build lays no weight out as tiles")
+    tok = train_tokenizer(320)
+    # rows as wide as INT8_MIN_INPUTS: narrower ones stay off the tiles on a model loaded from files
+    config = llama_config(
+        tok.get_vocab_size(), hidden=INT8_MIN_INPUTS, layers=1, intermediate=INT8_MIN_INPUTS
+    )
+    model = make_model(config, 7)
+    nn.quantize(model, group_size=32, bits=4)
+    config["quantization"] = {"group_size": 32, "bits": 4}
+    folder = save_model_dir(tmp_path / "q4", model, config, tok)
+    profile = resolve_profile(model=str(folder))
+    ours = build_ladder(profile)
+    assert any(isinstance(m, TiledLinear) for _, m in ours.tiers[0].model.model.named_modules())
+
+    stock = StockLadder(profile)
+    held = stock.ladder().tiers[0].model.model
+    assert not any(isinstance(m, TiledLinear) for _, m in held.named_modules())
+    theirs, _ = mlx_lm_load_model(folder)
+    want = dict(tree_flatten(theirs.parameters()))
+    got = dict(tree_flatten(held.parameters()))
+    assert want.keys() == got.keys() and all(mx.array_equal(want[k], got[k]).item() for k in want)
+
+    ids = stock.ladder().tokenizer.encode("def add(a, b):")
+    record = mlx_lm_run(ours, Arm("mlx-lm model", "mlx-lm", tier=0), ids, 8, stock)
+    with _stock_kernels():
+        tokens = [r.token for r in stream_generate(theirs, stock.ladder().tokenizer, ids, max_tokens=8)]
+    eos = set(stock.ladder().tokenizer.eos_token_ids)
+    expected = tokens[: next((i for i, t in enumerate(tokens) if t in eos), len(tokens))]
+    assert [t["id"] for t in record["tokens"]] == expected
+    assert stock.ladder() is stock.ladder()  # loaded once

@@ -152,7 +152,29 @@ def _stock_kernels():
         yield
 
 
+class StockLadder:
+    """The profile's models as mlx-lm holds them, for the arms that run mlx-lm as shipped
+    (STOCK_MODEL_KINDS): loaded once, when the first of them runs, on the reference route, so in
+    MLX's layout on MLX's quantized matmul (no kernel tiles, no GGUF blocks, no fp32 copies). Our
+    ladder's layers hold the kernel's tiles, which mx would dequantize at every call: that is not
+    mlx-lm as shipped. A second copy of the weights while the bench runs."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self._ladder: Ladder | None = None
+
+    def ladder(self) -> Ladder:
+        if self._ladder is None:
+            from ..api import build_ladder
+
+            with _stock_kernels():
+                self._ladder = build_ladder(self.profile, with_probe=False)
+        return self._ladder
+
+
 SPECULATIVE_KINDS = ("speculative", "speculative-ours", "speculative-fp32")
+# mlx-lm as shipped, on the models as it holds them (StockLadder); the others run on our ladder's.
+STOCK_MODEL_KINDS = ("mlx-lm", "speculative")
 # mlx-lm's stream_generate on one tier: as shipped, or with that model dequantized to fp32.
 MLX_LM_TIER_KINDS = ("mlx-lm", "mlx-lm-fp32")
 # Run on MLX's kernels with the weights dequantized to fp32 (mlx-lm's fair bar on x86, where its
@@ -226,7 +248,9 @@ def _dequantized_fp32(models: list[nn.Module]):
             model.update_modules(tree_unflatten(layers))
 
 
-def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:
+def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockLadder) -> dict:
+    if arm.kind in STOCK_MODEL_KINDS:
+        ladder = stock.ladder()
     tokenizer = ladder.tokenizer
     eos = tokenizer.eos_token_ids
     kwargs: dict[str, Any] = {}
@@ -288,9 +312,10 @@ def engine_run(
     return _engine_run(session, arm, prompt, max_tokens, control)
 
 
-def mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:
-    """One answer by mlx-lm's stream_generate (or its speculative decoding): the same raw record."""
-    return _mlx_lm_run(ladder, arm, prompt_ids, max_tokens)
+def mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockLadder) -> dict:
+    """One answer by mlx-lm's stream_generate (or its speculative decoding): the same raw record;
+    mlx-lm as shipped on `stock`'s models, the other kinds on `ladder`'s."""
+    return _mlx_lm_run(ladder, arm, prompt_ids, max_tokens, stock)
 
 
 @dataclass
@@ -362,12 +387,13 @@ def run_bench(
     run.arms = make_arms(profile, ladder, dict.fromkeys(POLICY_NAMES, run.taus))
 
     total, done = options.repeats * len(speed) * len(run.arms), 0
+    stock = StockLadder(profile)
     for repeat in range(options.repeats):
         for prompt in speed:  # round-robin: every arm sees the same moment of the machine
             for arm in run.arms:
                 say("speed arms", done, total)
                 if arm.kind in ("mlx-lm", "speculative"):
-                    record = _mlx_lm_run(ladder, arm, prompt_ids[prompt.id], budget[prompt.id])
+                    record = _mlx_lm_run(ladder, arm, prompt_ids[prompt.id], budget[prompt.id], stock)
                 else:
                     record = _engine_run(session, arm, prompt, budget[prompt.id])
                 record.update(

@@ -32,7 +32,7 @@ from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from .. import simulate
 from ..prompts import BenchPrompt
-from ..runner import PLAIN, Arm, engine_run, forced_config, mlx_lm_run, sweep_config
+from ..runner import PLAIN, Arm, StockLadder, engine_run, forced_config, mlx_lm_run, sweep_config
 from ..teacher import teacher_forced
 from . import arms as arm_sets
 from .controls import OraclePolicy, RandomPolicy, control_seed
@@ -162,6 +162,7 @@ def _share(record: dict, top_name: str) -> float:
 def _decode(
     session: ChatSession,
     ladder: Ladder,
+    stock: StockLadder,
     arm: Arm,
     problem: Problem,
     prompt_ids: list[int],
@@ -172,7 +173,7 @@ def _decode(
     """One arm's answer to one problem: the bench's raw record, plus what the controls drew on."""
     top_name = ladder.tier_names[-1]
     if arm.kind in arm_sets.STOCK_KINDS:
-        return mlx_lm_run(ladder, arm, prompt_ids, options.max_tokens)
+        return mlx_lm_run(ladder, arm, prompt_ids, options.max_tokens, stock)
     extra: dict = {}
     control: PolicyFactory | None = None
     if arm.kind == "random":
@@ -267,6 +268,7 @@ def run_humaneval(
     ids = {p.task_id for p in mine}
     total, count = len(mine) * len(arms), sum(task in ids for task, _ in done)
     top_name = ladder.tier_names[-1]
+    stock = StockLadder(profile)
     for problem in mine:
         prompt_ids = session.render([{"role": "user", "content": instruction(problem)}])
         for arm in arms:
@@ -274,7 +276,7 @@ def run_humaneval(
             if key not in done:
                 say("humaneval arms", count, total)
                 record = early.pop(key, None) or _decode(
-                    session, ladder, arm, problem, prompt_ids, done, positions, options
+                    session, ladder, stock, arm, problem, prompt_ids, done, positions, options
                 )
                 code = extract_code(record["text"])
                 result = run_program(program(problem, code), options.timeout_s, options.memory_mb)
