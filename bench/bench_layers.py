@@ -10,7 +10,8 @@
   padding, layout, panel kernel and small-row comparisons);
 - attention: NumPy attention on OpenBLAS's threads against one BLAS thread, a whole pass of k rows;
 - rows: a whole model's pass by row count on the route this process resolved (what a check costs);
-- steps: the pair's step costs side by side, each model's one-row step and the 1.5B's check.
+- steps: the pair's step costs side by side, each model's one-row step and the 1.5B's check;
+- pipes: what the cores can do for int8 products (bench/pipes.c), and the Q4_K tiles' share of it.
 
 attention, rows and steps (and routes, by default) load packaged Qwen models (`--extra qwen-coder`).
 Run each alone: a timing taken while another process shares the cores is not a measurement.
@@ -998,6 +999,81 @@ def steps_options(parser: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------- the command line
 
+# ---------------------------------------------------------------- pipes
+
+PIPES_SOURCE = Path(__file__).with_name("pipes.c")
+GATE_SHAPE = (8960, 1536)  # the Qwen 1.5B's gate projection, out × in
+PIPES_WEIGHTS = 20
+
+
+def run_pipes(args: argparse.Namespace) -> None:
+    """What the cores can do for int8 products, and how much of it the Q4_K tiles' kernel takes.
+
+    uv run python bench/bench_layers.py pipes [--rows 1,2,4,8,16] [--rounds 7]
+
+    Compiles bench/pipes.c (`cc -O2 -march=native`) and runs it: the clock, AVX-512 VNNI byte
+    products a second on one core and on every core at once, and what a broadcast load, an fp32
+    fused multiply-add or a vector and beside the products costs (pipes.c says how). Then the
+    quantized kernel on the Qwen 1.5B's gate projection (8960 × 1536) as Q4_K tiles on int8 rows,
+    20 random weights (a model's weights are not in cache between steps), 2 threads, the row
+    counts interleaved round by round: the best round's ms a product, its int8 multiply-adds a
+    second, and their share of every core's vpdpbusd rate (a product that did nothing else).
+    Run alone.
+    """
+    import re
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        program = Path(folder) / "pipes"
+        compiler = ["cc", "-O2", "-march=native", "-pthread", str(PIPES_SOURCE), "-o", str(program)]
+        try:
+            subprocess.run(compiler, check=True)
+        except (OSError, subprocess.CalledProcessError) as error:
+            print(f"error: {PIPES_SOURCE.name} did not build ({error})")
+            return
+        measured = subprocess.run([str(program), str(available_cores())], capture_output=True, text=True)
+    print(measured.stdout, end="")
+    found = re.search(r"all \d+ at once: (\d+) G", measured.stdout)
+    if measured.returncode != 0 or found is None:
+        return
+    peak = float(found.group(1)) * 1e9
+    kernel = built_quant_kernel(quant_cpu.SOURCE, check=False)
+    rng = np.random.default_rng(0)
+    out_dims, in_dims = GATE_SHAPE
+    weights = [
+        quant_tiles.tiled_q4k_weight(kernel, random_q4k_blocks(rng, out_dims, in_dims), in_dims)
+        for _ in range(PIPES_WEIGHTS)
+    ]
+    xs = {rows: rng.standard_normal((rows, in_dims)).astype(np.float32) for rows in args.rows}
+    samplers = {
+        rows: partial(product_seconds, kernel, xs[rows], weights, many_from=rows + 1, int8=True)
+        for rows in args.rows
+    }
+    seconds = interleaved(samplers, args.rounds)
+    rounds = f"best of {args.rounds} rounds"
+    print(f"Q4_K tiles {out_dims}x{in_dims}, int8 rows, {QUANT_THREADS} threads ({rounds}):")
+    for rows in args.rows:
+        best = min(seconds[rows])
+        rate = out_dims * in_dims * rows / best
+        share = f"{rate / peak:.0%} of the cores' vpdpbusd"
+        print(f"{rows:3d} rows: {1e3 * best:.3f} ms, {rate / 1e9:.0f} G multiply-adds a second, {share}")
+
+
+def random_q4k_blocks(rng, out_dims: int, in_dims: int) -> mx.array:
+    """Random Q4_K blocks (144 bytes per 256 inputs), their fp16 d and dmin small and positive."""
+    blocks = rng.integers(0, 256, size=(out_dims, in_dims // 256, 144), dtype=np.uint8)
+    for at in (0, 2):  # d, then dmin
+        values = (np.abs(rng.standard_normal(blocks.shape[:2])) * 1e-3).astype(np.float16)
+        blocks[..., at : at + 2] = values.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return mx.array(blocks.reshape(out_dims, -1))
+
+
+def pipes_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int_list, default="1,2,4,8,16", help="row counts")
+    parser.add_argument("--rounds", type=int, default=7)
+
+
 SUBCOMMANDS = {
     "nested": (run_nested, nested_options),
     "quant": (run_quant, quant_options),
@@ -1006,6 +1082,7 @@ SUBCOMMANDS = {
     "attention": (run_attention, attention_options),
     "rows": (run_rows, rows_options),
     "steps": (run_steps, steps_options),
+    "pipes": (run_pipes, pipes_options),
 }
 
 
