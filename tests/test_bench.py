@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -349,17 +350,19 @@ def test_a_gear_ladder_is_one_model_in_where_the_seconds_went():
     assert g4["projection"]["floor_seconds"]["M1"] == pytest.approx((20 + 5 * 10) / 68e9)
 
 
-def test_the_mlx_lm_arms_run_the_models_as_mlx_lm_holds_them(tmp_path):
+def test_the_mlx_lm_arms_run_the_models_as_mlx_lm_holds_them_in_a_process_of_their_own(tmp_path):
     """Our ladder's 4-bit layers hold the kernel's tiles; the mlx-lm arms decode a copy loaded on
-    the reference route instead: MLX's layout (the arrays mlx-lm's own load reads) on its quantized
-    matmul, so the same tokens as mlx-lm's generator on mlx-lm's own load of the directory."""
+    the reference route instead (MLX's layout, the arrays mlx-lm's own load reads, on its quantized
+    matmul), in a spawned process so that the copy never counts in our arms' peak memory: the same
+    tokens as mlx-lm's generator on mlx-lm's own load of the directory."""
     import mlx.nn as nn
     from mlx_lm.generate import stream_generate
     from mlx_lm.utils import load_model as mlx_lm_load_model
     from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
 
     from mlxswitch.api import build_ladder, resolve_profile
-    from mlxswitch.bench.runner import Arm, StockLadder, _stock_kernels, mlx_lm_run
+    from mlxswitch.bench.runner import Arm, _stock_kernels, mlx_lm_run
+    from mlxswitch.bench.stock import StockModels, stock_ladder
     from mlxswitch.kernels.quant_cpu import INT8_MIN_INPUTS, build_quant_kernel
     from mlxswitch.models.rows import TiledLinear
 
@@ -368,9 +371,8 @@ def test_the_mlx_lm_arms_run_the_models_as_mlx_lm_holds_them(tmp_path):
         pytest.skip("this build lays no weight out as tiles")
     tok = train_tokenizer(320)
     # rows as wide as INT8_MIN_INPUTS: narrower ones stay off the tiles on a model loaded from files
-    config = llama_config(
-        tok.get_vocab_size(), hidden=INT8_MIN_INPUTS, layers=1, intermediate=INT8_MIN_INPUTS
-    )
+    wide = INT8_MIN_INPUTS
+    config = llama_config(tok.get_vocab_size(), hidden=wide, layers=1, intermediate=wide)
     model = make_model(config, 7)
     nn.quantize(model, group_size=32, bits=4)
     config["quantization"] = {"group_size": 32, "bits": 4}
@@ -379,19 +381,20 @@ def test_the_mlx_lm_arms_run_the_models_as_mlx_lm_holds_them(tmp_path):
     ours = build_ladder(profile)
     assert any(isinstance(m, TiledLinear) for _, m in ours.tiers[0].model.model.named_modules())
 
-    stock = StockLadder(profile)
-    held = stock.ladder().tiers[0].model.model
-    assert not any(isinstance(m, TiledLinear) for _, m in held.named_modules())
+    held = stock_ladder(profile)  # what the stock process loads (on the route it resolves)
+    assert not any(isinstance(m, TiledLinear) for _, m in held.tiers[0].model.model.named_modules())
     theirs, _ = mlx_lm_load_model(folder)
     want = dict(tree_flatten(theirs.parameters()))
-    got = dict(tree_flatten(held.parameters()))
+    got = dict(tree_flatten(held.tiers[0].model.model.parameters()))
     assert want.keys() == got.keys() and all(mx.array_equal(want[k], got[k]).item() for k in want)
 
-    ids = stock.ladder().tokenizer.encode("def add(a, b):")
-    record = mlx_lm_run(ours, Arm("mlx-lm model", "mlx-lm", tier=0), ids, 8, stock)
+    ids = held.tokenizer.encode("def add(a, b):")
     with _stock_kernels():
-        tokens = [r.token for r in stream_generate(theirs, stock.ladder().tokenizer, ids, max_tokens=8)]
-    eos = set(stock.ladder().tokenizer.eos_token_ids)
+        tokens = [r.token for r in stream_generate(theirs, held.tokenizer, ids, max_tokens=8)]
+    eos = set(held.tokenizer.eos_token_ids)
     expected = tokens[: next((i for i, t in enumerate(tokens) if t in eos), len(tokens))]
+    with StockModels(profile) as stock:
+        record = mlx_lm_run(ours, Arm("mlx-lm model", "mlx-lm", tier=0), ids, 8, stock)
+        pid = stock._process.pid
     assert [t["id"] for t in record["tokens"]] == expected
-    assert stock.ladder() is stock.ladder()  # loaded once
+    assert pid != os.getpid() and stock._process is None  # its own process, ended on close

@@ -13,15 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
-from mlx_lm.generate import stream_generate
 from mlx_lm.utils import dequantize_model
 
 from ..decoding.answer import AnswerSummary
@@ -37,6 +34,7 @@ from ..routing.registry import POLICY_BY_NAME
 from ..routing.router import POLICY_NAMES, RouterConfig
 from . import probe, simulate
 from .prompts import BenchPrompt, check_answer
+from .stock import StockModels, generated_record
 from .teacher import teacher_forced
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -152,28 +150,9 @@ def _stock_kernels():
         yield
 
 
-class StockLadder:
-    """The profile's models as mlx-lm holds them, for the arms that run mlx-lm as shipped
-    (STOCK_MODEL_KINDS): loaded once, when the first of them runs, on the reference route, so in
-    MLX's layout on MLX's quantized matmul (no kernel tiles, no GGUF blocks, no fp32 copies). Our
-    ladder's layers hold the kernel's tiles, which mx would dequantize at every call: that is not
-    mlx-lm as shipped. A second copy of the weights while the bench runs."""
-
-    def __init__(self, profile: Profile):
-        self.profile = profile
-        self._ladder: Ladder | None = None
-
-    def ladder(self) -> Ladder:
-        if self._ladder is None:
-            from ..api import build_ladder
-
-            with _stock_kernels():
-                self._ladder = build_ladder(self.profile, with_probe=False)
-        return self._ladder
-
-
 SPECULATIVE_KINDS = ("speculative", "speculative-ours", "speculative-fp32")
-# mlx-lm as shipped, on the models as it holds them (StockLadder); the others run on our ladder's.
+# mlx-lm as shipped, on the models as it holds them, in a process of their own (stock.py); the
+# other kinds run on our ladder's models, in this one.
 STOCK_MODEL_KINDS = ("mlx-lm", "speculative")
 # mlx-lm's stream_generate on one tier: as shipped, or with that model dequantized to fp32.
 MLX_LM_TIER_KINDS = ("mlx-lm", "mlx-lm-fp32")
@@ -248,60 +227,30 @@ def _dequantized_fp32(models: list[nn.Module]):
             model.update_modules(tree_unflatten(layers))
 
 
-def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockLadder) -> dict:
-    if arm.kind in STOCK_MODEL_KINDS:
-        ladder = stock.ladder()
-    tokenizer = ladder.tokenizer
-    eos = tokenizer.eos_token_ids
-    kwargs: dict[str, Any] = {}
+def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockModels) -> dict:
     speculative = arm.kind in SPECULATIVE_KINDS
-    if speculative:
-        model = ladder.tiers[-1].model.model
-        kwargs = {"draft_model": ladder.tiers[0].model.model}
-    else:
-        tier = ladder.tiers[arm.rung()]
+    if arm.kind in STOCK_MODEL_KINDS:
+        return stock.answer(None if speculative else arm.rung(), prompt_ids, max_tokens)
+    rung = len(ladder.tiers) - 1 if speculative else arm.rung()
+    tier = ladder.tiers[rung]
+    if not speculative:
         tier.activate()
-        model = tier.model.model
+    model = tier.model.model
+    draft = ladder.tiers[0].model.model if speculative else None
     # "speculative-ours": mlx-lm's generator on our CPU routes (its algorithm, our kernels); the
-    # others on MLX's own kernels, FP32_KINDS with the models dequantized to fp32.
+    # fp32 kinds on MLX's own kernels with the models dequantized to fp32.
     kernels: contextlib.AbstractContextManager = (
         contextlib.nullcontext() if arm.kind == "speculative-ours" else _stock_kernels()
     )
     fp32 = arm.kind in FP32_KINDS
+    models = [m for m in (model, draft) if m is not None]
     weights: contextlib.AbstractContextManager = (
-        _dequantized_fp32([model, *kwargs.values()]) if fp32 else contextlib.nullcontext()
+        _dequantized_fp32(models) if fp32 else contextlib.nullcontext()
     )
-    start, stamps, ids, drafted, peak = 0.0, [], [], 0, 0.0
-    read = ladder.tiers[-1 if speculative else arm.rung()].bytes_per_token
     with kernels, weights:
-        if fp32:
-            read = bytes_per_token(model)  # the fp32 weights this arm reads
-        start = time.perf_counter()
-        mx.reset_peak_memory()
-        for response in stream_generate(model, tokenizer, prompt_ids, max_tokens=max_tokens, **kwargs):
-            if response.token in eos:
-                break
-            stamps.append(time.perf_counter() - start)
-            ids.append(response.token)
-            drafted += bool(getattr(response, "from_draft", False))
-            peak = response.peak_memory
-    text = tokenizer.decode(ids)
-    name = ladder.tier_names[-1] if speculative else ladder.tier_names[arm.rung()]
-    return {
-        "generated": len(ids),
-        "prefilled": len(prompt_ids),
-        "first_token_s": stamps[0] if stamps else None,
-        "decode_s": stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0,
-        "elapsed_s": time.perf_counter() - start,
-        "peak_memory_gb": peak,
-        "switches": 0,
-        "catch_up_tokens": 0,
-        "tier_counts": {name: len(ids)},
-        "mean_bytes_per_token": read,
-        "draft_share": drafted / len(ids) if ids and speculative else None,
-        "text": text,
-        "tokens": [{"id": t, "tier": name} for t in ids],
-    }
+        read = bytes_per_token(model) if fp32 else tier.bytes_per_token  # fp32: the weights this arm reads
+        name = ladder.tier_names[rung]
+        return generated_record(model, ladder.tokenizer, prompt_ids, max_tokens, name, read, draft)
 
 
 def engine_run(
@@ -312,9 +261,9 @@ def engine_run(
     return _engine_run(session, arm, prompt, max_tokens, control)
 
 
-def mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockLadder) -> dict:
+def mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockModels) -> dict:
     """One answer by mlx-lm's stream_generate (or its speculative decoding): the same raw record;
-    mlx-lm as shipped on `stock`'s models, the other kinds on `ladder`'s."""
+    mlx-lm as shipped in `stock`'s process, the other kinds on `ladder`'s models."""
     return _mlx_lm_run(ladder, arm, prompt_ids, max_tokens, stock)
 
 
@@ -387,22 +336,22 @@ def run_bench(
     run.arms = make_arms(profile, ladder, dict.fromkeys(POLICY_NAMES, run.taus))
 
     total, done = options.repeats * len(speed) * len(run.arms), 0
-    stock = StockLadder(profile)
-    for repeat in range(options.repeats):
-        for prompt in speed:  # round-robin: every arm sees the same moment of the machine
-            for arm in run.arms:
-                say("speed arms", done, total)
-                if arm.kind in ("mlx-lm", "speculative"):
-                    record = _mlx_lm_run(ladder, arm, prompt_ids[prompt.id], budget[prompt.id], stock)
-                else:
-                    record = _engine_run(session, arm, prompt, budget[prompt.id])
-                record.update(
-                    arm=arm.name,
-                    repeat=repeat,
-                    prompt_id=prompt.id,
-                    correct=check_answer(prompt, record["text"]),
-                )
-                run.runs.append(record)
-                done += 1
+    with StockModels(profile) as stock:
+        for repeat in range(options.repeats):
+            for prompt in speed:  # round-robin: every arm sees the same moment of the machine
+                for arm in run.arms:
+                    say("speed arms", done, total)
+                    if arm.kind in ("mlx-lm", "speculative"):
+                        record = _mlx_lm_run(ladder, arm, prompt_ids[prompt.id], budget[prompt.id], stock)
+                    else:
+                        record = _engine_run(session, arm, prompt, budget[prompt.id])
+                    record.update(
+                        arm=arm.name,
+                        repeat=repeat,
+                        prompt_id=prompt.id,
+                        correct=check_answer(prompt, record["text"]),
+                    )
+                    run.runs.append(record)
+                    done += 1
     say("speed arms", total, total)
     return run

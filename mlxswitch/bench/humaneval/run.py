@@ -32,7 +32,8 @@ from ...profiles import Profile
 from ...routing.registry import POLICY_BY_NAME
 from .. import simulate
 from ..prompts import BenchPrompt
-from ..runner import PLAIN, Arm, StockLadder, engine_run, forced_config, mlx_lm_run, sweep_config
+from ..runner import PLAIN, Arm, engine_run, forced_config, mlx_lm_run, sweep_config
+from ..stock import StockModels
 from ..teacher import teacher_forced
 from . import arms as arm_sets
 from .controls import OraclePolicy, RandomPolicy, control_seed
@@ -162,7 +163,7 @@ def _share(record: dict, top_name: str) -> float:
 def _decode(
     session: ChatSession,
     ladder: Ladder,
-    stock: StockLadder,
+    stock: StockModels,
     arm: Arm,
     problem: Problem,
     prompt_ids: list[int],
@@ -268,34 +269,34 @@ def run_humaneval(
     ids = {p.task_id for p in mine}
     total, count = len(mine) * len(arms), sum(task in ids for task, _ in done)
     top_name = ladder.tier_names[-1]
-    stock = StockLadder(profile)
-    for problem in mine:
-        prompt_ids = session.render([{"role": "user", "content": instruction(problem)}])
-        for arm in arms:
-            key = (problem.task_id, arm.name)
-            if key not in done:
-                say("humaneval arms", count, total)
-                record = early.pop(key, None) or _decode(
-                    session, ladder, stock, arm, problem, prompt_ids, done, positions, options
-                )
-                code = extract_code(record["text"])
-                result = run_program(program(problem, code), options.timeout_s, options.memory_mb)
-                done[key] = {
-                    "type": "result",
-                    "task_id": problem.task_id,
-                    "arm": arm.name,
-                    "kind": arm.kind,
-                    **record,
-                    "code": code,
-                    **result.to_dict(),
-                }
-                records.append(done[key])
-                count += 1
-                say("humaneval arms", count, total)
-            if arm.name == f"{top_name} alone" and problem.task_id not in positions:
-                positions[problem.task_id] = _positions_record(
-                    ladder, problem, prompt_ids, done[key], options.max_tokens
-                )
-                records.append(positions[problem.task_id])
+    with StockModels(profile) as stock:  # mlx-lm as shipped, in its own process
+        for problem in mine:
+            prompt_ids = session.render([{"role": "user", "content": instruction(problem)}])
+            for arm in arms:
+                key = (problem.task_id, arm.name)
+                if key not in done:
+                    say("humaneval arms", count, total)
+                    record = early.pop(key, None) or _decode(
+                        session, ladder, stock, arm, problem, prompt_ids, done, positions, options
+                    )
+                    code = extract_code(record["text"])
+                    result = run_program(program(problem, code), options.timeout_s, options.memory_mb)
+                    done[key] = {
+                        "type": "result",
+                        "task_id": problem.task_id,
+                        "arm": arm.name,
+                        "kind": arm.kind,
+                        **record,
+                        "code": code,
+                        **result.to_dict(),
+                    }
+                    records.append(done[key])
+                    count += 1
+                    say("humaneval arms", count, total)
+                if arm.name == f"{top_name} alone" and problem.task_id not in positions:
+                    positions[problem.task_id] = _positions_record(
+                        ladder, problem, prompt_ids, done[key], options.max_tokens
+                    )
+                    records.append(positions[problem.task_id])
     say("humaneval arms", total, total)
     return arms
