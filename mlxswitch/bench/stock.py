@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -97,7 +98,9 @@ def stock_answer(ladder, rung: int | None, prompt_ids: list[int], max_tokens: in
 
 def _serve(connection: Connection, profile: Profile) -> None:
     """The stock process: load, then answer (rung, prompt ids, budget) until None; each reply
-    (True, record) or (False, the error's message)."""
+    (True, record) or (False, the error's message). A Ctrl-C reaches the whole process group: the
+    bench's process handles it and ends this one, which prints nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         ladder = stock_ladder(profile)
     except Exception as error:  # reported with the first request: the bench says it in one line
@@ -139,18 +142,21 @@ class StockModels:
             raise UsageError(f"mlx-lm's arms: {payload}")
         return payload
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """End the stock process: asked to, after its answer (`wait`), else at once (an error or a
+        Ctrl-C in the bench, which may have left it mid-answer)."""
         if self._connection is not None:
             with contextlib.suppress(OSError):
                 self._connection.send(None)
             self._connection.close()
-            self._process.join(timeout=30)
+            self._process.join(timeout=30 if wait else 0)
             if self._process.is_alive():
                 self._process.kill()
+                self._process.join()
             self._connection = self._process = None
 
     def __enter__(self) -> StockModels:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *rest) -> None:
+        self.close(wait=kind is None)
