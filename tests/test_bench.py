@@ -398,3 +398,14 @@ def test_the_mlx_lm_arms_run_the_models_as_mlx_lm_holds_them_in_a_process_of_the
         pid = stock._process.pid
     assert [t["id"] for t in record["tokens"]] == expected
     assert pid != os.getpid() and stock._process is None  # its own process, ended on close
+
+
+def test_the_mlx_lm_arms_process_failing_to_load_is_one_error_line(tmp_path):
+    from mlxswitch.bench.stock import StockModels
+    from mlxswitch.errors import UsageError
+    from mlxswitch.profiles import Profile
+
+    missing = Profile(name="ad-hoc", mode="single", models=(str(tmp_path / "no-such-model"),))
+    refused = r"^mlx-lm's arms: model '.*no-such-model'"
+    with StockModels(missing) as stock, pytest.raises(UsageError, match=refused):
+        stock.answer(0, [1, 2, 3], 4)
