@@ -409,3 +409,22 @@ def test_the_mlx_lm_arms_process_failing_to_load_is_one_error_line(tmp_path):
     refused = r"^mlx-lm's arms: model '.*no-such-model'"
     with StockModels(missing) as stock, pytest.raises(UsageError, match=refused):
         stock.answer(0, [1, 2, 3], 4)
+
+
+def test_on_a_gpu_route_the_mlx_lm_arms_run_on_our_ladder_without_a_process(tiny_pair):
+    """A GPU's route keeps MLX's own modules in our ladder: mlx-lm as shipped runs on them in the
+    bench's process (no second copy, no process), with the tokens of the same model alone."""
+    from mlxswitch.api import build_ladder, resolve_profile
+    from mlxswitch.bench.runner import Arm, mlx_lm_run
+    from mlxswitch.kernels.route import resolve_route
+
+    class NoProcess:
+        def answer(self, *args):
+            raise AssertionError("a process spawned on a GPU's route")
+
+    resolve_route(backend="metal")  # a Mac's route, its ops on this CPU
+    small, large = tiny_pair
+    ladder = build_ladder(resolve_profile(small=str(small), large=str(large)))
+    ids = [5, 17, 42, 7]
+    record = mlx_lm_run(ladder, Arm("mlx-lm large", "mlx-lm", tier=1), ids, 6, NoProcess())
+    assert record["generated"] >= 1 and record["tier_counts"] == {"large": record["generated"]}

@@ -26,7 +26,7 @@ from ..decoding.mode import DecodingMode
 from ..decoding.session import ChatSession, PolicyFactory
 from ..decoding.tiers import Ladder
 from ..json_numbers import json_float
-from ..kernels.route import kernels_override
+from ..kernels.route import current_route, kernels_override
 from ..models.model_bytes import bytes_per_token
 from ..models.rows import Q6KLinear, TiledLinear
 from ..profiles import Profile
@@ -151,8 +151,8 @@ def _stock_kernels():
 
 
 SPECULATIVE_KINDS = ("speculative", "speculative-ours", "speculative-fp32")
-# mlx-lm as shipped, on the models as it holds them, in a process of their own (stock.py); the
-# other kinds run on our ladder's models, in this one.
+# mlx-lm as shipped, on the models as it holds them, in a process of their own (stock.py) where our
+# ladder's layers are laid out for our kernels (a CPU); the other kinds run on our ladder's models.
 STOCK_MODEL_KINDS = ("mlx-lm", "speculative")
 # mlx-lm's stream_generate on one tier: as shipped, or with that model dequantized to fp32.
 MLX_LM_TIER_KINDS = ("mlx-lm", "mlx-lm-fp32")
@@ -229,7 +229,8 @@ def _dequantized_fp32(models: list[nn.Module]):
 
 def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockModels) -> dict:
     speculative = arm.kind in SPECULATIVE_KINDS
-    if arm.kind in STOCK_MODEL_KINDS:
+    # On a GPU our ladder's layers are MLX's own modules: mlx-lm as shipped runs on them, here.
+    if arm.kind in STOCK_MODEL_KINDS and current_route().plain_linears != "mlx-module":
         return stock.answer(None if speculative else arm.rung(), prompt_ids, max_tokens)
     rung = len(ladder.tiers) - 1 if speculative else arm.rung()
     tier = ladder.tiers[rung]

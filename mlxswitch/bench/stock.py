@@ -5,7 +5,8 @@ mlx-lm holds them. Our ladder's layers hold the kernel's tiles, which mx would d
 call, so those arms need a copy in MLX's layout; loaded beside our ladder it would count in every
 later arm's peak memory (the process's). So a spawned process loads the profile on the reference
 route (MLX's layout on its quantized matmul: no tiles, no GGUF blocks, no fp32 copies) when the
-first such arm runs, and answers each of them with the raw record the bench keeps.
+first such arm runs, and answers each of them with the raw record the bench keeps. On a GPU our
+ladder's layers are MLX's own modules, so those arms run on them in the bench's process (runner.py).
 """
 
 from __future__ import annotations
