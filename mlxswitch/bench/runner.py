@@ -264,7 +264,8 @@ def engine_run(
 
 def mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockModels) -> dict:
     """One answer by mlx-lm's stream_generate (or its speculative decoding): the same raw record;
-    mlx-lm as shipped in `stock`'s process, the other kinds on `ladder`'s models."""
+    mlx-lm as shipped in `stock`'s process on a CPU, the other kinds (and on a GPU every kind) on
+    `ladder`'s models."""
     return _mlx_lm_run(ladder, arm, prompt_ids, max_tokens, stock)
 
 
