@@ -428,3 +428,22 @@ def test_on_a_gpu_route_the_mlx_lm_arms_run_on_our_ladder_without_a_process(tiny
     ids = [5, 17, 42, 7]
     record = mlx_lm_run(ladder, Arm("mlx-lm large", "mlx-lm", tier=1), ids, 6, NoProcess())
     assert record["generated"] >= 1 and record["tier_counts"] == {"large": record["generated"]}
+
+
+def test_the_mlx_lm_arms_process_ends_quietly_when_the_bench_is_gone(tmp_path):
+    """Its end of the pipe closed (the bench's process ended or crashed), the stock process
+    returns without a traceback, whether or not it loaded."""
+    import signal
+    from multiprocessing import Pipe
+
+    from mlxswitch.bench.stock import _serve
+    from mlxswitch.profiles import Profile
+
+    missing = Profile(name="ad-hoc", mode="single", models=(str(tmp_path / "no-such-model"),))
+    ours, theirs = Pipe()
+    ours.close()
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        _serve(theirs, missing)  # it ignores SIGINT, as the stock process does
+    finally:
+        signal.signal(signal.SIGINT, before)

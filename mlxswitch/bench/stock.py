@@ -100,21 +100,23 @@ def stock_answer(ladder, rung: int | None, prompt_ids: list[int], max_tokens: in
 def _serve(connection: Connection, profile: Profile) -> None:
     """The stock process: load, then answer (rung, prompt ids, budget) until None; each reply
     (True, record) or (False, the error's message). A Ctrl-C reaches the whole process group: the
-    bench's process handles it and ends this one, which prints nothing."""
+    bench's process handles it and ends this one, which prints nothing (nor where that process is
+    gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        ladder = stock_ladder(profile)
-    except Exception as error:  # reported with the first request: the bench says it in one line
-        failed = f"{error}"
-        while connection.recv() is not None:
-            connection.send((False, failed))
-        return
-    while (request := connection.recv()) is not None:
-        rung, prompt_ids, max_tokens = request
+    with contextlib.suppress(EOFError, OSError):  # the bench's process gone: end quietly
         try:
-            connection.send((True, stock_answer(ladder, rung, prompt_ids, max_tokens)))
-        except Exception as error:  # the bench's process says it in one line
-            connection.send((False, f"{type(error).__name__}: {error}"))
+            ladder = stock_ladder(profile)
+        except Exception as error:  # reported with the first request: the bench says it in one line
+            failed = f"{error}"
+            while connection.recv() is not None:
+                connection.send((False, failed))
+            return
+        while (request := connection.recv()) is not None:
+            rung, prompt_ids, max_tokens = request
+            try:
+                connection.send((True, stock_answer(ladder, rung, prompt_ids, max_tokens)))
+            except Exception as error:  # the bench's process says it in one line
+                connection.send((False, f"{type(error).__name__}: {error}"))
 
 
 class StockModels:
