@@ -1041,10 +1041,9 @@ def run_pipes(args: argparse.Namespace) -> None:
     kernel = built_quant_kernel(quant_cpu.SOURCE, check=False)
     rng = np.random.default_rng(0)
     out_dims, in_dims = GATE_SHAPE
-    weights = [
-        quant_tiles.tiled_q4k_weight(kernel, random_q4k_blocks(rng, out_dims, in_dims), in_dims)
-        for _ in range(PIPES_WEIGHTS)
-    ]
+    blocks = partial(quant_check.random_q4k_blocks, rng, out_dims, in_dims)  # one weight's, laid out at once
+    tiled = partial(quant_tiles.tiled_q4k_weight, kernel, in_dims=in_dims)
+    weights = [tiled(mx.array(blocks())) for _ in range(PIPES_WEIGHTS)]
     xs = {rows: rng.standard_normal((rows, in_dims)).astype(np.float32) for rows in args.rows}
     samplers = {
         rows: partial(product_seconds, kernel, xs[rows], weights, many_from=rows + 1, int8=True)
@@ -1058,15 +1057,6 @@ def run_pipes(args: argparse.Namespace) -> None:
         rate = out_dims * in_dims * rows / best
         share = f"{rate / peak:.0%} of the cores' vpdpbusd"
         print(f"{rows:3d} rows: {1e3 * best:.3f} ms, {rate / 1e9:.0f} G multiply-adds a second, {share}")
-
-
-def random_q4k_blocks(rng, out_dims: int, in_dims: int) -> mx.array:
-    """Random Q4_K blocks (144 bytes per 256 inputs), their fp16 d and dmin small and positive."""
-    blocks = rng.integers(0, 256, size=(out_dims, in_dims // 256, 144), dtype=np.uint8)
-    for at in (0, 2):  # d, then dmin
-        values = (np.abs(rng.standard_normal(blocks.shape[:2])) * 1e-3).astype(np.float16)
-        blocks[..., at : at + 2] = values.view(np.uint8).reshape(*blocks.shape[:2], 2)
-    return mx.array(blocks.reshape(out_dims, -1))
 
 
 def pipes_options(parser: argparse.ArgumentParser) -> None:

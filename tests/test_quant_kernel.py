@@ -352,10 +352,10 @@ def test_q4k_blocks_laid_out_as_tiles_hold_their_values_and_give_every_row_count
     multiply int8 rows (q, k, gate, up) and int16 ones (a down projection) as the rounded rows times
     the codes' part plus the exact rows times the mins', each row's bits the same alone."""
     rng = np.random.default_rng(5)
-    blocks = quant_check._random_q4k(rng, 48, 768)
+    blocks = quant_check.random_q4k_blocks(rng, 48, 768)
     codes, mins = q4k_values(blocks, 768)
     # 24 outputs do not tile
-    assert tiled_q4k_weight(KERNEL, mx.array(quant_check._random_q4k(rng, 24, 256)), 256) is None
+    assert tiled_q4k_weight(KERNEL, mx.array(quant_check.random_q4k_blocks(rng, 24, 256)), 256) is None
     tiled = tiled_q4k_weight(KERNEL, mx.array(blocks), 768)
     assert tiled.layout == Q4K_TILED and tiled.nbytes == blocks.nbytes == 48 * 768 * 4.5 / 8
     values = np.asarray(q4k_tiled_values_mx(tiled.keep[0], 768))
@@ -413,7 +413,7 @@ def test_a_weights_leading_rows_are_its_first_outputs_bit_for_bit_in_every_layou
         "byte tiles": tiled_weight(KERNEL, five),
         "q6_k": q6k,
         "q6_k tiles": tiled_q6k_weight(KERNEL, q6k),
-        "q4_k tiles": tiled_q4k_weight(KERNEL, mx.array(quant_check._random_q4k(rng, 64, 256)), 256),
+        "q4_k tiles": tiled_q4k_weight(KERNEL, mx.array(quant_check.random_q4k_blocks(rng, 64, 256)), 256),
     }
     xs = rng.standard_normal((3, 256)).astype(np.float32)
     for name, weight in weights.items():

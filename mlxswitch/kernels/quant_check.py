@@ -136,7 +136,7 @@ def _check_q6k_tiles(kernel: QuantKernel, rng) -> str | None:
     return f"Q6_K tiles: {mismatch}" if mismatch is not None else _check_q4k_tiles(kernel, rng)
 
 
-def _random_q4k(rng, out_dims: int, in_dims: int) -> np.ndarray:
+def random_q4k_blocks(rng, out_dims: int, in_dims: int) -> np.ndarray:
     """Random Q4_K blocks (every code, scale and min; d and dmin normal fp16), out × in/256·144."""
     blocks = rng.integers(0, 256, size=(out_dims, in_dims // Q4K_VALUES, Q4K_BYTES), dtype=np.uint8)
     for at in (0, 2):  # d, dmin
@@ -148,7 +148,7 @@ def _random_q4k(rng, out_dims: int, in_dims: int) -> np.ndarray:
 def _check_q4k_tiles(kernel: QuantKernel, rng) -> str | None:
     """check_tiles for Q4_K blocks laid out as tiles, against the float64 product of their values,
     alone and in one call beside an affine tiled weight (a Q4_K_M layer's q, k and v)."""
-    blocks = _random_q4k(rng, 32, 512)
+    blocks = random_q4k_blocks(rng, 32, 512)
     codes, mins = q4k_values(blocks, 512)
 
     def reference(xs: np.ndarray, wide: bool) -> np.ndarray:  # the codes on rounded rows, mins on exact
