@@ -9,11 +9,11 @@ that answer: the drafter's greedy token and its signals at every position, given
 far, are one teacher-forced pass of each model (--collect), and a draft is kept up to the first
 position where that token differs from the answer's. --collect also times each model's passes by
 row count on this machine (best of a few, the machine otherwise idle). The replay then runs the
-real DraftPlanner (mlxswitch/decoding/drafting.py) and LookupIndex round by round, as
-decoding/verify.py does, with those pass costs for its seconds, and prints per category the
-time against the top tier alone's (its prefill, then one-row passes). A round's draft grows and
-settles by decoding.drafting.ModelDraft, as the live loop's does (tests/test_replay_round.py holds
-the two to the same rounds on an answer decoded live). It is a model of the run,
+live loop's own round (decoding/verified_round.py: the real DraftPlanner, LookupIndex and
+ModelDraft) on models that read the trace (TracedModels) and a clock that prices each pass from
+those costs (PricedClock), and prints per category the time against the top tier alone's (its
+prefill, then one-row passes). tests/test_replay_round.py holds the replay and the live loop to
+the same rounds on an answer decoded live. It is a model of the run,
 not a measurement: no timing noise, no Python between passes; compare its decisions with a real
 run's (`mlxswitch bench --suite everyday`'s report) before trusting a rule it prefers.
 
@@ -37,6 +37,10 @@ import math
 import sys
 import time
 from pathlib import Path
+
+from mlxswitch.decoding.ledger import PassLedger
+from mlxswitch.decoding.loop_state import PassMode
+from mlxswitch.decoding.round_clock import RoundClock
 
 ROOT = Path(__file__).resolve().parent
 EVERYDAY_PROMPTS = ROOT / "prompts" / "everyday.jsonl"
@@ -206,79 +210,114 @@ class Costs:
         return (1 - w) * self.seconds[i - 1] + w * self.seconds[i]
 
 
+class PricedClock(RoundClock):
+    """The round's clock with each pass priced from its model's cost table instead of timed: it
+    books and teaches the planner by the live loop's rule (RoundClock.book)."""
+
+    def __init__(self, planner, costs: dict):
+        super().__init__(PassLedger(), planner, PassMode(pipelined=False))
+        self.costs = costs
+        self.spent = 0.0  # this round's priced seconds, the drafter's prompt read included
+
+    def pass_seconds(self, model: str, rows: int) -> float:
+        seconds = self.costs[model](rows)
+        self.spent += seconds
+        return seconds
+
+    def elapsed(self) -> float:
+        return self.spent
+
+    def start_round(self) -> None:
+        super().start_round()
+        self.spent = 0.0
+
+
+class TracedModels:
+    """The pair as a recorded answer's trace has them (decoding.verified_round.RoundModels): the
+    drafter's greedy token and signals at each answer position, given the answer so far, and the
+    top tier's samples, the answer itself. No pass runs: each is booked to the clock, priced."""
+
+    def __init__(self, trace: dict, clock, threshold: float, signal: str, lookup: bool):
+        from mlxswitch.decoding.lookup import LookupIndex
+
+        self.trace, self.clock, self.threshold, self.signal = trace, clock, threshold, signal
+        self.eos = trace["eos"]
+        self.lookup = LookupIndex() if lookup else None
+        self.ids = list(trace["prompt_ids"])  # the prompt and the answer so far
+        self.prompt_tokens = trace["prompt_tokens"]
+        self.drafter_seen, self.top_seen = 0, 0
+
+    def extend_to(self, n: int) -> None:
+        """The sequence read as far as the answer's first `n` tokens."""
+        self.ids.extend(self.trace["answer"][len(self.ids) - self.prompt_tokens : n])
+
+    def draft(self, made, planner):
+        from mlxswitch.routing.registry import uncertainty
+
+        if made.room == 0:
+            return
+        length, greedy, signals = len(self.ids), self.trace["small"]["greedy"], self.trace["small"]["signals"]
+        fed = length - self.drafter_seen if self.drafter_seen < length else 1
+        self.clock.book("small", fed, self.drafter_seen < self.prompt_tokens)
+        self.drafter_seen = length
+        while True:  # the drafter's greedy token and signals at each answer position it reaches
+            at = length - self.prompt_tokens + len(made.tokens)
+            values = signals[at] if at < len(signals) else [math.nan] * 3
+            token = greedy[at] if at < len(greedy) else -1
+            if not made.take(token, values[0], uncertainty(self.signal, values), planner):
+                return
+            self.clock.book("small", 1, False)
+            self.drafter_seen += 1
+        yield  # a generator, as a live round's draft is; it runs no pass
+
+    def check(self, draft: list[int], room: int):
+        length = len(self.ids)
+        rows = length - self.top_seen + len(draft)
+        self.clock.book("large", rows, self.top_seen < self.prompt_tokens, check=True)
+        n = length - self.prompt_tokens
+        return self.trace["answer"][n : n + len(draft) + 1]  # the top tier's own tokens there
+        yield  # a generator, as a live round's check is; it runs no pass
+
+    def keep(self, kept: int) -> None:
+        self.top_seen = len(self.ids) + kept
+        self.drafter_seen = min(self.drafter_seen, self.top_seen)
+
+
+def modelled(round_generator):
+    """A round that runs no pass, run to its end: its value."""
+    try:
+        next(round_generator)
+    except StopIteration as finished:
+        return finished.value
+    raise AssertionError("a modelled round asked for a pass")
+
+
 def replay(
     trace: dict, small: Costs, large: Costs, threshold: float, signal: str, planner, lookup: bool = True
 ) -> dict:
-    """One answer decoded by verified drafting as verify.py runs it, priced by the cost tables."""
-    from mlxswitch.decoding.drafting import ModelDraft, Plan, kept_prefix
-    from mlxswitch.decoding.lookup import LookupIndex
-    from mlxswitch.routing.registry import uncertainty
+    """One answer decoded by verified drafting: decoding.verified_round's rounds, the live loop's,
+    run on the trace's models, priced by the cost tables."""
+    from mlxswitch.decoding.verified_round import verified_round
 
     answer, p0 = trace["answer"], trace["prompt_tokens"]
-    greedy, sig = trace["small"]["greedy"], trace["small"]["signals"]
     top_sig = trace["large"]["signals"]
     budget = min(trace["budget"], len(answer))
-    ids = trace["prompt_ids"]
-    index = LookupIndex()
-    top_seen, bottom_seen = 0, 0
+    clock = PricedClock(planner, {"small": small, "large": large})
+    models = TracedModels(trace, clock, threshold, signal, lookup)
     n, total = 0, 0.0
     tally = dict(small_tokens=0, lookup_kept=0, model_kept=0)
     by_source = {source: [0.0, 0] for source in ("none", "lookup", "model")}  # seconds, tokens made
-    seq = list(ids)  # the prompt and the answer so far: LookupIndex reads it as it grows
     while n < budget:
-        length = p0 + n  # ids before this round
-        seq.extend(answer[len(seq) - p0 : n])
-        if n:
-            offered = index.draft(seq, min(budget - n, planner.max_draft)) if lookup else []
-            plan = planner.plan(
-                budget - n, len(offered), length - bottom_seen, index.found_at >= p0, max(0, p0 - bottom_seen)
-            )
-        else:
-            offered, plan = [], Plan(0, "none", math.nan)
-        seconds, prompt_read = 0.0, 0.0
-        made = ModelDraft(threshold, plan.length, trace["eos"])
-        if plan.source == "lookup":
-            draft = offered[: plan.length]
-        elif plan.length:
-            fed = length - bottom_seen if bottom_seen < length else 1
-            prefill = bottom_seen < p0
-            cost = small(fed)
-            seconds += cost
-            if prefill:
-                prompt_read += cost
-            else:
-                planner.draft.record(fed, cost)
-            bottom_seen = length
-            while True:  # the drafter's greedy token and signals at each answer position it reaches
-                at = n + len(made.tokens)
-                values = sig[at] if at < len(sig) else [math.nan] * 3
-                token = greedy[at] if at < len(greedy) else -1
-                if not made.take(token, values[0], uncertainty(signal, values), planner):
-                    break
-                cost = small(1)
-                seconds += cost
-                planner.draft.record(1, cost)
-                bottom_seen += 1
-            made.settle(planner)
-            draft = made.tokens
-            tally["small_tokens"] += len(draft)
-        else:
-            draft = []
-        rows = length - top_seen + len(draft)
-        cost = large(rows)
-        seconds += cost
-        if top_seen >= p0:
-            planner.check.record(rows, cost)
-        kept = kept_prefix(draft, answer[n:])
-        planner.record_round(plan.source, len(draft), kept, made.entropies, seconds - prompt_read)
-        total += seconds
+        models.extend_to(n)
+        done = modelled(verified_round(models, planner, clock, budget - n, n == 0))
+        if done.source == "model":
+            tally["small_tokens"] += len(done.draft)
+        total += clock.spent
         if n:  # the opening check is the prompt's prefill
-            by_source[plan.source][0] += seconds
-            by_source[plan.source][1] += kept + 1
-        tally["lookup_kept" if plan.source == "lookup" else "model_kept"] += kept
-        top_seen = length + kept
-        bottom_seen = min(bottom_seen, top_seen)
-        n += kept
+            by_source[done.source][0] += clock.spent
+            by_source[done.source][1] += done.kept + 1
+        tally["lookup_kept" if done.source == "lookup" else "model_kept"] += done.kept
+        n += done.kept
         if n >= budget:
             break
         planner.observe_top(top_sig[n][0])

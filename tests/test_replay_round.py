@@ -1,5 +1,6 @@
-"""The replay (bench/replay_drafting.py) runs verified drafting's rounds as the live loop does: on
-an answer decoded live, it drafts, settles and keeps the same tokens round for round."""
+"""The replay (bench/replay_drafting.py) runs verified drafting's round (decoding/verified_round.py)
+as the live loop does, on a recorded answer's models: on an answer decoded live, it drafts, settles
+and keeps the same tokens round for round."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxswitch.cli import app
-from mlxswitch.decoding import verify
+from mlxswitch.decoding import round_models, verify
 from mlxswitch.decoding.mode import DecodingMode
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import gear_ladder, pair_ladder
@@ -275,7 +275,7 @@ def test_lookup_drafts_are_kept_marked_and_counted(pair, monkeypatch, corrupt_ev
         def draft(self, ids, max_tokens):
             return oracle(ids, 0, max_tokens)
 
-    monkeypatch.setattr(verify, "LookupIndex", OracleIndex)
+    monkeypatch.setattr(round_models, "LookupIndex", OracleIndex)
     monkeypatch.setattr(verify.VerifyLoop, "rounds", rounds)
     (answer,) = _answers_for(
         pair, _verify(2.0, "adaptive", lookup=True), 40, PROMPTS[:1], measure_signals=True

@@ -15,7 +15,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.sample_utils import make_sampler
 
-from mlxswitch.decoding.drafting import DraftPlanner
+from mlxswitch.decoding import verified_round
+from mlxswitch.decoding.drafting import DraftPlanner, kept_prefix
 from mlxswitch.decoding.session import ChatSession, GenerationSettings
 from mlxswitch.decoding.tiers import pair_ladder
 from mlxswitch.decoding.verify import VerifyLoop
@@ -27,13 +28,9 @@ TEMPERATURE = 2.0
 PROMPT = "Count: one two"
 
 
-class _KeepsTheFirstDraftToken(VerifyLoop):
+def _keeps_the_first_draft_token(draft, samples):
     """A planted bias: the first drafted token stands whatever the top tier samples there."""
-
-    @staticmethod
-    def _kept(draft, samples):
-        kept = VerifyLoop._kept(draft, samples)
-        return max(kept, min(1, len(draft)))
+    return max(kept_prefix(draft, samples), min(1, len(draft)))
 
 
 def _chi_square_p(a: Counter, b: Counter) -> float:
@@ -62,7 +59,7 @@ def pair(tiny_pair):
     return pair_ladder(load_model(str(small)), load_model(str(large)))
 
 
-def _second_tokens(ladder, loop_class, seed: int) -> Counter:
+def _second_tokens(ladder, seed: int) -> Counter:
     session = ChatSession(ladder, RouterConfig(up=(-math.inf,)))
     prompt_ids = session.render([{"role": "user", "content": PROMPT}])
     sampler = make_sampler(temp=TEMPERATURE)
@@ -71,7 +68,7 @@ def _second_tokens(ladder, loop_class, seed: int) -> Counter:
     for _ in range(SAMPLES):
         ladder.reset()
         # Fixed drafting with no threshold: the bottom tier drafts every position after the first.
-        loop = loop_class(
+        loop = VerifyLoop(
             ladder, list(prompt_ids), math.inf, sampler, planner=DraftPlanner(4, adaptive=False), lookup=False
         )
         tokens = [step.token for step in loop.steps(2)]
@@ -90,12 +87,15 @@ def _top_alone(ladder, seed: int) -> Counter:
     return counts
 
 
-def test_sampled_verified_tokens_follow_the_top_tiers_distribution_and_a_planted_bias_is_caught(pair):
+def test_sampled_verified_tokens_follow_the_top_tiers_distribution_and_a_planted_bias_is_caught(
+    pair, monkeypatch
+):
     reference = _top_alone(pair, seed=1)
     assert len(reference) > 3, "the test needs a spread distribution to have power"
-    verified = _second_tokens(pair, VerifyLoop, seed=2)
+    verified = _second_tokens(pair, seed=2)
     assert _chi_square_p(verified, reference) > 1e-3
-    biased = _second_tokens(pair, _KeepsTheFirstDraftToken, seed=2)
+    monkeypatch.setattr(verified_round, "kept_prefix", _keeps_the_first_draft_token)
+    biased = _second_tokens(pair, seed=2)
     assert _chi_square_p(biased, reference) < 1e-3
 
 
@@ -106,5 +106,5 @@ def test_pipelined_verified_tokens_follow_the_top_tiers_distribution(pair):
 
     reference = _top_alone(pair, seed=1)
     with kernels_override("mx"):
-        verified = _second_tokens(pair, VerifyLoop, seed=2)
+        verified = _second_tokens(pair, seed=2)
     assert _chi_square_p(verified, reference) > 1e-3

@@ -315,8 +315,8 @@ class DraftPlanner:
 @dataclass
 class ModelDraft:
     """A round's model draft as the drafter makes it, position by position, and the part settled
-    for the check: the one rule that verify.py's rounds and bench/replay_drafting.py's modelled
-    rounds both run (a test holds them to the same rounds on a recorded answer)."""
+    for the check: part of the round (verified_round.py) that the live loop and
+    bench/replay_drafting.py both run (a test holds them to the same rounds on a recorded answer)."""
 
     threshold: float  # a position whose routed signal exceeds it ends the draft without a token
     room: int  # the longest draft the round allows

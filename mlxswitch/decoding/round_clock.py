@@ -1,6 +1,9 @@
-"""The seconds of verified drafting's passes (verify.py): each booked to the answer's ledger at the
-sync that read it, taught to the planner where it says what a draft or a check costs, and each
-round's own seconds, which the planner weighs its rounds by.
+"""The seconds of verified drafting's passes (verified_round.py): each booked to the answer's ledger
+at the sync that read it, taught to the planner where it says what a draft or a check costs, and
+each round's own seconds, which the planner weighs its rounds by.
+
+The live loop's clock reads the wall time; the replay's (bench/replay_drafting.py) prices each pass
+from a table by overriding `pass_seconds` and `elapsed`, and so teaches the planner by the same rule.
 """
 
 from __future__ import annotations
@@ -18,14 +21,26 @@ class RoundClock:
 
     def __init__(self, ledger: PassLedger, planner: DraftPlanner, pass_mode: PassMode):
         self.ledger, self.planner, self.pass_mode = ledger, planner, pass_mode
-        self.check_rows, self.check_prefill = 0, False  # the last check's pass (for its timing)
+        self._round_started = time.perf_counter()
         self._prompt_read_s = 0.0  # this round's seconds in the drafter's prompt pass
         self._round_shared = False  # a pass of this round was shared with other answers
 
+    def pass_seconds(self, model: str, rows: int) -> float:
+        """The seconds of the pass just read: since the last sync."""
+        return self.ledger.lap()
+
+    def elapsed(self) -> float:
+        """The seconds since the round started."""
+        return time.perf_counter() - self._round_started
+
+    def start_round(self) -> None:
+        self._round_started = time.perf_counter()
+        self._prompt_read_s, self._round_shared = 0.0, False
+
     def book(self, model: str, rows: int, prefill: bool, check: bool = False, teach: bool = True) -> None:
-        """Book the seconds since the last sync to one pass of `model` (and, where `teach`, teach
-        the planner)."""
-        seconds = self.ledger.lap()
+        """Book the pass just read, `model` over `rows` rows, to the ledger (and, where `teach`,
+        teach the planner what a draft step or a check of that many rows costs)."""
+        seconds = self.pass_seconds(model, rows)
         self.ledger.add(model, rows, seconds, prefill=prefill)
         if self.pass_mode.shared_pass:  # packed with other answers' rows: not this answer's pass alone
             self._round_shared, teach = True, False
@@ -36,16 +51,7 @@ class RoundClock:
         if teach:
             (self.planner.check if check else self.planner.draft).record(rows, seconds)
 
-    def book_check(self, model: str, teach: bool) -> None:
-        """Book the last check's pass (`check_rows`, `check_prefill`) to the top tier `model`."""
-        self.book(model, self.check_rows, self.check_prefill, check=True, teach=teach)
-
-    def round_seconds(self, started: float) -> float:
-        """The round's seconds since `started`, less the drafter's first read of the prompt: paid
-        once an answer (nan where a pass of the round was shared with other answers). The next
-        round counts afresh."""
-        seconds = time.perf_counter() - started - self._prompt_read_s
-        if self._round_shared:
-            seconds = math.nan
-        self._prompt_read_s, self._round_shared = 0.0, False
-        return seconds
+    def round_seconds(self) -> float:
+        """The round's seconds so far, less the drafter's first read of the prompt: paid once an
+        answer (nan where a pass of the round was shared with other answers)."""
+        return math.nan if self._round_shared else self.elapsed() - self._prompt_read_s
