@@ -22,9 +22,10 @@ from .draft_store import load_draft_costs, save_draft_costs
 from .errors import UsageError
 from .kernels.route import current_route
 from .models.gear_files import build_geared, check_writable_dir, prepare_geared
-from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES, plane_bits_for
+from .models.gears import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from .models.loading import shared_tokenizers
 from .models.memory import check_memory
+from .models.nesting import plane_bits_for
 from .models.sources import load_model
 from .models.tokenizers import check_shared_tokenizer
 from .profile_load import load_profiles

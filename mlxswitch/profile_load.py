@@ -28,7 +28,7 @@ from pathlib import Path
 from .cloud.budget import CloudSettings, cloud_settings
 from .decoding.mode import MODE_SETTINGS, DecodingMode
 from .errors import CloudError, ConfigError, SettingError, UsageError
-from .models.gears import plane_bits_for
+from .models.nesting import plane_bits_for
 from .models.sources import model_available_offline
 from .profiles import Profile, ProfileSet, choose_default
 from .resources import bundled_models_toml, user_dir

@@ -56,7 +56,7 @@ def tiny_gears_4_8(tmp_path_factory):
     """A tiny llama nested into gears 4 and 8 (planes 4+4, group 32), loaded."""
     from tinymodels import llama_config, make_model, save_model_dir, train_tokenizer
 
-    from mlxswitch.models.gears import nest_model
+    from mlxswitch.models.nesting import nest_model
     from mlxswitch.models.sources import load_model
 
     tok = train_tokenizer(320)

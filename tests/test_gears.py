@@ -18,15 +18,9 @@ from mlxswitch.decoding.tiers import gear_ladder
 from mlxswitch.errors import UsageError
 from mlxswitch.kernels.route import resolve_route
 from mlxswitch.models.gear_files import gear_report, load_geared, save_geared
-from mlxswitch.models.gears import (
-    GearState,
-    NestedLinear,
-    honest_plane_bits,
-    nest_model,
-    plane_bits_for,
-    source_bits,
-)
+from mlxswitch.models.gears import GearState, NestedLinear
 from mlxswitch.models.model_bytes import bytes_per_token, resident_bytes
+from mlxswitch.models.nesting import honest_plane_bits, nest_model, plane_bits_for, source_bits
 from mlxswitch.models.row_routes import use_fast_rows
 from mlxswitch.models.sources import load_model
 from mlxswitch.resources import embedded_gguf_path

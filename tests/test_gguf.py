@@ -482,7 +482,7 @@ def test_saved_gears_of_a_llama3_gguf_keep_its_rope_factors(tmp_path, tiny_vocab
     out = tmp_path / "geared"
     build_geared(load_model(str(path)), out, plane_bits=(4, 4, 8), group_size=32)
     built = load_model(str(path))
-    from mlxswitch.models.gears import nest_model
+    from mlxswitch.models.nesting import nest_model
 
     nest_model(built.model, (4, 4, 8), 32)
     again = load_geared_dir(str(out), out, "geared")

@@ -355,7 +355,8 @@ def test_a_k_quant_qwen2_decodes_as_an_independent_reference(tmp_path, vocab, do
 def test_nested_gears_build_from_q6k_layers_read_as_stored(tmp_path, vocab):
     """`gears build` on a GGUF whose Q6_K layers are held as stored: their top gear is the file's
     W to within its planes' rounding."""
-    from mlxswitch.models.gears import NestedLinear, nest_model
+    from mlxswitch.models.gears import NestedLinear
+    from mlxswitch.models.nesting import nest_model
 
     path = tmp_path / "tiny-q6k.gguf"
     write_qwen2_gguf(path, vocab, Q.Q4_K, down=Q.Q6_K, output=Q.Q6_K)

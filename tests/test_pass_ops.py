@@ -241,7 +241,7 @@ def test_a_geared_body_in_one_call_gives_each_gear_the_bits_of_its_planes_one_by
 
     from mlxswitch.kernels import quant_cpu
     from mlxswitch.kernels.quant_cpu import quant_kernel
-    from mlxswitch.models.gears import nest_model
+    from mlxswitch.models.nesting import nest_model
 
     monkeypatch.setattr(quant_cpu, "INT8_MIN_INPUTS", 96)  # 64-wide rows take int16, as SmolLM2's
     monkeypatch.setattr(quant_cpu, "WIDE_MIN_INPUTS", 32)

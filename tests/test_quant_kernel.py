@@ -190,7 +190,7 @@ def test_narrow_codes_are_widened_in_place_to_bytes_and_give_the_reference_logit
     from tinymodels import llama_config, make_model
 
     from mlxswitch.models import row_routes
-    from mlxswitch.models.gears import source_bits
+    from mlxswitch.models.nesting import source_bits
 
     ids = mx.array([[5, 17, 42, 7, 99, 3]])
     logits = {}
@@ -588,7 +588,7 @@ def test_a_model_and_nested_gears_on_the_kernel_give_the_reference_logits():
     from tinymodels import llama_config, make_model
 
     from mlxswitch.models import row_routes
-    from mlxswitch.models.gears import nest_model
+    from mlxswitch.models.nesting import nest_model
 
     ids = mx.array([[5, 17, 42, 7, 99, 3]])
     logits = {}

@@ -15,13 +15,10 @@ import mlx.nn as nn
 from ..errors import ModelFormatError, ModelNotFoundError, OutputError, UsageError
 from ..files import atomic_dir
 from .arrays import flat_parameters, load_arrays
-from .gears import (
-    DEFAULT_GROUP_SIZE,
-    HALF_DTYPES,
-    OTHER_DTYPE,
-    STORAGE_DTYPE,
-    GearState,
-    NestedLinear,
+from .gears import DEFAULT_GROUP_SIZE, HALF_DTYPES, OTHER_DTYPE, STORAGE_DTYPE, GearState, NestedLinear
+from .gguf import use_rope_factors
+from .model_bytes import bytes_per_token, resident_bytes
+from .nesting import (
     exact_dtype,
     honest_plane_bits,
     linear_layers,
@@ -30,8 +27,6 @@ from .gears import (
     replace_module,
     source_bits,
 )
-from .gguf import use_rope_factors
-from .model_bytes import bytes_per_token, resident_bytes
 from .row_routes import use_fast_rows
 from .weights import LoadedModel, compute_dtype, load_checked_weights, model_classes
 

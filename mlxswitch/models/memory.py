@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from ..errors import InsufficientMemoryError
 from ..tier_names import local_tier_names
 from .footprint import Footprint, float_width
-from .gears import DEFAULT_GROUP_SIZE, plane_bits_for
+from .gears import DEFAULT_GROUP_SIZE
 from .machine import available_memory_bytes
+from .nesting import plane_bits_for
 from .row_routes import keeps_dense_weights
 from .sources import model_source
 

@@ -234,7 +234,7 @@ class Q6KLinear(RowsQuantizedLinear):
         them by the converter), which is dropped unread where the model was loaded lazily; laid
         out as the kernel's tiles where it tiles them (quant_tiles.py: the same bytes)."""
         self.in_dims = self["weight"].shape[1] * 32 // self.bits
-        self.code_bits = 6  # what gears.source_bits reads as the source's width
+        self.code_bits = 6  # what nesting.source_bits reads as the source's width
         view = QuantWeight.from_q6k(blocks, self.in_dims)
         kernel = quant_kernel()
         route = current_route()
