@@ -167,7 +167,7 @@ def _check_q4k_tiles(kernel: QuantKernel, rng) -> str | None:
     xs = rng.standard_normal((3, 512)).astype(np.float32)
     y = np.empty((3, 48), dtype=np.float32)
     fields = (WeightFields * 2)(tiled.fields, beside.fields)
-    done = kernel.tiled_together(xs.ctypes.data, y.ctypes.data, 3, 512, 2, 2, fields, 0)
+    done = kernel.c.quant_tiled_rows(xs.ctypes.data, y.ctypes.data, 3, 512, 2, 2, fields, 0)
     if (
         done < 1
         or _differs(y[:, :32], reference(xs, False))

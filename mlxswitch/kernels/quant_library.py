@@ -18,62 +18,48 @@ from .quant_weights import Q4K_TILED, Q6K, Q6K_TILED, TILED, QuantWeight
 MANY_ROWS_FROM = 12
 
 
+_P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+# x, codes, scales, biases, y; rows, in, out, group; bits, threads; many_from, scale type
+_ROWS = [_P] * 5 + [_L] * 4 + [_I] * 2 + [_L, _I]
+# x, y, rows, in, threads, count, weights (WeightFields): several weights at once
+_MANY = [_P] * 2 + [_L] * 2 + [_I, _L, _P]
+# Each call's argument types (every one returns an int: 0 where it could not get its memory).
+SIGNATURES = {
+    "quant_rows": _ROWS,
+    "quant_rows_int8": _ROWS + [_I, _I],  # + log2 of the codes' centre, int16 (else int8)
+    "quant_rows_int8_many": _MANY,
+    "quant_tiled_rows": _MANY + [_I],  # weights laid out as tiles (quant_tiles.py); int16 rows, or int8
+    # codes (or Q6_K, Q4_K blocks), out; outputs, inputs; (the codes' container bits;) threads
+    "quant_tile_pack": [_P] * 2 + [_L] * 2 + [_I] * 2,
+    "quant_q6k_tile_pack": [_P] * 2 + [_L] * 2 + [_I],
+    "quant_q4k_tile_pack": [_P] * 2 + [_L] * 2 + [_I],
+    "quant_tiled_q6k": [_P] * 3 + [_L] * 3 + [_I] * 2,  # x, tiles, y; rows, in, out; threads, int16
+    # x, blocks, y; rows, in, out; threads; many_from; integer activations, int16 (else int8)
+    "q6k_rows": [_P] * 3 + [_L] * 3 + [_I, _L, _I, _I],
+    "quant_gemm_takes": [_I] * 3,  # bits, log2 of the codes' centre, int16
+    "quant_unpack": [_P, _P, _L, _L, _I, _I],  # packed, out; rows, in; bits, threads
+}
+
+
 class QuantKernel:
-    """The compiled quant_rows.c: `times(xs, weight, threads)` is xs · Wᵀ."""
+    """The compiled quant_rows.c: `times(xs, weight, threads)` is xs · Wᵀ. Its calls are `c`'s,
+    typed by SIGNATURES (`c.quant_run_parts` is handed to pass_ops.c by address)."""
 
     def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...]):
-        self._library = library  # kept: the function below lives in it
-        self._rows = library.quant_rows
-        self._rows_int8 = library.quant_rows_int8
-        # x, codes, scales, biases, y; rows, in, out, group; bits, threads; many_from, scale type
-        arguments = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long]
-        arguments += [ctypes.c_int]  # (+ log2 of the codes' centre and int16 or not, for int8)
-        self._rows.argtypes = arguments
-        self._rows_int8.argtypes = arguments + [ctypes.c_int, ctypes.c_int]
-        for function in (self._rows, self._rows_int8):
-            function.restype = ctypes.c_int
-        # x, y, rows, in, threads, count, weights (WeightFields): several weights at once; the same
-        # for weights laid out as tiles (quant_tiles.py), whose layout is made by tile_pack
-        self.together, self.tiled_together = library.quant_rows_int8_many, library.quant_tiled_rows
-        for function in (self.together, self.tiled_together):
-            function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int, ctypes.c_long]
-            function.argtypes += [ctypes.c_void_p]
-            function.restype = ctypes.c_int
-        self.tiled_together.argtypes = [*self.together.argtypes, ctypes.c_int]  # int16 rows (wide), or int8
-        self.tiled = bool(library.quant_tiled())
-        # codes (or Q6_K blocks), out; outputs, inputs; (the codes' container bits;) threads
-        self.tile_pack, self.q6k_tile_pack = library.quant_tile_pack, library.quant_q6k_tile_pack
-        self.q4k_tile_pack = library.quant_q4k_tile_pack  # Q4_K blocks: the tiles' call multiplies them
-        self.tile_pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int] * 2
-        self.q6k_tile_pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
-        self.q4k_tile_pack.argtypes = self.q6k_tile_pack.argtypes
-        for function in (self.tile_pack, self.q6k_tile_pack, self.q4k_tile_pack):
-            function.restype = ctypes.c_int
-        self.tiled_q6k = library.quant_tiled_q6k  # x, tiles, y; rows, in, out; threads, int16
-        self.tiled_q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
-        self.tiled_q6k.restype = ctypes.c_int
-        self.run_parts = library.quant_run_parts  # its threads, for pass_ops.c's attention (by address)
-        # x, blocks, y; rows, in, out; threads; many_from; integer activations, int16 (else int8)
-        self._q6k = library.q6k_rows
-        self._q6k.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
-        self._q6k.argtypes += [ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int]
-        self._q6k.restype = ctypes.c_int
-        self.integer_paths = bool(library.quant_integer_paths())  # an AVX2 build: int8 and int16 paths
-        self._gemm_takes = library.quant_gemm_takes
-        self._gemm_takes.argtypes = [ctypes.c_int] * 3
-        self._gemm_takes.restype = ctypes.c_int
-        self._unpack = library.quant_unpack
-        self._unpack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
-        self._unpack.argtypes += [ctypes.c_int, ctypes.c_int]
-        self._unpack.restype = ctypes.c_int
+        for name, arguments in SIGNATURES.items():
+            function = getattr(library, name)  # ctypes keeps it: the types hold for every later call
+            function.argtypes, function.restype = arguments, ctypes.c_int
+        self.c = library
         self.flags = flags
+        self.tiled = bool(library.quant_tiled())
+        self.integer_paths = bool(library.quant_integer_paths())  # an AVX2 build: int8 and int16 paths
         self.threaded = bool(library.quant_threaded())
 
     def unpack(self, packed: np.ndarray, bits: int, in_dims: int, threads: int = 2) -> np.ndarray:
         """As unpack_codes: MLX's packed codes (rows × words) as one uint8 code a weight."""
         raw = np.ascontiguousarray(packed).view(np.uint8)
         out = np.empty((raw.shape[0], in_dims), dtype=np.uint8)
-        if self._unpack(raw.ctypes.data, out.ctypes.data, raw.shape[0], in_dims, bits, threads) != 0:
+        if self.c.quant_unpack(raw.ctypes.data, out.ctypes.data, raw.shape[0], in_dims, bits, threads) != 0:
             raise ValueError(f"{bits}-bit codes of {in_dims} a row cannot be unpacked")
         return out
 
@@ -88,13 +74,13 @@ class QuantKernel:
         """What decides how this build lays weights out: whether it tiles, has integer paths, and
         sums full-byte codes exactly on int8 (VNNI): two machines' builds with the same flags
         (a shared home directory) can differ in these."""
-        return self.tiled, self.integer_paths, bool(self._gemm_takes(8, 7, 0))
+        return self.tiled, self.integer_paths, bool(self.c.quant_gemm_takes(8, 7, 0))
 
     def gemm_takes(self, weight: QuantWeight, wide: bool = False) -> bool:
         """Whether many rows of integer activations (int8; int16 where `wide`) multiply this weight
         (affine, or Q6_K blocks) through the tiles, else the fp32 panel on the rows as they are."""
         bits = 6 if weight.layout == Q6K else weight.bits  # Q6_K blocks: on int16 only
-        return bool(self._gemm_takes(bits, weight.centre_log2, int(wide)))
+        return bool(self.c.quant_gemm_takes(bits, weight.centre_log2, int(wide)))
 
     def times(
         self,
@@ -119,17 +105,17 @@ class QuantKernel:
                 raise ValueError("a weight laid out as tiles multiplies integer activations only")
             if weight.layout == Q6K_TILED:
                 blocks = weight.addresses[0]
-                done = self.tiled_q6k(
+                done = self.c.quant_tiled_q6k(
                     xs.ctypes.data, blocks, y.ctypes.data, rows, in_dims, weight.out_dims, threads, int(wide)
                 )
             else:
                 fields = ctypes.addressof(weight.fields)
-                done = self.tiled_together(
+                done = self.c.quant_tiled_rows(
                     xs.ctypes.data, y.ctypes.data, rows, in_dims, threads, 1, fields, int(wide)
                 )
         elif weight.layout == Q6K:  # integer activations: int8 where narrow, else int16 (integer_applies)
             at = (xs.ctypes.data, weight.addresses[0], y.ctypes.data)
-            done = self._q6k(*at, rows, in_dims, weight.out_dims, threads, many, int(int8), int(wide))
+            done = self.c.q6k_rows(*at, rows, in_dims, weight.out_dims, threads, many, int(int8), int(wide))
         else:
             arguments = [
                 xs.ctypes.data,
@@ -143,9 +129,11 @@ class QuantKernel:
                 threads,
             ]
             if int8:
-                done = self._rows_int8(*arguments, many, weight.scale_type, weight.centre_log2, int(wide))
+                done = self.c.quant_rows_int8(
+                    *arguments, many, weight.scale_type, weight.centre_log2, int(wide)
+                )
             else:
-                done = self._rows(*arguments, many, weight.scale_type)
+                done = self.c.quant_rows(*arguments, many, weight.scale_type)
         if done < 1:
             raise MemoryError("the quantized kernel could not get its scratch memory")
         return y

@@ -64,5 +64,7 @@ def times_together(
     rows = xs.shape[0]
     y = np.empty((rows, pack.ends[-1]), dtype=np.float32)
     at = (xs.ctypes.data, y.ctypes.data, rows, xs.shape[1], threads, len(pack.weights), pack.fields)
-    done = kernel.tiled_together(*at, int(pack.wide)) if pack.tiled else kernel.together(*at)
+    done = (
+        kernel.c.quant_tiled_rows(*at, int(pack.wide)) if pack.tiled else kernel.c.quant_rows_int8_many(*at)
+    )
     return y if done >= 1 else None

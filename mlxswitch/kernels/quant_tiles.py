@@ -108,7 +108,7 @@ def tiled_weight(kernel, weight: QuantWeight, threads: int = 2, in_place: bool =
     else:
         into = _pack_target(weight, in_place)
     at = (weight.codes.ctypes.data, into.ctypes.data, weight.out_dims, weight.in_dims, bits)
-    if kernel.tile_pack(*at, threads):
+    if kernel.c.quant_tile_pack(*at, threads):
         raise ValueError(f"a {weight.out_dims} x {weight.in_dims} weight does not tile")
     arrays = [weight.keep[0] if in_place and bits != 5 else mx.array(into.view(np.uint32))]
     for values in (weight.scales, weight.biases):  # bf16 is held as its uint16 bits (_scale_view)
@@ -185,7 +185,9 @@ def tiled_q6k_weight(kernel, weight: QuantWeight, threads: int = 2, in_place: bo
     or `in_place` in the blocks' own (as tiled_weight), and the kernel's view of it."""
     blocks = weight.codes if in_place else np.ascontiguousarray(weight.codes)
     into = _pack_target(weight, in_place)
-    if kernel.q6k_tile_pack(blocks.ctypes.data, into.ctypes.data, weight.out_dims, weight.in_dims, threads):
+    if kernel.c.quant_q6k_tile_pack(
+        blocks.ctypes.data, into.ctypes.data, weight.out_dims, weight.in_dims, threads
+    ):
         raise ValueError(f"a {weight.out_dims} x {weight.in_dims} Q6_K weight does not tile")
     view = QuantWeight.from_q6k(weight.keep[0] if in_place else mx.array(into), weight.in_dims)
     return dataclasses.replace(view, layout=Q6K_TILED)
@@ -236,7 +238,7 @@ def tiled_q4k_weight(kernel, blocks: mx.array, in_dims: int, threads: int = 2) -
         blocks = mx.array(np.ascontiguousarray(codes))
         mx.eval(blocks)
         codes = np.asarray(blocks)
-    if kernel.q4k_tile_pack(codes.ctypes.data, codes.ctypes.data, out_dims, in_dims, threads):
+    if kernel.c.quant_q4k_tile_pack(codes.ctypes.data, codes.ctypes.data, out_dims, in_dims, threads):
         return None
     return QuantWeight.from_q4k_tiles(blocks, in_dims)
 

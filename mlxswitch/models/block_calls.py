@@ -264,9 +264,9 @@ def _make_block_plan(kernel: Any, attention: Any, mlp: Any, linears: tuple, norm
         head_dim=head_dim,
         rope_dims=attention.rope.dims,
         traditional=int(attention.rope.traditional),
-        tiled=ctypes.cast(kernel.tiled_together, ctypes.c_void_p).value,
-        q6k=ctypes.cast(kernel.tiled_q6k, ctypes.c_void_p).value,
-        run_parts=ctypes.cast(kernel.run_parts, ctypes.c_void_p).value,
+        tiled=ctypes.cast(kernel.c.quant_tiled_rows, ctypes.c_void_p).value,
+        q6k=ctypes.cast(kernel.c.quant_tiled_q6k, ctypes.c_void_p).value,
+        run_parts=ctypes.cast(kernel.c.quant_run_parts, ctypes.c_void_p).value,
     )
     return plan, tuple(arrays)
 
