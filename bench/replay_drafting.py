@@ -242,7 +242,7 @@ class TracedModels:
 
         self.trace, self.clock, self.threshold, self.signal = trace, clock, threshold, signal
         self.eos = trace["eos"]
-        self.lookup = LookupIndex() if lookup else None
+        self.lookup_index = LookupIndex() if lookup else None
         self.ids = list(trace["prompt_ids"])  # the prompt and the answer so far
         self.prompt_tokens = trace["prompt_tokens"]
         self.drafter_seen, self.top_seen = 0, 0

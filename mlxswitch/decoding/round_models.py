@@ -59,7 +59,7 @@ class LadderModels:
         self.ladder, self.sequence, self.sampling, self.clock = ladder, sequence, sampling, clock
         self.threshold, self.signal = threshold, signal
         self.eos = ladder.tokenizer.eos_token_ids
-        self.lookup = LookupIndex() if lookup else None  # the sequence's n-grams, indexed as it grows
+        self.lookup_index = LookupIndex() if lookup else None  # the sequence's n-grams, indexed as it grows
         self.catch_up: dict[str, int] = {}  # this round's ids fed to tiers that had not computed them
         self.checked: Queued | None = None  # this round's check, once run
         self.settled: Settled | None = None  # the last round's check and catch-up, for its steps

@@ -39,7 +39,7 @@ class RoundModels(Protocol):
 
     threshold: float  # a drafted position whose routed signal exceeds it ends the draft
     eos: Collection[int]
-    lookup: LookupIndex | None  # the sequence's n-grams (None: prompt lookup off)
+    lookup_index: LookupIndex | None  # the sequence's n-grams (None: prompt lookup off)
 
     @property
     def ids(self) -> list[int]:
@@ -101,7 +101,7 @@ def verified_round(
 
 def _plan(models: RoundModels, planner: DraftPlanner, room: int) -> tuple[Plan, list[int]]:
     """This round's plan, and the prompt lookup's offer it was chosen against."""
-    ids, index, prompt_tokens = models.ids, models.lookup, models.prompt_tokens
+    ids, index, prompt_tokens = models.ids, models.lookup_index, models.prompt_tokens
     offered = [] if index is None else index.draft(ids, min(room, planner.max_draft))
     seen = models.drafter_seen
     in_answer = index is not None and index.found_at >= prompt_tokens
