@@ -9,13 +9,12 @@ that answer: the drafter's greedy token and its signals at every position, given
 far, are one teacher-forced pass of each model (--collect), and a draft is kept up to the first
 position where that token differs from the answer's. --collect also times each model's passes by
 row count on this machine (best of a few, the machine otherwise idle). The replay then runs the
-live loop's own round (decoding/verified_round.py: the real DraftPlanner, LookupIndex and
-ModelDraft) on models that read the trace (TracedModels) and a clock that prices each pass from
-those costs (PricedClock), and prints per category the time against the top tier alone's (its
-prefill, then one-row passes). tests/test_replay_round.py holds the replay and the live loop to
-the same rounds on an answer decoded live. It is a model of the run,
-not a measurement: no timing noise, no Python between passes; compare its decisions with a real
-run's (`mlxswitch bench --suite everyday`'s report) before trusting a rule it prefers.
+live loop's own round (decoding/verified_round.py) on models that read the trace (TracedModels),
+with a clock that prices each pass from those costs (decoding.round_clock.PricedClock), and prints
+per category the time against the top tier alone's (its prefill, then one-row passes); the test
+tests/test_replay_round.py holds it to the live loop's rounds on an answer decoded live. A model of
+the run, not a measurement (no timing noise, no Python between passes): compare its decisions
+with a real run's (`mlxswitch bench --suite everyday`'s report) before trusting a rule it prefers.
 
 Answers: by default the large arm's in bench/results/everyday-pair.jsonl (35 everyday prompts,
 64 tokens) and the 1.5B alone's in bench/results/humaneval-pair-replay-answers.jsonl (20 held-out
@@ -38,9 +37,12 @@ import sys
 import time
 from pathlib import Path
 
-from mlxswitch.decoding.ledger import PassLedger
-from mlxswitch.decoding.loop_state import PassMode
-from mlxswitch.decoding.round_clock import RoundClock
+from mlxswitch.decoding.draft_memory import DraftMemory, PassCosts
+from mlxswitch.decoding.drafting import MAX_DRAFT, DraftPlanner
+from mlxswitch.decoding.lookup import LookupIndex
+from mlxswitch.decoding.round_clock import PricedClock
+from mlxswitch.decoding.verified_round import verified_round
+from mlxswitch.routing.registry import uncertainty
 
 ROOT = Path(__file__).resolve().parent
 EVERYDAY_PROMPTS = ROOT / "prompts" / "everyday.jsonl"
@@ -210,36 +212,12 @@ class Costs:
         return (1 - w) * self.seconds[i - 1] + w * self.seconds[i]
 
 
-class PricedClock(RoundClock):
-    """The round's clock with each pass priced from its model's cost table instead of timed: it
-    books and teaches the planner by the live loop's rule (RoundClock.book)."""
-
-    def __init__(self, planner, costs: dict):
-        super().__init__(PassLedger(), planner, PassMode(pipelined=False))
-        self.costs = costs
-        self.spent = 0.0  # this round's priced seconds, the drafter's prompt read included
-
-    def pass_seconds(self, model: str, rows: int) -> float:
-        seconds = self.costs[model](rows)
-        self.spent += seconds
-        return seconds
-
-    def elapsed(self) -> float:
-        return self.spent
-
-    def start_round(self) -> None:
-        super().start_round()
-        self.spent = 0.0
-
-
 class TracedModels:
     """The pair as a recorded answer's trace has them (decoding.verified_round.RoundModels): the
     drafter's greedy token and signals at each answer position, given the answer so far, and the
     top tier's samples, the answer itself. No pass runs: each is booked to the clock, priced."""
 
     def __init__(self, trace: dict, clock, threshold: float, signal: str, lookup: bool):
-        from mlxswitch.decoding.lookup import LookupIndex
-
         self.trace, self.clock, self.threshold, self.signal = trace, clock, threshold, signal
         self.eos = trace["eos"]
         self.lookup_index = LookupIndex() if lookup else None
@@ -252,8 +230,6 @@ class TracedModels:
         self.ids.extend(self.trace["answer"][len(self.ids) - self.prompt_tokens : n])
 
     def draft(self, made, planner):
-        from mlxswitch.routing.registry import uncertainty
-
         if made.room == 0:
             return
         length, greedy, signals = len(self.ids), self.trace["small"]["greedy"], self.trace["small"]["signals"]
@@ -297,12 +273,11 @@ def replay(
 ) -> dict:
     """One answer decoded by verified drafting: decoding.verified_round's rounds, the live loop's,
     run on the trace's models, priced by the cost tables."""
-    from mlxswitch.decoding.verified_round import verified_round
-
     answer, p0 = trace["answer"], trace["prompt_tokens"]
     top_sig = trace["large"]["signals"]
     budget = min(trace["budget"], len(answer))
-    clock = PricedClock(planner, {"small": small, "large": large})
+    costs = {"small": small, "large": large}
+    clock = PricedClock(planner, lambda model, rows: costs[model](rows))
     models = TracedModels(trace, clock, threshold, signal, lookup)
     n, total = 0, 0.0
     tally = dict(small_tokens=0, lookup_kept=0, model_kept=0)
@@ -335,10 +310,6 @@ def replay(
 
 
 def simulate(args: argparse.Namespace) -> None:
-    from mlxswitch.decoding.draft_memory import DraftMemory, PassCosts
-    from mlxswitch.decoding.drafting import DraftPlanner
-    from mlxswitch.decoding.verify import MAX_DRAFT
-
     data = json.loads(Path(args.traces[0]).read_text())
     for extra in args.traces[1:]:  # more answers, traced by the same run's models; the first's costs
         data["traces"] += json.loads(Path(extra).read_text())["traces"]

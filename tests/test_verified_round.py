@@ -8,34 +8,17 @@ import math
 import pytest
 
 from mlxswitch.decoding.drafting import DraftPlanner
-from mlxswitch.decoding.ledger import PassLedger
 from mlxswitch.decoding.lookup import LookupIndex
-from mlxswitch.decoding.loop_state import PassMode
-from mlxswitch.decoding.round_clock import RoundClock
+from mlxswitch.decoding.round_clock import PricedClock, RoundClock
 from mlxswitch.decoding.verified_round import verified_round
 
 PROMPT = [1, 2, 3, 4]
 EOS = 99
 
 
-class PricedClock(RoundClock):
-    """Each pass priced by rows instead of timed: a draft step 1 s a row, a check 10 s + 1 s a row."""
-
-    def __init__(self, planner: DraftPlanner):
-        super().__init__(PassLedger(), planner, PassMode(pipelined=False))
-        self.spent = 0.0
-
-    def pass_seconds(self, model: str, rows: int) -> float:
-        seconds = rows if model == "drafter" else 10.0 + rows
-        self.spent += seconds
-        return seconds
-
-    def elapsed(self) -> float:
-        return self.spent
-
-    def start_round(self) -> None:
-        super().start_round()
-        self.spent = 0.0
+def _priced(planner: DraftPlanner) -> PricedClock:
+    """Each pass priced by rows: a draft step 1 s a row, a check 10 s + 1 s a row."""
+    return PricedClock(planner, lambda model, rows: rows if model == "drafter" else 10.0 + rows)
 
 
 class HandModels:
@@ -99,7 +82,7 @@ def _run(round_generator):
 
 def test_the_opening_round_is_the_top_tier_alone_after_its_prefill():
     planner = Recording(4)
-    clock = PricedClock(planner)
+    clock = _priced(planner)
     models = HandModels(clock, [(7, 0.1)], answer=[7, 8, 9], opening=True)
     done = _run(verified_round(models, planner, clock, room=3, opening=True))
     assert (done.source, done.draft, done.samples, done.kept) == ("none", [], [7], 0)
@@ -112,7 +95,7 @@ def test_the_opening_round_is_the_top_tier_alone_after_its_prefill():
 
 def test_a_model_draft_ends_at_an_unsure_position_and_is_kept_up_to_the_first_difference():
     planner = Recording(4)
-    clock = PricedClock(planner)
+    clock = _priced(planner)
     # The drafter proposes 5, 6, then is unsure (signal 2.0 > threshold 1.0) of 7: a draft of [5, 6].
     models = HandModels(clock, [(5, 0.2), (6, 0.4), (7, 2.0)], answer=[8, 5, 9, 4])
     done = _run(verified_round(models, planner, clock, room=4, opening=False))
@@ -127,10 +110,10 @@ def test_a_model_draft_ends_at_an_unsure_position_and_is_kept_up_to_the_first_di
 
 def test_an_end_of_sequence_token_ends_the_draft_with_it_and_room_bounds_the_draft():
     planner = Recording(4)
-    clock = PricedClock(planner)
+    clock = _priced(planner)
     models = HandModels(clock, [(5, 0.1), (EOS, 0.1), (6, 0.1)], answer=[8, 5, EOS, 1])
     assert _run(verified_round(models, planner, clock, room=4, opening=False)).draft == [5, EOS]
-    short = HandModels(PricedClock(planner), [(5, 0.1), (6, 0.1), (7, 0.1)], answer=[8, 5, 6, 7])
+    short = HandModels(_priced(planner), [(5, 0.1), (6, 0.1), (7, 0.1)], answer=[8, 5, 6, 7])
     done = _run(verified_round(short, planner, short.clock, room=2, opening=False))
     assert done.draft == [5, 6] and done.kept == 2 and done.samples == [5, 6, 7]
 
@@ -139,7 +122,7 @@ def test_a_lookup_round_checks_what_followed_the_tail_and_the_drafter_reads_noth
     planner = DraftPlanner(4, with_lookup=True)
     planner.check.record(1, 10.0)  # the top tier alone's cost known, so every plan is priced
     planner.memory.lookup_rounds.record(20, 1.0)  # lookup rounds have paid
-    clock = PricedClock(planner)
+    clock = _priced(planner)
     models = HandModels(clock, [], answer=[0])
     models.lookup_index = LookupIndex()
     # The tail 1 2 3 4 occurred before in the prompt, followed by 5 6.

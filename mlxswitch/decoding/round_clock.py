@@ -2,14 +2,15 @@
 at the sync that read it, taught to the planner where it says what a draft or a check costs, and
 each round's own seconds, which the planner weighs its rounds by.
 
-The live loop's clock reads the wall time; the replay's (bench/replay_drafting.py) prices each pass
-from a table by overriding `pass_seconds` and `elapsed`, and so teaches the planner by the same rule.
+The live loop's clock reads the wall time; the replay's (bench/replay_drafting.py), a PricedClock,
+prices each pass from a table instead, and so teaches the planner by the same rule.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from .drafting import DraftPlanner
 from .ledger import PassLedger
@@ -55,3 +56,25 @@ class RoundClock:
         """The round's seconds so far, less the drafter's first read of the prompt: paid once an
         answer (nan where a pass of the round was shared with other answers)."""
         return math.nan if self._round_shared else self.elapsed() - self._prompt_read_s
+
+
+class PricedClock(RoundClock):
+    """A modelled run's clock: each pass priced by `price(model, rows)` instead of timed, the
+    round's seconds the sum of its prices. It books and teaches the planner as the live clock does."""
+
+    def __init__(self, planner: DraftPlanner, price: Callable[[str, int], float]):
+        super().__init__(PassLedger(), planner, PassMode(pipelined=False))
+        self.price = price
+        self.spent = 0.0  # this round's priced seconds, the drafter's prompt read included
+
+    def pass_seconds(self, model: str, rows: int) -> float:
+        seconds = self.price(model, rows)
+        self.spent += seconds
+        return seconds
+
+    def elapsed(self) -> float:
+        return self.spent
+
+    def start_round(self) -> None:
+        super().start_round()
+        self.spent = 0.0
