@@ -23,7 +23,8 @@ _P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 _ROWS = [_P] * 5 + [_L] * 4 + [_I] * 2 + [_L, _I]
 # x, y, rows, in, threads, count, weights (WeightFields): several weights at once
 _MANY = [_P] * 2 + [_L] * 2 + [_I, _L, _P]
-# Each call's argument types (every one returns an int: 0 where it could not get its memory).
+# Each call's argument types. Every one returns an int, read where it is called (a product's: 0 where
+# it could not get its scratch memory; a tile pack's and unpack's: non-zero where the weight does not fit).
 SIGNATURES = {
     "quant_rows": _ROWS,
     "quant_rows_int8": _ROWS + [_I, _I],  # + log2 of the codes' centre, int16 (else int8)
