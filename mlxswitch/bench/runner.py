@@ -34,7 +34,7 @@ from ..routing.registry import POLICY_BY_NAME
 from ..routing.router import POLICY_NAMES, RouterConfig
 from . import probe, simulate
 from .prompts import BenchPrompt, check_answer
-from .stock import StockModels, generated_record
+from .stock import StockModels, mlx_lm_answer
 from .teacher import teacher_forced
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -228,30 +228,26 @@ def _dequantized_fp32(models: list[nn.Module]):
 
 
 def _mlx_lm_run(ladder: Ladder, arm: Arm, prompt_ids: list[int], max_tokens: int, stock: StockModels) -> dict:
-    speculative = arm.kind in SPECULATIVE_KINDS
+    rung = None if arm.kind in SPECULATIVE_KINDS else arm.rung()  # None: the pair, speculatively
     # On a GPU our ladder's layers are MLX's own modules: mlx-lm as shipped runs on them, here.
     if arm.kind in STOCK_MODEL_KINDS and current_route().plain_linears != "mlx-module":
-        return stock.answer(None if speculative else arm.rung(), prompt_ids, max_tokens)
-    rung = len(ladder.tiers) - 1 if speculative else arm.rung()
-    tier = ladder.tiers[rung]
-    if not speculative:
-        tier.activate()
-    model = tier.model.model
-    draft = ladder.tiers[0].model.model if speculative else None
+        return stock.answer(rung, prompt_ids, max_tokens)
+    if rung is not None:
+        ladder.tiers[rung].activate()  # its gear, before the fp32 kinds dequantize its weights
+    tiers = (ladder.tiers[-1], ladder.tiers[0]) if rung is None else (ladder.tiers[rung],)
+    models = [tier.model.model for tier in tiers]
     # "speculative-ours": mlx-lm's generator on our CPU routes (its algorithm, our kernels); the
     # fp32 kinds on MLX's own kernels with the models dequantized to fp32.
     kernels: contextlib.AbstractContextManager = (
         contextlib.nullcontext() if arm.kind == "speculative-ours" else _stock_kernels()
     )
     fp32 = arm.kind in FP32_KINDS
-    models = [m for m in (model, draft) if m is not None]
     weights: contextlib.AbstractContextManager = (
         _dequantized_fp32(models) if fp32 else contextlib.nullcontext()
     )
     with kernels, weights:
-        read = bytes_per_token(model) if fp32 else tier.bytes_per_token  # fp32: the weights this arm reads
-        name = ladder.tier_names[rung]
-        return generated_record(model, ladder.tokenizer, prompt_ids, max_tokens, name, read, draft)
+        read = bytes_per_token(models[0]) if fp32 else None  # fp32: the weights this arm reads
+        return mlx_lm_answer(ladder, rung, prompt_ids, max_tokens, read)
 
 
 def engine_run(

@@ -79,22 +79,20 @@ def stock_ladder(profile: Profile):
     return build_ladder(profile, with_probe=False)
 
 
-def stock_answer(ladder, rung: int | None, prompt_ids: list[int], max_tokens: int) -> dict:
-    """mlx-lm as shipped on `ladder` (stock_ladder's): stream_generate on tier `rung`, or (None) its
-    speculative decoding, the bottom tier drafting for the top one."""
-    if rung is None:
-        top, bottom = ladder.tiers[-1], ladder.tiers[0]
-        name = ladder.tier_names[-1]
-        draft = bottom.model.model
-        return generated_record(
-            top.model.model, ladder.tokenizer, prompt_ids, max_tokens, name, top.bytes_per_token, draft
-        )
-    tier = ladder.tiers[rung]
-    tier.activate()
-    name = ladder.tier_names[rung]
-    return generated_record(
-        tier.model.model, ladder.tokenizer, prompt_ids, max_tokens, name, tier.bytes_per_token
-    )
+def mlx_lm_answer(
+    ladder, rung: int | None, prompt_ids: list[int], max_tokens: int, read: float | None = None
+) -> dict:
+    """mlx-lm's generator on `ladder`'s models (stock_ladder's in the stock process): stream_generate
+    on tier `rung`, or (None) its speculative decoding, the bottom tier drafting for the top one.
+    `read`: the weight bytes a token reads, where not the tier's (the fp32 kinds' copies)."""
+    top = rung is None
+    tier = ladder.tiers[-1 if top else rung]
+    if not top:
+        tier.activate()
+    draft = ladder.tiers[0].model.model if top else None
+    name = ladder.tier_names[-1 if top else rung]
+    read = tier.bytes_per_token if read is None else read
+    return generated_record(tier.model.model, ladder.tokenizer, prompt_ids, max_tokens, name, read, draft)
 
 
 def _serve(connection: Connection, profile: Profile) -> None:
@@ -114,7 +112,7 @@ def _serve(connection: Connection, profile: Profile) -> None:
         while (request := connection.recv()) is not None:
             rung, prompt_ids, max_tokens = request
             try:
-                connection.send((True, stock_answer(ladder, rung, prompt_ids, max_tokens)))
+                connection.send((True, mlx_lm_answer(ladder, rung, prompt_ids, max_tokens)))
             except Exception as error:  # the bench's process says it in one line
                 connection.send((False, f"{type(error).__name__}: {error}"))
 
@@ -129,7 +127,7 @@ class StockModels:
         self._connection: Connection | None = None
 
     def answer(self, rung: int | None, prompt_ids: list[int], max_tokens: int) -> dict:
-        """The raw record of stock_answer's answer, from the stock process."""
+        """The raw record of mlx_lm_answer's answer on the stock ladder, from the stock process."""
         if self._connection is None:
             context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads forked
             self._connection, theirs = context.Pipe()
